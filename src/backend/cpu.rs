@@ -1,0 +1,582 @@
+//! The exact CPU backend on every core (rayon): the fallback when there is no GPU and the oracle
+//! every other backend is tested against.
+//!
+//! * ε-join / range query: the ε-grid of `index::grid` when its cost model says it prunes, with
+//!   unidirectional comparison for self-joins (each unordered pair computed once), the `±r` window
+//!   on the sort dimension inside each neighbour cell, and the short-circuited exact check.
+//!   Otherwise blocked brute force: for L2, L2², cosine and inner product an f32 GEMM tile filter
+//!   whose error is bounded (see [`GemmSide`]) followed by the exact f64 check of every pair it
+//!   cannot rule out; for L1 and L∞ the exact check on every pair.
+//! * kNN: blocked brute force with the same f32 filter and bounded per-query selection, then an
+//!   exact f64 re-rank, so the answer is exactly the k smallest f64 distances (ties by position).
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use datafusion::common::Result;
+use rayon::prelude::*;
+
+use super::exact::ExactCheck;
+use super::topk::{KSmallest, Neighbour, k_smallest};
+use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
+use crate::index::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy};
+use crate::op::{Metric, dot};
+use crate::vectors::Vectors;
+
+/// Query rows per GEMM tile.
+const TILE_QUERIES: usize = 64;
+/// Base rows per GEMM tile (a 64 × 1024 f32 tile is 256 KiB, within L2).
+const TILE_BASE: usize = 1024;
+
+/// The exact backend on every CPU core.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let start = Instant::now();
+        let JoinRequest { left, right, metric, threshold, self_join } = *request;
+        let exact = ExactCheck::new(metric, threshold, left, right);
+        let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
+        if left.is_empty() || right.is_empty() {
+            return Ok(stats);
+        }
+        let candidates = AtomicU64::new(0);
+        let context = JoinContext { request, exact: &exact, candidates: &candidates, sink };
+
+        // The grid works on the vectors for L1/L2/L∞, on their unit normalisations for cosine.
+        let left_filter = filter_space(left, metric);
+        let right_filter =
+            if self_join.is_some() { left_filter.clone() } else { filter_space(right, metric) };
+        let strategy = match metric.coordinate_bound(threshold) {
+            Some(radius) => choose_strategy(&CostInputs {
+                left: &left_filter,
+                right: &right_filter,
+                dim: left.dim,
+                radius,
+                self_join: self_join.is_some(),
+                gemm_form: gemm_form(metric),
+            }),
+            None => JoinStrategy::BruteForce,
+        };
+        match strategy {
+            JoinStrategy::Grid(geometry) => {
+                stats.strategy = "grid";
+                stats.indexed_dims = geometry.dims.len();
+                let left_index = GridIndex::build(&geometry, &left_filter, left.dim);
+                let right_index = match self_join {
+                    Some(_) => None,
+                    None => Some(GridIndex::build(&geometry, &right_filter, right.dim)),
+                };
+                stats.build_time = start.elapsed();
+                let probe = Instant::now();
+                grid_join(&context, &geometry, &left_index, right_index.as_ref())?;
+                stats.probe_time = probe.elapsed();
+            }
+            JoinStrategy::BruteForce => {
+                let sides = gemm_sides(left, right, metric, self_join.is_some());
+                stats.build_time = start.elapsed();
+                let probe = Instant::now();
+                match &sides {
+                    Some((l, r)) => gemm_join(&context, l, r.as_ref().unwrap_or(l))?,
+                    None => direct_join(&context)?,
+                }
+                stats.probe_time = probe.elapsed();
+            }
+        }
+        stats.candidates = candidates.into_inner();
+        Ok(stats)
+    }
+
+    fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let start = Instant::now();
+        let KnnRequest { base, queries, metric, k } = *request;
+        let k = k.min(base.len());
+        let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
+        if k == 0 || queries.is_empty() {
+            return Ok(stats);
+        }
+        let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
+        let sides = gemm_sides(queries, base, metric, false).and_then(|(q, b)| Some((q, b?)));
+        stats.build_time = start.elapsed();
+        let probe = Instant::now();
+        let candidates = AtomicU64::new(0);
+
+        // Work units are (query block, base segment); segments keep every core busy when there are
+        // few queries, and a unit returns its exact top-k, so merging segments is a plain k-select.
+        let threads = rayon::current_num_threads();
+        let block = (64 << 20) / (k * 16).max(1); // keep per-block candidate lists near 64 MiB
+        let block = block.clamp(1, TILE_QUERIES);
+        let blocks = queries.len().div_ceil(block);
+        let segments = (2 * threads).div_ceil(blocks).clamp(1, base.len().div_ceil(8192).max(1));
+        let segment_len = base.len().div_ceil(segments);
+        let wave = (4 * threads).div_ceil(segments).max(1);
+        sink.start(blocks as u64);
+        let mut chunk = ResultChunk::default();
+        for wave_start in (0..blocks).step_by(wave) {
+            let wave_blocks = wave_start..(wave_start + wave).min(blocks);
+            let units: Vec<(usize, usize)> =
+                wave_blocks.clone().flat_map(|b| (0..segments).map(move |s| (b, s))).collect();
+            let results: Vec<Vec<Vec<Neighbour>>> = units
+                .par_iter()
+                .map(|&(b, s)| {
+                    let q = b * block..((b + 1) * block).min(queries.len());
+                    let r = s * segment_len..((s + 1) * segment_len).min(base.len());
+                    match &sides {
+                        Some((qs, bs)) => knn_gemm_unit(request, &exact, qs, bs, q, r, k, &candidates),
+                        None => knn_direct_unit(request, &exact, q, r, k, &candidates),
+                    }
+                })
+                .collect();
+            for (unit_results, b) in results.chunks(segments).zip(wave_blocks) {
+                let first_query = b * block;
+                let block_len = unit_results[0].len();
+                for i in 0..block_len {
+                    let all: Vec<Neighbour> =
+                        unit_results.iter().flat_map(|u| u[i].iter().copied()).collect();
+                    for (rank, n) in k_smallest(all, k).into_iter().enumerate() {
+                        chunk.left.push((first_query + i) as u32);
+                        chunk.right.push(n.position);
+                        chunk.distance.push(n.distance);
+                        chunk.rank.push(rank as u32 + 1);
+                    }
+                }
+                if chunk.len() >= sink.chunk_rows() {
+                    sink.send(std::mem::take(&mut chunk))?;
+                }
+            }
+            sink.advance(units.len().div_ceil(segments) as u64);
+        }
+        if !chunk.is_empty() {
+            sink.send(chunk)?;
+        }
+        stats.candidates = candidates.into_inner();
+        stats.probe_time = probe.elapsed();
+        Ok(stats)
+    }
+}
+
+/// Whether the f32 filter can use the GEMM form `‖x‖² + ‖y‖² − 2x·y` (or `−x·y`).
+fn gemm_form(metric: Metric) -> bool {
+    matches!(metric, Metric::L2 | Metric::L2Squared | Metric::Cosine | Metric::InnerProduct)
+}
+
+/// The coordinates the grid indexes: unit vectors for cosine, the vectors otherwise.
+fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
+    if metric != Metric::Cosine {
+        return Cow::Borrowed(&v.values);
+    }
+    let mut out = v.values.clone();
+    out.par_chunks_mut(v.dim).for_each(|row| {
+        let norm = dot(row, row).sqrt();
+        row.iter_mut().for_each(|x| *x /= norm);
+    });
+    Cow::Owned(out)
+}
+
+/// The f32 filter sides of a GEMM-form metric (the right one omitted for a self-join), centred on
+/// the right input's mean; `None` when the metric has no GEMM form or the values exceed f32 scores.
+fn gemm_sides(left: &Vectors, right: &Vectors, metric: Metric, same: bool) -> Option<(GemmSide, Option<GemmSide>)> {
+    if !gemm_form(metric) {
+        return None;
+    }
+    let center = mean(right);
+    let left_side = GemmSide::new(left, metric, &center)?;
+    let right_side = if same { None } else { Some(GemmSide::new(right, metric, &center)?) };
+    Some((left_side, right_side))
+}
+
+fn mean(v: &Vectors) -> Vec<f64> {
+    let mut sum = vec![0.0; v.dim];
+    for i in 0..v.len() {
+        for (s, x) in sum.iter_mut().zip(v.row(i)) {
+            *s += x;
+        }
+    }
+    sum.iter().map(|s| s / v.len().max(1) as f64).collect()
+}
+
+/// Everything a join worker needs.
+struct JoinContext<'a> {
+    request: &'a JoinRequest<'a>,
+    exact: &'a ExactCheck,
+    candidates: &'a AtomicU64,
+    sink: &'a dyn ResultSink,
+}
+
+impl JoinContext<'_> {
+    fn writer(&self) -> PairWriter<'_> {
+        PairWriter::new(self.sink, self.request.self_join.is_some_and(|s| s.ordered))
+    }
+
+    /// Writes a self-join pair with its smaller position first.
+    #[inline]
+    fn push(&self, writer: &mut PairWriter, a: u32, b: u32, distance: f64) -> Result<()> {
+        if self.request.self_join.is_some() && a > b {
+            writer.push(b, a, distance)
+        } else {
+            writer.push(a, b, distance)
+        }
+    }
+
+    /// Self-join with `include_self`: each vector against itself, by the same exact test.
+    fn self_pairs(&self, positions: std::ops::Range<usize>, writer: &mut PairWriter) -> Result<()> {
+        if !self.request.self_join.is_some_and(|s| s.include_self) {
+            return Ok(());
+        }
+        let v = self.request.left;
+        for i in positions {
+            if let Some(d) = self.exact.within(v.row(i), v.row(i), i, i) {
+                writer.push(i as u32, i as u32, d)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Splits `0..n` items (weighted by `weight(i)`) into about `parts` contiguous ranges of similar
+/// weight.
+fn balanced_ranges(n: usize, parts: usize, weight: impl Fn(usize) -> usize) -> Vec<std::ops::Range<usize>> {
+    let total: usize = (0..n).map(&weight).sum();
+    let target = total.div_ceil(parts.max(1)).max(1);
+    let mut ranges = Vec::with_capacity(parts + 1);
+    let (mut start, mut acc) = (0, 0);
+    for i in 0..n {
+        acc += weight(i);
+        if acc >= target {
+            ranges.push(start..i + 1);
+            start = i + 1;
+            acc = 0;
+        }
+    }
+    if start < n {
+        ranges.push(start..n);
+    }
+    ranges
+}
+
+/// Copies the rows of `v` in `order` into one contiguous buffer, so a cell's points are adjacent.
+fn gather(v: &Vectors, order: &[u32]) -> Vec<f64> {
+    let mut out = vec![0.0; order.len() * v.dim];
+    out.par_chunks_mut(v.dim).zip(order.par_iter()).for_each(|(dst, &p)| dst.copy_from_slice(v.row(p as usize)));
+    out
+}
+
+/// The grid join: for every left cell, its 3^k neighbour cells on the right (for a self-join only
+/// the cells with a larger id, and the later slots of its own cell, so each pair is met once).
+fn grid_join(ctx: &JoinContext, g: &GridGeometry, left: &GridIndex, right: Option<&GridIndex>) -> Result<()> {
+    let request = ctx.request;
+    let dim = request.left.dim;
+    let same = right.is_none();
+    let right = right.unwrap_or(left);
+    let left_values = gather(request.left, &left.order);
+    let right_values = if same { None } else { Some(gather(request.right, &right.order)) };
+    let right_values = right_values.as_deref().unwrap_or(&left_values);
+    // Window half-width on the sort dimension: partners differ by at most r there up to a few ulps
+    // of rounding, which this widening by 2⁻³⁰ covers; fl(key - u) is monotone, so the window
+    // test `|fl(key - u)| ≤ r'` keeps every pair whose exact difference is ≤ r'.
+    let window = g.radius * (1.0 + 1.0 / (1u64 << 30) as f64);
+
+    let ranges = balanced_ranges(left.num_cells(), rayon::current_num_threads() * 32, |c| left.slots(c).len());
+    ctx.sink.start(left.num_cells() as u64);
+    ranges.into_par_iter().try_for_each(|cells| -> Result<()> {
+        let mut writer = ctx.writer();
+        let mut neighbours = Vec::with_capacity(27);
+        let mut tested = 0u64;
+        for c in cells.clone() {
+            let id = left.cell_ids[c];
+            neighbours.clear();
+            g.for_each_neighbour(id, |nid| {
+                if !same || nid >= id {
+                    if let Some(nc) = right.find(nid) {
+                        neighbours.push(nc);
+                    }
+                }
+            });
+            for &nc in &neighbours {
+                let targets = right.slots(nc);
+                let keys = &right.sort_keys[targets.clone()];
+                for sa in left.slots(c) {
+                    let u = left.sort_keys[sa];
+                    let mut sb = targets.start + keys.partition_point(|&key| key - u < -window);
+                    if same && nc == c {
+                        sb = sb.max(sa + 1);
+                    }
+                    let a = &left_values[sa * dim..(sa + 1) * dim];
+                    let pa = left.order[sa];
+                    while sb < targets.end && right.sort_keys[sb] - u <= window {
+                        let pb = right.order[sb];
+                        let b = &right_values[sb * dim..(sb + 1) * dim];
+                        tested += 1;
+                        if let Some(d) = ctx.exact.within(a, b, pa as usize, pb as usize) {
+                            ctx.push(&mut writer, pa, pb, d)?;
+                        }
+                        sb += 1;
+                    }
+                }
+            }
+        }
+        ctx.candidates.fetch_add(tested, Ordering::Relaxed);
+        if same {
+            let positions: Vec<u32> = cells.clone().flat_map(|c| left.slots(c)).map(|s| left.order[s]).collect();
+            for p in positions {
+                ctx.self_pairs(p as usize..p as usize + 1, &mut writer)?;
+            }
+        }
+        ctx.sink.advance(cells.len() as u64);
+        writer.flush()
+    })
+}
+
+/// Brute force with the exact check on every pair (L1, L∞).
+fn direct_join(ctx: &JoinContext) -> Result<()> {
+    let JoinRequest { left, right, self_join, .. } = *ctx.request;
+    let blocks = left.len().div_ceil(TILE_QUERIES);
+    ctx.sink.start(blocks as u64);
+    (0..blocks).into_par_iter().try_for_each(|b| -> Result<()> {
+        let mut writer = ctx.writer();
+        let rows = b * TILE_QUERIES..((b + 1) * TILE_QUERIES).min(left.len());
+        let mut tested = 0u64;
+        for i in rows.clone() {
+            let from = if self_join.is_some() { i + 1 } else { 0 };
+            for j in from..right.len() {
+                tested += 1;
+                if let Some(d) = ctx.exact.within(left.row(i), right.row(j), i, j) {
+                    ctx.push(&mut writer, i as u32, j as u32, d)?;
+                }
+            }
+        }
+        ctx.candidates.fetch_add(tested, Ordering::Relaxed);
+        ctx.self_pairs(rows, &mut writer)?;
+        ctx.sink.advance(1);
+        writer.flush()
+    })
+}
+
+/// One side of the f32 GEMM filter.
+///
+/// # Why the filter loses no pair
+/// Vectors are transformed in f64 (centred on the base mean for L2/L2², unit-normalised for
+/// cosine, unchanged for inner product), rounded to f32 (`x̃`), and the score is
+/// `s = ‖x̃‖² + ‖ỹ‖² − 2 x̃·ỹ` (squared distance; twice the cosine distance) or `s = −x̃·ỹ`. With
+/// `u = 2⁻²⁴`, a dot product of length d in any summation order errs by at most `d·u·Σ|x̃ᵢỹᵢ|`, the
+/// norms by `u` relative, the f64→f32 rounding and the f64 transform by `~2u·(‖x‖+‖y‖)²`, and the
+/// final additions by `~4u(‖x‖+‖y‖)²`: in all `|s − exact| ≤ (d/2 + 8)·u·(‖x̃‖ + ‖ỹ‖)²`. The
+/// filter keeps a margin of `(d + 16)·2⁻²³·(‖x̃‖ + ‖ỹ‖)²`, four times that, so a pair whose exact
+/// score is within the threshold always passes and is then decided by the exact f64 check.
+/// Centring keeps the norms, and so the margin, small for data far from the origin.
+struct GemmSide {
+    dim: usize,
+    /// Transformed vectors in f32, row-major.
+    data: Vec<f32>,
+    /// ‖x̃‖² per row.
+    sq_norms: Vec<f32>,
+    /// ‖x̃‖ per row.
+    norms: Vec<f32>,
+    /// Inner product: the score is `−x̃·ỹ`.
+    inner_product: bool,
+    /// Margin factor `(d + 16)·2⁻²³`.
+    margin: f32,
+    /// Absolute margin `(d + 16)·2⁻¹⁴⁰` for scores near f32's subnormal range, where rounding
+    /// errors are absolute (at most 2⁻¹⁴⁹ per operation) rather than relative.
+    floor: f32,
+}
+
+impl GemmSide {
+    /// `None` when a norm is too large for f32 scores (beyond 10¹⁸): the caller then computes
+    /// every distance exactly instead.
+    fn new(v: &Vectors, metric: Metric, center: &[f64]) -> Option<Self> {
+        let dim = v.dim;
+        let mut data = vec![0f32; v.values.len()];
+        data.par_chunks_mut(dim).enumerate().for_each(|(i, out)| {
+            let row = v.row(i);
+            match metric {
+                Metric::Cosine => {
+                    let norm = dot(row, row).sqrt();
+                    out.iter_mut().zip(row).for_each(|(o, x)| *o = (x / norm) as f32);
+                }
+                Metric::InnerProduct => out.iter_mut().zip(row).for_each(|(o, x)| *o = *x as f32),
+                _ => out.iter_mut().zip(row).zip(center).for_each(|((o, x), c)| *o = (x - c) as f32),
+            }
+        });
+        let sq_norms: Vec<f32> = data
+            .par_chunks(dim)
+            .map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32)
+            .collect();
+        if sq_norms.iter().any(|s| !(*s <= 1e36)) {
+            return None;
+        }
+        let norms = sq_norms.iter().map(|s| s.sqrt()).collect();
+        let margin = (dim as f32 + 16.0) / (1u32 << 23) as f32;
+        let floor = (dim as f32 + 16.0) * 2f32.powi(-140);
+        let inner_product = metric == Metric::InnerProduct;
+        Some(Self { dim, data, sq_norms, norms, inner_product, margin, floor })
+    }
+
+    fn len(&self) -> usize {
+        self.norms.len()
+    }
+
+    /// `tile[i * cols + j] = x̃_(q0+i) · ỹ_(b0+j)` for the given row ranges of `self` and `other`.
+    fn dot_tile(&self, other: &GemmSide, q: std::ops::Range<usize>, b: std::ops::Range<usize>, tile: &mut Vec<f32>) {
+        let (m, n, k) = (q.len(), b.len(), self.dim);
+        tile.resize(m * n, 0.0);
+        // SAFETY: `a` holds m rows of k values (row stride k), `b` holds n rows of k values read as
+        // a k × n matrix (row stride 1, column stride k), `c` holds m × n values (row stride n);
+        // all three slices are at least that long and `c` does not alias the inputs.
+        unsafe {
+            matrixmultiply::sgemm(
+                m, k, n,
+                1.0,
+                self.data[q.start * k..].as_ptr(), k as isize, 1,
+                other.data[b.start * k..].as_ptr(), 1, k as isize,
+                0.0,
+                tile.as_mut_ptr(), n as isize, 1,
+            );
+        }
+    }
+
+    /// Score of row `i` of `self` against row `j` of `other`, given their dot product.
+    #[inline]
+    fn score(&self, other: &GemmSide, i: usize, j: usize, dot: f32) -> f32 {
+        if self.inner_product { -dot } else { self.sq_norms[i] + other.sq_norms[j] - 2.0 * dot }
+    }
+
+    /// The error margin of a score (see the type docs).
+    #[inline]
+    fn slack(&self, other: &GemmSide, i: usize, j: usize) -> f32 {
+        let r = self.norms[i] + other.norms[j];
+        self.margin * r * r + self.floor
+    }
+}
+
+/// A threshold in the score space of [`GemmSide`], rounded up to f32.
+fn score_threshold(metric: Metric, threshold: f64) -> f32 {
+    let t = match metric {
+        Metric::L2 => threshold * threshold * (1.0 + 1e-9),
+        Metric::Cosine => 2.0 * threshold,
+        _ => threshold,
+    };
+    let f = t as f32;
+    if (f as f64) < t { f.next_up() } else { f }
+}
+
+/// Brute-force join through the f32 GEMM filter (L2, L2², cosine, inner product).
+fn gemm_join(ctx: &JoinContext, left: &GemmSide, right: &GemmSide) -> Result<()> {
+    let JoinRequest { left: lv, right: rv, metric, threshold, self_join } = *ctx.request;
+    let limit = score_threshold(metric, threshold);
+    let blocks = left.len().div_ceil(TILE_QUERIES);
+    ctx.sink.start(blocks as u64);
+    (0..blocks).into_par_iter().try_for_each(|b| -> Result<()> {
+        let mut writer = ctx.writer();
+        let mut tile = Vec::new();
+        let q = b * TILE_QUERIES..((b + 1) * TILE_QUERIES).min(left.len());
+        let first = if self_join.is_some() { q.start } else { 0 };
+        let mut tested = 0u64;
+        for b0 in (first..right.len()).step_by(TILE_BASE) {
+            let r = b0..(b0 + TILE_BASE).min(right.len());
+            left.dot_tile(right, q.clone(), r.clone(), &mut tile);
+            for (i, row) in q.clone().zip(tile.chunks_exact(r.len())) {
+                for (j, &d) in r.clone().zip(row) {
+                    if self_join.is_some() && j <= i {
+                        continue;
+                    }
+                    if left.score(right, i, j, d) - left.slack(right, i, j) <= limit {
+                        tested += 1;
+                        if let Some(dist) = ctx.exact.within(lv.row(i), rv.row(j), i, j) {
+                            ctx.push(&mut writer, i as u32, j as u32, dist)?;
+                        }
+                    }
+                }
+            }
+        }
+        ctx.candidates.fetch_add(tested, Ordering::Relaxed);
+        ctx.self_pairs(q, &mut writer)?;
+        ctx.sink.advance(1);
+        writer.flush()
+    })
+}
+
+/// Exact top-k of queries `q` within base rows `r`, through the f32 filter: a bounded selection of
+/// upper bounds `s + margin` gives `U ≥` the k-th smallest exact score, every row whose lower bound
+/// `s − margin ≤ U` is a candidate, and the exact f64 distances of the candidates decide.
+#[allow(clippy::too_many_arguments)]
+fn knn_gemm_unit(
+    request: &KnnRequest,
+    exact: &ExactCheck,
+    queries: &GemmSide,
+    base: &GemmSide,
+    q: std::ops::Range<usize>,
+    r: std::ops::Range<usize>,
+    k: usize,
+    candidates: &AtomicU64,
+) -> Vec<Vec<Neighbour>> {
+    let mut uppers: Vec<KSmallest> = q.clone().map(|_| KSmallest::new(k)).collect();
+    let mut lists: Vec<Vec<(f32, u32)>> = q.clone().map(|_| Vec::new()).collect();
+    let mut tile = Vec::new();
+    for b0 in r.clone().step_by(TILE_BASE) {
+        let br = b0..(b0 + TILE_BASE).min(r.end);
+        queries.dot_tile(base, q.clone(), br.clone(), &mut tile);
+        for ((i, row), (upper, list)) in q.clone().zip(tile.chunks_exact(br.len())).zip(uppers.iter_mut().zip(lists.iter_mut())) {
+            let mut bound = upper.bound() as f32;
+            for (j, &d) in br.clone().zip(row) {
+                let s = queries.score(base, i, j, d);
+                let slack = queries.slack(base, i, j);
+                if s - slack <= bound {
+                    list.push((s - slack, j as u32));
+                    upper.push(Neighbour { distance: (s + slack) as f64, position: j as u32 });
+                    bound = upper.bound() as f32;
+                }
+            }
+            if list.len() > 4 * k + 1024 {
+                list.retain(|&(lower, _)| lower <= bound);
+            }
+        }
+    }
+    let mut tested = 0u64;
+    let out = q
+        .clone()
+        .zip(uppers.into_iter().zip(lists))
+        .map(|(i, (upper, list))| {
+            let bound = upper.bound() as f32;
+            let mut best = KSmallest::new(k);
+            for (lower, j) in list {
+                if lower <= bound {
+                    tested += 1;
+                    let j = j as usize;
+                    let distance = exact.distance(request.queries.row(i), request.base.row(j), i, j);
+                    best.push(Neighbour { distance, position: j as u32 });
+                }
+            }
+            best.into_sorted()
+        })
+        .collect();
+    candidates.fetch_add(tested, Ordering::Relaxed);
+    out
+}
+
+/// Exact top-k of queries `q` within base rows `r` by computing every exact distance (L1, L∞).
+fn knn_direct_unit(
+    request: &KnnRequest,
+    exact: &ExactCheck,
+    q: std::ops::Range<usize>,
+    r: std::ops::Range<usize>,
+    k: usize,
+    candidates: &AtomicU64,
+) -> Vec<Vec<Neighbour>> {
+    candidates.fetch_add((q.len() * r.len()) as u64, Ordering::Relaxed);
+    q.map(|i| {
+        let mut best = KSmallest::new(k);
+        for j in r.clone() {
+            let distance = exact.distance(request.queries.row(i), request.base.row(j), i, j);
+            best.push(Neighbour { distance, position: j as u32 });
+        }
+        best.into_sorted()
+    })
+    .collect()
+}

@@ -1,0 +1,124 @@
+//! The exact f64 test every backend applies to its candidate pairs: [`Metric::distance`] evaluated
+//! term by term in natural dimension order, with a short-circuit that cannot change the answer.
+
+use crate::op::{Metric, cosine_from_parts, dot};
+use crate::vectors::Vectors;
+
+/// Decides `Metric::distance(a, b) <= threshold` and returns the distance when it holds.
+#[derive(Debug, Clone)]
+pub struct ExactCheck {
+    metric: Metric,
+    threshold: f64,
+    /// Bound on partial sums past which a pair cannot qualify. Terms are non-negative, so rounded
+    /// partial sums never decrease: a partial sum above this bound means the full sum is too.
+    /// For L2 it is ε² widened by 2⁻⁴⁰, above every sum whose rounded square root is ≤ ε.
+    partial_limit: f64,
+    /// Cosine only: Σx² of each left vector, summed in order (the same bits `distance` computes).
+    left_norms: Vec<f64>,
+    /// Cosine only: Σx² of each right vector.
+    right_norms: Vec<f64>,
+}
+
+impl ExactCheck {
+    /// The test for `threshold` between vectors of `left` and `right`.
+    pub fn new(metric: Metric, threshold: f64, left: &Vectors, right: &Vectors) -> Self {
+        let partial_limit = match metric {
+            Metric::L2 => threshold * threshold * (1.0 + 1.0 / (1u64 << 40) as f64),
+            _ => threshold,
+        };
+        let norms = |v: &Vectors| -> Vec<f64> {
+            if metric == Metric::Cosine {
+                (0..v.len()).map(|i| dot(v.row(i), v.row(i))).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        let left_norms = norms(left);
+        let right_norms = if std::ptr::eq(left, right) { left_norms.clone() } else { norms(right) };
+        Self { metric, threshold, partial_limit, left_norms, right_norms }
+    }
+
+    /// The distance between left vector `ia` (values `a`) and right vector `ib` (values `b`) when
+    /// it is within the threshold.
+    #[inline]
+    pub fn within(&self, a: &[f64], b: &[f64], ia: usize, ib: usize) -> Option<f64> {
+        let limit = self.partial_limit;
+        let distance = match self.metric {
+            Metric::L2 | Metric::L2Squared => {
+                let mut sum = 0.0;
+                for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
+                    for (x, y) in ca.iter().zip(cb) {
+                        let d = x - y;
+                        sum += d * d;
+                    }
+                    if sum > limit {
+                        return None;
+                    }
+                }
+                if self.metric == Metric::L2 { sum.sqrt() } else { sum }
+            }
+            Metric::L1 => {
+                let mut sum = 0.0;
+                for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
+                    for (x, y) in ca.iter().zip(cb) {
+                        sum += (x - y).abs();
+                    }
+                    if sum > limit {
+                        return None;
+                    }
+                }
+                sum
+            }
+            Metric::LInf => {
+                let mut max = 0.0f64;
+                for (x, y) in a.iter().zip(b) {
+                    max = max.max((x - y).abs());
+                    if max > limit {
+                        return None;
+                    }
+                }
+                max
+            }
+            Metric::Cosine | Metric::InnerProduct => self.distance(a, b, ia, ib),
+        };
+        (distance <= self.threshold).then_some(distance)
+    }
+
+    /// The exact distance, bit for bit `Metric::distance(a, b)`.
+    #[inline]
+    pub fn distance(&self, a: &[f64], b: &[f64], ia: usize, ib: usize) -> f64 {
+        match self.metric {
+            Metric::Cosine => cosine_from_parts(dot(a, b), self.left_norms[ia], self.right_norms[ib]),
+            metric => metric.distance(a, b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vectors(values: Vec<f64>, dim: usize) -> Vectors {
+        let n = values.len() / dim;
+        Vectors { dim, values, rows: (0..n as u32).collect(), skipped: 0 }
+    }
+
+    #[test]
+    fn agrees_with_the_definition_at_the_boundary() {
+        // 0.1 + 0.2 style rounding: the check must answer exactly as `Metric::distance` does.
+        let v = vectors(vec![0.0, 0.0, 0.1, 0.2, 0.3, 0.0, 3.0, 4.0], 2);
+        for metric in Metric::ALL {
+            for threshold in [0.0, 0.1, 0.2236, 0.30000000000000004, 0.3, 5.0, 25.0] {
+                let check = ExactCheck::new(metric, threshold, &v, &v);
+                for i in 0..v.len() {
+                    for j in 0..v.len() {
+                        let d = metric.distance(v.row(i), v.row(j));
+                        let want = (d <= threshold).then_some(d);
+                        let got = check.within(v.row(i), v.row(j), i, j);
+                        assert_eq!(got.map(f64::to_bits), want.map(f64::to_bits), "{metric} {threshold} {i} {j}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The backend strategy behind the one operator: what a backend is given, how it hands results
+//! back (chunks through a [`ResultSink`], so results never need to fit in memory), and which
+//! backend a query gets.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use datafusion::common::{Result, plan_err};
+
+use crate::op::{Device, Metric};
+use crate::vectors::Vectors;
+
+pub mod cpu;
+mod exact;
+mod topk;
+
+pub use cpu::CpuBackend;
+pub use exact::ExactCheck;
+
+/// A join-shaped request: every (left, right) pair within `threshold` (ε-join and range query).
+#[derive(Debug)]
+pub struct JoinRequest<'a> {
+    /// Left input (the queries of a range query).
+    pub left: &'a Vectors,
+    /// Right input (the base of a range query); the same vectors as `left` for a self-join.
+    pub right: &'a Vectors,
+    /// The distance function.
+    pub metric: Metric,
+    /// Largest distance of a result pair.
+    pub threshold: f64,
+    /// Set for a self-join: how to report pairs.
+    pub self_join: Option<SelfJoin>,
+}
+
+/// How a self-join reports its pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SelfJoin {
+    /// Also test each vector against itself.
+    pub include_self: bool,
+    /// Report (a, b) and (b, a) rather than once with a before b.
+    pub ordered: bool,
+}
+
+/// A kNN request: the `k` nearest base vectors of each query vector.
+#[derive(Debug)]
+pub struct KnnRequest<'a> {
+    /// Vectors searched.
+    pub base: &'a Vectors,
+    /// Vectors searched for.
+    pub queries: &'a Vectors,
+    /// The distance function.
+    pub metric: Metric,
+    /// Neighbours per query.
+    pub k: usize,
+}
+
+/// A piece of the result: parallel columns of vector positions (not input rows), distances and,
+/// for kNN, ranks. `left` is the query side of range and kNN results.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ResultChunk {
+    /// Position of the left (query) vector in its [`Vectors`].
+    pub left: Vec<u32>,
+    /// Position of the right (base) vector in its [`Vectors`].
+    pub right: Vec<u32>,
+    /// Exact distance of the pair.
+    pub distance: Vec<f64>,
+    /// kNN only: 1 for the nearest neighbour of the query.
+    pub rank: Vec<u32>,
+}
+
+impl ResultChunk {
+    /// Number of result rows.
+    pub fn len(&self) -> usize {
+        self.left.len()
+    }
+
+    /// Whether the chunk holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.left.is_empty()
+    }
+
+    fn with_capacity(rows: usize) -> Self {
+        Self {
+            left: Vec::with_capacity(rows),
+            right: Vec::with_capacity(rows),
+            distance: Vec::with_capacity(rows),
+            rank: Vec::new(),
+        }
+    }
+}
+
+/// Where a backend sends results. Implementations block while the consumer is behind (so memory
+/// stays bounded) and fail once the consumer is gone (so cancelled queries stop working).
+pub trait ResultSink: Sync {
+    /// Hands one chunk downstream.
+    fn send(&self, chunk: ResultChunk) -> Result<()>;
+    /// Rows per chunk the consumer wants.
+    fn chunk_rows(&self) -> usize;
+    /// Announces how many units of work (cells, query blocks) the run has.
+    fn start(&self, _total_units: u64) {}
+    /// Reports units of work done.
+    fn advance(&self, _units: u64) {}
+}
+
+/// What a run did, for EXPLAIN ANALYZE.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunStats {
+    /// `grid` or `brute_force`.
+    pub strategy: &'static str,
+    /// Dimensions the grid indexes (0 for brute force).
+    pub indexed_dims: usize,
+    /// Pairs whose exact distance was computed.
+    pub candidates: u64,
+    /// Time spent choosing the strategy and building indexes.
+    pub build_time: Duration,
+    /// Time spent finding and sending results.
+    pub probe_time: Duration,
+}
+
+/// A way to compute the operations.
+pub trait Backend: Debug + Send + Sync {
+    /// Short name shown by EXPLAIN (`cpu`, `gpu(sm_90)`).
+    fn name(&self) -> String;
+    /// Every pair within the threshold (ε-join, range query).
+    fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats>;
+    /// The `k` nearest base vectors of every query, in query order, each query's neighbours by rank.
+    fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats>;
+}
+
+/// The backend for `device` (`function` names the call in errors).
+pub fn choose(device: Device, function: &str) -> Result<std::sync::Arc<dyn Backend>> {
+    match device {
+        Device::Cpu | Device::Auto => Ok(std::sync::Arc::new(CpuBackend)),
+        Device::Gpu => {
+            let reason = match crate::gpu::probe() {
+                Err(reason) => reason,
+                Ok(gpu) => format!("{gpu} was found, but this build has no GPU backend yet"),
+            };
+            plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}")
+        }
+    }
+}
+
+/// Collects pairs into chunks of the sink's size and sends each full one.
+pub(crate) struct PairWriter<'s> {
+    sink: &'s dyn ResultSink,
+    chunk: ResultChunk,
+    rows: usize,
+    /// Also write (b, a) for each (a, b) (ordered self-join).
+    mirror: bool,
+}
+
+impl<'s> PairWriter<'s> {
+    pub(crate) fn new(sink: &'s dyn ResultSink, mirror: bool) -> Self {
+        let rows = sink.chunk_rows().max(2);
+        Self { sink, chunk: ResultChunk::with_capacity(rows), rows, mirror }
+    }
+
+    /// Writes the pair (and its mirror image when asked and `a != b`).
+    #[inline]
+    pub(crate) fn push(&mut self, a: u32, b: u32, distance: f64) -> Result<()> {
+        self.chunk.left.push(a);
+        self.chunk.right.push(b);
+        self.chunk.distance.push(distance);
+        if self.mirror && a != b {
+            self.chunk.left.push(b);
+            self.chunk.right.push(a);
+            self.chunk.distance.push(distance);
+        }
+        if self.chunk.len() + 1 >= self.rows { self.flush() } else { Ok(()) }
+    }
+
+    /// Sends what is buffered.
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        if self.chunk.is_empty() {
+            return Ok(());
+        }
+        let full = std::mem::replace(&mut self.chunk, ResultChunk::with_capacity(self.rows));
+        self.sink.send(full)
+    }
+}

@@ -1,0 +1,118 @@
+//! `simjoin`: run similarity SQL from the shell or a REPL, generate datasets, try the demo.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use simjoin::datagen::{self, Distribution};
+use simjoin::{Device, Metric};
+
+mod demo;
+mod progress;
+mod sql;
+
+/// Exact similarity joins, range queries and kNN from SQL, on the GPU or every CPU core.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run SQL: a query, a file of statements, or (with neither) an interactive prompt.
+    Sql(SqlArgs),
+    /// Write a synthetic dataset (Parquet with `id` and `vector`, or CSV with `id, x1..xd`).
+    Gen(GenArgs),
+    /// Generate a small dataset and run one query of each function, with timings.
+    Demo(SessionArgs),
+}
+
+/// Options shared by everything that opens a session.
+#[derive(Args, Clone)]
+struct SessionArgs {
+    /// Register a table: NAME=PATH (.parquet, .csv, .tsv, .json, or a directory of Parquet files).
+    #[arg(long = "table", short = 't', value_name = "NAME=PATH")]
+    tables: Vec<String>,
+    /// Where to run (the default of `simjoin.device`).
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: Device,
+}
+
+#[derive(Args)]
+struct SqlArgs {
+    /// The statement(s) to run; without it (and without --file) an interactive prompt starts.
+    query: Option<String>,
+    /// Run the statements in this file.
+    #[arg(long, short = 'f')]
+    file: Option<PathBuf>,
+    /// How to print results.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// Write the (last) query's result to this file instead (.parquet, .csv or .json).
+    #[arg(long, short = 'o')]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    session: SessionArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Table,
+    Csv,
+    Json,
+}
+
+#[derive(Args)]
+struct GenArgs {
+    /// Output file: .parquet or .csv.
+    output: PathBuf,
+    /// Number of points.
+    #[arg(short, default_value_t = 100_000)]
+    n: usize,
+    /// Dimensions.
+    #[arg(short, default_value_t = 2)]
+    d: usize,
+    /// uniform, exponential (λ = 40) or blobs.
+    #[arg(long, default_value = "uniform")]
+    distribution: Distribution,
+    /// Random seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Also print the eps that gives about this many neighbours per point (l2).
+    #[arg(long)]
+    neighbours: Option<f64>,
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    s.parse()
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Sql(args) => sql::run(args).await,
+        Command::Gen(args) => generate(args),
+        Command::Demo(args) => demo::run(args).await,
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.strip_backtrace());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn generate(args: GenArgs) -> datafusion::error::Result<()> {
+    let values = datagen::generate(args.distribution, args.n, args.d, args.seed);
+    datagen::write(&values, args.d, &args.output)?;
+    println!("wrote {} {}-D {} points to {}", args.n, args.d, args.distribution, args.output.display());
+    if let Some(target) = args.neighbours {
+        let eps = datagen::calibrate_threshold(&values, args.d, target, Metric::L2, args.seed + 1);
+        println!("eps for ~{target} neighbours per point (l2): {eps}");
+    }
+    Ok(())
+}

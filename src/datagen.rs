@@ -1,0 +1,164 @@
+//! Synthetic datasets with fixed seeds (uniform, exponential λ = 40 as in the GPU-Join papers,
+//! Gaussian blobs), their Arrow/Parquet/CSV forms, and ε calibrated to a target neighbour count.
+
+use std::fmt;
+use std::fs::File;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Float64Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::common::{DataFusionError, Result, exec_err};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution as _, Exp, Normal};
+
+use crate::op::Metric;
+
+/// How coordinates are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Distribution {
+    /// Uniform in [0, 1) per coordinate.
+    Uniform,
+    /// Exponential with λ = 40 per coordinate (skewed towards the origin).
+    Exponential,
+    /// Gaussian blobs: 32 centres uniform in [0, 1)^d, σ = 0.02.
+    Blobs,
+}
+
+impl FromStr for Distribution {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "uniform" => Ok(Self::Uniform),
+            "exponential" | "expo" => Ok(Self::Exponential),
+            "blobs" | "gaussian" => Ok(Self::Blobs),
+            _ => Err(format!("unknown distribution '{s}' (expected uniform, exponential or blobs)")),
+        }
+    }
+}
+
+impl fmt::Display for Distribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Uniform => "uniform",
+            Self::Exponential => "exponential",
+            Self::Blobs => "blobs",
+        })
+    }
+}
+
+/// `n × dim` coordinates, row-major. Values are rounded to f32 so that Parquet (Float32 lists) and
+/// CSV forms of a dataset hold the same numbers.
+pub fn generate(distribution: Distribution, n: usize, dim: usize, seed: u64) -> Vec<f64> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let round = |x: f64| x as f32 as f64;
+    match distribution {
+        Distribution::Uniform => (0..n * dim).map(|_| round(rng.random::<f64>())).collect(),
+        Distribution::Exponential => {
+            let exp = Exp::new(40.0).expect("λ = 40 is positive");
+            (0..n * dim).map(|_| round(exp.sample(&mut rng))).collect()
+        }
+        Distribution::Blobs => {
+            let centres: Vec<f64> = (0..32 * dim).map(|_| rng.random::<f64>()).collect();
+            let noise = Normal::new(0.0, 0.02).expect("σ = 0.02 is positive");
+            let mut out = Vec::with_capacity(n * dim);
+            for _ in 0..n {
+                let c = rng.random_range(0..32);
+                for d in 0..dim {
+                    out.push(round(centres[c * dim + d] + noise.sample(&mut rng)));
+                }
+            }
+            out
+        }
+    }
+}
+
+/// A batch with `id` (Int64, 0-based) and `vector` (FixedSizeList<Float32>), the Parquet layout.
+pub fn vector_batch(values: &[f64], dim: usize) -> Result<RecordBatch> {
+    let n = values.len() / dim;
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let flat = Float32Array::from(values.iter().map(|&v| v as f32).collect::<Vec<_>>());
+    let list = FixedSizeListArray::try_new(item, dim as i32, Arc::new(flat), None)?;
+    Ok(RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from_iter_values(0..n as i64)) as ArrayRef),
+        ("vector", Arc::new(list) as ArrayRef),
+    ])?)
+}
+
+/// A batch with `id` and one Float64 column per coordinate, `x1..xd`, the CSV layout.
+pub fn column_batch(values: &[f64], dim: usize) -> Result<RecordBatch> {
+    let n = values.len() / dim;
+    let mut columns: Vec<(String, ArrayRef)> = vec![("id".into(), Arc::new(Int64Array::from_iter_values(0..n as i64)))];
+    for d in 0..dim {
+        let column: Float64Array = (0..n).map(|i| values[i * dim + d]).collect::<Vec<_>>().into();
+        columns.push((format!("x{}", d + 1), Arc::new(column)));
+    }
+    Ok(RecordBatch::try_from_iter(columns)?)
+}
+
+/// Writes a dataset to `path`: Parquet (vector column) or CSV (x1..xd columns), by extension.
+pub fn write(values: &[f64], dim: usize, path: &Path) -> Result<()> {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    let file = File::create(path).map_err(|e| DataFusionError::Execution(format!("cannot create {}: {e}", path.display())))?;
+    match ext.as_str() {
+        "parquet" => {
+            let batch = vector_batch(values, dim)?;
+            let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
+            for start in (0..batch.num_rows()).step_by(65536) {
+                writer.write(&batch.slice(start, 65536.min(batch.num_rows() - start)))?;
+            }
+            writer.close()?;
+        }
+        "csv" => {
+            let batch = column_batch(values, dim)?;
+            let mut writer = datafusion::arrow::csv::Writer::new(file);
+            writer.write(&batch)?;
+        }
+        _ => return exec_err!("cannot write '{}': use a .parquet or .csv file name", path.display()),
+    }
+    Ok(())
+}
+
+/// The threshold at which a point has about `target` neighbours on average: the `target / (n − 1)`
+/// quantile of distances between random pairs (enough pairs for ~400 below it, at most 2·10⁷).
+pub fn calibrate_threshold(values: &[f64], dim: usize, target: f64, metric: Metric, seed: u64) -> f64 {
+    let n = values.len() / dim;
+    if n < 2 {
+        return 0.0;
+    }
+    let q = (target / (n - 1) as f64).min(1.0);
+    let pairs = ((400.0 / q) as usize).clamp(100_000, 20_000_000);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut distances: Vec<f64> = (0..pairs)
+        .map(|_| {
+            let (i, j) = (rng.random_range(0..n), rng.random_range(0..n));
+            metric.distance(&values[i * dim..(i + 1) * dim], &values[j * dim..(j + 1) * dim])
+        })
+        .collect();
+    let at = ((q * pairs as f64) as usize).min(pairs - 1);
+    *distances.select_nth_unstable_by(at, f64::total_cmp).1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_is_seeded() {
+        for d in [Distribution::Uniform, Distribution::Exponential, Distribution::Blobs] {
+            assert_eq!(generate(d, 10, 3, 1), generate(d, 10, 3, 1));
+            assert_ne!(generate(d, 10, 3, 1), generate(d, 10, 3, 2));
+        }
+    }
+
+    #[test]
+    fn calibration_hits_the_target_roughly() {
+        let v = generate(Distribution::Uniform, 20_000, 2, 3);
+        let eps = calibrate_threshold(&v, 2, 50.0, Metric::L2, 4);
+        // Expected neighbours of a uniform 2-D point: n·π·ε² (ignoring the border).
+        let expected = 20_000.0 * std::f64::consts::PI * eps * eps;
+        assert!((35.0..70.0).contains(&expected), "eps {eps} gives {expected}");
+    }
+}

@@ -1,0 +1,182 @@
+//! The one physical operator, [`SimilarityExec`]: gathers each input's vectors once, runs the chosen
+//! backend off the async runtime and streams its results back as batches. No CUDA types here.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, internal_err};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, InputDistributionRequirements, Partitioning,
+    PlanProperties, SendableRecordBatchStream,
+};
+
+use crate::backend::Backend;
+use crate::op::{Metric, Operation, SimilarityOp};
+use crate::results::OutputColumn;
+use crate::vectors::VectorSource;
+
+mod progress;
+mod stream;
+
+pub use progress::{Progress, ProgressListener};
+
+/// One input of the operator as seen by the output: which child feeds it and where its vectors are.
+#[derive(Debug, Clone)]
+pub struct InputSide {
+    /// Index of the child plan (a self-join reads both sides from child 0).
+    pub child: usize,
+    /// The vector column(s) in that child's schema.
+    pub source: VectorSource,
+    /// The call and argument, for error messages (`sim_join: argument 'left'`).
+    pub describe: String,
+}
+
+/// Runs `sim_join`, `range_query` or `knn` over its inputs with one backend.
+#[derive(Debug)]
+pub struct SimilarityExec {
+    op: Arc<SimilarityOp>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+    /// The side whose columns come first in the output (join left / query).
+    left: InputSide,
+    /// The side whose columns come second (join right / base).
+    right: InputSide,
+    columns: Vec<OutputColumn>,
+    schema: SchemaRef,
+    backend: Arc<dyn Backend>,
+    cache: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl SimilarityExec {
+    /// A new operator; `schema` is the projected output schema and `columns` the source of each of
+    /// its columns.
+    pub fn try_new(
+        op: Arc<SimilarityOp>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        left: InputSide,
+        right: InputSide,
+        columns: Vec<OutputColumn>,
+        schema: SchemaRef,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self> {
+        if children.is_empty() || left.child >= children.len() || right.child >= children.len() {
+            return internal_err!("SimilarityExec: inputs do not match its {} children", children.len());
+        }
+        let cache = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            op,
+            children,
+            left,
+            right,
+            columns,
+            schema,
+            backend,
+            cache,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// What is computed.
+    pub fn op(&self) -> &SimilarityOp {
+        &self.op
+    }
+
+    /// The backend that computes it.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// How the answer will be found, as EXPLAIN shows it.
+    fn index_description(&self) -> &'static str {
+        match (&self.op.operation, self.op.metric) {
+            (Operation::Knn { .. }, Metric::L1 | Metric::LInf) => "brute_force(exact f64)",
+            (Operation::Knn { .. }, _) => "brute_force(f32 filter + exact f64 re-rank)",
+            (_, Metric::InnerProduct) => "brute_force(f32 filter + exact f64 check)",
+            _ => "grid or brute_force by sampled cost model",
+        }
+    }
+}
+
+impl DisplayAs for SimilarityExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let op = &self.op;
+        write!(f, "SimilarityExec: op={}", op.function_name())?;
+        match &op.operation {
+            Operation::SimJoin { eps, self_join, include_self, pairs } => {
+                write!(f, ", eps={eps}, metric={}, self_join={self_join}", op.metric)?;
+                if *self_join {
+                    write!(f, ", pairs={pairs}, include_self={include_self}")?;
+                }
+            }
+            Operation::RangeQuery { radius } => write!(f, ", r={radius}, metric={}", op.metric)?,
+            Operation::Knn { k } => write!(f, ", k={k}, metric={}", op.metric)?,
+        }
+        write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())
+    }
+}
+
+impl ExecutionPlan for SimilarityExec {
+    fn name(&self) -> &str {
+        "SimilarityExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        InputDistributionRequirements::new(vec![Distribution::SinglePartition; self.children.len()])
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.children.iter().collect()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != self.children.len() {
+            return internal_err!(
+                "SimilarityExec: expected {} children, got {}",
+                self.children.len(),
+                children.len()
+            );
+        }
+        Ok(Arc::new(Self::try_new(
+            self.op.clone(),
+            children,
+            self.left.clone(),
+            self.right.clone(),
+            self.columns.clone(),
+            self.schema.clone(),
+            self.backend.clone(),
+        )?))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("SimilarityExec has one output partition, asked for {partition}");
+        }
+        stream::execute(self, context)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}

@@ -1,0 +1,236 @@
+//! Execution of [`SimilarityExec`]: collect the inputs under a memory reservation, build their
+//! vectors, run the backend on a blocking thread, and stream its chunks out as batches. The channel
+//! between them holds two chunks, so however many pairs there are, memory stays bounded; dropping
+//! the stream closes the channel, which stops the backend at its next send.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err, exec_err};
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::SendableRecordBatchStream;
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::mpsc;
+
+use super::progress::{Progress, ProgressListener};
+use super::{InputSide, SimilarityExec};
+use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, SelfJoin};
+use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
+use crate::results::{BatchBuilder, SideData};
+use crate::vectors::Vectors;
+
+/// The operator's metrics (EXPLAIN ANALYZE).
+struct SimilarityMetrics {
+    baseline: BaselineMetrics,
+    input_rows: Count,
+    skipped_rows: Count,
+    candidate_pairs: Count,
+    indexed_dims: Gauge,
+    build_time: Time,
+    probe_time: Time,
+}
+
+impl SimilarityMetrics {
+    fn new(set: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            baseline: BaselineMetrics::new(set, 0),
+            input_rows: MetricBuilder::new(set).counter("input_rows", 0),
+            skipped_rows: MetricBuilder::new(set).counter("skipped_rows", 0),
+            candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
+            indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
+            build_time: MetricBuilder::new(set).subset_time("build_time", 0),
+            probe_time: MetricBuilder::new(set).subset_time("probe_time", 0),
+        }
+    }
+
+    fn record_run(&self, stats: &RunStats) {
+        self.candidate_pairs.add(stats.candidates as usize);
+        self.indexed_dims.set(stats.indexed_dims);
+        self.build_time.add_duration(stats.build_time);
+        self.probe_time.add_duration(stats.probe_time);
+        self.baseline.elapsed_compute().add_duration(stats.build_time + stats.probe_time);
+    }
+}
+
+/// Everything a run needs, detached from the plan.
+struct Run {
+    op: Arc<SimilarityOp>,
+    left: InputSide,
+    right: InputSide,
+    backend: Arc<dyn Backend>,
+    builder: BatchBuilder,
+    metrics: SimilarityMetrics,
+    progress: Option<Arc<dyn ProgressListener>>,
+}
+
+pub(super) fn execute(exec: &SimilarityExec, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+    let inputs = exec
+        .children
+        .iter()
+        .map(|child| Ok((child.schema(), child.execute(0, context.clone())?)))
+        .collect::<Result<Vec<_>>>()?;
+    let reservation = MemoryConsumer::new("SimilarityExec").register(context.memory_pool());
+    let run = Run {
+        op: exec.op.clone(),
+        left: exec.left.clone(),
+        right: exec.right.clone(),
+        backend: exec.backend.clone(),
+        builder: BatchBuilder {
+            schema: exec.schema.clone(),
+            columns: exec.columns.clone(),
+            batch_size: context.session_config().batch_size(),
+        },
+        metrics: SimilarityMetrics::new(&exec.metrics),
+        progress: context.session_config().get_extension::<Progress>().map(|p| p.0.clone()),
+    };
+    let stream = futures::stream::once(run.start(inputs, reservation)).try_flatten();
+    Ok(Box::pin(RecordBatchStreamAdapter::new(exec.schema.clone(), stream)))
+}
+
+impl Run {
+    async fn start(
+        self,
+        inputs: Vec<(SchemaRef, SendableRecordBatchStream)>,
+        reservation: MemoryReservation,
+    ) -> Result<futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>>> {
+        let mut batches = Vec::with_capacity(inputs.len());
+        for (schema, stream) in inputs {
+            let parts: Vec<_> = stream
+                .and_then(|batch| {
+                    let grown = reservation.try_grow(batch.get_array_memory_size());
+                    async move { grown.map(|_| batch) }
+                })
+                .try_collect()
+                .await?;
+            let batch = concat_batches(&schema, &parts)?;
+            reservation.try_grow(batch.get_array_memory_size())?;
+            let freed: usize = parts.iter().map(|b| b.get_array_memory_size()).sum();
+            drop(parts);
+            reservation.shrink(freed);
+            batches.push(batch);
+        }
+
+        let op = self.op.clone();
+        let (left_side, right_side) = (self.left.clone(), self.right.clone());
+        let (left, right) = tokio::task::spawn_blocking(move || -> Result<(SideData, SideData)> {
+            let reject_zero = op.metric == Metric::Cosine;
+            let side = |input: &InputSide| -> Result<SideData> {
+                let batch = batches[input.child].clone();
+                let vectors = Vectors::from_batch(&batch, &input.source, reject_zero, &input.describe)?;
+                Ok(SideData { batch, vectors: Arc::new(vectors) })
+            };
+            let left = side(&left_side)?;
+            let right = if right_side.child == left_side.child { left.clone() } else { side(&right_side)? };
+            Ok((left, right))
+        })
+        .await
+        .map_err(|e| exec_datafusion_err!("{}: building vectors failed: {e}", self.op.function_name()))??;
+
+        let (lv, rv) = (&left.vectors, &right.vectors);
+        if !lv.is_empty() && !rv.is_empty() && lv.dim != rv.dim {
+            return exec_err!(
+                "{}: dimension mismatch: {} has {}-dimensional vectors, {} has {}",
+                self.op.function_name(),
+                self.left.describe,
+                lv.dim,
+                self.right.describe,
+                rv.dim
+            );
+        }
+        let same = Arc::ptr_eq(lv, rv);
+        let input_rows = left.batch.num_rows() + if same { 0 } else { right.batch.num_rows() };
+        self.metrics.input_rows.add(input_rows);
+        self.metrics.skipped_rows.add(lv.skipped + if same { 0 } else { rv.skipped });
+        // Working memory of the backend: the vectors themselves, their f32/normalised copies and
+        // the grid (ids, order, keys) — about three times the f64 vectors.
+        let vector_bytes = (lv.values.len() + if same { 0 } else { rv.values.len() }) * 8;
+        reservation.try_grow(3 * vector_bytes)?;
+
+        let (sender, receiver) = mpsc::channel::<Result<ResultChunk>>(2);
+        let Run { op, backend, builder, metrics, progress, .. } = self;
+        let chunk_rows = builder.batch_size.max(1024);
+        let (lv, rv) = (lv.clone(), rv.clone());
+        let baseline = metrics.baseline.clone();
+        tokio::task::spawn_blocking(move || {
+            let sink = ChannelSink { sender, chunk_rows, progress: progress.clone(), function: op.function_name() };
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| compute(&op, backend.as_ref(), &lv, &rv, same, &sink)));
+            if let Some(p) = &progress {
+                p.finish();
+            }
+            let result = outcome.unwrap_or_else(|panic| {
+                let what = panic.downcast_ref::<&str>().map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(DataFusionError::Internal(format!("{}: backend panicked: {what}", op.function_name())))
+            });
+            match result {
+                Ok(stats) => metrics.record_run(&stats),
+                // The consumer may be gone (cancelled); then nobody needs the error.
+                Err(e) => drop(sink.sender.blocking_send(Err(e))),
+            }
+            // Keep `reservation` alive until the backend is done with the vectors.
+            drop(reservation);
+        });
+
+        let output = futures::stream::unfold(receiver, |mut r| async move { r.recv().await.map(|item| (item, r)) })
+            .map(move |chunk| -> Result<Vec<_>> {
+                let batches = builder.build(&chunk?, &left, &right)?;
+                batches.iter().for_each(|b| baseline.record_output(b.num_rows()));
+                Ok(batches)
+            })
+            .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+            .try_flatten();
+        Ok(output.boxed())
+    }
+}
+
+/// Calls the backend for the operation.
+fn compute(op: &SimilarityOp, backend: &dyn Backend, left: &Vectors, right: &Vectors, same: bool, sink: &dyn ResultSink) -> Result<RunStats> {
+    match op.operation {
+        Operation::SimJoin { eps: threshold, include_self, pairs, .. } => {
+            let self_join = same.then_some(SelfJoin { include_self, ordered: pairs == PairOrder::Ordered });
+            backend.join(&JoinRequest { left, right, metric: op.metric, threshold, self_join }, sink)
+        }
+        Operation::RangeQuery { radius } => {
+            backend.join(&JoinRequest { left, right, metric: op.metric, threshold: radius, self_join: None }, sink)
+        }
+        Operation::Knn { k } => backend.knn(&KnnRequest { base: right, queries: left, metric: op.metric, k }, sink),
+    }
+}
+
+/// Sends chunks to the output stream, blocking while it is two chunks behind.
+struct ChannelSink {
+    sender: mpsc::Sender<Result<ResultChunk>>,
+    chunk_rows: usize,
+    progress: Option<Arc<dyn ProgressListener>>,
+    function: &'static str,
+}
+
+impl ResultSink for ChannelSink {
+    fn send(&self, chunk: ResultChunk) -> Result<()> {
+        self.sender
+            .blocking_send(Ok(chunk))
+            .map_err(|_| DataFusionError::Execution(format!("{}: query cancelled", self.function)))
+    }
+
+    fn chunk_rows(&self) -> usize {
+        self.chunk_rows
+    }
+
+    fn start(&self, total_units: u64) {
+        if let Some(p) = &self.progress {
+            p.start(self.function, total_units);
+        }
+    }
+
+    fn advance(&self, units: u64) {
+        if let Some(p) = &self.progress {
+            p.advance(units);
+        }
+    }
+}

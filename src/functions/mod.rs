@@ -1,0 +1,88 @@
+//! The SQL surface: `sim_join`, `range_query` and `knn` as table functions. Each parses and checks
+//! its arguments into a [`SimilarityOp`] and input tables; nothing here executes anything.
+
+use std::sync::Arc;
+
+use datafusion::catalog::{Session, TableFunctionImpl};
+use datafusion::common::{Result, plan_err};
+
+use crate::backend;
+use crate::op::SimilarityOp;
+use crate::options::SimJoinOptions;
+use crate::table::{SimilarityTable, TableInput};
+use crate::vectors::VectorSource;
+
+mod args;
+mod knn;
+mod range_query;
+mod sim_join;
+
+pub use knn::KnnFunc;
+pub use range_query::RangeQueryFunc;
+pub use sim_join::SimJoinFunc;
+
+/// Every function under each name it is registered as. DataFusion looks table functions up by
+/// the name exactly as written, so the upper-case spellings are registered too.
+pub fn all() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
+    let sim_join: Arc<dyn TableFunctionImpl> = Arc::new(SimJoinFunc);
+    let range_query: Arc<dyn TableFunctionImpl> = Arc::new(RangeQueryFunc);
+    let knn: Arc<dyn TableFunctionImpl> = Arc::new(KnnFunc);
+    vec![
+        ("sim_join", sim_join.clone()),
+        ("SIM_JOIN", sim_join),
+        ("range_query", range_query.clone()),
+        ("RANGE_QUERY", range_query),
+        ("knn", knn.clone()),
+        ("KNN", knn),
+    ]
+}
+
+/// One input table of a call, with its vector column resolved.
+fn input(
+    session: &dyn Session,
+    function: &str,
+    argument: &str,
+    table: &args::TableArg,
+    options: &SimJoinOptions,
+) -> Result<TableInput> {
+    let provider = args::resolve_table(session, function, argument, table)?;
+    let source = VectorSource::resolve(&provider.schema(), options.column(), function, argument)?;
+    Ok(TableInput { provider, source, describe: format!("{function}: argument '{argument}'") })
+}
+
+/// The table of a call: checks what the schemas alone can (dimensions) and picks the backend.
+fn table(op: SimilarityOp, first: TableInput, second: Option<TableInput>, names: [&str; 2]) -> Result<Arc<SimilarityTable>> {
+    if let Some(second) = &second
+        && let (Some(a), Some(b)) = (first.source.static_dim(), second.source.static_dim())
+        && a != b
+    {
+        return plan_err!(
+            "{}: dimension mismatch: argument '{}' has {a}-dimensional vectors, argument '{}' has {b}",
+            op.function_name(),
+            names[0],
+            names[1]
+        );
+    }
+    let backend = backend::choose(op.device, op.function_name())?;
+    Ok(Arc::new(SimilarityTable::new(op, first, second, backend)))
+}
+
+/// The base table and the query table (or constant vector) of `range_query` / `knn`.
+fn query_and_base(
+    session: &dyn Session,
+    function: &str,
+    base: &datafusion::logical_expr::Expr,
+    query: &datafusion::logical_expr::Expr,
+    options: &SimJoinOptions,
+) -> Result<(TableInput, TableInput)> {
+    let base = input(session, function, "base", &args::table_arg(function, "base", base)?, options)?;
+    let query = match args::vector_literal(function, "query", query)? {
+        Some(values) => {
+            let provider = args::vector_table(values)?;
+            let source = VectorSource::resolve(&provider.schema(), None, function, "query")?;
+            TableInput { provider, source, describe: format!("{function}: argument 'query'") }
+        }
+        None => input(session, function, "query", &args::table_arg(function, "query", query)?, options)?,
+    };
+    Ok((base, query))
+}

@@ -1,0 +1,72 @@
+//! The thin CUDA layer (cudarc, loaded at run time): finding a usable device without ever panicking.
+//! No Arrow or DataFusion types live here.
+
+use std::fmt;
+
+use cudarc::driver::CudaContext;
+
+/// A CUDA device that answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuInfo {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Marketing name, e.g. "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Device memory in bytes.
+    pub total_memory: usize,
+}
+
+impl fmt::Display for GpuInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (major, minor) = self.compute_capability;
+        write!(
+            f,
+            "GPU {} ({}, sm_{major}{minor}, {:.1} GiB)",
+            self.ordinal,
+            self.name,
+            self.total_memory as f64 / (1u64 << 30) as f64
+        )
+    }
+}
+
+/// The first CUDA device, or why there is none. Never panics: cudarc's dynamic loading panics on
+/// first use when libcuda or libnvrtc is missing, so their presence is checked first.
+pub fn probe() -> Result<GpuInfo, String> {
+    // SAFETY: these only try to dlopen() the libraries; no CUDA function is called.
+    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+    // SAFETY: as above.
+    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    match (driver, nvrtc) {
+        (false, _) => return Err("the CUDA driver library (libcuda) was not found".into()),
+        (_, false) => return Err("the CUDA runtime compiler library (libnvrtc) was not found".into()),
+        _ => {}
+    }
+    let count = CudaContext::device_count().map_err(|e| format!("the CUDA driver failed: {e}"))?;
+    if count < 1 {
+        return Err("the CUDA driver reports no device".into());
+    }
+    let ctx = CudaContext::new(0).map_err(|e| format!("GPU 0 cannot be opened: {e}"))?;
+    let info = || -> Result<GpuInfo, cudarc::driver::DriverError> {
+        Ok(GpuInfo {
+            ordinal: 0,
+            name: ctx.name()?,
+            compute_capability: ctx.compute_capability()?,
+            total_memory: ctx.total_mem()?,
+        })
+    };
+    info().map_err(|e| format!("GPU 0 does not answer: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn probe_never_panics() {
+        // On machines without CUDA this is an Err with a reason; with a GPU it names the device.
+        match super::probe() {
+            Ok(info) => assert!(!info.name.is_empty()),
+            Err(reason) => assert!(!reason.is_empty()),
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! The ε-grid of GPU-Join (seed 003 §3.2.1, §4): cells of edge ≥ the coordinate bound `r` over the
+//! `k` highest-variance dimensions, only non-empty cells stored (sorted linearised ids, found by
+//! binary search), points grouped by cell and sorted inside each cell on one more dimension
+//! (`sortidu`, §4.3). `k` comes from a sampled cost model (§5.6) that can also reject the grid in
+//! favour of brute force (high d, or `r` as large as the data's extent).
+//!
+//! Why no pair is lost: a pair within the threshold differs by at most `r` in every coordinate
+//! (`Metric::coordinate_bound`). Cell widths are `w ≥ r·(1 + 2⁻²⁰)` and cell coordinates are
+//! `floor((x - origin) / w)` with fewer than 2³¹ cells per dimension, so the computed quotients of
+//! two such coordinates differ by at most `r/w + 2⁻⁴⁸ < 1`, and their cells by at most one: every
+//! partner lies in one of the 3^k neighbouring cells, inside the `±r` window of the sort dimension.
+
+use rayon::prelude::*;
+
+/// Largest number of indexed dimensions considered: 3^8 = 6561 neighbour cells already.
+const MAX_INDEXED_DIMS: usize = 8;
+/// Points sampled per side for the cost model (sample × sample pair tests).
+const COST_SAMPLE: usize = 1200;
+/// Relative widening of the cell edge over the coordinate bound (see the module docs).
+const WIDEN: f64 = 1.0 + 1.0 / (1u64 << 20) as f64;
+
+/// Cost-model weights, in nanoseconds of one core, measured on the 2-core build machine with
+/// `simjoin bench` (uniform data, d = 2…64): one binary-search step over the cell ids, one ±r window
+/// search, one candidate pair (loop, branch) plus one f64 dimension of the exact check, and one
+/// brute-force pair plus dimension (f32 GEMM tile + epilogue).
+const NS_LOOKUP_STEP: f64 = 4.0;
+const NS_WINDOW: f64 = 25.0;
+const NS_PAIR: f64 = 3.0;
+const NS_DIM: f64 = 0.8;
+const NS_BRUTE_PAIR: f64 = 1.2;
+const NS_BRUTE_DIM_GEMM: f64 = 0.08;
+const NS_BRUTE_DIM_DIRECT: f64 = 0.6;
+
+/// The cell layout shared by the indexes of both join inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GridGeometry {
+    /// Indexed dimensions (positions in the vector), highest variance first.
+    pub dims: Vec<usize>,
+    /// Lower edge of the grid per indexed dimension.
+    pub origin: Vec<f64>,
+    /// Cell edge per indexed dimension (≥ `radius·(1 + 2⁻²⁰)`).
+    pub width: Vec<f64>,
+    /// Number of cells per indexed dimension.
+    pub cells: Vec<u64>,
+    /// Linearisation strides (dimension 0 fastest); the product of `cells` fits in u64.
+    pub strides: Vec<u64>,
+    /// The dimension points are sorted by inside each cell (`sortidu`).
+    pub sort_dim: usize,
+    /// The coordinate bound `r`: partners differ by at most this much in every dimension.
+    pub radius: f64,
+}
+
+impl GridGeometry {
+    /// Cell coordinate of value `x` in indexed dimension `j`.
+    #[inline]
+    pub fn coord(&self, j: usize, x: f64) -> u64 {
+        let c = ((x - self.origin[j]) / self.width[j]).floor();
+        (c.max(0.0) as u64).min(self.cells[j] - 1)
+    }
+
+    /// Linearised id of the cell holding `point`.
+    #[inline]
+    pub fn cell_id(&self, point: &[f64]) -> u64 {
+        self.dims.iter().enumerate().map(|(j, &d)| self.coord(j, point[d]) * self.strides[j]).sum()
+    }
+
+    /// Calls `f` with the id of every cell of the 3^k neighbourhood of `cell` that lies in the grid.
+    pub fn for_each_neighbour(&self, cell: u64, mut f: impl FnMut(u64)) {
+        let k = self.dims.len();
+        let mut lo = [0u64; MAX_INDEXED_DIMS];
+        let mut hi = [0u64; MAX_INDEXED_DIMS];
+        for j in 0..k {
+            let c = (cell / self.strides[j]) % self.cells[j];
+            lo[j] = c.saturating_sub(1);
+            hi[j] = (c + 1).min(self.cells[j] - 1);
+        }
+        let mut cur = lo;
+        loop {
+            f((0..k).map(|j| cur[j] * self.strides[j]).sum());
+            // odometer increment over the clipped ranges
+            let mut j = 0;
+            loop {
+                if j == k {
+                    return;
+                }
+                if cur[j] < hi[j] {
+                    cur[j] += 1;
+                    break;
+                }
+                cur[j] = lo[j];
+                j += 1;
+            }
+        }
+    }
+}
+
+/// What the cost model chose.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JoinStrategy {
+    /// The ε-grid over some dimensions.
+    Grid(GridGeometry),
+    /// Every pair, in blocked tiles.
+    BruteForce,
+}
+
+/// Inputs of the cost model: the filter-space coordinates of both sides.
+pub struct CostInputs<'a> {
+    /// Row-major coordinates of the left (probe) side.
+    pub left: &'a [f64],
+    /// Row-major coordinates of the right (indexed) side; the same slice for a self-join.
+    pub right: &'a [f64],
+    /// Vector dimension.
+    pub dim: usize,
+    /// Coordinate bound `r`.
+    pub radius: f64,
+    /// One input joined with itself (each unordered pair computed once).
+    pub self_join: bool,
+    /// Whether brute force can use the f32 GEMM form (L2, L2², cosine, inner product).
+    pub gemm_form: bool,
+}
+
+/// Chooses between the grid (and its `k`) and brute force by estimated time (seed 003 §5.6):
+/// index search ≈ cells·3^k·log₂|G|, refinement ≈ sampled candidate pairs × (pair + d·dimension).
+pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
+    let CostInputs { left, right, dim, radius, self_join, .. } = *inputs;
+    let (n_left, n_right) = (left.len() / dim, right.len() / dim);
+    let pair_factor = if self_join { 0.5 } else { 1.0 };
+    let brute_dim = if inputs.gemm_form { NS_BRUTE_DIM_GEMM } else { NS_BRUTE_DIM_DIRECT };
+    let brute_cost =
+        n_left as f64 * n_right as f64 * pair_factor * (NS_BRUTE_PAIR + dim as f64 * brute_dim);
+    if n_left == 0 || n_right == 0 {
+        return JoinStrategy::BruteForce;
+    }
+
+    let sample_left = strided_sample(left, dim, COST_SAMPLE);
+    let sample_right = if self_join { sample_left.clone() } else { strided_sample(right, dim, COST_SAMPLE) };
+    let (lo, hi, variance) = extent_and_variance(left, right, dim, &sample_left, &sample_right);
+    let cell_edge = (radius * WIDEN).max(f64::MIN_POSITIVE);
+    // Dimensions that span at least three cells can prune; highest variance first.
+    let mut useful: Vec<usize> = (0..dim).filter(|&d| (hi[d] - lo[d]) / cell_edge >= 2.0).collect();
+    useful.sort_by(|&a, &b| variance[b].total_cmp(&variance[a]).then(a.cmp(&b)));
+    useful.truncate(MAX_INDEXED_DIMS);
+
+    let mut best = (brute_cost, JoinStrategy::BruteForce);
+    for k in 1..=useful.len() {
+        let geometry = geometry(&useful[..k], &useful, &lo, &hi, radius, dim);
+        let hits = sample_candidates(&geometry, &sample_left, &sample_right, dim, self_join);
+        let sample_pairs = (sample_left.len() / dim) as f64 * (sample_right.len() / dim) as f64;
+        let candidates = hits / sample_pairs * n_left as f64 * n_right as f64 * pair_factor;
+        let possible_cells = geometry.cells.iter().map(|&c| c as f64).product::<f64>();
+        let cells_left = possible_cells.min(n_left as f64);
+        let cells_right = possible_cells.min(n_right as f64);
+        let neighbours = 3f64.powi(k as i32) * if self_join { 0.5 } else { 1.0 };
+        let search = cells_left * neighbours * (cells_right.log2() + 1.0) * NS_LOOKUP_STEP
+            + n_left as f64 * neighbours.min(cells_right) * NS_WINDOW;
+        let refine = candidates * (NS_PAIR + dim as f64 * NS_DIM);
+        let cost = search + refine;
+        if cost < best.0 {
+            best = (cost, JoinStrategy::Grid(geometry));
+        }
+    }
+    best.1
+}
+
+/// Geometry over `indexed` (a prefix of `ranked`); the sort dimension is the next ranked one.
+fn geometry(indexed: &[usize], ranked: &[usize], lo: &[f64], hi: &[f64], radius: f64, dim: usize) -> GridGeometry {
+    let k = indexed.len();
+    // Keep Π cells < 2⁶³ so linear ids fit in u64, and each dimension below 2³¹ cells (module docs).
+    let max_cells = 1u64 << (62 / k as u32).min(31);
+    let mut geometry = GridGeometry {
+        dims: indexed.to_vec(),
+        origin: Vec::with_capacity(k),
+        width: Vec::with_capacity(k),
+        cells: Vec::with_capacity(k),
+        strides: Vec::with_capacity(k),
+        sort_dim: ranked.get(k).copied().unwrap_or(if dim > 1 { indexed[0] } else { 0 }),
+        radius,
+    };
+    let mut stride = 1u64;
+    for &d in indexed {
+        let extent = hi[d] - lo[d];
+        let width = (radius * WIDEN).max(extent / (max_cells - 1) as f64).max(f64::MIN_POSITIVE);
+        let cells = ((extent / width).floor() as u64 + 1).clamp(1, max_cells);
+        geometry.origin.push(lo[d]);
+        geometry.width.push(width);
+        geometry.cells.push(cells);
+        geometry.strides.push(stride);
+        stride *= cells;
+    }
+    geometry
+}
+
+/// Every `n/count`-th row (all rows when there are fewer), row-major.
+fn strided_sample(points: &[f64], dim: usize, count: usize) -> Vec<f64> {
+    let n = points.len() / dim;
+    let step = n.div_ceil(count).max(1);
+    (0..n).step_by(step).flat_map(|i| points[i * dim..(i + 1) * dim].iter().copied()).collect()
+}
+
+/// Exact per-dimension extent of both inputs, variance from the samples.
+fn extent_and_variance(left: &[f64], right: &[f64], dim: usize, sl: &[f64], sr: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let fold = |points: &[f64]| {
+        points
+            .par_chunks(dim * 4096)
+            .map(|block| {
+                let mut lo = vec![f64::INFINITY; dim];
+                let mut hi = vec![f64::NEG_INFINITY; dim];
+                for row in block.chunks_exact(dim) {
+                    for d in 0..dim {
+                        lo[d] = lo[d].min(row[d]);
+                        hi[d] = hi[d].max(row[d]);
+                    }
+                }
+                (lo, hi)
+            })
+            .reduce(
+                || (vec![f64::INFINITY; dim], vec![f64::NEG_INFINITY; dim]),
+                |(mut lo, mut hi), (l, h)| {
+                    for d in 0..dim {
+                        lo[d] = lo[d].min(l[d]);
+                        hi[d] = hi[d].max(h[d]);
+                    }
+                    (lo, hi)
+                },
+            )
+    };
+    let (mut lo, mut hi) = fold(left);
+    if !std::ptr::eq(left, right) {
+        let (l, h) = fold(right);
+        for d in 0..dim {
+            lo[d] = lo[d].min(l[d]);
+            hi[d] = hi[d].max(h[d]);
+        }
+    }
+    let rows = (sl.len() + sr.len()) / dim;
+    let mut variance = vec![0.0; dim];
+    for d in 0..dim {
+        let values = || sl.iter().chain(sr).skip(d).step_by(dim);
+        let mean = values().sum::<f64>() / rows as f64;
+        variance[d] = values().map(|x| (x - mean) * (x - mean)).sum::<f64>() / rows as f64;
+    }
+    (lo, hi, variance)
+}
+
+/// Sample pairs whose cells are neighbours in every indexed dimension (self-join: distinct rows).
+fn sample_candidates(g: &GridGeometry, sl: &[f64], sr: &[f64], dim: usize, self_join: bool) -> f64 {
+    let k = g.dims.len();
+    let cells = |s: &[f64]| -> Vec<u64> {
+        s.chunks_exact(dim).flat_map(|p| (0..k).map(move |j| g.coord(j, p[g.dims[j]]))).collect()
+    };
+    let (cl, cr) = (cells(sl), cells(sr));
+    let hits: usize = cl
+        .par_chunks(k)
+        .enumerate()
+        .map(|(i, a)| {
+            cr.chunks_exact(k)
+                .enumerate()
+                .filter(|&(j, b)| (!self_join || i != j) && a.iter().zip(b).all(|(x, y)| x.abs_diff(*y) <= 1))
+                .count()
+        })
+        .sum();
+    hits as f64
+}
+
+/// One input's points grouped by cell, sorted by the sort dimension inside each cell.
+#[derive(Debug, Clone, Default)]
+pub struct GridIndex {
+    /// Linearised ids of the non-empty cells, ascending.
+    pub cell_ids: Vec<u64>,
+    /// `cell_start[c]..cell_start[c + 1]` are the slots of cell `c`.
+    pub cell_start: Vec<usize>,
+    /// Slot → point position in the input.
+    pub order: Vec<u32>,
+    /// Slot → the point's sort-dimension value.
+    pub sort_keys: Vec<f64>,
+}
+
+impl GridIndex {
+    /// Groups `points` (row-major, `dim` wide) by cell of `geometry`.
+    pub fn build(geometry: &GridGeometry, points: &[f64], dim: usize) -> Self {
+        let n = points.len() / dim;
+        let mut keyed: Vec<(u64, f64, u32)> = (0..n)
+            .into_par_iter()
+            .map(|i| {
+                let p = &points[i * dim..(i + 1) * dim];
+                (geometry.cell_id(p), p[geometry.sort_dim], i as u32)
+            })
+            .collect();
+        keyed.par_sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut index = GridIndex {
+            order: keyed.iter().map(|e| e.2).collect(),
+            sort_keys: keyed.iter().map(|e| e.1).collect(),
+            ..Default::default()
+        };
+        for (slot, e) in keyed.iter().enumerate() {
+            if index.cell_ids.last() != Some(&e.0) {
+                index.cell_ids.push(e.0);
+                index.cell_start.push(slot);
+            }
+        }
+        index.cell_start.push(n);
+        index
+    }
+
+    /// Number of non-empty cells.
+    pub fn num_cells(&self) -> usize {
+        self.cell_ids.len()
+    }
+
+    /// Index of the non-empty cell with linear id `id`.
+    #[inline]
+    pub fn find(&self, id: u64) -> Option<usize> {
+        self.cell_ids.binary_search(&id).ok()
+    }
+
+    /// Slot range of cell `c`.
+    #[inline]
+    pub fn slots(&self, c: usize) -> std::ops::Range<usize> {
+        self.cell_start[c]..self.cell_start[c + 1]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uniform(n: usize, dim: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed;
+        (0..n * dim)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 11) as f64 / (1u64 << 53) as f64
+            })
+            .collect()
+    }
+
+    #[test]
+    fn neighbourhood_is_clipped_to_the_grid() {
+        let g = geometry(&[0, 1], &[0, 1], &[0.0, 0.0], &[1.0, 1.0], 0.25, 2);
+        assert_eq!(g.cells, vec![4, 4]);
+        let mut corner = vec![];
+        g.for_each_neighbour(0, |id| corner.push(id));
+        assert_eq!(corner, vec![0, 1, 4, 5]);
+        let mut middle = vec![];
+        g.for_each_neighbour(5, |id| middle.push(id));
+        assert_eq!(middle.len(), 9);
+    }
+
+    #[test]
+    fn index_groups_every_point_by_cell() {
+        let points = uniform(1000, 3, 7);
+        let g = geometry(&[0, 1], &[0, 1, 2], &[0.0; 3], &[1.0; 3], 0.1, 3);
+        let index = GridIndex::build(&g, &points, 3);
+        assert_eq!(index.order.len(), 1000);
+        for c in 0..index.num_cells() {
+            let slots = index.slots(c);
+            for s in slots.clone() {
+                let p = index.order[s] as usize;
+                assert_eq!(g.cell_id(&points[p * 3..p * 3 + 3]), index.cell_ids[c]);
+            }
+            assert!(index.sort_keys[slots].is_sorted());
+        }
+    }
+
+    #[test]
+    fn cost_model_picks_the_grid_at_low_d_and_brute_force_when_eps_covers_everything() {
+        let points = uniform(20_000, 2, 1);
+        let inputs = |radius| CostInputs {
+            left: &points,
+            right: &points,
+            dim: 2,
+            radius,
+            self_join: true,
+            gemm_form: true,
+        };
+        assert!(matches!(choose_strategy(&inputs(0.01)), JoinStrategy::Grid(g) if g.dims.len() == 2));
+        assert_eq!(choose_strategy(&inputs(2.0)), JoinStrategy::BruteForce);
+    }
+
+    #[test]
+    fn linear_ids_never_overflow() {
+        let lo = vec![0.0; 8];
+        let hi = vec![1e300; 8];
+        let g = geometry(&[0, 1, 2, 3, 4, 5, 6, 7], &[0, 1, 2, 3, 4, 5, 6, 7], &lo, &hi, 1e-300, 8);
+        let total: u128 = g.cells.iter().map(|&c| c as u128).product();
+        assert!(total < 1u128 << 63, "{total}");
+    }
+}

@@ -1,0 +1,5 @@
+//! Spatial indexes shared by the CPU and GPU backends.
+
+pub mod grid;
+
+pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy};

@@ -1,0 +1,314 @@
+//! What is asked: the operation (ε-join, range query, kNN), its metric and its parameters, validated
+//! once at planning time, and the exactness contract every backend must meet.
+//!
+//! # The exactness contract
+//! A pair is in a join/range result iff [`Metric::distance`] of the two stored vectors (converted to
+//! f64, which is exact for f16/f32/integer inputs) is `<= threshold`. kNN returns, per query, the `k`
+//! smallest such distances, ties broken by the base row's position in its input. `Metric::distance`
+//! is the *definition*: it sums in natural dimension order, one term at a time, so every backend
+//! that filters in lower precision must re-check its candidates with exactly this function (or with
+//! a test proved equivalent to it), and CPU and GPU answers are then identical.
+
+use std::fmt;
+use std::str::FromStr;
+
+use datafusion::common::{Result, plan_err};
+
+/// A distance function between two vectors of the same dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Metric {
+    /// Euclidean distance `sqrt(Σ (a_i - b_i)²)`.
+    #[default]
+    L2,
+    /// Squared Euclidean distance `Σ (a_i - b_i)²`.
+    L2Squared,
+    /// Cosine distance `1 - a·b / (‖a‖ ‖b‖)`; rows with a zero vector never match.
+    Cosine,
+    /// Negative inner product `-(a·b)`, so that smaller is closer as for every other metric.
+    InnerProduct,
+    /// Manhattan distance `Σ |a_i - b_i|`.
+    L1,
+    /// Chebyshev distance `max |a_i - b_i|`.
+    LInf,
+}
+
+impl Metric {
+    /// Every metric, in the order the documentation lists them.
+    pub const ALL: [Metric; 6] = [
+        Metric::L2,
+        Metric::L2Squared,
+        Metric::Cosine,
+        Metric::InnerProduct,
+        Metric::L1,
+        Metric::LInf,
+    ];
+
+    /// The SQL spelling of the metric.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::L2 => "l2",
+            Metric::L2Squared => "l2sq",
+            Metric::Cosine => "cosine",
+            Metric::InnerProduct => "inner_product",
+            Metric::L1 => "l1",
+            Metric::LInf => "linf",
+        }
+    }
+
+    /// The definition of the distance (see the module docs). `a` and `b` have the same length.
+    pub fn distance(self, a: &[f64], b: &[f64]) -> f64 {
+        debug_assert_eq!(a.len(), b.len());
+        match self {
+            Metric::L2 => squared_l2(a, b).sqrt(),
+            Metric::L2Squared => squared_l2(a, b),
+            Metric::Cosine => {
+                let (mut dot, mut na, mut nb) = (0.0, 0.0, 0.0);
+                for (x, y) in a.iter().zip(b) {
+                    dot += x * y;
+                    na += x * x;
+                    nb += y * y;
+                }
+                cosine_from_parts(dot, na, nb)
+            }
+            Metric::InnerProduct => -dot(a, b),
+            Metric::L1 => a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, |s, t| s + t),
+            Metric::LInf => a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max),
+        }
+    }
+
+    /// Whether the threshold may be negative: only the negative inner product takes negative values.
+    pub fn allows_negative_threshold(self) -> bool {
+        self == Metric::InnerProduct
+    }
+
+    /// The largest per-coordinate difference `|a_i - b_i|` a pair within `threshold` can have, in
+    /// the space the grid index is built over (the vectors themselves, or the unit-normalised
+    /// vectors for cosine); `None` when the metric bounds no coordinate (inner product).
+    ///
+    /// Why no pair is lost: for L1, L∞ and L2 every term `|a_i - b_i|` is at most the distance; for
+    /// L2² it is at most its square root; for cosine, `‖â - b̂‖² = 2·(1 - cos)` for unit vectors, so
+    /// `|â_i - b̂_i| ≤ sqrt(2·threshold)`. The grid widens this bound by a relative 2⁻²⁰ (see
+    /// `index::grid`), far more than the few ulps by which rounding can move any of these relations.
+    pub fn coordinate_bound(self, threshold: f64) -> Option<f64> {
+        match self {
+            Metric::L2 | Metric::L1 | Metric::LInf => Some(threshold),
+            Metric::L2Squared => Some(threshold.sqrt()),
+            Metric::Cosine => Some((2.0 * threshold).min(4.0).sqrt() * (1.0 + 1e-9) + 1e-12),
+            Metric::InnerProduct => None,
+        }
+    }
+}
+
+/// `Σ (a_i - b_i)²` summed in order: the one formula shared by L2 and L2².
+#[inline]
+pub fn squared_l2(a: &[f64], b: &[f64]) -> f64 {
+    let mut sum = 0.0;
+    for (x, y) in a.iter().zip(b) {
+        let d = x - y;
+        sum += d * d;
+    }
+    sum
+}
+
+/// `Σ a_i b_i` summed in order.
+#[inline]
+pub fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut sum = 0.0;
+    for (x, y) in a.iter().zip(b) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// Cosine distance from the dot product and both squared norms, each summed in order. Callers that
+/// precompute `na`/`nb` get the same bits as [`Metric::distance`], since the sums are identical.
+#[inline]
+pub fn cosine_from_parts(dot: f64, na: f64, nb: f64) -> f64 {
+    1.0 - dot / (na.sqrt() * nb.sqrt())
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Metric {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let lower = s.trim().to_ascii_lowercase();
+        Metric::ALL.into_iter().find(|m| m.name() == lower).ok_or_else(|| {
+            format!("unknown metric '{s}' (expected one of l2, l2sq, cosine, inner_product, l1, linf)")
+        })
+    }
+}
+
+/// Where the work runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The GPU when one is usable, otherwise every CPU core.
+    #[default]
+    Auto,
+    /// The GPU, or an error saying why it cannot be used.
+    Gpu,
+    /// Every CPU core.
+    Cpu,
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Device::Auto => "auto",
+            Device::Gpu => "gpu",
+            Device::Cpu => "cpu",
+        })
+    }
+}
+
+impl FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Device::Auto),
+            "gpu" | "cuda" => Ok(Device::Gpu),
+            "cpu" => Ok(Device::Cpu),
+            _ => Err(format!("unknown device '{s}' (expected one of auto, gpu, cpu)")),
+        }
+    }
+}
+
+/// How a self-join reports each matching pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PairOrder {
+    /// Both (a, b) and (b, a).
+    #[default]
+    Ordered,
+    /// Each pair once, left row before right row.
+    Unordered,
+}
+
+impl fmt::Display for PairOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PairOrder::Ordered => "ordered",
+            PairOrder::Unordered => "unordered",
+        })
+    }
+}
+
+impl FromStr for PairOrder {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ordered" => Ok(PairOrder::Ordered),
+            "unordered" => Ok(PairOrder::Unordered),
+            _ => Err(format!("unknown pairs '{s}' (expected ordered or unordered)")),
+        }
+    }
+}
+
+/// The operation and its parameter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Operation {
+    /// ε-join of one table with itself (`self_join`) or of two tables.
+    SimJoin {
+        /// Largest distance of a result pair.
+        eps: f64,
+        /// One input joined with itself.
+        self_join: bool,
+        /// Self-join only: also report each row with itself (when its distance qualifies).
+        include_self: bool,
+        /// Self-join only: report (a, b) and (b, a), or each pair once.
+        pairs: PairOrder,
+    },
+    /// Every base row within `radius` of each query row.
+    RangeQuery {
+        /// Largest distance of a result pair.
+        radius: f64,
+    },
+    /// The `k` nearest base rows of each query row.
+    Knn {
+        /// How many neighbours per query (all base rows when the base is smaller).
+        k: usize,
+    },
+}
+
+/// A validated request: what to compute, with which metric, where.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimilarityOp {
+    /// The operation and its parameter.
+    pub operation: Operation,
+    /// The distance function.
+    pub metric: Metric,
+    /// Where the work runs.
+    pub device: Device,
+}
+
+impl SimilarityOp {
+    /// The SQL name of the function this operation comes from.
+    pub fn function_name(&self) -> &'static str {
+        match self.operation {
+            Operation::SimJoin { .. } => "sim_join",
+            Operation::RangeQuery { .. } => "range_query",
+            Operation::Knn { .. } => "knn",
+        }
+    }
+
+    /// The distance threshold of a join or range query (`None` for kNN).
+    pub fn threshold(&self) -> Option<f64> {
+        match self.operation {
+            Operation::SimJoin { eps, .. } => Some(eps),
+            Operation::RangeQuery { radius } => Some(radius),
+            Operation::Knn { .. } => None,
+        }
+    }
+}
+
+/// Checks a join/range threshold: finite, and non-negative unless the metric can be negative.
+pub fn validate_threshold(function: &str, argument: &str, value: f64, metric: Metric) -> Result<f64> {
+    if !value.is_finite() {
+        return plan_err!("{function}: argument '{argument}' must be a finite number, got {value}");
+    }
+    if value < 0.0 && !metric.allows_negative_threshold() {
+        return plan_err!(
+            "{function}: argument '{argument}' must be >= 0 for metric {metric}, got {value}"
+        );
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distances_follow_their_definitions() {
+        let a = [1.0, 2.0, 3.0];
+        let b = [4.0, 6.0, 3.0];
+        assert_eq!(Metric::L2.distance(&a, &b), 5.0);
+        assert_eq!(Metric::L2Squared.distance(&a, &b), 25.0);
+        assert_eq!(Metric::L1.distance(&a, &b), 7.0);
+        assert_eq!(Metric::LInf.distance(&a, &b), 4.0);
+        assert_eq!(Metric::InnerProduct.distance(&a, &b), -(4.0 + 12.0 + 9.0));
+        assert_eq!(Metric::Cosine.distance(&[1.0, 0.0], &[0.0, 2.0]), 1.0);
+        assert!(Metric::Cosine.distance(&[0.0, 0.0], &[0.0, 2.0]).is_nan());
+    }
+
+    #[test]
+    fn metric_names_round_trip() {
+        for m in Metric::ALL {
+            assert_eq!(m.name().parse::<Metric>().unwrap(), m);
+        }
+        assert_eq!(
+            "hamming".parse::<Metric>().unwrap_err(),
+            "unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf)"
+        );
+    }
+
+    #[test]
+    fn thresholds_are_checked() {
+        assert!(validate_threshold("sim_join", "eps", -0.1, Metric::L2).is_err());
+        assert!(validate_threshold("sim_join", "eps", f64::NAN, Metric::L2).is_err());
+        assert_eq!(validate_threshold("sim_join", "eps", -0.5, Metric::InnerProduct).unwrap(), -0.5);
+    }
+}

@@ -1,0 +1,159 @@
+//! The `simjoin.*` session options (`SET simjoin.metric = 'cosine'`) and the per-call options string
+//! (`sim_join(t, 0.1, 'metric=cosine, column=embedding')`), which overrides them.
+
+use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions, Visit};
+use datafusion::common::{Result, config_err, plan_err};
+
+use crate::op::{Device, Metric, PairOrder};
+
+/// Session-wide defaults of every simjoin function, settable with `SET simjoin.<name> = <value>`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SimJoinOptions {
+    /// Distance function: l2, l2sq, cosine, inner_product, l1, linf.
+    pub metric: Metric,
+    /// Where to run: auto (GPU when usable, else CPU), gpu, cpu.
+    pub device: Device,
+    /// Self-joins: also pair each row with itself.
+    pub include_self: bool,
+    /// Self-joins: `ordered` reports (a,b) and (b,a); `unordered` each pair once.
+    pub pairs: PairOrder,
+    /// The vector column; empty means: the only list column, else every floating-point column.
+    pub column: String,
+}
+
+const KEYS: [(&str, &str); 5] = [
+    ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf"),
+    ("device", "Where to run: auto (GPU when usable, else CPU), gpu, cpu"),
+    ("include_self", "Self-joins: also pair each row with itself (true/false)"),
+    ("pairs", "Self-joins: ordered reports (a,b) and (b,a); unordered reports each pair once"),
+    ("column", "Vector column; empty: the only list column, else every floating-point column"),
+];
+
+impl SimJoinOptions {
+    /// Sets one option by name, with the messages the SQL `SET` and the options string share.
+    /// `Err` holds a sentence without the caller's prefix.
+    fn set_value(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
+        match key {
+            "metric" => self.metric = value.parse()?,
+            "device" => self.device = value.parse()?,
+            "include_self" => {
+                self.include_self = match value.trim().to_ascii_lowercase().as_str() {
+                    "true" | "1" | "yes" | "on" => true,
+                    "false" | "0" | "no" | "off" => false,
+                    _ => return Err(format!("include_self must be true or false, got '{value}'")),
+                }
+            }
+            "pairs" => self.pairs = value.parse()?,
+            "column" => self.column = value.trim().to_string(),
+            _ => {
+                let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
+                return Err(format!("unknown option '{key}' (expected one of {})", known.join(", ")));
+            }
+        }
+        Ok(())
+    }
+
+    fn value_of(&self, key: &str) -> String {
+        match key {
+            "metric" => self.metric.to_string(),
+            "device" => self.device.to_string(),
+            "include_self" => self.include_self.to_string(),
+            "pairs" => self.pairs.to_string(),
+            _ => self.column.clone(),
+        }
+    }
+
+    /// These options overridden by a call's options string such as `'metric=cosine, column=v'`.
+    pub fn with_call_options(&self, function: &str, text: &str) -> Result<Self> {
+        let mut options = self.clone();
+        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let Some((key, value)) = item.split_once('=') else {
+                return plan_err!(
+                    "{function}: options string '{text}': expected key=value, got '{item}'"
+                );
+            };
+            let key = key.trim().to_ascii_lowercase();
+            let value = value.trim().trim_matches(|c| c == '\'' || c == '"');
+            if let Err(message) = options.set_value(&key, value) {
+                return plan_err!("{function}: options string '{text}': {message}");
+            }
+        }
+        Ok(options)
+    }
+
+    /// The vector column named by the options, if any.
+    pub fn column(&self) -> Option<&str> {
+        (!self.column.is_empty()).then_some(self.column.as_str())
+    }
+}
+
+impl ConfigExtension for SimJoinOptions {
+    const PREFIX: &'static str = "simjoin";
+}
+
+impl ExtensionOptions for SimJoinOptions {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        ConfigField::set(self, key, value)
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        KEYS.iter()
+            .map(|(key, description)| ConfigEntry {
+                key: format!("{}.{key}", Self::PREFIX),
+                value: Some(self.value_of(key)),
+                description,
+            })
+            .collect()
+    }
+}
+
+impl ConfigField for SimJoinOptions {
+    fn visit<V: Visit>(&self, v: &mut V, key_prefix: &str, _description: &'static str) {
+        for (key, description) in KEYS {
+            v.some(&format!("{key_prefix}.{key}"), self.value_of(key), description);
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        self.set_value(key, value).or_else(|message| config_err!("simjoin.{key}: {message}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_options_override_defaults() {
+        let o = SimJoinOptions::default()
+            .with_call_options("knn", "metric=cosine, column = 'emb', device=cpu")
+            .unwrap();
+        assert_eq!(o.metric, Metric::Cosine);
+        assert_eq!(o.column(), Some("emb"));
+        assert_eq!(o.device, Device::Cpu);
+    }
+
+    #[test]
+    fn bad_call_options_name_the_function_and_value() {
+        let err = SimJoinOptions::default().with_call_options("knn", "metrc=l1").unwrap_err();
+        assert_eq!(
+            err.strip_backtrace(),
+            "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
+             (expected one of metric, device, include_self, pairs, column)"
+        );
+        let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
+        assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");
+    }
+}

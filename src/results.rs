@@ -1,0 +1,92 @@
+//! Result chunks → Arrow record batches: only the projected columns, taken from the inputs by row,
+//! at most `batch_size` rows each.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array};
+use datafusion::arrow::compute::take;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Result;
+
+use crate::backend::ResultChunk;
+use crate::vectors::Vectors;
+
+/// One output column and where its values come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputColumn {
+    /// Column `i` of the left (join left / query) input batch.
+    Left(usize),
+    /// Column `i` of the right (join right / base) input batch.
+    Right(usize),
+    /// The exact distance (Float64).
+    Distance,
+    /// kNN rank, 1 = nearest (Int64).
+    Rank,
+}
+
+/// One side of the output: the collected input batch and its vectors (positions → rows).
+#[derive(Debug, Clone)]
+pub struct SideData {
+    /// All rows of the input, in one batch.
+    pub batch: RecordBatch,
+    /// The usable vectors of the input.
+    pub vectors: Arc<Vectors>,
+}
+
+/// Builds output batches for a fixed projection.
+#[derive(Debug, Clone)]
+pub struct BatchBuilder {
+    /// Schema of the batches built (the projected output schema).
+    pub schema: SchemaRef,
+    /// Source of each output column.
+    pub columns: Vec<OutputColumn>,
+    /// Largest number of rows per batch.
+    pub batch_size: usize,
+}
+
+impl BatchBuilder {
+    /// Turns a chunk into batches of at most `batch_size` rows.
+    pub fn build(&self, chunk: &ResultChunk, left: &SideData, right: &SideData) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::with_capacity(chunk.len().div_ceil(self.batch_size.max(1)));
+        let mut start = 0;
+        while start < chunk.len() {
+            let end = (start + self.batch_size.max(1)).min(chunk.len());
+            out.push(self.build_range(chunk, start..end, left, right)?);
+            start = end;
+        }
+        Ok(out)
+    }
+
+    fn build_range(
+        &self,
+        chunk: &ResultChunk,
+        range: std::ops::Range<usize>,
+        left: &SideData,
+        right: &SideData,
+    ) -> Result<RecordBatch> {
+        let rows = |positions: &[u32], side: &SideData| -> UInt32Array {
+            positions.iter().map(|&p| side.vectors.rows[p as usize]).collect::<Vec<u32>>().into()
+        };
+        let mut left_rows = None;
+        let mut right_rows = None;
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len());
+        for column in &self.columns {
+            arrays.push(match *column {
+                OutputColumn::Left(i) => {
+                    let idx = left_rows.get_or_insert_with(|| rows(&chunk.left[range.clone()], left));
+                    take(left.batch.column(i), idx, None)?
+                }
+                OutputColumn::Right(i) => {
+                    let idx = right_rows.get_or_insert_with(|| rows(&chunk.right[range.clone()], right));
+                    take(right.batch.column(i), idx, None)?
+                }
+                OutputColumn::Distance => Arc::new(Float64Array::from(chunk.distance[range.clone()].to_vec())),
+                OutputColumn::Rank => {
+                    Arc::new(chunk.rank[range.clone()].iter().map(|&r| r as i64).collect::<Int64Array>())
+                }
+            });
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(range.len()));
+        Ok(RecordBatch::try_new_with_options(self.schema.clone(), arrays, &options)?)
+    }
+}

@@ -1,0 +1,168 @@
+//! [`SimilarityTable`]: the table a simjoin function call returns. Its schema is fixed by the call;
+//! `scan()` reads only the input columns the query uses (plus the vector columns) and builds the
+//! [`SimilarityExec`].
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::Result;
+use datafusion::datasource::TableType;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::backend::Backend;
+use crate::exec::{InputSide, SimilarityExec};
+use crate::op::{Operation, SimilarityOp};
+use crate::results::OutputColumn;
+use crate::vectors::VectorSource;
+
+/// One input table of a call.
+#[derive(Debug, Clone)]
+pub struct TableInput {
+    /// The table read.
+    pub provider: Arc<dyn TableProvider>,
+    /// Its vector column(s), in its full schema.
+    pub source: VectorSource,
+    /// The call and argument, for error messages (`knn: argument 'base'`).
+    pub describe: String,
+}
+
+/// The result of one `sim_join` / `range_query` / `knn` call, as a table.
+#[derive(Debug)]
+pub struct SimilarityTable {
+    op: Arc<SimilarityOp>,
+    /// The side whose columns come first (join left / query).
+    left: TableInput,
+    /// The side whose columns come second (join right / base); `None` for a self-join.
+    right: Option<TableInput>,
+    schema: SchemaRef,
+    columns: Vec<OutputColumn>,
+    backend: Arc<dyn Backend>,
+}
+
+impl SimilarityTable {
+    /// The table for `op` over `left` and `right` (`None`: self-join of `left`).
+    pub fn new(op: SimilarityOp, left: TableInput, right: Option<TableInput>, backend: Arc<dyn Backend>) -> Self {
+        let (left_prefix, right_prefix) = match op.operation {
+            Operation::SimJoin { .. } => ("left_", "right_"),
+            _ => ("query_", "base_"),
+        };
+        let right_schema = right.as_ref().unwrap_or(&left).provider.schema();
+        let mut fields = Vec::new();
+        let mut columns = Vec::new();
+        for (i, f) in left.provider.schema().fields().iter().enumerate() {
+            fields.push(f.as_ref().clone().with_name(format!("{left_prefix}{}", f.name())));
+            columns.push(OutputColumn::Left(i));
+        }
+        for (i, f) in right_schema.fields().iter().enumerate() {
+            fields.push(f.as_ref().clone().with_name(format!("{right_prefix}{}", f.name())));
+            columns.push(OutputColumn::Right(i));
+        }
+        fields.push(Field::new("distance", DataType::Float64, false));
+        columns.push(OutputColumn::Distance);
+        if matches!(op.operation, Operation::Knn { .. }) {
+            fields.push(Field::new("rank", DataType::Int64, false));
+            columns.push(OutputColumn::Rank);
+        }
+        Self { op: Arc::new(op), left, right, schema: Arc::new(Schema::new(fields)), columns, backend }
+    }
+}
+
+/// The columns of one input that a scan needs, and where each lands in the scanned schema.
+struct InputProjection {
+    /// Input columns to read, ascending.
+    read: Vec<usize>,
+}
+
+impl InputProjection {
+    fn new(needed: BTreeSet<usize>) -> Self {
+        Self { read: needed.into_iter().collect() }
+    }
+
+    /// Position of input column `i` in the scanned schema.
+    fn position(&self, i: usize) -> usize {
+        self.read.binary_search(&i).expect("every used column is read")
+    }
+
+    fn source(&self, source: &VectorSource) -> VectorSource {
+        match source {
+            VectorSource::List { index, dim } => VectorSource::List { index: self.position(*index), dim: *dim },
+            VectorSource::Columns(c) => VectorSource::Columns(c.iter().map(|&i| self.position(i)).collect()),
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for SimilarityTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let projected: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.columns.len()).collect(),
+        };
+        let mut left_needed: BTreeSet<usize> = self.left.source.columns().into_iter().collect();
+        let mut right_needed: BTreeSet<usize> = match &self.right {
+            Some(r) => r.source.columns().into_iter().collect(),
+            None => BTreeSet::new(),
+        };
+        for &p in &projected {
+            match self.columns[p] {
+                OutputColumn::Left(i) => drop(left_needed.insert(i)),
+                // A self-join reads both sides from the one input.
+                OutputColumn::Right(i) if self.right.is_none() => drop(left_needed.insert(i)),
+                OutputColumn::Right(i) => drop(right_needed.insert(i)),
+                OutputColumn::Distance | OutputColumn::Rank => {}
+            }
+        }
+        let left_read = InputProjection::new(left_needed);
+        let right_read = InputProjection::new(right_needed);
+        let mut children = vec![self.left.provider.scan(state, Some(&left_read.read), &[], None).await?];
+        let left = InputSide {
+            child: 0,
+            source: left_read.source(&self.left.source),
+            describe: self.left.describe.clone(),
+        };
+        let right = match &self.right {
+            Some(r) => {
+                children.push(r.provider.scan(state, Some(&right_read.read), &[], None).await?);
+                InputSide { child: 1, source: right_read.source(&r.source), describe: r.describe.clone() }
+            }
+            None => left.clone(),
+        };
+        let right_positions = if self.right.is_some() { &right_read } else { &left_read };
+        let columns = projected
+            .iter()
+            .map(|&p| match self.columns[p] {
+                OutputColumn::Left(i) => OutputColumn::Left(left_read.position(i)),
+                OutputColumn::Right(i) => OutputColumn::Right(right_positions.position(i)),
+                other => other,
+            })
+            .collect();
+        let schema = Arc::new(self.schema.project(&projected)?);
+        Ok(Arc::new(SimilarityExec::try_new(
+            self.op.clone(),
+            children,
+            left,
+            right,
+            columns,
+            schema,
+            self.backend.clone(),
+        )?))
+    }
+}

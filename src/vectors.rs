@@ -1,0 +1,340 @@
+//! Arrow → dense row-major vectors: the accepted column shapes, and which rows never match.
+//!
+//! Accepted shapes: one `FixedSizeList`, `List` or `LargeList` column of any numeric element type
+//! (Float16/32/64, integers), or one or more numeric columns read as the coordinates of one vector
+//! (a CSV of `x1..xn` works without options). Values are widened to f64, which is exact for every
+//! accepted type except 64-bit integers beyond 2⁵³.
+//!
+//! A row never matches (and is counted as skipped) when its vector is NULL, contains a NULL, NaN or
+//! ±Inf, or — under the cosine metric — is the zero vector, whose cosine distance is undefined.
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Float64Type, Schema};
+use datafusion::common::{Result, exec_err, plan_err};
+
+/// Where a table's vectors come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VectorSource {
+    /// One list column (index into the table schema); `dim` is known for fixed-size lists.
+    List { index: usize, dim: Option<usize> },
+    /// Several numeric columns (indices into the table schema), one coordinate each.
+    Columns(Vec<usize>),
+}
+
+impl VectorSource {
+    /// Picks the vector column(s) of `schema`: the named column, else the only list column, else
+    /// every floating-point column in order. `function`/`argument` name the call in errors.
+    pub fn resolve(
+        schema: &Schema,
+        column: Option<&str>,
+        function: &str,
+        argument: &str,
+    ) -> Result<Self> {
+        if let Some(name) = column {
+            let Some((index, field)) = schema.column_with_name(name) else {
+                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                return plan_err!(
+                    "{function}: argument '{argument}' has no column '{name}' (columns: {})",
+                    names.join(", ")
+                );
+            };
+            return match field.data_type() {
+                t if is_list(t) => Self::list(index, field.name(), t, function, argument),
+                t if t.is_numeric() => Ok(VectorSource::Columns(vec![index])),
+                t => plan_err!(
+                    "{function}: column '{name}' of argument '{argument}' has type {t}, \
+                     which is not a vector (expected a list of numbers or numeric columns)"
+                ),
+            };
+        }
+        let lists: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| is_list(schema.field(i).data_type()))
+            .collect();
+        match lists.as_slice() {
+            [index] => {
+                let field = schema.field(*index);
+                Self::list(*index, field.name(), field.data_type(), function, argument)
+            }
+            [] => {
+                let floats: Vec<usize> = (0..schema.fields().len())
+                    .filter(|&i| schema.field(i).data_type().is_floating())
+                    .collect();
+                if floats.is_empty() {
+                    return plan_err!(
+                        "{function}: argument '{argument}' has no vector column (a list of \
+                         numbers, or floating-point columns); name one with 'column=...'"
+                    );
+                }
+                Ok(VectorSource::Columns(floats))
+            }
+            several => {
+                let names: Vec<&str> =
+                    several.iter().map(|&i| schema.field(i).name().as_str()).collect();
+                plan_err!(
+                    "{function}: argument '{argument}' has several vector columns ({}); \
+                     choose one with 'column=...'",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+
+    fn list(index: usize, name: &str, t: &DataType, function: &str, argument: &str) -> Result<Self> {
+        let (element, dim) = match t {
+            DataType::FixedSizeList(f, n) => (f.data_type(), Some(*n as usize)),
+            DataType::List(f) | DataType::LargeList(f) => (f.data_type(), None),
+            _ => unreachable!("is_list checked the type"),
+        };
+        if !element.is_numeric() {
+            return plan_err!(
+                "{function}: column '{name}' of argument '{argument}' is a list of {element}, \
+                 expected a list of numbers"
+            );
+        }
+        if dim == Some(0) {
+            return plan_err!(
+                "{function}: column '{name}' of argument '{argument}' holds empty vectors"
+            );
+        }
+        Ok(VectorSource::List { index, dim })
+    }
+
+    /// The vector dimension when the schema alone fixes it.
+    pub fn static_dim(&self) -> Option<usize> {
+        match self {
+            VectorSource::List { dim, .. } => *dim,
+            VectorSource::Columns(c) => Some(c.len()),
+        }
+    }
+
+    /// The schema columns the vectors are read from.
+    pub fn columns(&self) -> Vec<usize> {
+        match self {
+            VectorSource::List { index, .. } => vec![*index],
+            VectorSource::Columns(c) => c.clone(),
+        }
+    }
+}
+
+fn is_list(t: &DataType) -> bool {
+    matches!(t, DataType::FixedSizeList(..) | DataType::List(..) | DataType::LargeList(..))
+}
+
+/// The usable vectors of one input, dense and row-major.
+#[derive(Debug, Clone, Default)]
+pub struct Vectors {
+    /// Dimension of every vector.
+    pub dim: usize,
+    /// `len() × dim` values, row-major, in f64.
+    pub values: Vec<f64>,
+    /// For each vector, its row in the input batch.
+    pub rows: Vec<u32>,
+    /// Input rows that never match (NULL/NaN/±Inf, or zero vectors under cosine).
+    pub skipped: usize,
+}
+
+impl Vectors {
+    /// Number of usable vectors.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether no vector is usable.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The `i`-th vector.
+    #[inline]
+    pub fn row(&self, i: usize) -> &[f64] {
+        &self.values[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Builds vectors from rows of already collected `batch` (one concatenated batch of the input),
+    /// with `source` resolved against that batch's schema. `describe` names the input in errors,
+    /// e.g. "sim_join: argument 'left'".
+    pub fn from_batch(
+        batch: &RecordBatch,
+        source: &VectorSource,
+        reject_zero: bool,
+        describe: &str,
+    ) -> Result<Self> {
+        if batch.num_rows() > u32::MAX as usize {
+            return exec_err!("{describe}: {} rows exceed the limit of 2^32 - 1", batch.num_rows());
+        }
+        let mut vectors = match source {
+            VectorSource::List { index, .. } => from_list(batch.column(*index), describe)?,
+            VectorSource::Columns(indices) => {
+                let columns = indices
+                    .iter()
+                    .map(|&i| cast(batch.column(i), &DataType::Float64))
+                    .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
+                from_columns(&columns, batch.num_rows())
+            }
+        };
+        if reject_zero {
+            vectors.retain(|v| v.iter().any(|x| *x != 0.0));
+        }
+        Ok(vectors)
+    }
+
+    /// Keeps the vectors for which `keep` holds; the others count as skipped.
+    fn retain(&mut self, mut keep: impl FnMut(&[f64]) -> bool) {
+        let dim = self.dim;
+        let mut kept = 0;
+        for i in 0..self.len() {
+            if keep(&self.values[i * dim..(i + 1) * dim]) {
+                self.values.copy_within(i * dim..(i + 1) * dim, kept * dim);
+                self.rows[kept] = self.rows[i];
+                kept += 1;
+            }
+        }
+        self.skipped += self.len() - kept;
+        self.values.truncate(kept * dim);
+        self.rows.truncate(kept);
+    }
+}
+
+fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
+    // (start, end) of each row's values inside the flat child array.
+    let (child, bounds): (ArrayRef, Vec<(usize, usize)>) = match column.data_type() {
+        DataType::FixedSizeList(_, n) => {
+            let list = column.as_fixed_size_list();
+            let n = *n as usize;
+            let offset = list.offset();
+            let bounds = (0..list.len()).map(|i| ((offset + i) * n, (offset + i + 1) * n));
+            (list.values().clone(), bounds.collect())
+        }
+        DataType::List(_) => {
+            let list = column.as_list::<i32>();
+            let o = list.value_offsets();
+            (list.values().clone(), o.windows(2).map(|w| (w[0] as usize, w[1] as usize)).collect())
+        }
+        DataType::LargeList(_) => {
+            let list = column.as_list::<i64>();
+            let o = list.value_offsets();
+            (list.values().clone(), o.windows(2).map(|w| (w[0] as usize, w[1] as usize)).collect())
+        }
+        other => return exec_err!("{describe}: column of type {other} is not a list"),
+    };
+    let child = cast(&child, &DataType::Float64)?;
+    let child = child.as_primitive::<Float64Type>();
+    let values = child.values();
+    let mut out = Vectors::default();
+    let mut first: Option<(usize, usize)> = None; // (row, len) of the first non-null vector
+    for (row, &(start, end)) in bounds.iter().enumerate() {
+        if column.is_null(row) {
+            out.skipped += 1;
+            continue;
+        }
+        let len = end - start;
+        match first {
+            None => {
+                if len == 0 {
+                    return exec_err!("{describe}: row {row} holds an empty vector");
+                }
+                first = Some((row, len));
+                out.dim = len;
+            }
+            Some((first_row, first_len)) if first_len != len => {
+                return exec_err!(
+                    "{describe}: vectors of different lengths: row {first_row} has {first_len} \
+                     values, row {row} has {len}"
+                );
+            }
+            Some(_) => {}
+        }
+        let usable = (start..end).all(|j| child.is_valid(j) && values[j].is_finite());
+        if usable {
+            out.values.extend_from_slice(&values[start..end]);
+            out.rows.push(row as u32);
+        } else {
+            out.skipped += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn from_columns(columns: &[ArrayRef], num_rows: usize) -> Vectors {
+    let columns: Vec<_> = columns.iter().map(|c| c.as_primitive::<Float64Type>()).collect();
+    let mut out = Vectors { dim: columns.len(), ..Default::default() };
+    out.values.reserve(num_rows * columns.len());
+    for row in 0..num_rows {
+        let usable = columns.iter().all(|c| c.is_valid(row) && c.value(row).is_finite());
+        if usable {
+            out.values.extend(columns.iter().map(|c| c.value(row)));
+            out.rows.push(row as u32);
+        } else {
+            out.skipped += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Float32Array, Float64Array, ListArray};
+    use datafusion::arrow::datatypes::{Field, Float32Type};
+
+    use super::*;
+
+    #[test]
+    fn lists_skip_null_and_non_finite_rows() {
+        let list = ListArray::from_iter_primitive::<Float32Type, _, _>(vec![
+            Some(vec![Some(1.0), Some(2.0)]),
+            None,
+            Some(vec![Some(3.0), None]),
+            Some(vec![Some(f32::NAN), Some(1.0)]),
+            Some(vec![Some(5.0), Some(6.0)]),
+        ]);
+        let batch = RecordBatch::try_from_iter([("v", Arc::new(list) as ArrayRef)]).unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, "knn", "base").unwrap();
+        let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
+        assert_eq!((v.dim, v.rows.clone(), v.skipped), (2, vec![0, 4], 3));
+        assert_eq!(v.values, vec![1.0, 2.0, 5.0, 6.0]);
+    }
+
+    #[test]
+    fn ragged_lists_are_an_error() {
+        let list = ListArray::from_iter_primitive::<Float32Type, _, _>(vec![
+            Some(vec![Some(1.0), Some(2.0)]),
+            Some(vec![Some(1.0)]),
+        ]);
+        let batch = RecordBatch::try_from_iter([("v", Arc::new(list) as ArrayRef)]).unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, "knn", "base").unwrap();
+        let err = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap_err();
+        assert!(
+            err.to_string().contains("vectors of different lengths: row 0 has 2 values, row 1 has 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn float_columns_form_the_vector_and_zero_vectors_can_be_rejected() {
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(datafusion::arrow::array::Int64Array::from(vec![1, 2])) as ArrayRef),
+            ("x", Arc::new(Float32Array::from(vec![0.0, 1.5])) as ArrayRef),
+            ("y", Arc::new(Float64Array::from(vec![0.0, 2.5])) as ArrayRef),
+        ])
+        .unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, "sim_join", "t").unwrap();
+        assert_eq!(source, VectorSource::Columns(vec![1, 2]));
+        let v = Vectors::from_batch(&batch, &source, true, "sim_join: argument 't'").unwrap();
+        assert_eq!((v.rows.clone(), v.skipped, v.values.clone()), (vec![1], 1, vec![1.5, 2.5]));
+    }
+
+    #[test]
+    fn unknown_and_ambiguous_columns_are_planning_errors() {
+        let schema = Schema::new(vec![
+            Field::new("a", DataType::new_list(DataType::Float32, true), true),
+            Field::new("b", DataType::new_list(DataType::Float32, true), true),
+        ]);
+        let err = VectorSource::resolve(&schema, None, "knn", "base").unwrap_err();
+        assert!(err.to_string().contains("has several vector columns (a, b)"), "{err}");
+        let err = VectorSource::resolve(&schema, Some("c"), "knn", "base").unwrap_err();
+        assert!(err.to_string().contains("has no column 'c' (columns: a, b)"), "{err}");
+    }
+}
