@@ -26,7 +26,7 @@ pub struct TableInput {
     pub provider: Arc<dyn TableProvider>,
     /// Its vector column(s), in its full schema.
     pub source: VectorSource,
-    /// The call and argument, for error messages (`knn: argument 'base'`).
+    /// The argument, for error messages (`argument 'base'`).
     pub describe: String,
 }
 

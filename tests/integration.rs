@@ -1,1 +1,18 @@
+//! The one integration-test binary (DataFusion links once); each module is one area.
 
+#[path = "integration/common.rs"]
+mod common;
+#[path = "integration/edge_cases.rs"]
+mod edge_cases;
+#[path = "integration/errors.rs"]
+mod errors;
+#[path = "integration/explain.rs"]
+mod explain;
+#[path = "integration/files.rs"]
+mod files;
+#[path = "integration/oracle.rs"]
+mod oracle;
+#[path = "integration/sql_examples.rs"]
+mod sql_examples;
+#[path = "integration/streaming.rs"]
+mod streaming;

@@ -1,5 +1,10 @@
 //! The one physical operator, [`SimilarityExec`]: gathers each input's vectors once, runs the chosen
 //! backend off the async runtime and streams its results back as batches. No CUDA types here.
+//!
+//! Row order of an input — which breaks kNN ties and orders unordered self-join pairs — is the
+//! input's scan order: its partitions in order, each partition's batches in order. The operator
+//! reads every partition of a child itself (concurrently) instead of asking for one coalesced
+//! partition, whose interleaving would make that order vary from run to run.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,8 +17,7 @@ use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, InputDistributionRequirements, Partitioning,
-    PlanProperties, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
 };
 
 use crate::backend::Backend;
@@ -33,7 +37,7 @@ pub struct InputSide {
     pub child: usize,
     /// The vector column(s) in that child's schema.
     pub source: VectorSource,
-    /// The call and argument, for error messages (`sim_join: argument 'left'`).
+    /// The argument, for error messages (`argument 'left'`).
     pub describe: String,
 }
 
@@ -133,10 +137,6 @@ impl ExecutionPlan for SimilarityExec {
 
     fn properties(&self) -> &Arc<PlanProperties> {
         &self.cache
-    }
-
-    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
-        InputDistributionRequirements::new(vec![Distribution::SinglePartition; self.children.len()])
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {

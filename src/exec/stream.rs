@@ -13,7 +13,7 @@ use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStream};
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
@@ -72,7 +72,11 @@ pub(super) fn execute(exec: &SimilarityExec, context: Arc<TaskContext>) -> Resul
     let inputs = exec
         .children
         .iter()
-        .map(|child| Ok((child.schema(), child.execute(0, context.clone())?)))
+        .map(|child| {
+            let partitions = child.output_partitioning().partition_count();
+            let streams = (0..partitions).map(|p| child.execute(p, context.clone())).collect::<Result<Vec<_>>>()?;
+            Ok((child.schema(), streams))
+        })
         .collect::<Result<Vec<_>>>()?;
     let reservation = MemoryConsumer::new("SimilarityExec").register(context.memory_pool());
     let run = Run {
@@ -95,18 +99,22 @@ pub(super) fn execute(exec: &SimilarityExec, context: Arc<TaskContext>) -> Resul
 impl Run {
     async fn start(
         self,
-        inputs: Vec<(SchemaRef, SendableRecordBatchStream)>,
+        inputs: Vec<(SchemaRef, Vec<SendableRecordBatchStream>)>,
         reservation: MemoryReservation,
     ) -> Result<futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>>> {
         let mut batches = Vec::with_capacity(inputs.len());
-        for (schema, stream) in inputs {
-            let parts: Vec<_> = stream
-                .and_then(|batch| {
-                    let grown = reservation.try_grow(batch.get_array_memory_size());
-                    async move { grown.map(|_| batch) }
-                })
-                .try_collect()
-                .await?;
+        for (schema, streams) in inputs {
+            // All partitions at once; their batches are kept in partition order.
+            let collect = |stream: SendableRecordBatchStream| {
+                stream
+                    .and_then(|batch| {
+                        let grown = reservation.try_grow(batch.get_array_memory_size());
+                        async move { grown.map(|_| batch) }
+                    })
+                    .try_collect::<Vec<_>>()
+            };
+            let partitions = futures::future::try_join_all(streams.into_iter().map(collect)).await?;
+            let parts: Vec<_> = partitions.into_iter().flatten().collect();
             let batch = concat_batches(&schema, &parts)?;
             reservation.try_grow(batch.get_array_memory_size())?;
             let freed: usize = parts.iter().map(|b| b.get_array_memory_size()).sum();
@@ -121,7 +129,8 @@ impl Run {
             let reject_zero = op.metric == Metric::Cosine;
             let side = |input: &InputSide| -> Result<SideData> {
                 let batch = batches[input.child].clone();
-                let vectors = Vectors::from_batch(&batch, &input.source, reject_zero, &input.describe)?;
+                let describe = format!("{}: {}", op.function_name(), input.describe);
+                let vectors = Vectors::from_batch(&batch, &input.source, reject_zero, &describe)?;
                 Ok(SideData { batch, vectors: Arc::new(vectors) })
             };
             let left = side(&left_side)?;

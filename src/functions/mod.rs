@@ -47,7 +47,7 @@ fn input(
 ) -> Result<TableInput> {
     let provider = args::resolve_table(session, function, argument, table)?;
     let source = VectorSource::resolve(&provider.schema(), options.column(), function, argument)?;
-    Ok(TableInput { provider, source, describe: format!("{function}: argument '{argument}'") })
+    Ok(TableInput { provider, source, describe: format!("argument '{argument}'") })
 }
 
 /// The table of a call: checks what the schemas alone can (dimensions) and picks the backend.
@@ -80,7 +80,7 @@ fn query_and_base(
         Some(values) => {
             let provider = args::vector_table(values)?;
             let source = VectorSource::resolve(&provider.schema(), None, function, "query")?;
-            TableInput { provider, source, describe: format!("{function}: argument 'query'") }
+            TableInput { provider, source, describe: "argument 'query'".to_string() }
         }
         None => input(session, function, "query", &args::table_arg(function, "query", query)?, options)?,
     };
