@@ -25,6 +25,8 @@ pub enum Distribution {
     Exponential,
     /// Gaussian blobs: 32 centres uniform in [0, 1)^d, σ = 0.02.
     Blobs,
+    /// Standard normal per coordinate (the kNN benchmarks' "Gaussian" data).
+    Gaussian,
 }
 
 impl FromStr for Distribution {
@@ -33,8 +35,9 @@ impl FromStr for Distribution {
         match s.to_ascii_lowercase().as_str() {
             "uniform" => Ok(Self::Uniform),
             "exponential" | "expo" => Ok(Self::Exponential),
-            "blobs" | "gaussian" => Ok(Self::Blobs),
-            _ => Err(format!("unknown distribution '{s}' (expected uniform, exponential or blobs)")),
+            "blobs" => Ok(Self::Blobs),
+            "gaussian" | "normal" => Ok(Self::Gaussian),
+            _ => Err(format!("unknown distribution '{s}' (expected uniform, exponential, blobs or gaussian)")),
         }
     }
 }
@@ -45,6 +48,7 @@ impl fmt::Display for Distribution {
             Self::Uniform => "uniform",
             Self::Exponential => "exponential",
             Self::Blobs => "blobs",
+            Self::Gaussian => "gaussian",
         })
     }
 }
@@ -59,6 +63,10 @@ pub fn generate(distribution: Distribution, n: usize, dim: usize, seed: u64) -> 
         Distribution::Exponential => {
             let exp = Exp::new(40.0).expect("λ = 40 is positive");
             (0..n * dim).map(|_| round(exp.sample(&mut rng))).collect()
+        }
+        Distribution::Gaussian => {
+            let normal = Normal::new(0.0, 1.0).expect("σ = 1 is positive");
+            (0..n * dim).map(|_| round(normal.sample(&mut rng))).collect()
         }
         Distribution::Blobs => {
             let centres: Vec<f64> = (0..32 * dim).map(|_| rng.random::<f64>()).collect();
@@ -147,7 +155,7 @@ mod tests {
 
     #[test]
     fn generation_is_seeded() {
-        for d in [Distribution::Uniform, Distribution::Exponential, Distribution::Blobs] {
+        for d in [Distribution::Uniform, Distribution::Exponential, Distribution::Blobs, Distribution::Gaussian] {
             assert_eq!(generate(d, 10, 3, 1), generate(d, 10, 3, 1));
             assert_ne!(generate(d, 10, 3, 1), generate(d, 10, 3, 2));
         }

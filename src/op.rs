@@ -177,6 +177,40 @@ impl FromStr for Device {
     }
 }
 
+/// How a join or range query finds its candidate pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IndexChoice {
+    /// The sampled cost model picks the grid (and its dimensions) or brute force.
+    #[default]
+    Auto,
+    /// The ε-grid, whatever the cost model says.
+    Grid,
+    /// Every pair, in blocked tiles.
+    BruteForce,
+}
+
+impl fmt::Display for IndexChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IndexChoice::Auto => "auto",
+            IndexChoice::Grid => "grid",
+            IndexChoice::BruteForce => "brute_force",
+        })
+    }
+}
+
+impl FromStr for IndexChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(IndexChoice::Auto),
+            "grid" => Ok(IndexChoice::Grid),
+            "brute_force" | "brute" => Ok(IndexChoice::BruteForce),
+            _ => Err(format!("unknown index '{s}' (expected one of auto, grid, brute_force)")),
+        }
+    }
+}
+
 /// How a self-join reports each matching pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PairOrder {
@@ -242,6 +276,10 @@ pub struct SimilarityOp {
     pub metric: Metric,
     /// Where the work runs.
     pub device: Device,
+    /// Joins and range queries: how candidates are found.
+    pub index: IndexChoice,
+    /// Joins and range queries with the grid: dimensions to index (0: the cost model decides).
+    pub grid_dims: usize,
 }
 
 impl SimilarityOp {

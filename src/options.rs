@@ -4,7 +4,7 @@
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions, Visit};
 use datafusion::common::{Result, config_err, plan_err};
 
-use crate::op::{Device, Metric, PairOrder};
+use crate::op::{Device, IndexChoice, Metric, PairOrder};
 
 /// Session-wide defaults of every simjoin function, settable with `SET simjoin.<name> = <value>`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -19,14 +19,20 @@ pub struct SimJoinOptions {
     pub pairs: PairOrder,
     /// The vector column; empty means: the only list column, else every floating-point column.
     pub column: String,
+    /// Joins and range queries: auto (cost model), grid, brute_force.
+    pub index: IndexChoice,
+    /// Joins and range queries with the grid: dimensions to index, 1..=8 (0: the cost model decides).
+    pub grid_dims: usize,
 }
 
-const KEYS: [(&str, &str); 5] = [
+const KEYS: [(&str, &str); 7] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf"),
     ("device", "Where to run: auto (GPU when usable, else CPU), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
     ("pairs", "Self-joins: ordered reports (a,b) and (b,a); unordered reports each pair once"),
     ("column", "Vector column; empty: the only list column, else every floating-point column"),
+    ("index", "Joins and range queries: auto (sampled cost model), grid, brute_force"),
+    ("grid_dims", "With the grid: dimensions to index, 1..=8 (0: the cost model decides)"),
 ];
 
 impl SimJoinOptions {
@@ -45,6 +51,13 @@ impl SimJoinOptions {
             }
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
+            "index" => self.index = value.parse()?,
+            "grid_dims" => {
+                self.grid_dims = match value.trim().parse::<usize>() {
+                    Ok(k) if k <= 8 => k,
+                    _ => return Err(format!("grid_dims must be an integer from 0 to 8, got '{value}'")),
+                }
+            }
             _ => {
                 let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
                 return Err(format!("unknown option '{key}' (expected one of {})", known.join(", ")));
@@ -59,6 +72,8 @@ impl SimJoinOptions {
             "device" => self.device.to_string(),
             "include_self" => self.include_self.to_string(),
             "pairs" => self.pairs.to_string(),
+            "index" => self.index.to_string(),
+            "grid_dims" => self.grid_dims.to_string(),
             _ => self.column.clone(),
         }
     }
@@ -151,7 +166,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column)"
+             (expected one of metric, device, include_self, pairs, column, index, grid_dims)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

@@ -18,6 +18,7 @@ use datafusion::common::Result;
 use rayon::prelude::*;
 
 use super::exact::ExactCheck;
+use super::simd::{Columns, FilterKind, LANES, gemm_lower_bounds, tile_hits};
 use super::topk::{KSmallest, Neighbour, k_smallest};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
 use crate::index::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy};
@@ -40,7 +41,7 @@ impl Backend for CpuBackend {
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let start = Instant::now();
-        let JoinRequest { left, right, metric, threshold, self_join } = *request;
+        let JoinRequest { left, right, metric, threshold, self_join, index, grid_dims } = *request;
         let exact = ExactCheck::new(metric, threshold, left, right);
         let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
         if left.is_empty() || right.is_empty() {
@@ -61,6 +62,8 @@ impl Backend for CpuBackend {
                 radius,
                 self_join: self_join.is_some(),
                 gemm_form: gemm_form(metric),
+                index,
+                grid_dims,
             }),
             None => JoinStrategy::BruteForce,
         };
@@ -75,7 +78,7 @@ impl Backend for CpuBackend {
                 };
                 stats.build_time = start.elapsed();
                 let probe = Instant::now();
-                grid_join(&context, &geometry, &left_index, right_index.as_ref())?;
+                grid_join(&context, &geometry, &left_index, right_index.as_ref(), &left_filter, &right_filter)?;
                 stats.probe_time = probe.elapsed();
             }
             JoinStrategy::BruteForce => {
@@ -269,7 +272,16 @@ fn gather(v: &Vectors, order: &[u32]) -> Vec<f64> {
 
 /// The grid join: for every left cell, its 3^k neighbour cells on the right (for a self-join only
 /// the cells with a larger id, and the later slots of its own cell, so each pair is met once).
-fn grid_join(ctx: &JoinContext, g: &GridGeometry, left: &GridIndex, right: Option<&GridIndex>) -> Result<()> {
+/// Inside a neighbour cell only the `±r` window on the sort dimension is scanned, first by the
+/// vectorised f32 [`SlotFilter`], then by the exact check for the pairs it cannot rule out.
+fn grid_join(
+    ctx: &JoinContext,
+    g: &GridGeometry,
+    left: &GridIndex,
+    right: Option<&GridIndex>,
+    left_filter: &[f64],
+    right_filter: &[f64],
+) -> Result<()> {
     let request = ctx.request;
     let dim = request.left.dim;
     let same = right.is_none();
@@ -277,16 +289,23 @@ fn grid_join(ctx: &JoinContext, g: &GridGeometry, left: &GridIndex, right: Optio
     let left_values = gather(request.left, &left.order);
     let right_values = if same { None } else { Some(gather(request.right, &right.order)) };
     let right_values = right_values.as_deref().unwrap_or(&left_values);
+    let origin = lower_corner(left_filter, right_filter, dim);
+    let left_slots = SlotFilter::new(left_filter, left, dim, &origin);
+    let right_slots = if same { None } else { Some(SlotFilter::new(right_filter, right, dim, &origin)) };
+    let right_slots = right_slots.as_ref().unwrap_or(&left_slots);
+    let limit = FilterLimit::new(request.metric, request.threshold, dim, left_slots.extent.max(right_slots.extent));
     // Window half-width on the sort dimension: partners differ by at most r there up to a few ulps
     // of rounding, which this widening by 2⁻³⁰ covers; fl(key - u) is monotone, so the window
     // test `|fl(key - u)| ≤ r'` keeps every pair whose exact difference is ≤ r'.
     let window = g.radius * (1.0 + 1.0 / (1u64 << 30) as f64);
+    let windowed = g.window_prunes();
 
     let ranges = balanced_ranges(left.num_cells(), rayon::current_num_threads() * 32, |c| left.slots(c).len());
     ctx.sink.start(left.num_cells() as u64);
     ranges.into_par_iter().try_for_each(|cells| -> Result<()> {
         let mut writer = ctx.writer();
         let mut neighbours = Vec::with_capacity(27);
+        let mut hits = Vec::new();
         let mut tested = 0u64;
         for c in cells.clone() {
             let id = left.cell_ids[c];
@@ -298,25 +317,52 @@ fn grid_join(ctx: &JoinContext, g: &GridGeometry, left: &GridIndex, right: Optio
                     }
                 }
             });
+            let sources = left.slots(c);
+            let source_start = left_slots.start[c];
             for &nc in &neighbours {
                 let targets = right.slots(nc);
-                let keys = &right.sort_keys[targets.clone()];
-                for sa in left.slots(c) {
-                    let u = left.sort_keys[sa];
-                    let mut sb = targets.start + keys.partition_point(|&key| key - u < -window);
-                    if same && nc == c {
-                        sb = sb.max(sa + 1);
-                    }
-                    let a = &left_values[sa * dim..(sa + 1) * dim];
-                    let pa = left.order[sa];
-                    while sb < targets.end && right.sort_keys[sb] - u <= window {
-                        let pb = right.order[sb];
-                        let b = &right_values[sb * dim..(sb + 1) * dim];
-                        tested += 1;
-                        if let Some(d) = ctx.exact.within(a, b, pa as usize, pb as usize) {
-                            ctx.push(&mut writer, pa, pb, d)?;
+                let base = right_slots.start[nc];
+                if !windowed {
+                    // Every slot of `c` against the whole (padded) cell `nc` in one tile.
+                    let block = base..base + targets.len().next_multiple_of(LANES);
+                    let rows = source_start..source_start + sources.len();
+                    tile_hits(limit.kind, dim, left_slots.columns(), rows, right_slots.columns(), block, limit.limit, &mut hits);
+                    tested += if same && nc == c {
+                        (sources.len() * sources.len().saturating_sub(1) / 2) as u64
+                    } else {
+                        (sources.len() * targets.len()) as u64
+                    };
+                    for &(row, column) in &hits {
+                        let (sa, sb) = (sources.start + row as usize, targets.start + column as usize);
+                        if sb < targets.end && !(same && nc == c && sb <= sa) {
+                            exact_pair(ctx, &mut writer, (sa, &left_values, left), (sb, right_values, right))?;
                         }
-                        sb += 1;
+                    }
+                    continue;
+                }
+                let keys = &right.sort_keys[targets.clone()];
+                for sa in sources.clone() {
+                    let u = left.sort_keys[sa];
+                    let mut lo = targets.start + keys.partition_point(|&key| key - u < -window);
+                    let hi = lo + right.sort_keys[lo..targets.end].partition_point(|&key| key - u <= window);
+                    if same && nc == c {
+                        lo = lo.max(sa + 1);
+                    }
+                    if lo >= hi {
+                        continue;
+                    }
+                    tested += (hi - lo) as u64;
+                    // Score whole lane blocks around [lo, hi); lanes outside it are skipped.
+                    let block_start = base + ((lo - targets.start) / LANES) * LANES;
+                    let block_end = base + (hi - targets.start).next_multiple_of(LANES);
+                    let row = source_start + (sa - sources.start);
+                    tile_hits(limit.kind, dim, left_slots.columns(), row..row + 1, right_slots.columns(), block_start..block_end, limit.limit, &mut hits);
+                    let first = targets.start + (block_start - base);
+                    for &(_, column) in &hits {
+                        let sb = first + column as usize;
+                        if (lo..hi).contains(&sb) {
+                            exact_pair(ctx, &mut writer, (sa, &left_values, left), (sb, right_values, right))?;
+                        }
                     }
                 }
             }
@@ -331,6 +377,121 @@ fn grid_join(ctx: &JoinContext, g: &GridGeometry, left: &GridIndex, right: Optio
         ctx.sink.advance(cells.len() as u64);
         writer.flush()
     })
+}
+
+/// The exact check of left slot `sa` against right slot `sb`; writes the pair when it qualifies.
+#[inline]
+fn exact_pair(
+    ctx: &JoinContext,
+    writer: &mut PairWriter,
+    (sa, left_values, left): (usize, &[f64], &GridIndex),
+    (sb, right_values, right): (usize, &[f64], &GridIndex),
+) -> Result<()> {
+    let dim = ctx.request.left.dim;
+    let (pa, pb) = (left.order[sa], right.order[sb]);
+    let a = &left_values[sa * dim..(sa + 1) * dim];
+    let b = &right_values[sb * dim..(sb + 1) * dim];
+    match ctx.exact.within(a, b, pa as usize, pb as usize) {
+        Some(d) => ctx.push(writer, pa, pb, d),
+        None => Ok(()),
+    }
+}
+
+/// Per-dimension minimum over both inputs (the origin the f32 slot copies are taken from).
+fn lower_corner(left: &[f64], right: &[f64], dim: usize) -> Vec<f64> {
+    let min_of = |points: &[f64]| {
+        points.par_chunks(dim * 4096).map(|block| {
+            let mut lo = vec![f64::INFINITY; dim];
+            for row in block.chunks_exact(dim) {
+                lo.iter_mut().zip(row).for_each(|(l, x)| *l = l.min(*x));
+            }
+            lo
+        })
+        .reduce(|| vec![f64::INFINITY; dim], |a, b| a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect())
+    };
+    let (a, b) = (min_of(left), min_of(right));
+    a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect()
+}
+
+/// The filter-space coordinates of one input in slot (grid) order, as f32 offsets from a common
+/// origin, dimension-major so that scoring one point against a cell vectorises. Each cell starts
+/// on a multiple of [`LANES`]; padding lanes hold +∞, whose scores never pass.
+struct SlotFilter {
+    /// `values[d * len + p]`: coordinate `d` at padded position `p`, minus `origin[d]`, in f32.
+    values: Vec<f32>,
+    /// Padded length of one dimension.
+    len: usize,
+    /// Padded position of each cell's first slot.
+    start: Vec<usize>,
+    /// Largest |value| (the `M` of the error bound).
+    extent: f64,
+}
+
+impl SlotFilter {
+    fn new(points: &[f64], index: &GridIndex, dim: usize, origin: &[f64]) -> Self {
+        let mut start = Vec::with_capacity(index.num_cells() + 1);
+        let mut len = 0;
+        for c in 0..index.num_cells() {
+            start.push(len);
+            len += index.slots(c).len().next_multiple_of(LANES);
+        }
+        let mut values = vec![f32::INFINITY; dim * len];
+        values.par_chunks_mut(len.max(1)).enumerate().for_each(|(d, column)| {
+            for c in 0..index.num_cells() {
+                let slots = index.slots(c);
+                for (v, s) in column[start[c]..].iter_mut().zip(slots) {
+                    *v = (points[index.order[s] as usize * dim + d] - origin[d]) as f32;
+                }
+            }
+        });
+        let extent = values.par_iter().filter(|v| v.is_finite()).map(|v| v.abs() as f64).reduce(|| 0.0, f64::max);
+        Self { values, len, start, extent }
+    }
+
+    /// The values as columns for the SIMD loops.
+    fn columns(&self) -> Columns<'_> {
+        Columns { values: &self.values, len: self.len }
+    }
+}
+
+/// The f32 score the grid filter computes and the threshold it compares against.
+///
+/// # Why the filter loses no pair
+/// Coordinates are offsets from a common origin, `|x̃| ≤ M` (`SlotFilter::extent`), each rounded
+/// to f32 with error ≤ `1.01·u·M` (`u = 2⁻²⁴`, including the f64 subtraction), so a coordinate
+/// difference errs by `e ≤ 2.02·u·M` before its own rounding. For the squared form, summing `d`
+/// rounded squares of `|Δᵢ| + e` gives `S̃ ≤ (1 + γ_{d+2})·(S + 4.04·u·M·Σ|Δᵢ| + 4.1·d·u²·M²)` with
+/// `Σ|Δᵢ| ≤ √(d·S)`: for `S ≤ T`, `S̃ − T ≤ (d+3)·u·T + 4.1·u·M·√(dT) + 4.1·d·u²·M²` (to first
+/// order). L1 errs by at most `d·e + (d+2)·u·T`, L∞ by `e + 2u·T`. The limit adds twice these
+/// bounds to `T` and rounds up, so every pair within the threshold passes; the exact check decides.
+/// For cosine the space is the unit-normalised vectors (`‖â − b̂‖² = 2·(1 − cos)`), plus 10⁻¹² for
+/// the f64 normalisation.
+struct FilterLimit {
+    kind: FilterKind,
+    /// Scores at or below this may be within the threshold.
+    limit: f32,
+}
+
+impl FilterLimit {
+    fn new(metric: Metric, threshold: f64, dim: usize, extent: f64) -> Self {
+        let (kind, t) = match metric {
+            Metric::L2 => (FilterKind::SquaredL2, threshold * threshold),
+            Metric::L2Squared => (FilterKind::SquaredL2, threshold),
+            Metric::Cosine => (FilterKind::SquaredL2, 2.0 * threshold + 1e-12),
+            Metric::L1 => (FilterKind::L1, threshold),
+            Metric::LInf | Metric::InnerProduct => (FilterKind::LInf, threshold),
+        };
+        let (u, d, m) = (2f64.powi(-24), dim as f64, extent);
+        let margin = match kind {
+            FilterKind::SquaredL2 => 8.0 * u * m * (d * t).sqrt() + 16.0 * d * u * u * m * m + 2.0 * (d + 4.0) * u * t,
+            FilterKind::L1 => 4.0 * u * m * d + (d + 2.0) * u * t,
+            FilterKind::LInf => 4.0 * u * m + 2.0 * u * t,
+        };
+        let bound = t + 2.0 * margin;
+        let limit = bound as f32;
+        let limit = if (limit as f64) < bound { limit.next_up() } else { limit };
+        Self { kind, limit }
+    }
 }
 
 /// Brute force with the exact check on every pair (L1, L∞).
@@ -447,6 +608,13 @@ impl GemmSide {
         if self.inner_product { -dot } else { self.sq_norms[i] + other.sq_norms[j] - 2.0 * dot }
     }
 
+    /// Lower bounds `score − slack` of row `i` against rows `js` of `other`, given their dots.
+    #[inline]
+    fn lower_bounds(&self, other: &GemmSide, i: usize, js: std::ops::Range<usize>, dots: &[f32], out: &mut Vec<f32>) {
+        let (sq, norms) = (&other.sq_norms[js.clone()], &other.norms[js]);
+        gemm_lower_bounds(dots, self.sq_norms[i], self.norms[i], sq, norms, self.margin, self.floor, self.inner_product, out);
+    }
+
     /// The error margin of a score (see the type docs).
     #[inline]
     fn slack(&self, other: &GemmSide, i: usize, j: usize) -> f32 {
@@ -468,13 +636,13 @@ fn score_threshold(metric: Metric, threshold: f64) -> f32 {
 
 /// Brute-force join through the f32 GEMM filter (L2, L2², cosine, inner product).
 fn gemm_join(ctx: &JoinContext, left: &GemmSide, right: &GemmSide) -> Result<()> {
-    let JoinRequest { left: lv, right: rv, metric, threshold, self_join } = *ctx.request;
+    let JoinRequest { left: lv, right: rv, metric, threshold, self_join, .. } = *ctx.request;
     let limit = score_threshold(metric, threshold);
     let blocks = left.len().div_ceil(TILE_QUERIES);
     ctx.sink.start(blocks as u64);
     (0..blocks).into_par_iter().try_for_each(|b| -> Result<()> {
         let mut writer = ctx.writer();
-        let mut tile = Vec::new();
+        let (mut tile, mut lower) = (Vec::new(), Vec::new());
         let q = b * TILE_QUERIES..((b + 1) * TILE_QUERIES).min(left.len());
         let first = if self_join.is_some() { q.start } else { 0 };
         let mut tested = 0u64;
@@ -482,11 +650,9 @@ fn gemm_join(ctx: &JoinContext, left: &GemmSide, right: &GemmSide) -> Result<()>
             let r = b0..(b0 + TILE_BASE).min(right.len());
             left.dot_tile(right, q.clone(), r.clone(), &mut tile);
             for (i, row) in q.clone().zip(tile.chunks_exact(r.len())) {
-                for (j, &d) in r.clone().zip(row) {
-                    if self_join.is_some() && j <= i {
-                        continue;
-                    }
-                    if left.score(right, i, j, d) - left.slack(right, i, j) <= limit {
+                left.lower_bounds(right, i, r.clone(), row, &mut lower);
+                for (j, &low) in r.clone().zip(&lower) {
+                    if low <= limit && !(self_join.is_some() && j <= i) {
                         tested += 1;
                         if let Some(dist) = ctx.exact.within(lv.row(i), rv.row(j), i, j) {
                             ctx.push(&mut writer, i as u32, j as u32, dist)?;
@@ -518,18 +684,18 @@ fn knn_gemm_unit(
 ) -> Vec<Vec<Neighbour>> {
     let mut uppers: Vec<KSmallest> = q.clone().map(|_| KSmallest::new(k)).collect();
     let mut lists: Vec<Vec<(f32, u32)>> = q.clone().map(|_| Vec::new()).collect();
-    let mut tile = Vec::new();
+    let (mut tile, mut lower) = (Vec::new(), Vec::new());
     for b0 in r.clone().step_by(TILE_BASE) {
         let br = b0..(b0 + TILE_BASE).min(r.end);
         queries.dot_tile(base, q.clone(), br.clone(), &mut tile);
         for ((i, row), (upper, list)) in q.clone().zip(tile.chunks_exact(br.len())).zip(uppers.iter_mut().zip(lists.iter_mut())) {
             let mut bound = upper.bound() as f32;
-            for (j, &d) in br.clone().zip(row) {
-                let s = queries.score(base, i, j, d);
-                let slack = queries.slack(base, i, j);
-                if s - slack <= bound {
-                    list.push((s - slack, j as u32));
-                    upper.push(Neighbour { distance: (s + slack) as f64, position: j as u32 });
+            queries.lower_bounds(base, i, br.clone(), row, &mut lower);
+            for ((j, &d), &low) in br.clone().zip(row).zip(&lower) {
+                if low <= bound {
+                    list.push((low, j as u32));
+                    let upper_bound = queries.score(base, i, j, d) + queries.slack(base, i, j);
+                    upper.push(Neighbour { distance: upper_bound as f64, position: j as u32 });
                     bound = upper.bound() as f32;
                 }
             }

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use datafusion::common::{Result, plan_err};
 
-use crate::op::{Device, Metric};
+use crate::op::{Device, IndexChoice, Metric};
 use crate::vectors::Vectors;
 
 pub mod cpu;
 mod exact;
+mod simd;
 mod topk;
 
 pub use cpu::CpuBackend;
@@ -30,6 +31,10 @@ pub struct JoinRequest<'a> {
     pub threshold: f64,
     /// Set for a self-join: how to report pairs.
     pub self_join: Option<SelfJoin>,
+    /// Grid, brute force, or the cost model's choice.
+    pub index: IndexChoice,
+    /// Grid dimensions to index (0: the cost model decides).
+    pub grid_dims: usize,
 }
 
 /// How a self-join reports its pairs.

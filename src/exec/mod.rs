@@ -21,7 +21,7 @@ use datafusion::physical_plan::{
 };
 
 use crate::backend::Backend;
-use crate::op::{Metric, Operation, SimilarityOp};
+use crate::op::{IndexChoice, Metric, Operation, SimilarityOp};
 use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
 
@@ -102,12 +102,19 @@ impl SimilarityExec {
     }
 
     /// How the answer will be found, as EXPLAIN shows it.
-    fn index_description(&self) -> &'static str {
-        match (&self.op.operation, self.op.metric) {
-            (Operation::Knn { .. }, Metric::L1 | Metric::LInf) => "brute_force(exact f64)",
-            (Operation::Knn { .. }, _) => "brute_force(f32 filter + exact f64 re-rank)",
-            (_, Metric::InnerProduct) => "brute_force(f32 filter + exact f64 check)",
-            _ => "grid or brute_force by sampled cost model",
+    fn index_description(&self) -> String {
+        let exact_filter = match self.op.metric {
+            Metric::L1 | Metric::LInf => "exact f64",
+            _ => "f32 filter + exact f64 check",
+        };
+        match (&self.op.operation, self.op.index) {
+            (Operation::Knn { .. }, _) if matches!(self.op.metric, Metric::L1 | Metric::LInf) => "brute_force(exact f64)".into(),
+            (Operation::Knn { .. }, _) => "brute_force(f32 filter + exact f64 re-rank)".into(),
+            (_, IndexChoice::BruteForce) => format!("brute_force({exact_filter})"),
+            (_, _) if self.op.metric == Metric::InnerProduct => format!("brute_force({exact_filter})"),
+            (_, IndexChoice::Grid) if self.op.grid_dims > 0 => format!("grid({} dims, f32 filter + exact f64 check)", self.op.grid_dims),
+            (_, IndexChoice::Grid) => "grid(dims by sampled cost model, f32 filter + exact f64 check)".into(),
+            (_, IndexChoice::Auto) => "grid or brute_force by sampled cost model".into(),
         }
     }
 }

@@ -203,10 +203,12 @@ fn compute(op: &SimilarityOp, backend: &dyn Backend, left: &Vectors, right: &Vec
     match op.operation {
         Operation::SimJoin { eps: threshold, include_self, pairs, .. } => {
             let self_join = same.then_some(SelfJoin { include_self, ordered: pairs == PairOrder::Ordered });
-            backend.join(&JoinRequest { left, right, metric: op.metric, threshold, self_join }, sink)
+            let request = JoinRequest { left, right, metric: op.metric, threshold, self_join, index: op.index, grid_dims: op.grid_dims };
+            backend.join(&request, sink)
         }
         Operation::RangeQuery { radius } => {
-            backend.join(&JoinRequest { left, right, metric: op.metric, threshold: radius, self_join: None }, sink)
+            let request = JoinRequest { left, right, metric: op.metric, threshold: radius, self_join: None, index: op.index, grid_dims: op.grid_dims };
+            backend.join(&request, sink)
         }
         Operation::Knn { k } => backend.knn(&KnnRequest { base: right, queries: left, metric: op.metric, k }, sink),
     }

@@ -21,7 +21,7 @@ impl TableFunctionImpl for KnnFunc {
         };
         let options = args::options(call.session(), F, rest)?;
         let k = args::count_arg(F, "k", k)?;
-        let op = SimilarityOp { operation: Operation::Knn { k }, metric: options.metric, device: options.device };
+        let op = SimilarityOp { operation: Operation::Knn { k }, metric: options.metric, device: options.device, index: options.index, grid_dims: options.grid_dims };
         let (base, query) = super::query_and_base(call.session(), F, base, query, &options)?;
         Ok(super::table(op, query, Some(base), ["query", "base"])?)
     }

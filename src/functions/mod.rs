@@ -7,7 +7,7 @@ use datafusion::catalog::{Session, TableFunctionImpl};
 use datafusion::common::{Result, plan_err};
 
 use crate::backend;
-use crate::op::SimilarityOp;
+use crate::op::{IndexChoice, Operation, SimilarityOp};
 use crate::options::SimJoinOptions;
 use crate::table::{SimilarityTable, TableInput};
 use crate::vectors::VectorSource;
@@ -63,7 +63,22 @@ fn table(op: SimilarityOp, first: TableInput, second: Option<TableInput>, names:
             names[1]
         );
     }
-    let backend = backend::choose(op.device, op.function_name())?;
+    let function = op.function_name();
+    match (&op.operation, op.index) {
+        (Operation::Knn { .. }, IndexChoice::Grid) => {
+            return plan_err!(
+                "{function}: option index=grid is not available: kNN always scans every base row (index=auto or brute_force)"
+            );
+        }
+        (_, IndexChoice::Grid) if op.metric.coordinate_bound(0.0).is_none() => {
+            return plan_err!(
+                "{function}: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not {}",
+                op.metric
+            );
+        }
+        _ => {}
+    }
+    let backend = backend::choose(op.device, function)?;
     Ok(Arc::new(SimilarityTable::new(op, first, second, backend)))
 }
 

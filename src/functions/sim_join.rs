@@ -40,6 +40,8 @@ impl TableFunctionImpl for SimJoinFunc {
             },
             metric: options.metric,
             device: options.device,
+            index: options.index,
+            grid_dims: options.grid_dims,
         };
         let mut inputs = tables
             .iter()

@@ -12,6 +12,8 @@
 
 use rayon::prelude::*;
 
+use crate::op::IndexChoice;
+
 /// Largest number of indexed dimensions considered: 3^8 = 6561 neighbour cells already.
 const MAX_INDEXED_DIMS: usize = 8;
 /// Points sampled per side for the cost model (sample × sample pair tests).
@@ -19,15 +21,17 @@ const COST_SAMPLE: usize = 1200;
 /// Relative widening of the cell edge over the coordinate bound (see the module docs).
 const WIDEN: f64 = 1.0 + 1.0 / (1u64 << 20) as f64;
 
-/// Cost-model weights, in nanoseconds of one core, measured on the 2-core build machine with
-/// `simjoin bench` (uniform data, d = 2…64): one binary-search step over the cell ids, one ±r window
-/// search, one candidate pair (loop, branch) plus one f64 dimension of the exact check, and one
-/// brute-force pair plus dimension (f32 GEMM tile + epilogue).
-const NS_LOOKUP_STEP: f64 = 4.0;
+/// Cost-model weights, in nanoseconds of one core, measured on the 2-core build machine (AMD
+/// EPYC, AVX-512) with `simjoin bench` on uniform data: finding one neighbour cell (table lookup or
+/// binary search step), one `±r` window search per point and neighbour cell, one candidate pair
+/// plus one dimension of the vectorised f32 filter, and one brute-force pair plus dimension (f32
+/// GEMM tile, then its vectorised bound). At d = 8 both come to about 1.2 ns per pair.
+const NS_PROBE: f64 = 6.0;
+const NS_LOOKUP_STEP: f64 = 3.0;
 const NS_WINDOW: f64 = 25.0;
-const NS_PAIR: f64 = 3.0;
-const NS_DIM: f64 = 0.8;
-const NS_BRUTE_PAIR: f64 = 1.2;
+const NS_PAIR: f64 = 0.4;
+const NS_DIM: f64 = 0.1;
+const NS_BRUTE_PAIR: f64 = 0.55;
 const NS_BRUTE_DIM_GEMM: f64 = 0.08;
 const NS_BRUTE_DIM_DIRECT: f64 = 0.6;
 
@@ -48,6 +52,14 @@ pub struct GridGeometry {
     pub sort_dim: usize,
     /// The coordinate bound `r`: partners differ by at most this much in every dimension.
     pub radius: f64,
+}
+
+impl GridGeometry {
+    /// Whether the `±r` window on the sort dimension prunes: only when that dimension is not
+    /// indexed (an indexed one is already bounded by its cell, about `r` wide).
+    pub fn window_prunes(&self) -> bool {
+        !self.dims.contains(&self.sort_dim)
+    }
 }
 
 impl GridGeometry {
@@ -117,12 +129,19 @@ pub struct CostInputs<'a> {
     pub self_join: bool,
     /// Whether brute force can use the f32 GEMM form (L2, L2², cosine, inner product).
     pub gemm_form: bool,
+    /// Grid, brute force, or the cost model's choice.
+    pub index: IndexChoice,
+    /// Dimensions to index with the grid (0: the cost model decides).
+    pub grid_dims: usize,
 }
 
 /// Chooses between the grid (and its `k`) and brute force by estimated time (seed 003 §5.6):
 /// index search ≈ cells·3^k·log₂|G|, refinement ≈ sampled candidate pairs × (pair + d·dimension).
 pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
-    let CostInputs { left, right, dim, radius, self_join, .. } = *inputs;
+    let CostInputs { left, right, dim, radius, self_join, index, grid_dims, .. } = *inputs;
+    if index == IndexChoice::BruteForce {
+        return JoinStrategy::BruteForce;
+    }
     let (n_left, n_right) = (left.len() / dim, right.len() / dim);
     let pair_factor = if self_join { 0.5 } else { 1.0 };
     let brute_dim = if inputs.gemm_form { NS_BRUTE_DIM_GEMM } else { NS_BRUTE_DIM_DIRECT };
@@ -131,19 +150,26 @@ pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
     if n_left == 0 || n_right == 0 {
         return JoinStrategy::BruteForce;
     }
+    let forced_grid = index == IndexChoice::Grid;
 
     let sample_left = strided_sample(left, dim, COST_SAMPLE);
     let sample_right = if self_join { sample_left.clone() } else { strided_sample(right, dim, COST_SAMPLE) };
     let (lo, hi, variance) = extent_and_variance(left, right, dim, &sample_left, &sample_right);
     let cell_edge = (radius * WIDEN).max(f64::MIN_POSITIVE);
     // Dimensions that span at least three cells can prune; highest variance first.
-    let mut useful: Vec<usize> = (0..dim).filter(|&d| (hi[d] - lo[d]) / cell_edge >= 2.0).collect();
+    // A forced grid may index any dimension.
+    let mut useful: Vec<usize> = (0..dim).filter(|&d| forced_grid || (hi[d] - lo[d]) / cell_edge >= 2.0).collect();
     useful.sort_by(|&a, &b| variance[b].total_cmp(&variance[a]).then(a.cmp(&b)));
+    let ranked = useful.clone();
     useful.truncate(MAX_INDEXED_DIMS);
+    let dims_to_try = match grid_dims {
+        0 => 1..=useful.len(),
+        k => k.min(useful.len())..=k.min(useful.len()),
+    };
 
-    let mut best = (brute_cost, JoinStrategy::BruteForce);
-    for k in 1..=useful.len() {
-        let geometry = geometry(&useful[..k], &useful, &lo, &hi, radius, dim);
+    let mut best = (if forced_grid { f64::INFINITY } else { brute_cost }, JoinStrategy::BruteForce);
+    for k in dims_to_try {
+        let geometry = geometry(&useful[..k], &ranked, &lo, &hi, radius, dim);
         let hits = sample_candidates(&geometry, &sample_left, &sample_right, dim, self_join);
         let sample_pairs = (sample_left.len() / dim) as f64 * (sample_right.len() / dim) as f64;
         let candidates = hits / sample_pairs * n_left as f64 * n_right as f64 * pair_factor;
@@ -151,11 +177,16 @@ pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
         let cells_left = possible_cells.min(n_left as f64);
         let cells_right = possible_cells.min(n_right as f64);
         let neighbours = 3f64.powi(k as i32) * if self_join { 0.5 } else { 1.0 };
-        let search = cells_left * neighbours * (cells_right.log2() + 1.0) * NS_LOOKUP_STEP
-            + n_left as f64 * neighbours.min(cells_right) * NS_WINDOW;
+        let probe = if possible_cells <= (4.0 * n_right as f64).max((1u64 << 20) as f64) {
+            NS_PROBE
+        } else {
+            (cells_right.log2() + 1.0) * NS_LOOKUP_STEP
+        };
+        let windows = if geometry.window_prunes() { n_left as f64 * neighbours.min(cells_right) * NS_WINDOW } else { 0.0 };
+        let search = cells_left * neighbours * probe + windows;
         let refine = candidates * (NS_PAIR + dim as f64 * NS_DIM);
         let cost = search + refine;
-        if cost < best.0 {
+        if cost < best.0 || matches!(best.1, JoinStrategy::BruteForce) && forced_grid {
             best = (cost, JoinStrategy::Grid(geometry));
         }
     }
@@ -273,6 +304,9 @@ pub struct GridIndex {
     pub order: Vec<u32>,
     /// Slot → the point's sort-dimension value.
     pub sort_keys: Vec<f64>,
+    /// Linear id → cell index (`u32::MAX`: empty), when the grid has few enough cells for a
+    /// table (at most max(4n, 2²⁰)); lookups then cost one load instead of a binary search.
+    dense: Option<Vec<u32>>,
 }
 
 impl GridIndex {
@@ -299,6 +333,14 @@ impl GridIndex {
             }
         }
         index.cell_start.push(n);
+        let possible: u128 = geometry.cells.iter().map(|&c| c as u128).product();
+        if possible <= (4 * n as u128).max(1 << 20) && index.cell_ids.len() < u32::MAX as usize {
+            let mut table = vec![u32::MAX; possible as usize];
+            for (c, &id) in index.cell_ids.iter().enumerate() {
+                table[id as usize] = c as u32;
+            }
+            index.dense = Some(table);
+        }
         index
     }
 
@@ -310,7 +352,10 @@ impl GridIndex {
     /// Index of the non-empty cell with linear id `id`.
     #[inline]
     pub fn find(&self, id: u64) -> Option<usize> {
-        self.cell_ids.binary_search(&id).ok()
+        match &self.dense {
+            Some(table) => table.get(id as usize).filter(|&&c| c != u32::MAX).map(|&c| c as usize),
+            None => self.cell_ids.binary_search(&id).ok(),
+        }
     }
 
     /// Slot range of cell `c`.
@@ -372,6 +417,8 @@ mod tests {
             radius,
             self_join: true,
             gemm_form: true,
+            index: IndexChoice::Auto,
+            grid_dims: 0,
         };
         assert!(matches!(choose_strategy(&inputs(0.01)), JoinStrategy::Grid(g) if g.dims.len() == 2));
         assert_eq!(choose_strategy(&inputs(2.0)), JoinStrategy::BruteForce);

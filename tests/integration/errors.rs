@@ -20,7 +20,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ("SELECT * FROM sim_join(t)", "Error during planning: sim_join: expected sim_join(table, eps [, options]) or sim_join(left, right, eps [, options]), got 1 arguments"),
         ("SELECT * FROM sim_join(t, t, 'x')", "Error during planning: sim_join: argument 'eps' must be a number, got Utf8(\"x\")"),
         ("SELECT * FROM sim_join(t, 0.1, 'metric=hamming')", "Error during planning: sim_join: options string 'metric=hamming': unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf)"),
-        ("SELECT * FROM sim_join(t, 0.1, 'metrc=l1')", "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column)"),
+        ("SELECT * FROM sim_join(t, 0.1, 'metrc=l1')", "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, index, grid_dims)"),
         ("SELECT * FROM sim_join(t, 0.1, 'pairs=some')", "Error during planning: sim_join: options string 'pairs=some': unknown pairs 'some' (expected ordered or unordered)"),
         ("SELECT * FROM sim_join(t, 0.1, 'include_self=maybe')", "Error during planning: sim_join: options string 'include_self=maybe': include_self must be true or false, got 'maybe'"),
         ("SELECT * FROM sim_join(t, 0.1, 'metric=l1', 'x')", "Error during planning: sim_join: too many arguments: 2 after the last expected one"),
@@ -33,6 +33,10 @@ async fn planning_errors_name_function_argument_and_value() {
         ("SELECT * FROM range_query(t, '[1, x]', 0.5)", "Error during planning: range_query: argument 'query' is not a vector literal of numbers: '[1, x]'"),
         ("SELECT * FROM range_query(t, t, -1, 'metric=cosine')", "Error during planning: range_query: argument 'r' must be >= 0 for metric cosine, got -1"),
         ("SELECT * FROM sim_join(t, 0.1, 'device=tpu')", "Error during planning: sim_join: options string 'device=tpu': unknown device 'tpu' (expected one of auto, gpu, cpu)"),
+        ("SELECT * FROM sim_join(t, 0.1, 'index=kd_tree')", "Error during planning: sim_join: options string 'index=kd_tree': unknown index 'kd_tree' (expected one of auto, grid, brute_force)"),
+        ("SELECT * FROM sim_join(t, 0.1, 'grid_dims=9')", "Error during planning: sim_join: options string 'grid_dims=9': grid_dims must be an integer from 0 to 8, got '9'"),
+        ("SELECT * FROM sim_join(t, 0.1, 'index=grid, metric=inner_product')", "Error during planning: sim_join: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not inner_product"),
+        ("SELECT * FROM knn(t, t, 3, 'index=grid')", "Error during planning: knn: option index=grid is not available: kNN always scans every base row (index=auto or brute_force)"),
         ("SELECT * FROM sim_join(1, 0.1)", "Error during planning: sim_join: argument 'table' must be a table name or a file path, got 1"),
     ];
     for (sql, want) in cases {

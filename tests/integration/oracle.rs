@@ -14,10 +14,16 @@ async fn self_join_equals_the_oracle_for_every_metric_shape_and_option() {
         register(&ctx, "t", &data, dim, shape);
         for metric in METRICS {
             let eps = threshold(metric, &data, 0.01);
-            for (pairs, include_self) in [("ordered", false), ("unordered", true)] {
+            // Every strategy: the cost model's choice, brute force, and the grid on 1..3 dimensions
+            // (windowed on the next dimension whenever fewer than all are indexed).
+            let mut indexes = vec!["auto", "brute_force"];
+            if metric != "inner_product" {
+                indexes.extend(["grid", "grid, grid_dims=1", "grid, grid_dims=3"]);
+            }
+            for (index, (pairs, include_self)) in indexes.into_iter().zip([("ordered", false), ("unordered", true)].into_iter().cycle()) {
                 let sql = format!(
                     "SELECT left_id, right_id, distance FROM sim_join(t, {eps:?}, \
-                     'metric={metric}, pairs={pairs}, include_self={include_self}')"
+                     'metric={metric}, pairs={pairs}, include_self={include_self}, index={index}')"
                 );
                 let want = oracle_join(metric, &data, &data, eps, Some((include_self, pairs == "ordered")));
                 assert!(!want.is_empty(), "{sql}");
@@ -37,8 +43,12 @@ async fn two_table_join_equals_the_oracle() {
         register(&ctx, "b", &right, dim, shape);
         for metric in METRICS {
             let eps = threshold(metric, &right, 0.02);
-            let sql = format!("SELECT left_id, right_id, distance FROM SIM_JOIN(a, b, {eps:?}, 'metric={metric}')");
-            check(&ctx, &sql, &oracle_join(metric, &left, &right, eps, None)).await;
+            let want = oracle_join(metric, &left, &right, eps, None);
+            let indexes: &[&str] = if metric == "inner_product" { &["auto"] } else { &["auto", "grid", "grid, grid_dims=1"] };
+            for index in indexes {
+                let sql = format!("SELECT left_id, right_id, distance FROM SIM_JOIN(a, b, {eps:?}, 'metric={metric}, index={index}')");
+                check(&ctx, &sql, &want).await;
+            }
         }
     }
 }
@@ -53,8 +63,11 @@ async fn range_query_equals_the_oracle_for_tables_and_literals() {
     register(&ctx, "queries", &queries, dim, Shape::ListF64);
     for metric in METRICS {
         let r = threshold(metric, &base, 0.03);
-        let sql = format!("SELECT query_id, base_id, distance FROM range_query(base, queries, {r:?}, 'metric={metric}')");
-        check(&ctx, &sql, &oracle_join(metric, &queries, &base, r, None)).await;
+        let want = oracle_join(metric, &queries, &base, r, None);
+        for index in ["auto", "brute_force"] {
+            let sql = format!("SELECT query_id, base_id, distance FROM range_query(base, queries, {r:?}, 'metric={metric}, index={index}')");
+            check(&ctx, &sql, &want).await;
+        }
     }
     let q = queries[3].clone().unwrap();
     let literal = format!("{q:?}");

@@ -74,7 +74,7 @@ struct GenArgs {
     /// Dimensions.
     #[arg(short, default_value_t = 2)]
     d: usize,
-    /// uniform, exponential (λ = 40) or blobs.
+    /// uniform, exponential (λ = 40), blobs or gaussian.
     #[arg(long, default_value = "uniform")]
     distribution: Distribution,
     /// Random seed.

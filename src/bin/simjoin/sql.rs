@@ -127,6 +127,7 @@ async fn print(df: datafusion::dataframe::DataFrame, format: Format) -> Result<(
             if rows > shown_rows {
                 writeln!(out, "... {} more rows", rows - shown_rows).map_err(io)?;
             }
+            out.flush().map_err(io)?;
             eprintln!("{rows} rows in {:.3} s", started.elapsed().as_secs_f64());
         }
         Format::Csv => {
