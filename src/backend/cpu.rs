@@ -25,8 +25,11 @@ use crate::index::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_str
 use crate::op::{Metric, dot};
 use crate::vectors::Vectors;
 
-/// Query rows per GEMM tile.
+/// Left rows per join tile (brute-force joins and range queries).
 const TILE_QUERIES: usize = 64;
+/// Query rows per kNN GEMM tile: the query block is packed once per base tile, so larger blocks
+/// pack it fewer times (measured on the 100k×128, 1k-query bench: 64 → 0.345 s, 256 → 0.254 s).
+const KNN_TILE_QUERIES: usize = 256;
 /// Base rows per GEMM tile (a 64 × 1024 f32 tile is 256 KiB, within L2).
 const TILE_BASE: usize = 1024;
 
@@ -114,7 +117,7 @@ impl Backend for CpuBackend {
         // few queries, and a unit returns its exact top-k, so merging segments is a plain k-select.
         let threads = rayon::current_num_threads();
         let block = (64 << 20) / (k * 16).max(1); // keep per-block candidate lists near 64 MiB
-        let block = block.clamp(1, TILE_QUERIES);
+        let block = block.clamp(1, KNN_TILE_QUERIES);
         let blocks = queries.len().div_ceil(block);
         let segments = (2 * threads).div_ceil(blocks).clamp(1, base.len().div_ceil(8192).max(1));
         let segment_len = base.len().div_ceil(segments);

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use simjoin::datagen::{self, Distribution};
 use simjoin::{Device, Metric};
 
+mod bench;
 mod demo;
 mod progress;
 mod sql;
@@ -27,6 +28,8 @@ enum Command {
     Gen(GenArgs),
     /// Generate a small dataset and run one query of each function, with timings.
     Demo(SessionArgs),
+    /// Run the benchmark workloads (datasets shared with benches/peers.py).
+    Bench(bench::BenchArgs),
 }
 
 /// Options shared by everything that opens a session.
@@ -96,6 +99,7 @@ async fn main() -> ExitCode {
         Command::Sql(args) => sql::run(args).await,
         Command::Gen(args) => generate(args),
         Command::Demo(args) => demo::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

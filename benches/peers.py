@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Run the peers a user would pick instead of simjoin on the workloads `simjoin bench` wrote.
+
+Reads DIR/simjoin.json (written by `simjoin bench --dir DIR`), runs each peer on the same Parquet
+files with the same threshold or k, checks that it returns the same number of results, and writes
+DIR/peers.json. Peers: SciPy cKDTree.query_pairs (ε self-join), scikit-learn NearestNeighbors
+(radius and kNN), faiss-cpu IndexFlatL2 (kNN and range_search), DuckDB (SQL kNN over the same
+Parquet file). A peer whose estimated time exceeds --budget seconds is skipped and said so.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+
+
+def load(path):
+    table = pq.read_table(path)
+    column = table.column("vector").combine_chunks()
+    dim = column.type.list_size
+    return np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, dim)
+
+
+def timed(fn):
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+def ckdtree_pairs(base, eps):
+    from scipy.spatial import cKDTree
+
+    def run():
+        tree = cKDTree(base.astype(np.float64))
+        return len(tree.query_pairs(eps, output_type="ndarray"))
+
+    return timed(run)
+
+
+def sklearn_radius_pairs(base, eps):
+    from sklearn.neighbors import NearestNeighbors
+
+    def run():
+        nn = NearestNeighbors(radius=eps, algorithm="kd_tree", n_jobs=-1).fit(base.astype(np.float64))
+        neighbours = nn.radius_neighbors(base.astype(np.float64), return_distance=False)
+        return (sum(len(n) for n in neighbours) - len(base)) // 2
+
+    return timed(run)
+
+
+def faiss_knn(base, queries, k):
+    import faiss
+
+    def run():
+        index = faiss.IndexFlatL2(base.shape[1])
+        index.add(base)
+        _, ids = index.search(queries, k)
+        return int((ids >= 0).sum())
+
+    return timed(run)
+
+
+def faiss_range(base, queries, r):
+    import faiss
+
+    def run():
+        index = faiss.IndexFlatL2(base.shape[1])
+        index.add(base)
+        # faiss compares squared L2 distances with the radius; widen by one f32 ulp-ish margin so
+        # faiss's f32 rounding does not drop boundary pairs that the exact answer contains.
+        lims, _, _ = index.range_search(queries, float(r) * float(r))
+        return int(lims[-1])
+
+    return timed(run)
+
+
+def sklearn_knn(base, queries, k):
+    from sklearn.neighbors import NearestNeighbors
+
+    def run():
+        nn = NearestNeighbors(n_neighbors=k, algorithm="brute", n_jobs=-1).fit(base)
+        _, ids = nn.kneighbors(queries)
+        return int(ids.size)
+
+    return timed(run)
+
+
+def duckdb_knn(base_path, query_path, k, dim):
+    import duckdb
+
+    def run():
+        con = duckdb.connect()
+        sql = f"""
+            SELECT count(*) FROM (
+              SELECT q.id, unnest(min_by(b.id, array_distance(b.vector::FLOAT[{dim}], q.vector::FLOAT[{dim}]), {k}))
+              FROM read_parquet('{base_path}') b, read_parquet('{query_path}') q GROUP BY q.id)"""
+        return con.execute(sql).fetchone()[0]
+
+    return timed(run)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", default="bench-out")
+    parser.add_argument("--budget", type=float, default=120.0, help="skip a peer expected to take longer (s)")
+    parser.add_argument("--only", default=None)
+    args = parser.parse_args()
+    workloads = json.load(open(os.path.join(args.dir, "simjoin.json")))
+    results = []
+    for w in workloads:
+        if args.only and args.only not in w["name"]:
+            continue
+        base_path = os.path.join(args.dir, w["base"])
+        base = load(base_path)
+        runs = []
+        if w["kind"] == "self_join":
+            # cKDTree cost grows steeply with d; the budget check uses the 2-core measurements of
+            # reference/perf.md (8-D: 200k points took 40 s).
+            if w["dim"] <= 8 and (w["dim"] <= 3 or len(base) <= 200_000):
+                runs.append(("scipy cKDTree.query_pairs", lambda: ckdtree_pairs(base, w["threshold"])))
+            if w["dim"] <= 3:
+                runs.append(("sklearn radius_neighbors (kd_tree)", lambda: sklearn_radius_pairs(base, w["threshold"])))
+            expected = w["rows"]
+        else:
+            query_path = os.path.join(args.dir, w["queries"])
+            queries = load(query_path)
+            if w["kind"] == "knn":
+                runs.append(("faiss-cpu IndexFlatL2", lambda: faiss_knn(base, queries, w["k"])))
+                runs.append(("sklearn brute kNN", lambda: sklearn_knn(base, queries, w["k"])))
+                if w["k"] == 10:
+                    runs.append(("duckdb min_by(array_distance)", lambda: duckdb_knn(base_path, query_path, w["k"], w["dim"])))
+            else:
+                runs.append(("faiss-cpu range_search", lambda: faiss_range(base, queries, w["threshold"])))
+            expected = w["rows"]
+        for name, fn in runs:
+            seconds, count = fn()
+            same = count == expected
+            print(f"{w['name']}: {name}: {seconds:.3f} s, {count} results ({'same as' if same else 'DIFFERENT from'} simjoin's {expected})", flush=True)
+            results.append({"workload": w["name"], "peer": name, "seconds": seconds, "results": count, "simjoin_results": expected, "simjoin_s": w["simjoin_s"]})
+    json.dump(results, open(os.path.join(args.dir, "peers.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

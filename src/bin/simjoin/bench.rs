@@ -1,0 +1,189 @@
+//! `simjoin bench`: the benchmark workloads, on files that peers (benches/peers.py) read too.
+//! Datasets are generated once with fixed seeds into `--dir`, with `workloads.json` describing them
+//! (thresholds calibrated there, so every system answers the same question); inputs are loaded into
+//! memory before timing, and each query runs `--repeat` times (the best time is reported).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::datatypes::Int64Type;
+use datafusion::catalog::MemTable;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use simjoin::Metric;
+use simjoin::datagen::{self, Distribution};
+
+use super::SessionArgs;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Where datasets, workloads.json and results go.
+    #[arg(long, default_value = "bench-out")]
+    dir: PathBuf,
+    /// Run only workloads whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
+    /// Times each query runs; the best is reported.
+    #[arg(long, default_value_t = 2)]
+    repeat: usize,
+    /// Smaller sizes (a tenth), for a quick look.
+    #[arg(long)]
+    quick: bool,
+    #[command(flatten)]
+    session: SessionArgs,
+}
+
+/// One benchmark workload.
+struct Workload {
+    name: &'static str,
+    /// "self_join", "range" or "knn".
+    kind: &'static str,
+    distribution: Distribution,
+    n: usize,
+    dim: usize,
+    queries: usize,
+    /// Neighbours per point the join/range threshold is calibrated for.
+    neighbours: f64,
+    k: usize,
+}
+
+fn workloads(quick: bool) -> Vec<Workload> {
+    let scale = |n: usize| if quick { n / 10 } else { n };
+    let join = |name, dim, n| Workload {
+        name,
+        kind: "self_join",
+        distribution: Distribution::Uniform,
+        n: scale(n),
+        dim,
+        queries: 0,
+        neighbours: 100.0,
+        k: 0,
+    };
+    vec![
+        join("join-2d-uniform", 2, 1_000_000),
+        join("join-3d-uniform", 3, 1_000_000),
+        join("join-8d-uniform", 8, 1_000_000),
+        join("join-8d-uniform-200k", 8, 200_000),
+        join("join-16d-uniform", 16, 100_000),
+        join("join-32d-uniform", 32, 100_000),
+        Workload { name: "join-8d-exponential", distribution: Distribution::Exponential, ..join("", 8, 1_000_000) },
+        Workload {
+            name: "range-128d-gaussian",
+            kind: "range",
+            distribution: Distribution::Gaussian,
+            n: scale(100_000),
+            dim: 128,
+            queries: 1_000,
+            neighbours: 100.0,
+            k: 0,
+        },
+        Workload {
+            name: "knn-128d-gaussian-k10",
+            kind: "knn",
+            distribution: Distribution::Gaussian,
+            n: scale(100_000),
+            dim: 128,
+            queries: 1_000,
+            neighbours: 0.0,
+            k: 10,
+        },
+        Workload { name: "knn-128d-gaussian-k100", k: 100, ..workload_knn(scale(100_000)) },
+        Workload { name: "knn-128d-gaussian-k1", k: 1, ..workload_knn(scale(100_000)) },
+    ]
+}
+
+fn workload_knn(n: usize) -> Workload {
+    Workload {
+        name: "",
+        kind: "knn",
+        distribution: Distribution::Gaussian,
+        n,
+        dim: 128,
+        queries: 1_000,
+        neighbours: 0.0,
+        k: 10,
+    }
+}
+
+pub async fn run(args: BenchArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.dir)?;
+    let ctx = super::sql::session(&args.session).await?;
+    let mut json = String::from("[\n");
+    let mut table = String::from("| workload | n | d | queries | threshold / k | result rows | simjoin (s) |\n|---|---|---|---|---|---|---|\n");
+    let selected: Vec<Workload> = workloads(args.quick)
+        .into_iter()
+        .filter(|w| args.only.as_ref().is_none_or(|o| w.name.contains(o.as_str())))
+        .collect();
+    for (i, w) in selected.iter().enumerate() {
+        let base_file = args.dir.join(format!("{}-{}-{}d.parquet", w.distribution, w.n, w.dim));
+        let base = ensure(&base_file, w.distribution, w.n, w.dim, 1)?;
+        let query_file = args.dir.join(format!("{}-queries-{}-{}d.parquet", w.distribution, w.queries, w.dim));
+        if w.queries > 0 {
+            ensure(&query_file, w.distribution, w.queries, w.dim, 2)?;
+        }
+        let threshold = match w.kind {
+            "knn" => 0.0,
+            _ => datagen::calibrate_threshold(&base, w.dim, w.neighbours, Metric::L2, 3),
+        };
+        load(&ctx, "base", &base_file).await?;
+        if w.queries > 0 {
+            load(&ctx, "queries", &query_file).await?;
+        }
+        let sql = match w.kind {
+            "self_join" => format!("SELECT count(*) FROM sim_join(base, {threshold:?}, 'pairs=unordered')"),
+            "range" => format!("SELECT count(*) FROM range_query(base, queries, {threshold:?})"),
+            _ => format!("SELECT count(*) FROM knn(base, queries, {})", w.k),
+        };
+        let mut best = f64::INFINITY;
+        let mut rows = 0;
+        for _ in 0..args.repeat.max(1) {
+            let started = Instant::now();
+            let batches = ctx.sql(&sql).await?.collect().await?;
+            best = best.min(started.elapsed().as_secs_f64());
+            rows = batches[0].column(0).as_primitive::<Int64Type>().value(0);
+        }
+        let param = if w.kind == "knn" { format!("k={}", w.k) } else { format!("{threshold:.6}") };
+        eprintln!("{}: {rows} rows in {best:.3} s", w.name);
+        writeln!(table, "| {} | {} | {} | {} | {param} | {rows} | {best:.3} |", w.name, w.n, w.dim, w.queries).ok();
+        writeln!(
+            json,
+            "  {{\"name\": \"{}\", \"kind\": \"{}\", \"base\": \"{}\", \"queries\": {}, \"dim\": {}, \"threshold\": {threshold:?}, \"k\": {}, \"rows\": {rows}, \"simjoin_s\": {best}}}{}",
+            w.name,
+            w.kind,
+            base_file.file_name().and_then(|f| f.to_str()).unwrap_or_default(),
+            if w.queries > 0 { format!("\"{}\"", query_file.file_name().and_then(|f| f.to_str()).unwrap_or_default()) } else { "null".into() },
+            w.dim,
+            w.k,
+            if i + 1 < selected.len() { "," } else { "" }
+        )
+        .ok();
+    }
+    json.push_str("]\n");
+    std::fs::write(args.dir.join("simjoin.json"), json)?;
+    println!("{table}");
+    Ok(())
+}
+
+/// The dataset at `path`, generated (and written) if it does not exist yet.
+fn ensure(path: &Path, distribution: Distribution, n: usize, dim: usize, seed: u64) -> Result<Vec<f64>> {
+    let values = datagen::generate(distribution, n, dim, seed);
+    if !path.exists() {
+        datagen::write(&values, dim, path)?;
+    }
+    Ok(values)
+}
+
+/// Registers `path` as an in-memory table `name`, so timings exclude file reading.
+async fn load(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
+    let path = path.to_str().ok_or_else(|| DataFusionError::Execution("non-UTF-8 path".into()))?;
+    let df = ctx.read_parquet(path, ParquetReadOptions::default()).await?;
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await?;
+    ctx.deregister_table(name)?;
+    ctx.register_table(name, Arc::new(MemTable::try_new(schema, vec![batches])?))?;
+    Ok(())
+}
