@@ -168,12 +168,12 @@ impl Backend for CpuBackend {
 }
 
 /// Whether the f32 filter can use the GEMM form `‖x‖² + ‖y‖² − 2x·y` (or `−x·y`).
-fn gemm_form(metric: Metric) -> bool {
+pub(super) fn gemm_form(metric: Metric) -> bool {
     matches!(metric, Metric::L2 | Metric::L2Squared | Metric::Cosine | Metric::InnerProduct)
 }
 
 /// The coordinates the grid indexes: unit vectors for cosine, the vectors otherwise.
-fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
+pub(super) fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
     if metric != Metric::Cosine {
         return Cow::Borrowed(&v.values);
     }
@@ -267,7 +267,7 @@ fn balanced_ranges(n: usize, parts: usize, weight: impl Fn(usize) -> usize) -> V
 }
 
 /// Copies the rows of `v` in `order` into one contiguous buffer, so a cell's points are adjacent.
-fn gather(v: &Vectors, order: &[u32]) -> Vec<f64> {
+pub(super) fn gather(v: &Vectors, order: &[u32]) -> Vec<f64> {
     let mut out = vec![0.0; order.len() * v.dim];
     out.par_chunks_mut(v.dim).zip(order.par_iter()).for_each(|(dst, &p)| dst.copy_from_slice(v.row(p as usize)));
     out
@@ -401,7 +401,7 @@ fn exact_pair(
 }
 
 /// Per-dimension minimum over both inputs (the origin the f32 slot copies are taken from).
-fn lower_corner(left: &[f64], right: &[f64], dim: usize) -> Vec<f64> {
+pub(super) fn lower_corner(left: &[f64], right: &[f64], dim: usize) -> Vec<f64> {
     let min_of = |points: &[f64]| {
         points.par_chunks(dim * 4096).map(|block| {
             let mut lo = vec![f64::INFINITY; dim];
@@ -469,14 +469,14 @@ impl SlotFilter {
 /// bounds to `T` and rounds up, so every pair within the threshold passes; the exact check decides.
 /// For cosine the space is the unit-normalised vectors (`‖â − b̂‖² = 2·(1 − cos)`), plus 10⁻¹² for
 /// the f64 normalisation.
-struct FilterLimit {
-    kind: FilterKind,
+pub(super) struct FilterLimit {
+    pub(super) kind: FilterKind,
     /// Scores at or below this may be within the threshold.
-    limit: f32,
+    pub(super) limit: f32,
 }
 
 impl FilterLimit {
-    fn new(metric: Metric, threshold: f64, dim: usize, extent: f64) -> Self {
+    pub(super) fn new(metric: Metric, threshold: f64, dim: usize, extent: f64) -> Self {
         let (kind, t) = match metric {
             Metric::L2 => (FilterKind::SquaredL2, threshold * threshold),
             Metric::L2Squared => (FilterKind::SquaredL2, threshold),

@@ -7,15 +7,17 @@ use std::time::Duration;
 
 use datafusion::common::{Result, plan_err};
 
-use crate::op::{Device, IndexChoice, Metric};
+use crate::op::{Device, IndexChoice, Metric, Operation, SimilarityOp};
 use crate::vectors::Vectors;
 
 pub mod cpu;
 mod exact;
+pub mod gpu;
 mod simd;
 mod topk;
 
 pub use cpu::CpuBackend;
+pub use gpu::GpuBackend;
 pub use exact::ExactCheck;
 
 /// A join-shaped request: every (left, right) pair within `threshold` (ε-join and range query).
@@ -120,6 +122,12 @@ pub struct RunStats {
     pub build_time: Duration,
     /// Time spent finding and sending results.
     pub probe_time: Duration,
+    /// GPU: host↔device copies (inputs, counts, results), within build and probe time.
+    pub transfer_time: Duration,
+    /// GPU: kernel time (count and write passes), within probe time.
+    pub kernel_time: Duration,
+    /// GPU: turning downloaded pairs into result chunks and sending them, within probe time.
+    pub emit_time: Duration,
 }
 
 /// A way to compute the operations.
@@ -132,17 +140,25 @@ pub trait Backend: Debug + Send + Sync {
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats>;
 }
 
-/// The backend for `device` (`function` names the call in errors).
-pub fn choose(device: Device, function: &str) -> Result<std::sync::Arc<dyn Backend>> {
-    match device {
-        Device::Cpu | Device::Auto => Ok(std::sync::Arc::new(CpuBackend)),
-        Device::Gpu => {
-            let reason = match crate::gpu::probe() {
-                Err(reason) => reason,
-                Ok(gpu) => format!("{gpu} was found, but this build has no GPU backend yet"),
-            };
-            plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}")
+/// The backend for `op`: joins and range queries go to the GPU under `device=gpu`, and under
+/// `device=auto` when one is usable (brute-force joins then stay on the CPU, see `GpuBackend`);
+/// kNN runs on the CPU until the GPU kNN kernels land.
+pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
+    let function = op.function_name();
+    let is_knn = matches!(op.operation, Operation::Knn { .. });
+    match (op.device, is_knn) {
+        (Device::Cpu, _) | (Device::Auto, true) => Ok(std::sync::Arc::new(CpuBackend)),
+        (Device::Gpu, true) => {
+            plan_err!("{function}: option device=gpu: kNN has no GPU backend yet; use device=auto or device=cpu")
         }
+        (Device::Auto, false) => Ok(match crate::gpu::GpuDevice::shared() {
+            Ok(device) => std::sync::Arc::new(GpuBackend::new(device, true)),
+            Err(_) => std::sync::Arc::new(CpuBackend),
+        }),
+        (Device::Gpu, false) => match crate::gpu::GpuDevice::shared() {
+            Ok(device) => Ok(std::sync::Arc::new(GpuBackend::new(device, false))),
+            Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),
+        },
     }
 }
 

@@ -33,6 +33,9 @@ struct SimilarityMetrics {
     indexed_dims: Gauge,
     build_time: Time,
     probe_time: Time,
+    transfer_time: Time,
+    kernel_time: Time,
+    emit_time: Time,
 }
 
 impl SimilarityMetrics {
@@ -45,6 +48,9 @@ impl SimilarityMetrics {
             indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
             build_time: MetricBuilder::new(set).subset_time("build_time", 0),
             probe_time: MetricBuilder::new(set).subset_time("probe_time", 0),
+            transfer_time: MetricBuilder::new(set).subset_time("transfer_time", 0),
+            kernel_time: MetricBuilder::new(set).subset_time("kernel_time", 0),
+            emit_time: MetricBuilder::new(set).subset_time("emit_time", 0),
         }
     }
 
@@ -53,6 +59,9 @@ impl SimilarityMetrics {
         self.indexed_dims.set(stats.indexed_dims);
         self.build_time.add_duration(stats.build_time);
         self.probe_time.add_duration(stats.probe_time);
+        self.transfer_time.add_duration(stats.transfer_time);
+        self.kernel_time.add_duration(stats.kernel_time);
+        self.emit_time.add_duration(stats.emit_time);
         self.baseline.elapsed_compute().add_duration(stats.build_time + stats.probe_time);
     }
 }

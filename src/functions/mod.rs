@@ -78,7 +78,7 @@ fn table(op: SimilarityOp, first: TableInput, second: Option<TableInput>, names:
         }
         _ => {}
     }
-    let backend = backend::choose(op.device, function)?;
+    let backend = backend::choose(&op)?;
     Ok(Arc::new(SimilarityTable::new(op, first, second, backend)))
 }
 

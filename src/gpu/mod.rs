@@ -5,6 +5,12 @@ use std::fmt;
 
 use cudarc::driver::CudaContext;
 
+mod device;
+pub mod kernels;
+pub mod launch;
+
+pub use device::GpuDevice;
+
 /// A CUDA device that answered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuInfo {

@@ -344,6 +344,11 @@ impl GridIndex {
         index
     }
 
+    /// The linear id → cell table, when the grid is dense enough to have one.
+    pub fn dense_table(&self) -> Option<&[u32]> {
+        self.dense.as_deref()
+    }
+
     /// Number of non-empty cells.
     pub fn num_cells(&self) -> usize {
         self.cell_ids.len()

@@ -37,6 +37,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ("SELECT * FROM sim_join(t, 0.1, 'grid_dims=9')", "Error during planning: sim_join: options string 'grid_dims=9': grid_dims must be an integer from 0 to 8, got '9'"),
         ("SELECT * FROM sim_join(t, 0.1, 'index=grid, metric=inner_product')", "Error during planning: sim_join: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not inner_product"),
         ("SELECT * FROM knn(t, t, 3, 'index=grid')", "Error during planning: knn: option index=grid is not available: kNN always scans every base row (index=auto or brute_force)"),
+        ("SELECT * FROM knn(t, t, 3, 'device=gpu')", "Error during planning: knn: option device=gpu: kNN has no GPU backend yet; use device=auto or device=cpu"),
         ("SELECT * FROM sim_join(1, 0.1)", "Error during planning: sim_join: argument 'table' must be a table name or a file path, got 1"),
     ];
     for (sql, want) in cases {

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Smaller sizes (a tenth), for a quick look.
     #[arg(long)]
     quick: bool,
+    /// The GPU workloads of reference/perf.md (P3–P6: 1M points in 2, 8 and 32 dimensions, 10k
+    /// range queries over 1M×128) instead of the CPU set.
+    #[arg(long)]
+    gpu_workloads: bool,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -49,6 +53,35 @@ struct Workload {
     /// Neighbours per point the join/range threshold is calibrated for.
     neighbours: f64,
     k: usize,
+}
+
+fn gpu_workloads(quick: bool) -> Vec<Workload> {
+    let scale = |n: usize| if quick { n / 10 } else { n };
+    let join = |name, dim| Workload {
+        name,
+        kind: "self_join",
+        distribution: Distribution::Uniform,
+        n: scale(1_000_000),
+        dim,
+        queries: 0,
+        neighbours: 100.0,
+        k: 0,
+    };
+    vec![
+        join("P3-join-2d-uniform-1m", 2),
+        join("P4-join-8d-uniform-1m", 8),
+        join("P5-join-32d-uniform-1m", 32),
+        Workload {
+            name: "P6-range-128d-gaussian-1m-10k",
+            kind: "range",
+            distribution: Distribution::Gaussian,
+            n: scale(1_000_000),
+            dim: 128,
+            queries: 10_000,
+            neighbours: 200.0,
+            k: 0,
+        },
+    ]
 }
 
 fn workloads(quick: bool) -> Vec<Workload> {
@@ -114,7 +147,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let ctx = super::sql::session(&args.session).await?;
     let mut json = String::from("[\n");
     let mut table = String::from("| workload | n | d | queries | threshold / k | result rows | simjoin (s) |\n|---|---|---|---|---|---|---|\n");
-    let selected: Vec<Workload> = workloads(args.quick)
+    let all = if args.gpu_workloads { gpu_workloads(args.quick) } else { workloads(args.quick) };
+    let selected: Vec<Workload> = all
         .into_iter()
         .filter(|w| args.only.as_ref().is_none_or(|o| w.name.contains(o.as_str())))
         .collect();

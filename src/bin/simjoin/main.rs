@@ -10,6 +10,7 @@ use simjoin::{Device, Metric};
 mod bench;
 mod demo;
 mod progress;
+mod selftest;
 mod sql;
 
 /// Exact similarity joins, range queries and kNN from SQL, on the GPU or every CPU core.
@@ -30,6 +31,12 @@ enum Command {
     Demo(SessionArgs),
     /// Run the benchmark workloads (datasets shared with benches/peers.py).
     Bench(bench::BenchArgs),
+    /// Check the GPU backend against the CPU backend on every operation, metric and option.
+    Selftest {
+        /// Run even without a usable GPU (the GPU cases then report errors).
+        #[arg(long)]
+        allow_cpu_only: bool,
+    },
 }
 
 /// Options shared by everything that opens a session.
@@ -100,6 +107,7 @@ async fn main() -> ExitCode {
         Command::Gen(args) => generate(args),
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Selftest { allow_cpu_only } => selftest::run(allow_cpu_only).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The PyTorch brute-force peer on a GPU: the workloads of DIR/simjoin.json (written by
+`simjoin bench --gpu-workloads --device gpu --dir DIR`), each as tiled torch.cdist + count on the
+same Parquet files, FP32 (TF32 off) and TF32. Counts are compared with simjoin's; times include
+moving the inputs to the GPU, like simjoin's (which start from host memory)."""
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+
+def load(path):
+    column = pq.read_table(path).column("vector").combine_chunks()
+    dim = column.type.list_size
+    return np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, dim)
+
+
+def count_within(left, right, eps, self_join, tile):
+    """Pairs (i, j) with ‖l_i − r_j‖ ≤ eps; self-joins count i < j."""
+    total = 0
+    for start in range(0, left.shape[0], tile):
+        d = torch.cdist(left[start:start + tile], right)
+        hits = d <= eps
+        if self_join:
+            rows = torch.arange(start, min(start + tile, left.shape[0]), device=left.device)[:, None]
+            hits &= torch.arange(right.shape[0], device=left.device)[None, :] > rows
+        total += int(hits.sum())
+    return total
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", default="bench-out")
+    parser.add_argument("--tile", type=int, default=2048)
+    args = parser.parse_args()
+    results = []
+    for w in json.load(open(os.path.join(args.dir, "simjoin.json"))):
+        base_np = load(os.path.join(args.dir, w["base"]))
+        queries_np = load(os.path.join(args.dir, w["queries"])) if w["queries"] else None
+        for tf32 in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            base = torch.from_numpy(base_np).cuda()
+            left = base if queries_np is None else torch.from_numpy(queries_np).cuda()
+            count = count_within(left, base, w["threshold"], queries_np is None, args.tile)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+            mode = "TF32" if tf32 else "FP32"
+            same = "same as" if count == w["rows"] else "DIFFERENT from"
+            print(f"{w['name']}: torch cdist {mode}: {seconds:.3f} s, {count} pairs ({same} simjoin's {w['rows']}); "
+                  f"simjoin {w['simjoin_s']:.3f} s, ratio {seconds / w['simjoin_s']:.1f}x", flush=True)
+            results.append({"workload": w["name"], "peer": f"torch cdist {mode}", "seconds": seconds, "results": count,
+                            "simjoin_results": w["rows"], "simjoin_s": w["simjoin_s"]})
+    json.dump(results, open(os.path.join(args.dir, "torch.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+// Shared device helpers for the similarity kernels: the parameter block, the exact f64 distance
+// (the same formulas, in the same order, as `Metric::distance` on the host), and the f32 filter.
+//
+// Compiled by NVRTC with --fmad=false: every `a * b + c` rounds twice, exactly as on the CPU, so
+// exact distances are bit-identical across backends. The f32 filter's error margins are proved
+// for rounding after every operation (src/backend/cpu.rs, FilterLimit and GemmSide).
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Metric codes (the order of `Metric` in src/op.rs).
+#define METRIC_L2 0u
+#define METRIC_L2SQ 1u
+#define METRIC_COSINE 2u
+#define METRIC_INNER_PRODUCT 3u
+#define METRIC_L1 4u
+#define METRIC_LINF 5u
+
+// Filter kinds: the f32 score a candidate gets.
+#define FILTER_SQUARED_L2 0u
+#define FILTER_L1 1u
+#define FILTER_LINF 2u
+#define FILTER_NEG_DOT 3u
+
+#define MAX_GRID_DIMS 8
+
+// Everything a join launch needs besides its buffers; passed by value.
+struct JoinParams {
+    u32 dim;            // vector dimension
+    u32 metric;         // METRIC_*
+    u32 filter;         // FILTER_*
+    u32 self_join;      // 1: left and right are one input; each unordered pair is visited once
+    float limit;        // f32 filter: scores above this cannot qualify (FILTER_NEG_DOT: the threshold)
+    float dot_margin;   // FILTER_NEG_DOT: (d + 16)·2⁻²³, times (‖x‖ + ‖y‖)²
+    float dot_floor;    // FILTER_NEG_DOT: absolute margin for subnormal scores
+    u32 padding;
+    double threshold;   // the exact f64 threshold
+    // Grid (k = 0: brute force over all right rows).
+    u32 k;
+    u32 dense;          // 1: `cell_table[id]` maps a linear id to its cell (u32 max: empty)
+    u32 right_cells;    // number of non-empty right cells
+    u32 padding2;
+    u64 cells[MAX_GRID_DIMS];
+    u64 strides[MAX_GRID_DIMS];
+};
+
+// The exact distance of the contract: sums in dimension order, one term at a time.
+__device__ __forceinline__ double exact_distance(const JoinParams& p, const double* a, const double* b,
+                                                 double norm_a, double norm_b) {
+    double acc = 0.0;
+    switch (p.metric) {
+    case METRIC_L2:
+    case METRIC_L2SQ:
+        for (u32 i = 0; i < p.dim; ++i) {
+            double d = a[i] - b[i];
+            acc = acc + d * d;
+        }
+        return p.metric == METRIC_L2 ? sqrt(acc) : acc;
+    case METRIC_COSINE:
+        for (u32 i = 0; i < p.dim; ++i) acc = acc + a[i] * b[i];
+        return 1.0 - acc / (sqrt(norm_a) * sqrt(norm_b));
+    case METRIC_INNER_PRODUCT:
+        for (u32 i = 0; i < p.dim; ++i) acc = acc + a[i] * b[i];
+        return -acc;
+    case METRIC_L1:
+        for (u32 i = 0; i < p.dim; ++i) acc = acc + fabs(a[i] - b[i]);
+        return acc;
+    default:
+        for (u32 i = 0; i < p.dim; ++i) acc = fmax(acc, fabs(a[i] - b[i]));
+        return acc;
+    }
+}
+
+// The f32 filter score of two filter-space rows (see FilterLimit / GemmSide on the host).
+__device__ __forceinline__ float filter_score(const JoinParams& p, const float* x, const float* y) {
+    float acc = 0.0f;
+    switch (p.filter) {
+    case FILTER_SQUARED_L2:
+        for (u32 i = 0; i < p.dim; ++i) {
+            float t = y[i] - x[i];
+            acc = acc + t * t;
+        }
+        return acc;
+    case FILTER_L1:
+        for (u32 i = 0; i < p.dim; ++i) acc = acc + fabsf(y[i] - x[i]);
+        return acc;
+    case FILTER_LINF:
+        for (u32 i = 0; i < p.dim; ++i) acc = fmaxf(acc, fabsf(y[i] - x[i]));
+        return acc;
+    default:
+        for (u32 i = 0; i < p.dim; ++i) acc = acc + x[i] * y[i];
+        return -acc;
+    }
+}
+
+// Whether a candidate passes the filter. FILTER_NEG_DOT's margin depends on the two norms.
+__device__ __forceinline__ bool filter_passes(const JoinParams& p, float score, float norm_x, float norm_y) {
+    if (p.filter == FILTER_NEG_DOT) {
+        float n = norm_x + norm_y;
+        return score - (p.dot_margin * n * n + p.dot_floor) <= p.limit;
+    }
+    return score <= p.limit;
+}

@@ -1,0 +1,111 @@
+// ε-join and range-query kernels (GPU-Join, seed 003 §3.2.1, with Böhm's count-then-write).
+//
+// Thread mapping: one thread per left row ("slot"), `slot_begin + blockIdx.x * blockDim.x +
+// threadIdx.x`, over a batch [slot_begin, slot_end). The same kernel runs twice per batch:
+//   write = 0: counts[slot - slot_begin] = number of result pairs of that slot;
+//   write = 1: the pairs are written from offsets[slot - slot_begin] (an exclusive prefix sum of the
+//              counts, relative to the batch) into out_left / out_right / out_distance,
+// so no output buffer can overflow and no pair is lost or written twice.
+//
+// Inputs, all in slot order (grid order for the grid kernel, input order for brute force):
+//   left_filter / right_filter  f32 filter-space rows (row-major, dim wide)
+//   left_exact / right_exact    f64 rows, exactly the stored values (row-major, dim wide)
+//   left_norm / right_norm      cosine: Σx² per row (f64); inner product: ‖x̃‖ per row (f32, below)
+//   left_order / right_order    slot → vector position (what the output reports)
+// Each candidate that passes the f32 filter is decided by the exact f64 distance of common.cuh.
+// Self-joins visit each unordered pair once: later slots of the same cell, and cells with a larger
+// linear id (grid), or right slots after the left slot (brute force).
+#include "common.cuh"
+
+// Index of the non-empty right cell with linear id `id`, or -1.
+__device__ __forceinline__ long long find_cell(const JoinParams& p, const u64* cell_ids, const u32* cell_table, u64 id) {
+    if (p.dense) {
+        u32 c = cell_table[id];
+        return c == 0xffffffffu ? -1 : (long long)c;
+    }
+    u32 lo = 0, hi = p.right_cells;
+    while (lo < hi) {
+        u32 mid = (lo + hi) >> 1;
+        if (cell_ids[mid] < id) lo = mid + 1; else hi = mid;
+    }
+    return (lo < p.right_cells && cell_ids[lo] == id) ? (long long)lo : -1;
+}
+
+// Tests left slot `s` against right slots [begin, end); counts or writes the qualifying pairs.
+__device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin, u32 end,
+        const float* lf, const float* rf, const double* lx, const double* rx,
+        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
+        const u32* left_order, const u32* right_order,
+        u32& found, int write, u64 offset, u32* out_left, u32* out_right, double* out_distance) {
+    const float* x = lf + (u64)s * p.dim;
+    for (u32 t = begin; t < end; ++t) {
+        float score = filter_score(p, x, rf + (u64)t * p.dim);
+        float nx = p.filter == FILTER_NEG_DOT ? lfnorm[s] : 0.0f;
+        float ny = p.filter == FILTER_NEG_DOT ? rfnorm[t] : 0.0f;
+        if (!filter_passes(p, score, nx, ny)) continue;
+        double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
+        double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
+        double d = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
+        if (d <= p.threshold) {
+            if (write) {
+                u64 at = offset + found;
+                out_left[at] = left_order[s];
+                out_right[at] = right_order[t];
+                out_distance[at] = d;
+            }
+            ++found;
+        }
+    }
+}
+
+extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
+        const float* lf, const float* rf, const double* lx, const double* rx,
+        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
+        const u32* left_order, const u32* right_order,
+        const u64* left_slot_cell, const u64* right_cell_ids, const u32* right_cell_start, const u32* cell_table,
+        u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, int write) {
+    u32 s = slot_begin + blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= slot_end) return;
+    u64 id = left_slot_cell[s];
+    u64 lo[MAX_GRID_DIMS], hi[MAX_GRID_DIMS], cur[MAX_GRID_DIMS];
+    for (u32 j = 0; j < p.k; ++j) {
+        u64 c = (id / p.strides[j]) % p.cells[j];
+        lo[j] = c > 0 ? c - 1 : 0;
+        hi[j] = c + 1 < p.cells[j] ? c + 1 : c;
+        cur[j] = lo[j];
+    }
+    u64 offset = write ? offsets[s - slot_begin] : 0;
+    u32 found = 0;
+    for (;;) {
+        u64 nid = 0;
+        for (u32 j = 0; j < p.k; ++j) nid += cur[j] * p.strides[j];
+        if (!p.self_join || nid >= id) {
+            long long c = find_cell(p, right_cell_ids, cell_table, nid);
+            if (c >= 0) {
+                u32 begin = right_cell_start[c], end = right_cell_start[c + 1];
+                if (p.self_join && nid == id) begin = s + 1;  // later slots of its own cell
+                scan_range(p, s, begin, end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order,
+                           found, write, offset, out_left, out_right, out_distance);
+            }
+        }
+        u32 j = 0;
+        while (j < p.k && cur[j] == hi[j]) { cur[j] = lo[j]; ++j; }
+        if (j == p.k) break;
+        ++cur[j];
+    }
+    if (!write) counts[s - slot_begin] = found;
+}
+
+extern "C" __global__ void brute_join(JoinParams p, u32 slot_begin, u32 slot_end, u32 right_len,
+        const float* lf, const float* rf, const double* lx, const double* rx,
+        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
+        const u32* left_order, const u32* right_order,
+        u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, int write) {
+    u32 s = slot_begin + blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= slot_end) return;
+    u64 offset = write ? offsets[s - slot_begin] : 0;
+    u32 found = 0;
+    scan_range(p, s, p.self_join ? s + 1 : 0, right_len, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm,
+               left_order, right_order, found, write, offset, out_left, out_right, out_distance);
+    if (!write) counts[s - slot_begin] = found;
+}

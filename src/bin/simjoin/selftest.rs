@@ -1,0 +1,107 @@
+//! `simjoin selftest`: every operation × metric × option on seeded random and adversarial data,
+//! through the GPU backend and the CPU backend, asserting identical answers (ids and distance bits).
+//! Exits non-zero on any mismatch, and when no GPU is usable (the point is to test one).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+use datafusion::catalog::MemTable;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::prelude::SessionContext;
+use simjoin::Metric;
+use simjoin::datagen::{self, Distribution};
+
+type Row = (i64, i64, u64);
+
+async fn rows(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
+    let batches = ctx.sql(sql).await?.collect().await?;
+    let mut out = Vec::new();
+    for b in &batches {
+        let (l, r, d) = (b.column(0).as_primitive::<Int64Type>(), b.column(1).as_primitive::<Int64Type>(), b.column(2).as_primitive::<Float64Type>());
+        out.extend((0..b.num_rows()).map(|i| (l.value(i), r.value(i), d.value(i).to_bits())));
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+fn register(ctx: &SessionContext, name: &str, values: &[f64], dim: usize) -> Result<()> {
+    let batch: RecordBatch = datagen::vector_batch(values, dim)?;
+    ctx.deregister_table(name)?;
+    ctx.register_table(name, Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?))?;
+    Ok(())
+}
+
+/// Integer points with many duplicates and many pairs at exactly the threshold.
+fn lattice(n: usize, dim: usize) -> Vec<f64> {
+    (0..n * dim).map(|i| ((i * 7919) % 13) as f64).collect()
+}
+
+pub async fn run(allow_cpu_only: bool) -> Result<()> {
+    let gpu = simjoin::gpu::GpuDevice::shared();
+    match &gpu {
+        Ok(device) => println!("selftest on {}", device.info),
+        Err(reason) if allow_cpu_only => println!("selftest without a GPU ({reason}): GPU runs will fail"),
+        Err(reason) => return Err(DataFusionError::Execution(format!("selftest needs a GPU: {reason}"))),
+    }
+    let ctx = simjoin::session_context();
+    let mut failures = 0;
+    let mut table = String::from("| data | n × d | query | rows | cpu ms | gpu ms | result |\n|---|---|---|---|---|---|---|\n");
+    let datasets: Vec<(&str, Vec<f64>, usize)> = vec![
+        ("uniform", datagen::generate(Distribution::Uniform, 3000, 2, 1), 2),
+        ("exponential", datagen::generate(Distribution::Exponential, 4000, 3, 2), 3),
+        ("blobs", datagen::generate(Distribution::Blobs, 2500, 8, 3), 8),
+        ("gaussian", datagen::generate(Distribution::Gaussian, 1200, 33, 4), 33),
+        ("lattice", lattice(700, 4), 4),
+    ];
+    for (name, values, dim) in &datasets {
+        let n = values.len() / dim;
+        register(&ctx, "a", values, *dim)?;
+        let second: Vec<f64> = values.iter().rev().copied().take((n / 2) * dim).collect();
+        register(&ctx, "b", &second, *dim)?;
+        for metric in Metric::ALL {
+            let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
+            let eps = if *name == "lattice" && metric != Metric::InnerProduct { eps.round().max(1.0) } else { eps };
+            let indexes: &[&str] = if metric == Metric::InnerProduct { &["auto"] } else { &["auto", "grid", "brute_force"] };
+            for index in indexes {
+                let options = format!("metric={metric}, index={index}");
+                let queries = [
+                    format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}')"),
+                    format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered, include_self=true')"),
+                    format!("SELECT left_id, right_id, distance FROM sim_join(a, b, {eps:?}, '{options}')"),
+                    format!("SELECT query_id, base_id, distance FROM range_query(a, b, {eps:?}, '{options}')"),
+                ];
+                for sql in queries {
+                    let started = Instant::now();
+                    let cpu = rows(&ctx, &format!("{}, device=cpu')", sql.trim_end_matches("')"))).await?;
+                    let cpu_ms = started.elapsed().as_secs_f64() * 1e3;
+                    let started = Instant::now();
+                    let gpu = rows(&ctx, &format!("{}, device=gpu')", sql.trim_end_matches("')"))).await;
+                    let gpu_ms = started.elapsed().as_secs_f64() * 1e3;
+                    let verdict = match &gpu {
+                        Ok(g) if *g == cpu => "ok".to_string(),
+                        Ok(g) => {
+                            failures += 1;
+                            let missing = cpu.iter().filter(|r| g.binary_search(r).is_err()).count();
+                            let extra = g.iter().filter(|r| cpu.binary_search(r).is_err()).count();
+                            format!("MISMATCH: gpu {} rows, {missing} missing, {extra} extra", g.len())
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            format!("GPU ERROR: {}", e.strip_backtrace())
+                        }
+                    };
+                    let query = sql.split(" FROM ").nth(1).unwrap_or_default().to_string();
+                    table.push_str(&format!("| {name} | {n} × {dim} | {query} | {} | {cpu_ms:.1} | {gpu_ms:.1} | {verdict} |\n", cpu.len()));
+                }
+            }
+        }
+    }
+    println!("{table}");
+    if failures > 0 {
+        return Err(DataFusionError::Execution(format!("selftest: {failures} case(s) differ between GPU and CPU")));
+    }
+    println!("selftest: every GPU answer equals the CPU answer");
+    Ok(())
+}

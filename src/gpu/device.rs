@@ -1,0 +1,78 @@
+//! One CUDA device: its context, its stream and its NVRTC-compiled modules (compiled once per
+//! process, for the device's own `sm_XY`).
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+
+use super::kernels::KernelModule;
+use super::{GpuInfo, probe};
+
+/// A usable GPU.
+#[derive(Debug)]
+pub struct GpuDevice {
+    /// What the probe saw.
+    pub info: GpuInfo,
+    /// The device's primary context.
+    pub ctx: Arc<CudaContext>,
+    /// The stream every kernel and copy of this device is ordered on.
+    pub stream: Arc<CudaStream>,
+    /// `sm_XY` for NVRTC.
+    pub arch: &'static str,
+    modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
+}
+
+static SHARED: OnceLock<Result<Arc<GpuDevice>, String>> = OnceLock::new();
+
+impl GpuDevice {
+    /// The process-wide device 0, opened on first use; `Err` says why there is none.
+    pub fn shared() -> Result<Arc<GpuDevice>, String> {
+        SHARED.get_or_init(|| Self::open().map(Arc::new)).clone()
+    }
+
+    fn open() -> Result<GpuDevice, String> {
+        let info = probe()?;
+        let arch = arch_for(info.compute_capability)?;
+        let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
+        let stream = ctx.default_stream();
+        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()) })
+    }
+
+    /// A kernel of `module`, compiling the module on first use.
+    pub fn function(&self, module: KernelModule, name: &str) -> Result<CudaFunction, String> {
+        let index = KernelModule::ALL.iter().position(|m| *m == module).unwrap_or(0);
+        let compiled = self.modules[index].get_or_init(|| {
+            let options = CompileOptions {
+                arch: Some(self.arch),
+                name: Some(module.file_name().to_string()),
+                // Two roundings for `a * b + c`, as on the CPU: exact distances stay bit-identical.
+                fmad: Some(false),
+                options: vec!["-std=c++17".into()],
+                ..Default::default()
+            };
+            let ptx = compile_ptx_with_opts(module.source(), options)
+                .map_err(|e| format!("NVRTC could not compile {}: {e}", module.file_name()))?;
+            self.ctx.load_module(ptx).map_err(|e| format!("loading {} failed: {e}", module.file_name()))
+        });
+        let module_ref = compiled.clone()?;
+        module_ref.load_function(name).map_err(|e| format!("kernel {name} not found: {e}"))
+    }
+}
+
+/// NVRTC's `arch` for a compute capability.
+fn arch_for((major, minor): (i32, i32)) -> Result<&'static str, String> {
+    Ok(match (major, minor) {
+        (7, 0) => "sm_70",
+        (7, 5) => "sm_75",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (10, 3) => "sm_103",
+        (12, 0) => "sm_120",
+        _ => return Err(format!("compute capability {major}.{minor} is not supported by this build")),
+    })
+}

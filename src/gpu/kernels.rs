@@ -1,0 +1,59 @@
+//! The kernel sources build.rs embeds, and the entry points the Rust side launches.
+
+include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
+
+/// A CUDA source file compiled as one module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelModule {
+    /// `kernels/sim_join.cu`: ε-join and range-query kernels.
+    SimJoin,
+}
+
+impl KernelModule {
+    /// Every module.
+    pub const ALL: [KernelModule; 1] = [KernelModule::SimJoin];
+
+    /// The flattened source.
+    pub fn source(self) -> &'static str {
+        match self {
+            KernelModule::SimJoin => SIM_JOIN,
+        }
+    }
+
+    /// The file name NVRTC reports errors against.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            KernelModule::SimJoin => "sim_join.cu",
+        }
+    }
+
+    /// The `extern "C" __global__` entry points the Rust side launches from this module.
+    pub fn entry_points(self) -> &'static [&'static str] {
+        match self {
+            KernelModule::SimJoin => &["grid_join", "brute_join"],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_launched_kernel_is_defined_in_its_source() {
+        for module in KernelModule::ALL {
+            for name in module.entry_points() {
+                let declaration = format!("extern \"C\" __global__ void {name}(");
+                assert!(module.source().contains(&declaration), "{name} missing from {}", module.file_name());
+            }
+        }
+    }
+
+    #[test]
+    fn includes_are_inlined_with_line_markers() {
+        let source = KernelModule::SimJoin.source();
+        assert!(source.contains("struct JoinParams"), "common.cuh was not inlined");
+        assert!(!source.contains("#include \"common.cuh\""));
+        assert!(source.contains("#line 1 \"kernels/common.cuh\""));
+    }
+}

@@ -1,0 +1,144 @@
+//! Every kernel launch, each checked; the only `unsafe` launch sites of the crate.
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
+
+use super::device::GpuDevice;
+use super::kernels::KernelModule;
+
+/// Threads per block of the join kernels (one thread per left row).
+const BLOCK: u32 = 256;
+
+/// The launch parameters of the join kernels: `struct JoinParams` of kernels/common.cuh, field
+/// for field (same order, sizes and padding).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JoinParams {
+    pub dim: u32,
+    pub metric: u32,
+    pub filter: u32,
+    pub self_join: u32,
+    pub limit: f32,
+    pub dot_margin: f32,
+    pub dot_floor: f32,
+    pub padding: u32,
+    pub threshold: f64,
+    pub k: u32,
+    pub dense: u32,
+    pub right_cells: u32,
+    pub padding2: u32,
+    pub cells: [u64; 8],
+    pub strides: [u64; 8],
+}
+
+// SAFETY: `JoinParams` is `repr(C)` plain data laid out exactly as the CUDA struct it mirrors.
+unsafe impl DeviceRepr for JoinParams {}
+
+/// The rows of one join side on the device, in slot order.
+#[derive(Debug)]
+pub struct SideBuffers {
+    /// f32 filter-space rows.
+    pub filter: CudaSlice<f32>,
+    /// f64 exact rows.
+    pub exact: CudaSlice<f64>,
+    /// Cosine: Σx² per row (else one unused value).
+    pub norms: CudaSlice<f64>,
+    /// Inner product: ‖x̃‖ per row (else one unused value).
+    pub filter_norms: CudaSlice<f32>,
+    /// Slot → vector position.
+    pub order: CudaSlice<u32>,
+}
+
+/// The grid of a join on the device.
+#[derive(Debug)]
+pub struct GridBuffers {
+    /// Linear cell id of each left slot.
+    pub left_slot_cell: CudaSlice<u64>,
+    /// Non-empty right cell ids, ascending.
+    pub right_cell_ids: CudaSlice<u64>,
+    /// First right slot of each cell, plus the end.
+    pub right_cell_start: CudaSlice<u32>,
+    /// Linear id → right cell (dense grids; else one unused value).
+    pub cell_table: CudaSlice<u32>,
+}
+
+/// Where a pass puts its results.
+#[derive(Debug)]
+pub struct PassBuffers {
+    /// Count pass: result pairs per left slot of the batch.
+    pub counts: CudaSlice<u32>,
+    /// Write pass: first output index of each left slot of the batch.
+    pub offsets: CudaSlice<u64>,
+    /// Write pass: left vector positions.
+    pub out_left: CudaSlice<u32>,
+    /// Write pass: right vector positions.
+    pub out_right: CudaSlice<u32>,
+    /// Write pass: exact distances.
+    pub out_distance: CudaSlice<f64>,
+}
+
+/// Runs the count (`write = false`) or write pass of a join over left slots `slots`; `grid` is
+/// `None` for brute force over all `right_len` right rows.
+#[allow(clippy::too_many_arguments)]
+pub fn join_pass(
+    device: &GpuDevice,
+    params: &JoinParams,
+    slots: std::ops::Range<u32>,
+    right_len: u32,
+    left: &SideBuffers,
+    right: &SideBuffers,
+    grid: Option<&GridBuffers>,
+    pass: &mut PassBuffers,
+    write: bool,
+) -> Result<(), String> {
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let kernel = if grid.is_some() { "grid_join" } else { "brute_join" };
+    let function = device.function(KernelModule::SimJoin, kernel)?;
+    let config = LaunchConfig { grid_dim: (slots.len().div_ceil(BLOCK as usize) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let write_flag: i32 = write.into();
+    let (begin, end) = (slots.start, slots.end);
+    let mut builder = device.stream.launch_builder(&function);
+    builder.arg(params).arg(&begin).arg(&end);
+    if grid.is_none() {
+        builder.arg(&right_len);
+    }
+    builder
+        .arg(&left.filter)
+        .arg(&right.filter)
+        .arg(&left.exact)
+        .arg(&right.exact)
+        .arg(&left.norms)
+        .arg(&right.norms)
+        .arg(&left.filter_norms)
+        .arg(&right.filter_norms)
+        .arg(&left.order)
+        .arg(&right.order);
+    if let Some(g) = grid {
+        builder.arg(&g.left_slot_cell).arg(&g.right_cell_ids).arg(&g.right_cell_start).arg(&g.cell_table);
+    }
+    builder
+        .arg(&mut pass.counts)
+        .arg(&pass.offsets)
+        .arg(&mut pass.out_left)
+        .arg(&mut pass.out_right)
+        .arg(&mut pass.out_distance)
+        .arg(&write_flag);
+    // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for one
+    // (types and order). Every row buffer holds `dim` values per slot for all slots the kernel
+    // reads: left slots < `end` ≤ left rows, right slots < `right_len` or within `right_cell_start`.
+    // `counts` and `offsets` hold at least `end - begin` entries, and the output buffers at least
+    // the batch's total count, which the write pass never exceeds because it re-finds exactly the
+    // pairs the count pass counted (same inputs, same deterministic arithmetic).
+    unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
+    device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
+}
+
+/// A page-locked host buffer of `len` values for device-to-host copies (about 25 GB/s instead of
+/// pageable memory's few GB/s plus first-touch page faults), zero-filled.
+pub fn pinned_buffer<T: DeviceRepr + ValidAsZeroBits + Default + Copy>(device: &GpuDevice, len: usize) -> Result<PinnedHostSlice<T>, String> {
+    // SAFETY: the allocation is uninitialised; it is zero-filled below before anything reads it.
+    let mut buffer = unsafe { device.ctx.alloc_pinned::<T>(len.max(1)) }.map_err(|e| format!("pinned allocation failed: {e}"))?;
+    buffer.as_mut_slice().map_err(|e| format!("pinned buffer: {e}"))?.fill(T::default());
+    Ok(buffer)
+}
