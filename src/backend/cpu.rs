@@ -44,7 +44,7 @@ impl Backend for CpuBackend {
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let start = Instant::now();
-        let JoinRequest { left, right, metric, threshold, self_join, index, grid_dims } = *request;
+        let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let exact = ExactCheck::new(metric, threshold, left, right);
         let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
         if left.is_empty() || right.is_empty() {
@@ -53,23 +53,7 @@ impl Backend for CpuBackend {
         let candidates = AtomicU64::new(0);
         let context = JoinContext { request, exact: &exact, candidates: &candidates, sink };
 
-        // The grid works on the vectors for L1/L2/L∞, on their unit normalisations for cosine.
-        let left_filter = filter_space(left, metric);
-        let right_filter =
-            if self_join.is_some() { left_filter.clone() } else { filter_space(right, metric) };
-        let strategy = match metric.coordinate_bound(threshold) {
-            Some(radius) => choose_strategy(&CostInputs {
-                left: &left_filter,
-                right: &right_filter,
-                dim: left.dim,
-                radius,
-                self_join: self_join.is_some(),
-                gemm_form: gemm_form(metric),
-                index,
-                grid_dims,
-            }),
-            None => JoinStrategy::BruteForce,
-        };
+        let (left_filter, right_filter, strategy) = plan_join(request);
         match strategy {
             JoinStrategy::Grid(geometry) => {
                 stats.strategy = "grid";
@@ -167,13 +151,36 @@ impl Backend for CpuBackend {
     }
 }
 
+/// The filter-space coordinates of both sides (the vectors for L1/L2/L∞, their unit
+/// normalisations for cosine; the right side is the left one for a self-join) and the strategy the
+/// cost model (or the `index` option) picks for them. Shared by the CPU and GPU backends.
+pub(super) fn plan_join<'a>(request: &JoinRequest<'a>) -> (Cow<'a, [f64]>, Cow<'a, [f64]>, JoinStrategy) {
+    let JoinRequest { left, right, metric, threshold, self_join, index, grid_dims } = *request;
+    let left_filter = filter_space(left, metric);
+    let right_filter = if self_join.is_some() { left_filter.clone() } else { filter_space(right, metric) };
+    let strategy = match metric.coordinate_bound(threshold) {
+        Some(radius) => choose_strategy(&CostInputs {
+            left: &left_filter,
+            right: &right_filter,
+            dim: left.dim,
+            radius,
+            self_join: self_join.is_some(),
+            gemm_form: gemm_form(metric),
+            index,
+            grid_dims,
+        }),
+        None => JoinStrategy::BruteForce,
+    };
+    (left_filter, right_filter, strategy)
+}
+
 /// Whether the f32 filter can use the GEMM form `‖x‖² + ‖y‖² − 2x·y` (or `−x·y`).
-pub(super) fn gemm_form(metric: Metric) -> bool {
+fn gemm_form(metric: Metric) -> bool {
     matches!(metric, Metric::L2 | Metric::L2Squared | Metric::Cosine | Metric::InnerProduct)
 }
 
 /// The coordinates the grid indexes: unit vectors for cosine, the vectors otherwise.
-pub(super) fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
+fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
     if metric != Metric::Cosine {
         return Cow::Borrowed(&v.values);
     }

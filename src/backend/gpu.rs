@@ -8,14 +8,14 @@ use std::time::Instant;
 
 use datafusion::common::{DataFusionError, Result};
 
-use super::cpu::{FilterLimit, filter_space, gather, gemm_form, lower_corner};
+use super::cpu::{FilterLimit, gather, lower_corner, plan_join};
 use super::exact::ExactCheck;
 use super::simd::FilterKind;
 use super::{Backend, CpuBackend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
 use crate::gpu::GpuDevice;
 use crate::gpu::launch::{GridBuffers, JoinParams, PassBuffers, SideBuffers, join_pass, pinned_buffer};
 use rayon::prelude::*;
-use crate::index::{CostInputs, GridIndex, JoinStrategy, choose_strategy};
+use crate::index::{GridIndex, JoinStrategy};
 use crate::op::{Metric, dot};
 use crate::vectors::Vectors;
 
@@ -99,7 +99,7 @@ impl GpuBackend {
 
     fn gpu_join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
         let start = Instant::now();
-        let JoinRequest { left, right, metric, threshold, self_join, index, grid_dims } = *request;
+        let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
         if left.is_empty() || right.is_empty() {
             return Ok(Ok(stats));
@@ -107,21 +107,7 @@ impl GpuBackend {
         // Compile the module now (once per process) so NVRTC stays out of the probe time.
         self.device.function(crate::gpu::kernels::KernelModule::SimJoin, "grid_join")?;
         let dim = left.dim;
-        let left_filter = filter_space(left, metric);
-        let right_filter = if self_join.is_some() { left_filter.clone() } else { filter_space(right, metric) };
-        let strategy = match metric.coordinate_bound(threshold) {
-            Some(radius) => choose_strategy(&CostInputs {
-                left: &left_filter,
-                right: &right_filter,
-                dim,
-                radius,
-                self_join: self_join.is_some(),
-                gemm_form: gemm_form(metric),
-                index,
-                grid_dims,
-            }),
-            None => JoinStrategy::BruteForce,
-        };
+        let (left_filter, right_filter, strategy) = plan_join(request);
         if self.cpu_for_brute_force && strategy == JoinStrategy::BruteForce {
             return Ok(CpuBackend.join(request, sink));
         }
