@@ -102,9 +102,39 @@ def duckdb_knn(base_path, query_path, k, dim):
     return timed(run)
 
 
+def duckdb_self_join(path, eps, dim):
+    import duckdb
+
+    def run():
+        con = duckdb.connect()
+        sql = f"""
+            SELECT count(*) FROM read_parquet('{path}') a, read_parquet('{path}') b
+            WHERE a.id < b.id AND array_distance(a.vector::DOUBLE[{dim}], b.vector::DOUBLE[{dim}]) <= {eps!r}"""
+        return con.execute(sql).fetchone()[0]
+
+    return timed(run)
+
+
+def simjoin_cli_self_join(simjoin, path, eps):
+    import subprocess
+
+    def run():
+        sql = f"SELECT count(*) FROM sim_join('{path}', {eps!r}, 'pairs=unordered')"
+        out = subprocess.run([simjoin, "sql", sql, "--format", "csv"], check=True, capture_output=True, text=True).stdout
+        return int(out.strip().splitlines()[-1])
+
+    return timed(run)
+
+
+def ckdtree_affordable(n, dim):
+    """cKDTree within the time budget on 2 cores (from reference/perf.md and these runs)."""
+    return dim <= 3 or (dim <= 8 and n <= 200_000) or (dim <= 16 and n <= 100_000)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", default="bench-out")
+    parser.add_argument("--simjoin", default="target/release/simjoin", help="the simjoin binary, for the end-to-end SQL rows")
     parser.add_argument("--budget", type=float, default=120.0, help="skip a peer expected to take longer (s)")
     parser.add_argument("--only", default=None)
     args = parser.parse_args()
@@ -116,12 +146,14 @@ def main():
         base_path = os.path.join(args.dir, w["base"])
         base = load(base_path)
         runs = []
-        if w["kind"] == "self_join":
-            # cKDTree cost grows steeply with d; the budget check uses the 2-core measurements of
-            # reference/perf.md (8-D: 200k points took 40 s).
-            if w["dim"] <= 8 and (w["dim"] <= 3 or len(base) <= 200_000):
+        if w["kind"] == "self_join" and "sql-join" in w["name"]:
+            runs.append(("DuckDB SQL self-join on array_distance (Parquet file)", lambda: duckdb_self_join(base_path, w["threshold"], w["dim"])))
+            runs.append(("simjoin sql CLI end-to-end (process start + Parquet read)", lambda: simjoin_cli_self_join(args.simjoin, base_path, w["threshold"])))
+            expected = w["rows"]
+        elif w["kind"] == "self_join":
+            if ckdtree_affordable(len(base), w["dim"]):
                 runs.append(("scipy cKDTree.query_pairs", lambda: ckdtree_pairs(base, w["threshold"])))
-            if w["dim"] <= 3:
+            if w["dim"] <= 3 and len(base) <= 1_000_000 and not w["name"].startswith("curve"):
                 runs.append(("sklearn radius_neighbors (kd_tree)", lambda: sklearn_radius_pairs(base, w["threshold"])))
             expected = w["rows"]
         else:
@@ -130,7 +162,7 @@ def main():
             if w["kind"] == "knn":
                 runs.append(("faiss-cpu IndexFlatL2", lambda: faiss_knn(base, queries, w["k"])))
                 runs.append(("sklearn brute kNN", lambda: sklearn_knn(base, queries, w["k"])))
-                if w["k"] == 10:
+                if w["k"] == 10 and "gaussian" in w["name"]:
                     runs.append(("duckdb min_by(array_distance)", lambda: duckdb_knn(base_path, query_path, w["k"], w["dim"])))
             else:
                 runs.append(("faiss-cpu range_search", lambda: faiss_range(base, queries, w["threshold"])))

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Reproduces BENCHMARKS.md's CPU table: builds simjoin, installs the peers from PyPI into a venv,
-# runs `simjoin bench` and benches/peers.py on the same files, and prints the report.
-# Usage: benches/run.sh [DIR] [--quick]     (DIR defaults to bench-out)
+# Regenerates BENCHMARKS.md's CPU section and the plots in benches/plots/: builds simjoin, installs
+# the peers from PyPI into a venv, runs `simjoin bench` (workloads, then scaling curves) and
+# benches/peers.py on the same files, and rewrites the section between the cpu-report markers.
+# Usage: benches/run.sh [DIR]       (DIR defaults to bench-out; datasets are cached there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-bench-out}
-shift || true
-cargo build --release
+cargo build --release --bin simjoin
 python3 -m venv "$dir/venv"
-"$dir/venv/bin/pip" install -q numpy scipy pyarrow faiss-cpu scikit-learn duckdb
-./target/release/simjoin bench --dir "$dir" "$@"
+"$dir/venv/bin/pip" install -q numpy scipy pyarrow faiss-cpu scikit-learn duckdb matplotlib
+./target/release/simjoin bench --dir "$dir"
 "$dir/venv/bin/python" benches/peers.py --dir "$dir"
-"$dir/venv/bin/python" benches/report.py --dir "$dir" | tee "$dir/report.md"
+./target/release/simjoin bench --curves --dir "$dir/curves"
+"$dir/venv/bin/python" benches/peers.py --dir "$dir/curves"
+"$dir/venv/bin/python" benches/report.py --dir "$dir" --curves "$dir/curves" --update BENCHMARKS.md

@@ -129,8 +129,25 @@ pub fn write(values: &[f64], dim: usize, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Writes labelled vectors as Parquet: `id`, `label` (Int64) and `vector` (FixedSizeList<Float32>).
+pub fn write_labelled(images: &LabelledImages, dim: usize, path: &Path) -> Result<()> {
+    let batch = vector_batch(&images.pixels, dim)?;
+    let labels: ArrayRef = Arc::new(Int64Array::from_iter_values(images.labels.iter().map(|&l| l as i64)));
+    let batch = RecordBatch::try_from_iter([
+        ("id", batch.column(0).clone()),
+        ("label", labels),
+        ("vector", batch.column(1).clone()),
+    ])?;
+    let file = File::create(path).map_err(|e| DataFusionError::Execution(format!("cannot create {}: {e}", path.display())))?;
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
+    writer.write(&batch)?;
+    writer.close()?;
+    Ok(())
+}
+
 /// The threshold at which a point has about `target` neighbours on average: the `target / (n − 1)`
-/// quantile of distances between random pairs (enough pairs for ~400 below it, at most 2·10⁷).
+/// quantile of distances between random pairs (enough pairs for ~400 below it, at most 2·10⁷),
+/// moved midway to the next sampled distance.
 pub fn calibrate_threshold(values: &[f64], dim: usize, target: f64, metric: Metric, seed: u64) -> f64 {
     let n = values.len() / dim;
     if n < 2 {
@@ -145,8 +162,52 @@ pub fn calibrate_threshold(values: &[f64], dim: usize, target: f64, metric: Metr
             metric.distance(&values[i * dim..(i + 1) * dim], &values[j * dim..(j + 1) * dim])
         })
         .collect();
-    let at = ((q * pairs as f64) as usize).min(pairs - 1);
-    *distances.select_nth_unstable_by(at, f64::total_cmp).1
+    let at = ((q * pairs as f64) as usize).min(pairs - 2);
+    let (_, below, above) = distances.select_nth_unstable_by(at, f64::total_cmp);
+    let below = *below;
+    // Midway to the next sampled distance: a threshold equal to a sampled pair's distance would put
+    // that pair exactly on the boundary, where peers that compare squared distances disagree.
+    let next = above.iter().copied().fold(f64::INFINITY, f64::min);
+    if next.is_finite() && next > below { below + (next - below) / 2.0 } else { below }
+}
+
+/// Where Debian's `dataset-fashion-mnist` package puts the IDX files.
+pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// One Fashion-MNIST split: `n × 784` pixel values (0–255, as f64) and the class of each image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelledImages {
+    /// Row-major pixels, 784 per image.
+    pub pixels: Vec<f64>,
+    /// Class (0–9) per image.
+    pub labels: Vec<u8>,
+}
+
+/// Reads `{prefix}-images-idx3-ubyte.gz` and `{prefix}-labels-idx1-ubyte.gz` from `dir` (the
+/// ann-benchmarks split: `train` is the 60,000-image base, `t10k` the 10,000 queries).
+pub fn read_fashion_mnist(dir: &Path, prefix: &str) -> Result<LabelledImages> {
+    let read = |name: String| -> Result<Vec<u8>> {
+        let path = dir.join(&name);
+        let file = File::open(&path).map_err(|e| DataFusionError::Execution(format!("cannot open {}: {e}", path.display())))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(file), &mut bytes)
+            .map_err(|e| DataFusionError::Execution(format!("cannot decompress {}: {e}", path.display())))?;
+        Ok(bytes)
+    };
+    let be = |b: &[u8], at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize;
+    let images = read(format!("{prefix}-images-idx3-ubyte.gz"))?;
+    let labels = read(format!("{prefix}-labels-idx1-ubyte.gz"))?;
+    if images.len() < 16 || be(&images, 0) != 0x0803 || labels.len() < 8 || be(&labels, 0) != 0x0801 {
+        return exec_err!("{}: not Fashion-MNIST IDX files (bad magic numbers)", dir.display());
+    }
+    let (n, rows, cols) = (be(&images, 4), be(&images, 8), be(&images, 12));
+    if images.len() != 16 + n * rows * cols || labels.len() != 8 + n || be(&labels, 4) != n {
+        return exec_err!("{}: {prefix} IDX files are truncated or disagree on the image count", dir.display());
+    }
+    Ok(LabelledImages {
+        pixels: images[16..].iter().map(|&p| p as f64).collect(),
+        labels: labels[8..].to_vec(),
+    })
 }
 
 #[cfg(test)]
@@ -159,6 +220,18 @@ mod tests {
             assert_eq!(generate(d, 10, 3, 1), generate(d, 10, 3, 1));
             assert_ne!(generate(d, 10, 3, 1), generate(d, 10, 3, 2));
         }
+    }
+
+    #[test]
+    fn fashion_mnist_reads_when_installed() {
+        let dir = Path::new(FASHION_MNIST_DIR);
+        if !dir.exists() {
+            return; // Debian's dataset-fashion-mnist is not installed here
+        }
+        let test = read_fashion_mnist(dir, "t10k").unwrap();
+        assert_eq!((test.labels.len(), test.pixels.len()), (10_000, 10_000 * 784));
+        assert!(test.labels.iter().all(|&l| l < 10));
+        assert!(read_fashion_mnist(dir, "nope").is_err());
     }
 
     #[test]

@@ -33,6 +33,12 @@ pub struct BenchArgs {
     /// Smaller sizes (a tenth), for a quick look.
     #[arg(long)]
     quick: bool,
+    /// The scaling curves (time against n and against d) instead of the CPU set.
+    #[arg(long)]
+    curves: bool,
+    /// A few thousand points per workload (the tooling's own test).
+    #[arg(long)]
+    tiny: bool,
     /// The GPU workloads of reference/perf.md (P3–P6: 1M points in 2, 8 and 32 dimensions, 10k
     /// range queries over 1M×128) instead of the CPU set.
     #[arg(long)]
@@ -41,12 +47,21 @@ pub struct BenchArgs {
     session: SessionArgs,
 }
 
+/// Where a workload's vectors come from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// Seeded synthetic data.
+    Generated(Distribution),
+    /// Fashion-MNIST from Debian's dataset-fashion-mnist (60k base, 10k queries, 784-D).
+    FashionMnist,
+}
+
 /// One benchmark workload.
 struct Workload {
     name: &'static str,
     /// "self_join", "range" or "knn".
     kind: &'static str,
-    distribution: Distribution,
+    source: Source,
     n: usize,
     dim: usize,
     queries: usize,
@@ -60,7 +75,7 @@ fn gpu_workloads(quick: bool) -> Vec<Workload> {
     let join = |name, dim| Workload {
         name,
         kind: "self_join",
-        distribution: Distribution::Uniform,
+        source: Source::Generated(Distribution::Uniform),
         n: scale(1_000_000),
         dim,
         queries: 0,
@@ -74,7 +89,7 @@ fn gpu_workloads(quick: bool) -> Vec<Workload> {
         Workload {
             name: "P6-range-128d-gaussian-1m-10k",
             kind: "range",
-            distribution: Distribution::Gaussian,
+            source: Source::Generated(Distribution::Gaussian),
             n: scale(1_000_000),
             dim: 128,
             queries: 10_000,
@@ -89,7 +104,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
     let join = |name, dim, n| Workload {
         name,
         kind: "self_join",
-        distribution: Distribution::Uniform,
+        source: Source::Generated(Distribution::Uniform),
         n: scale(n),
         dim,
         queries: 0,
@@ -103,11 +118,13 @@ fn workloads(quick: bool) -> Vec<Workload> {
         join("join-8d-uniform-200k", 8, 200_000),
         join("join-16d-uniform", 16, 100_000),
         join("join-32d-uniform", 32, 100_000),
-        Workload { name: "join-8d-exponential", distribution: Distribution::Exponential, ..join("", 8, 1_000_000) },
+        Workload { name: "join-8d-exponential", source: Source::Generated(Distribution::Exponential), ..join("", 8, 1_000_000) },
+        // DuckDB's SQL self-join (a nested-loop join on array_distance) is the peer here.
+        Workload { name: "sql-join-8d-uniform-20k", neighbours: 0.0, ..join("", 8, 20_000) },
         Workload {
             name: "range-128d-gaussian",
             kind: "range",
-            distribution: Distribution::Gaussian,
+            source: Source::Generated(Distribution::Gaussian),
             n: scale(100_000),
             dim: 128,
             queries: 1_000,
@@ -117,7 +134,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
         Workload {
             name: "knn-128d-gaussian-k10",
             kind: "knn",
-            distribution: Distribution::Gaussian,
+            source: Source::Generated(Distribution::Gaussian),
             n: scale(100_000),
             dim: 128,
             queries: 1_000,
@@ -126,6 +143,71 @@ fn workloads(quick: bool) -> Vec<Workload> {
         },
         Workload { name: "knn-128d-gaussian-k100", k: 100, ..workload_knn(scale(100_000)) },
         Workload { name: "knn-128d-gaussian-k1", k: 1, ..workload_knn(scale(100_000)) },
+        Workload {
+            name: "knn-fashion-mnist-k10",
+            source: Source::FashionMnist,
+            n: 60_000,
+            dim: 784,
+            queries: 10_000,
+            ..workload_knn(0)
+        },
+    ]
+}
+
+/// Scaling curves: the 2-D join against n, the join of 100k points against d, and the 2-D join of
+/// 100k points against eps (10 to 3,000 neighbours per point).
+fn curve_workloads(quick: bool) -> Vec<Workload> {
+    let scale = |n: usize| if quick { n / 10 } else { n };
+    let join = |name, dim, n| Workload {
+        name,
+        kind: "self_join",
+        source: Source::Generated(Distribution::Uniform),
+        n: scale(n),
+        dim,
+        queries: 0,
+        neighbours: 100.0,
+        k: 0,
+    };
+    vec![
+        join("curve-n-2d-10k", 2, 10_000),
+        join("curve-n-2d-30k", 2, 30_000),
+        join("curve-n-2d-100k", 2, 100_000),
+        join("curve-n-2d-300k", 2, 300_000),
+        join("curve-n-2d-1m", 2, 1_000_000),
+        join("curve-n-2d-3m", 2, 3_000_000),
+        join("curve-d-2-100k", 2, 100_000),
+        join("curve-d-3-100k", 3, 100_000),
+        join("curve-d-4-100k", 4, 100_000),
+        join("curve-d-8-100k", 8, 100_000),
+        join("curve-d-16-100k", 16, 100_000),
+        join("curve-d-32-100k", 32, 100_000),
+        join("curve-d-64-100k", 64, 100_000),
+        Workload { name: "curve-eps-2d-100k-10nbrs", neighbours: 10.0, ..join("", 2, 100_000) },
+        Workload { name: "curve-eps-2d-100k-30nbrs", neighbours: 30.0, ..join("", 2, 100_000) },
+        Workload { name: "curve-eps-2d-100k-100nbrs", neighbours: 100.0, ..join("", 2, 100_000) },
+        Workload { name: "curve-eps-2d-100k-300nbrs", neighbours: 300.0, ..join("", 2, 100_000) },
+        Workload { name: "curve-eps-2d-100k-1000nbrs", neighbours: 1000.0, ..join("", 2, 100_000) },
+        Workload { name: "curve-eps-2d-100k-3000nbrs", neighbours: 3000.0, ..join("", 2, 100_000) },
+    ]
+}
+
+/// A few thousand points per workload: what the tooling's own test runs.
+fn tiny_workloads() -> Vec<Workload> {
+    let join = |name, dim, n| Workload {
+        name,
+        kind: "self_join",
+        source: Source::Generated(Distribution::Uniform),
+        n,
+        dim,
+        queries: 0,
+        neighbours: 20.0,
+        k: 0,
+    };
+    vec![
+        join("tiny-join-2d", 2, 3_000),
+        join("tiny-join-8d", 8, 2_000),
+        Workload { name: "tiny-sql-join-8d", ..join("", 8, 1_000) },
+        Workload { name: "tiny-knn-32d-k10", n: 3_000, dim: 32, queries: 100, ..workload_knn(0) },
     ]
 }
 
@@ -133,7 +215,7 @@ fn workload_knn(n: usize) -> Workload {
     Workload {
         name: "",
         kind: "knn",
-        distribution: Distribution::Gaussian,
+        source: Source::Generated(Distribution::Gaussian),
         n,
         dim: 128,
         queries: 1_000,
@@ -145,22 +227,51 @@ fn workload_knn(n: usize) -> Workload {
 pub async fn run(args: BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&args.dir)?;
     let ctx = super::sql::session(&args.session).await?;
-    let mut json = String::from("[\n");
+    let mut records = Vec::new();
     let mut table = String::from("| workload | n | d | queries | threshold / k | result rows | simjoin (s) |\n|---|---|---|---|---|---|---|\n");
-    let all = if args.gpu_workloads { gpu_workloads(args.quick) } else { workloads(args.quick) };
+    let all = if args.tiny {
+        tiny_workloads()
+    } else if args.curves {
+        curve_workloads(args.quick)
+    } else if args.gpu_workloads {
+        gpu_workloads(args.quick)
+    } else {
+        workloads(args.quick)
+    };
     let selected: Vec<Workload> = all
         .into_iter()
         .filter(|w| args.only.as_ref().is_none_or(|o| w.name.contains(o.as_str())))
         .collect();
-    for (i, w) in selected.iter().enumerate() {
-        let base_file = args.dir.join(format!("{}-{}-{}d.parquet", w.distribution, w.n, w.dim));
-        let base = ensure(&base_file, w.distribution, w.n, w.dim, 1)?;
-        let query_file = args.dir.join(format!("{}-queries-{}-{}d.parquet", w.distribution, w.queries, w.dim));
-        if w.queries > 0 {
-            ensure(&query_file, w.distribution, w.queries, w.dim, 2)?;
-        }
+    for w in &selected {
+        let (base_file, query_file, base) = match w.source {
+            Source::Generated(distribution) => {
+                let base_file = args.dir.join(format!("{distribution}-{}-{}d.parquet", w.n, w.dim));
+                let base = ensure(&base_file, distribution, w.n, w.dim, 1)?;
+                let query_file = args.dir.join(format!("{distribution}-queries-{}-{}d.parquet", w.queries, w.dim));
+                if w.queries > 0 {
+                    ensure(&query_file, distribution, w.queries, w.dim, 2)?;
+                }
+                (base_file, query_file, base)
+            }
+            Source::FashionMnist => {
+                let source = Path::new(datagen::FASHION_MNIST_DIR);
+                if !source.exists() {
+                    eprintln!("{}: skipped (install Debian's dataset-fashion-mnist)", w.name);
+                    continue;
+                }
+                let (base_file, query_file) = (args.dir.join("fashion-mnist-base.parquet"), args.dir.join("fashion-mnist-queries.parquet"));
+                let train = datagen::read_fashion_mnist(source, "train")?;
+                if !base_file.exists() {
+                    datagen::write_labelled(&train, w.dim, &base_file)?;
+                    datagen::write_labelled(&datagen::read_fashion_mnist(source, "t10k")?, w.dim, &query_file)?;
+                }
+                (base_file, query_file, train.pixels)
+            }
+        };
         let threshold = match w.kind {
             "knn" => 0.0,
+            // The SQL-join workloads use the fixed eps of reference/perf.md's DuckDB measurement.
+            _ if w.neighbours == 0.0 => 0.1,
             _ => datagen::calibrate_threshold(&base, w.dim, w.neighbours, Metric::L2, 3),
         };
         load(&ctx, "base", &base_file).await?;
@@ -183,20 +294,21 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         let param = if w.kind == "knn" { format!("k={}", w.k) } else { format!("{threshold:.6}") };
         eprintln!("{}: {rows} rows in {best:.3} s", w.name);
         writeln!(table, "| {} | {} | {} | {} | {param} | {rows} | {best:.3} |", w.name, w.n, w.dim, w.queries).ok();
-        writeln!(
-            json,
-            "  {{\"name\": \"{}\", \"kind\": \"{}\", \"base\": \"{}\", \"queries\": {}, \"dim\": {}, \"threshold\": {threshold:?}, \"k\": {}, \"rows\": {rows}, \"simjoin_s\": {best}}}{}",
-            w.name,
-            w.kind,
-            base_file.file_name().and_then(|f| f.to_str()).unwrap_or_default(),
-            if w.queries > 0 { format!("\"{}\"", query_file.file_name().and_then(|f| f.to_str()).unwrap_or_default()) } else { "null".into() },
-            w.dim,
-            w.k,
-            if i + 1 < selected.len() { "," } else { "" }
-        )
-        .ok();
+        records.push(serde_json::json!({
+            "name": w.name,
+            "kind": w.kind,
+            "n": w.n,
+            "base": base_file.file_name().and_then(|f| f.to_str()),
+            "queries": (w.queries > 0).then(|| query_file.file_name().and_then(|f| f.to_str())).flatten(),
+            "queries_n": w.queries,
+            "dim": w.dim,
+            "threshold": threshold,
+            "k": w.k,
+            "rows": rows,
+            "simjoin_s": best,
+        }));
     }
-    json.push_str("]\n");
+    let json = serde_json::to_string_pretty(&records).map_err(|e| DataFusionError::Execution(format!("results as JSON: {e}")))?;
     std::fs::write(args.dir.join("simjoin.json"), json)?;
     println!("{table}");
     Ok(())

@@ -27,6 +27,15 @@ enum Command {
     Sql(SqlArgs),
     /// Write a synthetic dataset (Parquet with `id` and `vector`, or CSV with `id, x1..xd`).
     Gen(GenArgs),
+    /// Convert Fashion-MNIST (Debian's dataset-fashion-mnist IDX files) to Parquet: the 60,000
+    /// training images as the base, the 10,000 test images as queries (`id`, `label`, `vector`).
+    FashionMnist {
+        /// Folder for fashion-mnist-base.parquet and fashion-mnist-queries.parquet.
+        out: PathBuf,
+        /// Folder with the IDX files.
+        #[arg(long, default_value = datagen::FASHION_MNIST_DIR)]
+        source: PathBuf,
+    },
     /// Generate a small dataset and run one query of each function, with timings.
     Demo(SessionArgs),
     /// Run the benchmark workloads (datasets shared with benches/peers.py).
@@ -105,6 +114,7 @@ async fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Sql(args) => sql::run(args).await,
         Command::Gen(args) => generate(args),
+        Command::FashionMnist { out, source } => fashion_mnist(&source, &out),
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Selftest { allow_cpu_only } => selftest::run(allow_cpu_only).await,
@@ -125,6 +135,17 @@ fn generate(args: GenArgs) -> datafusion::error::Result<()> {
     if let Some(target) = args.neighbours {
         let eps = datagen::calibrate_threshold(&values, args.d, target, Metric::L2, args.seed + 1);
         println!("eps for ~{target} neighbours per point (l2): {eps}");
+    }
+    Ok(())
+}
+
+fn fashion_mnist(source: &std::path::Path, out: &std::path::Path) -> datafusion::error::Result<()> {
+    std::fs::create_dir_all(out)?;
+    for (prefix, name) in [("train", "fashion-mnist-base.parquet"), ("t10k", "fashion-mnist-queries.parquet")] {
+        let images = datagen::read_fashion_mnist(source, prefix)?;
+        let path = out.join(name);
+        datagen::write_labelled(&images, 784, &path)?;
+        println!("wrote {} images to {}", images.labels.len(), path.display());
     }
     Ok(())
 }
