@@ -123,10 +123,16 @@ impl TableProvider for SimilarityTable {
         };
         for &p in &projected {
             match self.columns[p] {
-                OutputColumn::Left(i) => drop(left_needed.insert(i)),
+                OutputColumn::Left(i) => {
+                    left_needed.insert(i);
+                }
                 // A self-join reads both sides from the one input.
-                OutputColumn::Right(i) if self.right.is_none() => drop(left_needed.insert(i)),
-                OutputColumn::Right(i) => drop(right_needed.insert(i)),
+                OutputColumn::Right(i) if self.right.is_none() => {
+                    left_needed.insert(i);
+                }
+                OutputColumn::Right(i) => {
+                    right_needed.insert(i);
+                }
                 OutputColumn::Distance | OutputColumn::Rank => {}
             }
         }
