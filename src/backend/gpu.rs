@@ -21,31 +21,26 @@ use crate::vectors::Vectors;
 
 /// Most result pairs one write pass produces (16 bytes each: 512 MiB of device memory).
 const MAX_BATCH_PAIRS: u64 = 1 << 25;
+/// Most left rows one pass covers: brute_join's grid has one block row per 128 left rows, and a
+/// grid dimension holds at most 65,535 blocks.
+const MAX_PASS_ROWS: usize = 65_535 * 128;
 
 /// ε-joins and range queries on a CUDA GPU.
 #[derive(Debug)]
 pub struct GpuBackend {
     device: Arc<GpuDevice>,
-    /// `device=auto`: joins the cost model sends to brute force run on the CPU, whose tiled GEMM
-    /// filter is far faster than this backend's untiled brute-force kernel (NOTES.md: 1M×32 took
-    /// 252 s on an H100). `device=gpu` runs them on the GPU regardless.
-    cpu_for_brute_force: bool,
 }
 
 impl GpuBackend {
-    /// The backend on the process's shared device; `cpu_for_brute_force` as for `device=auto`.
-    pub fn new(device: Arc<GpuDevice>, cpu_for_brute_force: bool) -> Self {
-        Self { device, cpu_for_brute_force }
+    /// The backend on the process's shared device.
+    pub fn new(device: Arc<GpuDevice>) -> Self {
+        Self { device }
     }
 }
 
 impl Backend for GpuBackend {
     fn name(&self) -> String {
-        if self.cpu_for_brute_force {
-            format!("gpu({}; brute force on cpu)", self.device.arch)
-        } else {
-            format!("gpu({})", self.device.arch)
-        }
+        format!("gpu({})", self.device.arch)
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
@@ -108,9 +103,6 @@ impl GpuBackend {
         self.device.function(crate::gpu::kernels::KernelModule::SimJoin, "grid_join")?;
         let dim = left.dim;
         let (left_filter, right_filter, strategy) = plan_join(request);
-        if self.cpu_for_brute_force && strategy == JoinStrategy::BruteForce {
-            return Ok(CpuBackend.join(request, sink));
-        }
 
         // Slot orders (grid order, or input order for brute force) and the f32 filter.
         let inner_product = metric == Metric::InnerProduct;
@@ -206,22 +198,27 @@ impl GpuBackend {
         let n_left = left_host.order.len();
         let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
         let mut pass = PassBuffers {
-            counts: stream.alloc_zeros::<u32>(n_left.max(1)).map_err(alloc)?,
+            counts: stream.alloc_zeros::<u32>(n_left.clamp(1, MAX_PASS_ROWS)).map_err(alloc)?,
             offsets: stream.alloc_zeros::<u64>(1).map_err(alloc)?,
             out_left: stream.alloc_zeros::<u32>(1).map_err(alloc)?,
             out_right: stream.alloc_zeros::<u32>(1).map_err(alloc)?,
             out_distance: stream.alloc_zeros::<f64>(1).map_err(alloc)?,
         };
-        let counting = Instant::now();
-        join_pass(&self.device, &params, 0..n_left as u32, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, false)?;
-        stats.kernel_time += counting.elapsed();
-        let downloading = Instant::now();
-        let counts: Vec<u32> = stream.clone_dtoh(&pass.counts).map_err(copy)?;
-        stats.transfer_time += downloading.elapsed();
+        let mut counts: Vec<u32> = Vec::with_capacity(n_left);
+        for begin in (0..n_left).step_by(MAX_PASS_ROWS) {
+            let end = (begin + MAX_PASS_ROWS).min(n_left);
+            stream.memset_zeros(&mut pass.counts).map_err(copy)?;
+            let counting = Instant::now();
+            join_pass(&self.device, &params, begin as u32..end as u32, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, false)?;
+            stats.kernel_time += counting.elapsed();
+            let downloading = Instant::now();
+            counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
+            stats.transfer_time += downloading.elapsed();
+        }
         let mut batches = Vec::new();
         let (mut begin, mut total) = (0usize, 0u64);
         for (slot, &c) in counts.iter().enumerate().take(n_left) {
-            if total + c as u64 > MAX_BATCH_PAIRS && slot > begin {
+            if (total + c as u64 > MAX_BATCH_PAIRS || slot - begin == MAX_PASS_ROWS) && slot > begin {
                 batches.push((begin, slot, total));
                 begin = slot;
                 total = 0;

@@ -141,8 +141,7 @@ pub trait Backend: Debug + Send + Sync {
 }
 
 /// The backend for `op`: joins and range queries go to the GPU under `device=gpu`, and under
-/// `device=auto` when one is usable (brute-force joins then stay on the CPU, see `GpuBackend`);
-/// kNN runs on the CPU until the GPU kNN kernels land.
+/// `device=auto` when one is usable; kNN runs on the CPU until the GPU kNN kernels land.
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     let function = op.function_name();
     let is_knn = matches!(op.operation, Operation::Knn { .. });
@@ -152,11 +151,11 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
             plan_err!("{function}: option device=gpu: kNN has no GPU backend yet; use device=auto or device=cpu")
         }
         (Device::Auto, false) => Ok(match crate::gpu::GpuDevice::shared() {
-            Ok(device) => std::sync::Arc::new(GpuBackend::new(device, true)),
+            Ok(device) => std::sync::Arc::new(GpuBackend::new(device)),
             Err(_) => std::sync::Arc::new(CpuBackend),
         }),
         (Device::Gpu, false) => match crate::gpu::GpuDevice::shared() {
-            Ok(device) => Ok(std::sync::Arc::new(GpuBackend::new(device, false))),
+            Ok(device) => Ok(std::sync::Arc::new(GpuBackend::new(device))),
             Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),
         },
     }

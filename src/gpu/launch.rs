@@ -5,8 +5,10 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushK
 use super::device::GpuDevice;
 use super::kernels::KernelModule;
 
-/// Threads per block of the join kernels (one thread per left row).
+/// Threads per block of the join kernels.
 const BLOCK: u32 = 256;
+/// Rows per side of one brute_join block's tile (`TILE` in kernels/sim_join.cu).
+const BRUTE_TILE: usize = 128;
 
 /// The launch parameters of the join kernels: `struct JoinParams` of kernels/common.cuh, field
 /// for field (same order, sizes and padding).
@@ -66,7 +68,8 @@ pub struct GridBuffers {
 pub struct PassBuffers {
     /// Count pass: result pairs per left slot of the batch.
     pub counts: CudaSlice<u32>,
-    /// Write pass: first output index of each left slot of the batch.
+    /// Write pass: first output index of each left slot of the batch (brute_join advances these
+    /// as cursors, so they are uploaded again before each write pass).
     pub offsets: CudaSlice<u64>,
     /// Write pass: left vector positions.
     pub out_left: CudaSlice<u32>,
@@ -95,7 +98,15 @@ pub fn join_pass(
     }
     let kernel = if grid.is_some() { "grid_join" } else { "brute_join" };
     let function = device.function(KernelModule::SimJoin, kernel)?;
-    let config = LaunchConfig { grid_dim: (slots.len().div_ceil(BLOCK as usize) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let config = match grid {
+        Some(_) => LaunchConfig { grid_dim: (slots.len().div_ceil(BLOCK as usize) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
+        // brute_join: one block per 128 × 128 tile of (right, left) rows.
+        None => LaunchConfig {
+            grid_dim: ((right_len as usize).div_ceil(BRUTE_TILE) as u32, slots.len().div_ceil(BRUTE_TILE) as u32, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        },
+    };
     let write_flag: i32 = write.into();
     let (begin, end) = (slots.start, slots.end);
     let mut builder = device.stream.launch_builder(&function);
@@ -119,7 +130,7 @@ pub fn join_pass(
     }
     builder
         .arg(&mut pass.counts)
-        .arg(&pass.offsets)
+        .arg(&mut pass.offsets)
         .arg(&mut pass.out_left)
         .arg(&mut pass.out_right)
         .arg(&mut pass.out_distance)
@@ -127,9 +138,10 @@ pub fn join_pass(
     // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for one
     // (types and order). Every row buffer holds `dim` values per slot for all slots the kernel
     // reads: left slots < `end` ≤ left rows, right slots < `right_len` or within `right_cell_start`.
-    // `counts` and `offsets` hold at least `end - begin` entries, and the output buffers at least
-    // the batch's total count, which the write pass never exceeds because it re-finds exactly the
-    // pairs the count pass counted (same inputs, same deterministic arithmetic).
+    // `counts` and `offsets` hold at least `end - begin` entries (counts zeroed before the count
+    // pass), and the output buffers at least the batch's total count, which the write pass never
+    // exceeds because it re-finds exactly the pairs the count pass counted (same inputs, same
+    // deterministic arithmetic), each row within its own [offset, offset + count) range.
     unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
     device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
 }
