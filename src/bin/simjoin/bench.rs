@@ -72,16 +72,7 @@ struct Workload {
 
 fn gpu_workloads(quick: bool) -> Vec<Workload> {
     let scale = |n: usize| if quick { n / 10 } else { n };
-    let join = |name, dim| Workload {
-        name,
-        kind: "self_join",
-        source: Source::Generated(Distribution::Uniform),
-        n: scale(1_000_000),
-        dim,
-        queries: 0,
-        neighbours: 100.0,
-        k: 0,
-    };
+    let join = |name, dim| uniform_self_join(name, dim, scale(1_000_000), 100.0);
     vec![
         join("P3-join-2d-uniform-1m", 2),
         join("P4-join-8d-uniform-1m", 8),
@@ -101,16 +92,7 @@ fn gpu_workloads(quick: bool) -> Vec<Workload> {
 
 fn workloads(quick: bool) -> Vec<Workload> {
     let scale = |n: usize| if quick { n / 10 } else { n };
-    let join = |name, dim, n| Workload {
-        name,
-        kind: "self_join",
-        source: Source::Generated(Distribution::Uniform),
-        n: scale(n),
-        dim,
-        queries: 0,
-        neighbours: 100.0,
-        k: 0,
-    };
+    let join = |name, dim, n| uniform_self_join(name, dim, scale(n), 100.0);
     vec![
         join("join-2d-uniform", 2, 1_000_000),
         join("join-3d-uniform", 3, 1_000_000),
@@ -158,16 +140,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
 /// 100k points against eps (10 to 3,000 neighbours per point).
 fn curve_workloads(quick: bool) -> Vec<Workload> {
     let scale = |n: usize| if quick { n / 10 } else { n };
-    let join = |name, dim, n| Workload {
-        name,
-        kind: "self_join",
-        source: Source::Generated(Distribution::Uniform),
-        n: scale(n),
-        dim,
-        queries: 0,
-        neighbours: 100.0,
-        k: 0,
-    };
+    let join = |name, dim, n| uniform_self_join(name, dim, scale(n), 100.0);
     vec![
         join("curve-n-2d-10k", 2, 10_000),
         join("curve-n-2d-30k", 2, 30_000),
@@ -193,22 +166,18 @@ fn curve_workloads(quick: bool) -> Vec<Workload> {
 
 /// A few thousand points per workload: what the tooling's own test runs.
 fn tiny_workloads() -> Vec<Workload> {
-    let join = |name, dim, n| Workload {
-        name,
-        kind: "self_join",
-        source: Source::Generated(Distribution::Uniform),
-        n,
-        dim,
-        queries: 0,
-        neighbours: 20.0,
-        k: 0,
-    };
+    let join = |name, dim, n| uniform_self_join(name, dim, n, 20.0);
     vec![
         join("tiny-join-2d", 2, 3_000),
         join("tiny-join-8d", 8, 2_000),
         Workload { name: "tiny-sql-join-8d", ..join("", 8, 1_000) },
         Workload { name: "tiny-knn-32d-k10", n: 3_000, dim: 32, queries: 100, ..workload_knn(0) },
     ]
+}
+
+/// An ε self-join of uniform points, eps calibrated for `neighbours` per point.
+fn uniform_self_join(name: &'static str, dim: usize, n: usize, neighbours: f64) -> Workload {
+    Workload { name, kind: "self_join", source: Source::Generated(Distribution::Uniform), n, dim, queries: 0, neighbours, k: 0 }
 }
 
 fn workload_knn(n: usize) -> Workload {
