@@ -298,6 +298,20 @@ mod tests {
     }
 
     #[test]
+    fn float16_lists_are_widened_exactly() {
+        let list = ListArray::from_iter_primitive::<Float32Type, _, _>(vec![
+            Some(vec![Some(0.5), Some(-2.0)]),
+            Some(vec![Some(1.25), Some(65504.0)]),
+        ]);
+        let half = DataType::new_list(DataType::Float16, true);
+        let column = cast(&(Arc::new(list) as ArrayRef), &half).unwrap();
+        let batch = RecordBatch::try_from_iter([("v", column)]).unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, "knn", "base").unwrap();
+        let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
+        assert_eq!(v.values, vec![0.5, -2.0, 1.25, 65504.0]);
+    }
+
+    #[test]
     fn ragged_lists_are_an_error() {
         let list = ListArray::from_iter_primitive::<Float32Type, _, _>(vec![
             Some(vec![Some(1.0), Some(2.0)]),
