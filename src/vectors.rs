@@ -10,7 +10,8 @@
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Float64Type, Schema};
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
+use rayon::prelude::*;
 use datafusion::common::{Result, exec_err, plan_err};
 
 /// Where a table's vectors come from.
@@ -197,6 +198,9 @@ impl Vectors {
 }
 
 fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
+    if let Some(vectors) = dense_fixed_size_list(column)? {
+        return Ok(vectors);
+    }
     // (start, end) of each row's values inside the flat child array.
     let (child, bounds): (ArrayRef, Vec<(usize, usize)>) = match column.data_type() {
         DataType::FixedSizeList(_, n) => {
@@ -256,6 +260,27 @@ fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
     Ok(out)
 }
 
+/// The common case in one parallel pass: a FixedSizeList of Float32/Float64 with no NULL row or
+/// value and only finite values. `None` sends the column through the general, row-by-row path.
+fn dense_fixed_size_list(column: &ArrayRef) -> Result<Option<Vectors>> {
+    let DataType::FixedSizeList(_, n) = column.data_type() else { return Ok(None) };
+    let list = column.as_fixed_size_list();
+    let dim = *n as usize;
+    if dim == 0 || list.null_count() > 0 || list.values().null_count() > 0 {
+        return Ok(None);
+    }
+    let child = list.values().slice(list.offset() * dim, list.len() * dim);
+    let values: Vec<f64> = match child.data_type() {
+        DataType::Float32 => child.as_primitive::<Float32Type>().values().par_iter().map(|&x| x as f64).collect(),
+        DataType::Float64 => child.as_primitive::<Float64Type>().values().to_vec(),
+        _ => return Ok(None),
+    };
+    if !values.par_chunks(1 << 16).all(|c| c.iter().all(|x| x.is_finite())) {
+        return Ok(None);
+    }
+    Ok(Some(Vectors { dim, values, rows: (0..list.len() as u32).collect(), skipped: 0 }))
+}
+
 fn from_columns(columns: &[ArrayRef], num_rows: usize) -> Vectors {
     let columns: Vec<_> = columns.iter().map(|c| c.as_primitive::<Float64Type>()).collect();
     let mut out = Vectors { dim: columns.len(), ..Default::default() };
@@ -277,7 +302,7 @@ mod tests {
     use std::sync::Arc;
 
     use datafusion::arrow::array::{Float32Array, Float64Array, ListArray};
-    use datafusion::arrow::datatypes::{Field, Float32Type};
+    use datafusion::arrow::datatypes::Field;
 
     use super::*;
 

@@ -123,12 +123,18 @@ impl Run {
                     .try_collect::<Vec<_>>()
             };
             let partitions = futures::future::try_join_all(streams.into_iter().map(collect)).await?;
-            let parts: Vec<_> = partitions.into_iter().flatten().collect();
-            let batch = concat_batches(&schema, &parts)?;
-            reservation.try_grow(batch.get_array_memory_size())?;
-            let freed: usize = parts.iter().map(|b| b.get_array_memory_size()).sum();
-            drop(parts);
-            reservation.shrink(freed);
+            let mut parts: Vec<_> = partitions.into_iter().flatten().collect();
+            // One batch needs no copy; several are concatenated once (and the parts released).
+            let batch = if parts.len() == 1 {
+                parts.remove(0)
+            } else {
+                let batch = concat_batches(&schema, &parts)?;
+                reservation.try_grow(batch.get_array_memory_size())?;
+                let freed: usize = parts.iter().map(|b| b.get_array_memory_size()).sum();
+                drop(parts);
+                reservation.shrink(freed);
+                batch
+            };
             batches.push(batch);
         }
 
