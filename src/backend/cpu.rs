@@ -17,7 +17,7 @@ use std::time::Instant;
 use datafusion::common::Result;
 use rayon::prelude::*;
 
-use super::exact::ExactCheck;
+use super::exact::{ExactCheck, write_self_pairs};
 use super::simd::{Columns, FilterKind, LANES, gemm_lower_bounds, tile_hits};
 use super::topk::{KSmallest, Neighbour, k_smallest};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
@@ -238,17 +238,11 @@ impl JoinContext<'_> {
     }
 
     /// Self-join with `include_self`: each vector against itself, by the same exact test.
-    fn self_pairs(&self, positions: std::ops::Range<usize>, writer: &mut PairWriter) -> Result<()> {
+    fn self_pairs(&self, positions: impl IntoIterator<Item = usize>, writer: &mut PairWriter) -> Result<()> {
         if !self.request.self_join.is_some_and(|s| s.include_self) {
             return Ok(());
         }
-        let v = self.request.left;
-        for i in positions {
-            if let Some(d) = self.exact.within(v.row(i), v.row(i), i, i) {
-                writer.push(i as u32, i as u32, d)?;
-            }
-        }
-        Ok(())
+        write_self_pairs(self.exact, self.request.left, positions, writer)
     }
 }
 
@@ -379,10 +373,8 @@ fn grid_join(
         }
         ctx.candidates.fetch_add(tested, Ordering::Relaxed);
         if same {
-            let positions: Vec<u32> = cells.clone().flat_map(|c| left.slots(c)).map(|s| left.order[s]).collect();
-            for p in positions {
-                ctx.self_pairs(p as usize..p as usize + 1, &mut writer)?;
-            }
+            let positions = cells.clone().flat_map(|c| left.slots(c)).map(|s| left.order[s] as usize);
+            ctx.self_pairs(positions, &mut writer)?;
         }
         ctx.sink.advance(cells.len() as u64);
         writer.flush()

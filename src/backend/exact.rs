@@ -94,6 +94,23 @@ impl ExactCheck {
     }
 }
 
+/// Self-join with `include_self`: writes each vector at `positions` paired with itself when its own
+/// distance qualifies (the same exact test as every other pair; not always 0 for cosine and inner
+/// product). The one place both backends get these pairs from.
+pub(crate) fn write_self_pairs(
+    exact: &ExactCheck,
+    vectors: &Vectors,
+    positions: impl IntoIterator<Item = usize>,
+    writer: &mut super::PairWriter,
+) -> datafusion::common::Result<()> {
+    for i in positions {
+        if let Some(d) = exact.within(vectors.row(i), vectors.row(i), i, i) {
+            writer.push(i as u32, i as u32, d)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

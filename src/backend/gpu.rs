@@ -9,7 +9,7 @@ use std::time::Instant;
 use datafusion::common::{DataFusionError, Result};
 
 use super::cpu::{FilterLimit, gather, lower_corner, plan_join};
-use super::exact::ExactCheck;
+use super::exact::{ExactCheck, write_self_pairs};
 use super::simd::FilterKind;
 use super::{Backend, CpuBackend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
 use crate::gpu::GpuDevice;
@@ -287,11 +287,7 @@ impl GpuBackend {
                 sink.advance(1);
             }
             if self_join.is_some_and(|s| s.include_self) {
-                for i in 0..left.len() {
-                    if let Some(d) = exact.within(left.row(i), left.row(i), i, i) {
-                        writer.push(i as u32, i as u32, d)?;
-                    }
-                }
+                write_self_pairs(&exact, left, 0..left.len(), &mut writer)?;
             }
             writer.flush()
         })();
