@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The PyTorch brute-force peer on a GPU: the workloads of DIR/simjoin.json (written by
-`simjoin bench --gpu-workloads --device gpu --dir DIR`), each as tiled torch.cdist + count on the
-same Parquet files, FP32 (TF32 off) and TF32. Counts are compared with simjoin's; times include
-moving the inputs to the GPU, like simjoin's (which start from host memory)."""
+`simjoin bench --gpu-workloads --device gpu --dir DIR`), each as tiled torch.cdist + count (joins,
+range queries) or torch.cdist + topk (kNN) on the same Parquet files, FP32 (TF32 off) and TF32.
+Counts are compared with simjoin's; times include moving the inputs to the GPU, like simjoin's
+(which start from host memory). torch's distances are f32 (TF32: 10-bit mantissa products), so
+its pairs and neighbours near the threshold or the k-th distance may differ from the exact ones."""
 import argparse
 import json
 import os
@@ -32,6 +34,16 @@ def count_within(left, right, eps, self_join, tile):
     return total
 
 
+def knn_rows(queries, base, k, tile):
+    """Rows of the k nearest base rows of every query (cdist + topk, tile by tile)."""
+    rows = 0
+    for start in range(0, queries.shape[0], tile):
+        d = torch.cdist(queries[start:start + tile], base)
+        values, indices = torch.topk(d, k, dim=1, largest=False)
+        rows += indices.numel()
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", default="bench-out")
@@ -47,12 +59,18 @@ def main():
             started = time.perf_counter()
             base = torch.from_numpy(base_np).cuda()
             left = base if queries_np is None else torch.from_numpy(queries_np).cuda()
-            count = count_within(left, base, w["threshold"], queries_np is None, args.tile)
+            if w["kind"] == "knn":
+                # A query tile's distance row block stays near 4 GB whatever the base size.
+                tile = max(1, min(args.tile, (1 << 30) // base.shape[0]))
+                count = knn_rows(left, base, min(w["k"], base.shape[0]), tile)
+            else:
+                count = count_within(left, base, w["threshold"], queries_np is None, args.tile)
             torch.cuda.synchronize()
             seconds = time.perf_counter() - started
             mode = "TF32" if tf32 else "FP32"
             same = "same as" if count == w["rows"] else "DIFFERENT from"
-            print(f"{w['name']}: torch cdist {mode}: {seconds:.3f} s, {count} pairs ({same} simjoin's {w['rows']}); "
+            what = "rows" if w["kind"] == "knn" else "pairs"
+            print(f"{w['name']}: torch cdist {mode}: {seconds:.3f} s, {count} {what} ({same} simjoin's {w['rows']}); "
                   f"simjoin {w['simjoin_s']:.3f} s, ratio {seconds / w['simjoin_s']:.1f}x", flush=True)
             results.append({"workload": w["name"], "peer": f"torch cdist {mode}", "seconds": seconds, "results": count,
                             "simjoin_results": w["rows"], "simjoin_s": w["simjoin_s"]})

@@ -8,10 +8,16 @@ mkdir -p .gpubin
 strip -o .gpubin/simjoin target/release/simjoin
 xz -6 -T2 -f .gpubin/simjoin
 cp benches/torch_peer.py .gpubin/
+# Fashion-MNIST for P2 (the GPU machine has no Debian package): the IDX files, ~30 MB.
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+    mkdir -p .gpubin/fashion-mnist
+    cp /usr/share/datasets/fashion-mnist/*-idx?-ubyte.gz .gpubin/fashion-mnist/
+fi
 ls -l .gpubin
 cat <<'RUN'
 On the GPU machine, from the repository root (with .gpubin carried):
   xz -dk .gpubin/simjoin.xz && chmod +x .gpubin/simjoin
   .gpubin/simjoin selftest
-  .gpubin/simjoin bench --gpu-workloads --device gpu --dir /tmp/bench && python3 .gpubin/torch_peer.py --dir /tmp/bench
+  .gpubin/simjoin bench --gpu-workloads --device gpu --dir /tmp/bench --fashion-mnist .gpubin/fashion-mnist \
+    && python3 .gpubin/torch_peer.py --dir /tmp/bench
 RUN

@@ -28,6 +28,7 @@ pub mod index;
 pub mod op;
 pub mod options;
 pub mod results;
+pub mod server;
 pub mod table;
 pub mod vectors;
 

@@ -10,6 +10,8 @@ mod errors;
 mod explain;
 #[path = "integration/files.rs"]
 mod files;
+#[path = "integration/flight.rs"]
+mod flight;
 #[path = "integration/oracle.rs"]
 mod oracle;
 #[path = "integration/sql_examples.rs"]

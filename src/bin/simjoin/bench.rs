@@ -39,10 +39,24 @@ pub struct BenchArgs {
     /// A few thousand points per workload (the tooling's own test).
     #[arg(long)]
     tiny: bool,
-    /// The GPU workloads of reference/perf.md (P3–P6: 1M points in 2, 8 and 32 dimensions, 10k
-    /// range queries over 1M×128) instead of the CPU set.
+    /// The GPU workloads of reference/perf.md (P1–P2: kNN of 10k queries over 1M×128 and over
+    /// Fashion-MNIST; P3–P6: 1M points in 2, 8 and 32 dimensions, 10k range queries over 1M×128)
+    /// instead of the CPU set.
     #[arg(long)]
     gpu_workloads: bool,
+    /// Where the Fashion-MNIST IDX files are (Debian's dataset-fashion-mnist puts them here).
+    #[arg(long, default_value = datagen::FASHION_MNIST_DIR)]
+    fashion_mnist: PathBuf,
+    /// Load-test `simjoin serve` instead: concurrent Flight SQL clients running a query mix, every
+    /// answer checked against the embedded library's.
+    #[arg(long)]
+    serve_load: bool,
+    /// Concurrent clients of --serve-load.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Queries each client of --serve-load runs.
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -77,6 +91,18 @@ fn gpu_workloads(quick: bool) -> Vec<Workload> {
         join("P3-join-2d-uniform-1m", 2),
         join("P4-join-8d-uniform-1m", 8),
         join("P5-join-32d-uniform-1m", 32),
+        Workload { name: "P1-knn-128d-gaussian-1m-10k-k10", ..gpu_knn(scale(1_000_000), 10) },
+        Workload { name: "P1-knn-128d-gaussian-1m-10k-k1", ..gpu_knn(scale(1_000_000), 1) },
+        Workload { name: "P1-knn-128d-gaussian-1m-10k-k100", ..gpu_knn(scale(1_000_000), 100) },
+        Workload { name: "P1-knn-128d-gaussian-1m-10k-k1000", ..gpu_knn(scale(1_000_000), 1000) },
+        Workload { name: "P1-knn-128d-gaussian-1m-10k-k10000", ..gpu_knn(scale(1_000_000), 10_000) },
+        Workload {
+            name: "P2-knn-fashion-mnist-10k-k10",
+            source: Source::FashionMnist,
+            n: 60_000,
+            dim: 784,
+            ..gpu_knn(0, 10)
+        },
         Workload {
             name: "P6-range-128d-gaussian-1m-10k",
             kind: "range",
@@ -180,6 +206,11 @@ fn uniform_self_join(name: &'static str, dim: usize, n: usize, neighbours: f64) 
     Workload { name, kind: "self_join", source: Source::Generated(Distribution::Uniform), n, dim, queries: 0, neighbours, k: 0 }
 }
 
+/// kNN of 10,000 Gaussian queries over `n` 128-D Gaussian points (reference/perf.md's P1).
+fn gpu_knn(n: usize, k: usize) -> Workload {
+    Workload { name: "", queries: 10_000, k, ..workload_knn(n) }
+}
+
 fn workload_knn(n: usize) -> Workload {
     Workload {
         name: "",
@@ -195,6 +226,9 @@ fn workload_knn(n: usize) -> Workload {
 
 pub async fn run(args: BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&args.dir)?;
+    if args.serve_load {
+        return serve_load(&args).await;
+    }
     let ctx = super::sql::session(&args.session).await?;
     let mut records = Vec::new();
     let mut table = String::from("| workload | n | d | queries | threshold / k | result rows | simjoin (s) |\n|---|---|---|---|---|---|---|\n");
@@ -223,7 +257,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 (base_file, query_file, base)
             }
             Source::FashionMnist => {
-                let source = Path::new(datagen::FASHION_MNIST_DIR);
+                let source = args.fashion_mnist.as_path();
                 if !source.exists() {
                     eprintln!("{}: skipped (install Debian's dataset-fashion-mnist)", w.name);
                     continue;
@@ -280,6 +314,31 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let json = serde_json::to_string_pretty(&records).map_err(|e| DataFusionError::Execution(format!("results as JSON: {e}")))?;
     std::fs::write(args.dir.join("simjoin.json"), json)?;
     println!("{table}");
+    Ok(())
+}
+
+async fn serve_load(args: &BenchArgs) -> Result<()> {
+    if args.clients == 0 || args.rounds == 0 {
+        return Err(DataFusionError::Configuration("--serve-load needs --clients and --rounds of at least 1".into()));
+    }
+    let report = super::serve_load::run(&args.dir, args.clients, args.rounds).await?;
+    let qps = report.queries as f64 / report.seconds;
+    let record = serde_json::json!({
+        "clients": args.clients,
+        "queries": report.queries,
+        "seconds": report.seconds,
+        "queries_per_s": qps,
+        "p50_ms": report.p50_ms,
+        "p99_ms": report.p99_ms,
+        "server_peak_mib": report.server_peak_mib,
+    });
+    std::fs::write(args.dir.join("serve-load.json"), record.to_string())?;
+    println!("| clients | queries (all answers checked) | wall (s) | queries/s | p50 (ms) | p99 (ms) | server peak RSS (MiB) |");
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {:.2} | {qps:.1} | {:.1} | {:.1} | {} |",
+        args.clients, report.queries, report.seconds, report.p50_ms, report.p99_ms, report.server_peak_mib
+    );
     Ok(())
 }
 

@@ -11,6 +11,8 @@ mod bench;
 mod demo;
 mod progress;
 mod selftest;
+mod serve;
+mod serve_load;
 mod sql;
 
 /// Exact similarity joins, range queries and kNN from SQL, on the GPU or every CPU core.
@@ -40,6 +42,8 @@ enum Command {
     Demo(SessionArgs),
     /// Run the benchmark workloads (datasets shared with benches/peers.py).
     Bench(bench::BenchArgs),
+    /// Serve SQL over Arrow Flight SQL (ADBC, JDBC, any Flight SQL client) until SIGINT/SIGTERM.
+    Serve(serve::ServeArgs),
     /// Check the GPU backend against the CPU backend on every operation, metric and option.
     Selftest {
         /// Run even without a usable GPU (the GPU cases then report errors).
@@ -117,6 +121,7 @@ async fn main() -> ExitCode {
         Command::FashionMnist { out, source } => fashion_mnist(&source, &out),
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Serve(args) => serve::run(args).await,
         Command::Selftest { allow_cpu_only } => selftest::run(allow_cpu_only).await,
     };
     match outcome {

@@ -22,7 +22,11 @@ const MAX_TABLE_ROWS: usize = 1000;
 /// A session with the simjoin functions, the progress bar, the device default and the tables.
 pub async fn session(args: &SessionArgs) -> Result<SessionContext> {
     let config = SessionConfig::new().with_extension(Arc::new(simjoin::Progress(Arc::new(Bar::default()))));
-    let ctx = simjoin::session_context_with_config(config);
+    register_tables(simjoin::session_context_with_config(config), args).await
+}
+
+/// Sets the device default of `ctx` and registers the `--table`s.
+pub async fn register_tables(ctx: SessionContext, args: &SessionArgs) -> Result<SessionContext> {
     ctx.sql(&format!("SET simjoin.device = '{}'", args.device)).await?;
     for spec in &args.tables {
         let Some((name, path)) = spec.split_once('=') else {
