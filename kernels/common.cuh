@@ -25,6 +25,9 @@ typedef unsigned long long u64;
 
 #define MAX_GRID_DIMS 8
 
+// +∞ as a double (NVRTC has no math.h and so no INFINITY).
+#define F64_INFINITY __longlong_as_double(0x7ff0000000000000ull)
+
 // Everything a join launch needs besides its buffers; passed by value.
 struct JoinParams {
     u32 dim;            // vector dimension
@@ -34,7 +37,7 @@ struct JoinParams {
     float limit;        // f32 filter: scores above this cannot qualify (FILTER_NEG_DOT: the threshold)
     float dot_margin;   // FILTER_NEG_DOT: (d + 16)·2⁻²³, times (‖x‖ + ‖y‖)²
     float dot_floor;    // FILTER_NEG_DOT: absolute margin for subnormal scores
-    u32 padding;
+    u32 per_row;        // brute_join: 1 = thresholds and limits per left slot (kNN radii), not the two below
     double threshold;   // the exact f64 threshold
     // Grid (k = 0: brute force over all right rows).
     u32 k;
@@ -94,11 +97,11 @@ __device__ __forceinline__ float filter_score(const JoinParams& p, const float* 
     }
 }
 
-// Whether a candidate passes the filter. FILTER_NEG_DOT's margin depends on the two norms.
-__device__ __forceinline__ bool filter_passes(const JoinParams& p, float score, float norm_x, float norm_y) {
+// Whether a candidate passes the filter `limit`. FILTER_NEG_DOT's margin depends on the two norms.
+__device__ __forceinline__ bool filter_passes(const JoinParams& p, float score, float norm_x, float norm_y, float limit) {
     if (p.filter == FILTER_NEG_DOT) {
         float n = norm_x + norm_y;
-        return score - (p.dot_margin * n * n + p.dot_floor) <= p.limit;
+        return score - (p.dot_margin * n * n + p.dot_floor) <= limit;
     }
-    return score <= p.limit;
+    return score <= limit;
 }

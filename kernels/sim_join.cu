@@ -43,7 +43,7 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         float score = filter_score(p, x, rf + (u64)t * p.dim);
         float nx = p.filter == FILTER_NEG_DOT ? lfnorm[s] : 0.0f;
         float ny = p.filter == FILTER_NEG_DOT ? rfnorm[t] : 0.0f;
-        if (!filter_passes(p, score, nx, ny)) continue;
+        if (!filter_passes(p, score, nx, ny, p.limit)) continue;
         double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
         double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
         double d = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
@@ -104,6 +104,9 @@ extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
 // with atomics on the left row's counter (count pass) or cursor (write pass: `cursors` starts as the
 // exclusive prefix of the counts), so a row's pairs land in its own range in an unspecified order.
 // Self-joins skip tiles entirely below the diagonal and, on it, right rows ≤ the left row.
+// With `p.per_row` (kNN as a range query, see knn.cu) left slot s has its own exact threshold
+// `row_threshold[s]` and f32 filter limit `row_limit[s]`; an infinite threshold takes every right
+// row, NaN distances included, so a query always gets min(k, n) candidates.
 #define TILE 128
 #define MICRO 8
 #define CHUNK 8
@@ -137,7 +140,7 @@ __device__ __forceinline__ void accumulate_chunk(const float (*xs)[TILE + 4], co
 extern "C" __global__ void __launch_bounds__(256) brute_join(JoinParams p, u32 slot_begin, u32 slot_end, u32 right_len,
         const float* lf, const float* rf, const double* lx, const double* rx,
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
-        const u32* left_order, const u32* right_order,
+        const u32* left_order, const u32* right_order, const double* row_threshold, const float* row_limit,
         u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, int write) {
     __shared__ float xs[CHUNK][TILE + 4];
     __shared__ float ys[CHUNK][TILE + 4];
@@ -172,17 +175,20 @@ extern "C" __global__ void __launch_bounds__(256) brute_join(JoinParams p, u32 s
     for (int i = 0; i < MICRO; ++i) {
         u32 s = row0 + ty * MICRO + i;
         if (s >= slot_end) continue;
+        double threshold = p.per_row ? row_threshold[s] : p.threshold;
+        float limit = p.per_row ? row_limit[s] : p.limit;
+        bool take_all = p.per_row && isinf(threshold) && threshold > 0.0;
 #pragma unroll
         for (int j = 0; j < MICRO; ++j) {
             u32 t = col0 + tx * MICRO + j;
             if (t >= right_len || (p.self_join && t <= s)) continue;
             float nx = p.filter == FILTER_NEG_DOT ? lfnorm[s] : 0.0f;
             float ny = p.filter == FILTER_NEG_DOT ? rfnorm[t] : 0.0f;
-            if (!filter_passes(p, acc[i][j], nx, ny)) continue;
+            if (!take_all && !filter_passes(p, acc[i][j], nx, ny, limit)) continue;
             double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
             double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
             double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
-            if (dist <= p.threshold) {
+            if (take_all || dist <= threshold) {
                 if (write) {
                     u64 at = atomicAdd(&cursors[s - slot_begin], 1ull);
                     out_left[at] = left_order[s];

@@ -180,7 +180,7 @@ fn gemm_form(metric: Metric) -> bool {
 }
 
 /// The coordinates the grid indexes: unit vectors for cosine, the vectors otherwise.
-fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
+pub(super) fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
     if metric != Metric::Cosine {
         return Cow::Borrowed(&v.values);
     }

@@ -1,19 +1,23 @@
-//! The GPU backend for ε-joins and range queries: the same strategy choice, grid and f32 filter
+//! The GPU backend: ε-joins and range queries with the same strategy choice, grid and f32 filter
 //! margins as the CPU backend, run by the kernels of kernels/sim_join.cu with a count pass and a
-//! write pass, in batches sized so the pairs of one batch fit the device. Exact distances are the
-//! f64 formulas of common.cuh, compiled without FMA contraction, so answers equal the CPU's.
+//! write pass, in batches sized so the pairs of one batch fit the device; kNN as a range query
+//! with a sampled radius per query (kernels/knn.cu). Exact distances are the f64 formulas of
+//! common.cuh, compiled without FMA contraction, so answers equal the CPU's.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::common::{DataFusionError, Result};
 
-use super::cpu::{FilterLimit, gather, lower_corner, plan_join};
+use super::cpu::{FilterLimit, filter_space, gather, lower_corner, plan_join};
 use super::exact::{ExactCheck, write_self_pairs};
-use super::simd::FilterKind;
-use super::{Backend, CpuBackend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
+use super::topk::{Neighbour, k_smallest};
+use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
 use crate::gpu::GpuDevice;
-use crate::gpu::launch::{GridBuffers, JoinParams, PassBuffers, SideBuffers, join_pass, pinned_buffer};
+use crate::gpu::kernels::KernelModule;
+use crate::gpu::launch::{
+    GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, SideBuffers, join_pass, pinned_buffer, sample_radius_pass,
+};
 use rayon::prelude::*;
 use crate::index::{GridIndex, JoinStrategy};
 use crate::op::{Metric, dot};
@@ -47,9 +51,164 @@ impl Backend for GpuBackend {
         self.gpu_join(request, sink).map_err(|e| DataFusionError::Execution(format!("GPU join: {e}")))?
     }
 
-    /// kNN runs on the CPU until the GPU kNN kernels land (`backend::choose` routes it there).
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        CpuBackend.knn(request, sink)
+        self.gpu_knn(request, sink).map_err(|e| DataFusionError::Execution(format!("GPU kNN: {e}")))?
+    }
+}
+
+impl GpuBackend {
+    /// kNN as a range query with a radius per query: radii from the sampled distances
+    /// (knn_sample_radius), a count pass of brute_join with those radii, the next radius for any
+    /// query short of k rows (the last level, +∞, takes every row), then write passes and an exact
+    /// top-k of each query's rows on the host. See kernels/knn.cu for why no neighbour is lost.
+    fn gpu_knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
+        let start = Instant::now();
+        let KnnRequest { base, queries, metric, k } = *request;
+        let k = k.min(base.len());
+        let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
+        if k == 0 || queries.is_empty() {
+            return Ok(Ok(stats));
+        }
+        // Compile both modules now (once per process) so NVRTC stays out of the kernel times.
+        self.device.function(KernelModule::Knn, "knn_sample_radius")?;
+        self.device.function(KernelModule::SimJoin, "brute_join")?;
+        let (dim, n, nq) = (base.dim, base.len(), queries.len());
+        let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
+        let origin = if metric == Metric::InnerProduct { vec![0.0; dim] } else { lower_corner(&query_filter, &base_filter, dim) };
+        let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
+        let query_host = host_side(queries, &query_filter, identity(nq), &origin, metric);
+        let base_host = host_side(base, &base_filter, identity(n), &origin, metric);
+        let sample_len = n.min(KNN_SAMPLE);
+        let sample_positions = (0..sample_len).map(|i| (i * n / sample_len) as u32).collect();
+        let sample_host = host_side(base, &base_filter, sample_positions, &origin, metric);
+        let extent = filter_extent(&[&query_host, &base_host]);
+        let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim) };
+
+        let uploading = Instant::now();
+        let query_buffers = self.upload(&query_host)?;
+        let base_buffers = self.upload(&base_host)?;
+        let sample_buffers = self.upload(&sample_host)?;
+        let stream = &self.device.stream;
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
+        let mut radii_buffer = stream.alloc_zeros::<f64>(nq * KNN_LEVELS).map_err(alloc)?;
+        stats.transfer_time += uploading.elapsed();
+
+        let sampling = Instant::now();
+        let rank = knn_sample_rank(k, n, sample_len);
+        sample_radius_pass(&self.device, &params, 0..nq as u32, &query_buffers, &sample_buffers, sample_len as u32, rank, &mut radii_buffer)?;
+        stats.kernel_time += sampling.elapsed();
+        let radii = stream.clone_dtoh(&radii_buffer).map_err(copy)?;
+        drop(radii_buffer);
+        let radius = |q: usize, level: usize| match radii.get(q * KNN_LEVELS + level) {
+            Some(&r) if level < KNN_LEVELS && !r.is_nan() => r,
+            _ => f64::INFINITY,
+        };
+        stats.build_time = start.elapsed();
+
+        let probe = Instant::now();
+        let mut pass = PassBuffers::new(&self.device, nq.min(MAX_PASS_ROWS), nq)?;
+        // Count passes until every query has at least k rows within its radius; a query's level
+        // only rises, and level KNN_LEVELS (+∞) counts all n ≥ k rows, so this ends.
+        let mut levels = vec![0usize; nq];
+        let counts = loop {
+            let thresholds: Vec<f64> = (0..nq).map(|q| radius(q, levels[q])).collect();
+            let limits: Vec<f32> = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent)).collect();
+            stream.memcpy_htod(&thresholds, &mut pass.row_threshold).map_err(copy)?;
+            stream.memcpy_htod(&limits, &mut pass.row_limit).map_err(copy)?;
+            let mut counts: Vec<u32> = Vec::with_capacity(nq);
+            for begin in (0..nq).step_by(MAX_PASS_ROWS) {
+                let end = (begin + MAX_PASS_ROWS).min(nq);
+                stream.memset_zeros(&mut pass.counts).map_err(copy)?;
+                let counting = Instant::now();
+                join_pass(&self.device, &params, begin as u32..end as u32, n as u32, &query_buffers, &base_buffers, None, &mut pass, false)?;
+                stats.kernel_time += counting.elapsed();
+                counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
+            }
+            let mut short = false;
+            for (q, &c) in counts.iter().enumerate() {
+                if (c as usize) < k {
+                    if levels[q] >= KNN_LEVELS {
+                        return Err(format!("query {q} has {c} of {n} base rows within an infinite radius"));
+                    }
+                    levels[q] += 1;
+                    short = true;
+                }
+            }
+            if !short {
+                break counts;
+            }
+        };
+        stats.candidates = counts.iter().map(|&c| c as u64).sum();
+
+        let (batches, capacity) = write_batches(&counts);
+        pass.size_outputs(&self.device, capacity)?;
+        let mut host_right = pinned_buffer::<u32>(&self.device, capacity)?;
+        let mut host_distance = pinned_buffer::<f64>(&self.device, capacity)?;
+        sink.start(batches.len() as u64);
+        let (mut transfer, mut kernel, mut emit) = Default::default();
+        let outcome = (|| -> Result<()> {
+            let exec = |e: String| DataFusionError::Execution(e);
+            let d2h = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
+            for &(begin, end, total) in &batches {
+                let mut offsets = Vec::with_capacity(end - begin + 1);
+                let mut at = 0u64;
+                for &c in &counts[begin..end] {
+                    offsets.push(at);
+                    at += c as u64;
+                }
+                offsets.push(at);
+                let copying = Instant::now();
+                pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(d2h)?;
+                transfer += copying.elapsed();
+                let writing = Instant::now();
+                join_pass(&self.device, &params, begin as u32..end as u32, n as u32, &query_buffers, &base_buffers, None, &mut pass, true)
+                    .map_err(exec)?;
+                kernel += writing.elapsed();
+                let copying = Instant::now();
+                let rows = total as usize;
+                stream.memcpy_dtoh(&pass.out_right.slice(0..rows.max(1)), &mut host_right).map_err(d2h)?;
+                stream.memcpy_dtoh(&pass.out_distance.slice(0..rows.max(1)), &mut host_distance).map_err(d2h)?;
+                stream.synchronize().map_err(d2h)?;
+                transfer += copying.elapsed();
+                let emitting = Instant::now();
+                let pinned = |e: cudarc::driver::DriverError| DataFusionError::Execution(format!("pinned buffer: {e}"));
+                let (positions, distances) = (&host_right.as_slice().map_err(pinned)?[..rows], &host_distance.as_slice().map_err(pinned)?[..rows]);
+                // Each query's rows lie in its own [offset, next offset) range, in no set order:
+                // the exact top-k by (distance, base position), the CPU backend's order.
+                let nearest: Vec<Vec<Neighbour>> = (begin..end)
+                    .into_par_iter()
+                    .map(|q| {
+                        let range = offsets[q - begin] as usize..offsets[q - begin + 1] as usize;
+                        let all = range.map(|i| Neighbour { distance: distances[i], position: positions[i] }).collect();
+                        k_smallest(all, k)
+                    })
+                    .collect();
+                let mut chunk = ResultChunk::default();
+                for (q, list) in (begin..end).zip(nearest) {
+                    for (rank, neighbour) in list.into_iter().enumerate() {
+                        chunk.left.push(q as u32);
+                        chunk.right.push(neighbour.position);
+                        chunk.distance.push(neighbour.distance);
+                        chunk.rank.push(rank as u32 + 1);
+                    }
+                    if chunk.len() >= sink.chunk_rows() {
+                        sink.send(std::mem::take(&mut chunk))?;
+                    }
+                }
+                if !chunk.is_empty() {
+                    sink.send(chunk)?;
+                }
+                emit += emitting.elapsed();
+                sink.advance(1);
+            }
+            Ok(())
+        })();
+        stats.probe_time = probe.elapsed();
+        stats.transfer_time += transfer;
+        stats.kernel_time += kernel;
+        stats.emit_time += emit;
+        Ok(outcome.map(|()| stats))
     }
 }
 
@@ -125,32 +284,15 @@ impl GpuBackend {
                 Some(host_side(right, &right_filter, order, &origin, metric))
             }
         };
-        let extent = left_host
-            .filter
-            .iter()
-            .chain(right_host.iter().flat_map(|h| h.filter.iter()))
-            .fold(0f64, |m, v| m.max(v.abs() as f64));
+        let extent = filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>());
         let mut params = JoinParams {
             dim: dim as u32,
-            metric: Metric::ALL.iter().position(|m| *m == metric).unwrap_or(0) as u32,
+            metric: metric_code(metric),
             self_join: self_join.is_some().into(),
             threshold,
-            ..Default::default()
+            ..filter_params(metric, dim)
         };
-        if inner_product {
-            params.filter = 3;
-            params.limit = round_up(threshold);
-            params.dot_margin = (dim as f32 + 16.0) / (1u32 << 23) as f32;
-            params.dot_floor = (dim as f32 + 16.0) * 2f32.powi(-140);
-        } else {
-            let limit = FilterLimit::new(metric, threshold, dim, extent);
-            params.filter = match limit.kind {
-                FilterKind::SquaredL2 => 0,
-                FilterKind::L1 => 1,
-                FilterKind::LInf => 2,
-            };
-            params.limit = limit.limit;
-        }
+        params.limit = filter_limit(metric, threshold, dim, extent);
 
         let uploading = Instant::now();
         let left_buffers = self.upload(&left_host)?;
@@ -196,14 +338,7 @@ impl GpuBackend {
         // MAX_BATCH_PAIRS pairs (a single slot with more gets a batch of its own).
         let probe = Instant::now();
         let n_left = left_host.order.len();
-        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
-        let mut pass = PassBuffers {
-            counts: stream.alloc_zeros::<u32>(n_left.clamp(1, MAX_PASS_ROWS)).map_err(alloc)?,
-            offsets: stream.alloc_zeros::<u64>(1).map_err(alloc)?,
-            out_left: stream.alloc_zeros::<u32>(1).map_err(alloc)?,
-            out_right: stream.alloc_zeros::<u32>(1).map_err(alloc)?,
-            out_distance: stream.alloc_zeros::<f64>(1).map_err(alloc)?,
-        };
+        let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
         let mut counts: Vec<u32> = Vec::with_capacity(n_left);
         for begin in (0..n_left).step_by(MAX_PASS_ROWS) {
             let end = (begin + MAX_PASS_ROWS).min(n_left);
@@ -215,21 +350,8 @@ impl GpuBackend {
             counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
             stats.transfer_time += downloading.elapsed();
         }
-        let mut batches = Vec::new();
-        let (mut begin, mut total) = (0usize, 0u64);
-        for (slot, &c) in counts.iter().enumerate().take(n_left) {
-            if (total + c as u64 > MAX_BATCH_PAIRS || slot - begin == MAX_PASS_ROWS) && slot > begin {
-                batches.push((begin, slot, total));
-                begin = slot;
-                total = 0;
-            }
-            total += c as u64;
-        }
-        batches.push((begin, n_left, total));
-        let capacity = batches.iter().map(|b| b.2).max().unwrap_or(0).max(1) as usize;
-        pass.out_left = stream.alloc_zeros::<u32>(capacity).map_err(alloc)?;
-        pass.out_right = stream.alloc_zeros::<u32>(capacity).map_err(alloc)?;
-        pass.out_distance = stream.alloc_zeros::<f64>(capacity).map_err(alloc)?;
+        let (batches, capacity) = write_batches(&counts);
+        pass.size_outputs(&self.device, capacity)?;
         let mut host_left = pinned_buffer::<u32>(&self.device, capacity)?;
         let mut host_right = pinned_buffer::<u32>(&self.device, capacity)?;
         let mut host_distance = pinned_buffer::<f64>(&self.device, capacity)?;
@@ -299,8 +421,107 @@ impl GpuBackend {
     }
 }
 
+/// Write-pass batches `(first slot, end slot, pairs)` over consecutive left slots, each at most
+/// MAX_BATCH_PAIRS pairs and MAX_PASS_ROWS slots (a slot with more pairs gets a batch of its own),
+/// and the output capacity the largest batch needs.
+fn write_batches(counts: &[u32]) -> (Vec<(usize, usize, u64)>, usize) {
+    let mut batches = Vec::new();
+    let (mut begin, mut total) = (0usize, 0u64);
+    for (slot, &c) in counts.iter().enumerate() {
+        if (total + c as u64 > MAX_BATCH_PAIRS || slot - begin == MAX_PASS_ROWS) && slot > begin {
+            batches.push((begin, slot, total));
+            begin = slot;
+            total = 0;
+        }
+        total += c as u64;
+    }
+    batches.push((begin, counts.len(), total));
+    let capacity = batches.iter().map(|b| b.2).max().unwrap_or(0).max(1) as usize;
+    (batches, capacity)
+}
+
+/// The index of `metric` in kernels/common.cuh's METRIC_* codes.
+fn metric_code(metric: Metric) -> u32 {
+    Metric::ALL.iter().position(|m| *m == metric).unwrap_or(0) as u32
+}
+
+/// The f32 filter kind (FILTER_* of common.cuh) of `metric`, with the inner product's margins.
+fn filter_params(metric: Metric, dim: usize) -> JoinParams {
+    let filter = match metric {
+        Metric::InnerProduct => {
+            return JoinParams {
+                filter: 3,
+                dot_margin: (dim as f32 + 16.0) / (1u32 << 23) as f32,
+                dot_floor: (dim as f32 + 16.0) * 2f32.powi(-140),
+                ..Default::default()
+            };
+        }
+        Metric::L1 => 1,
+        Metric::LInf => 2,
+        _ => 0,
+    };
+    JoinParams { filter, ..Default::default() }
+}
+
+/// The f32 filter limit of an exact threshold: no pair within `threshold` scores above it (the
+/// proofs are on [`FilterLimit`] and, for the inner product, `GemmSide` in cpu.rs).
+fn filter_limit(metric: Metric, threshold: f64, dim: usize, extent: f64) -> f32 {
+    if metric == Metric::InnerProduct {
+        return round_up(threshold);
+    }
+    FilterLimit::new(metric, threshold, dim, extent).limit
+}
+
+/// The largest |coordinate| of the f32 filter rows of both sides (the filter margins scale with it).
+fn filter_extent(sides: &[&HostSide]) -> f64 {
+    sides.iter().flat_map(|h| h.filter.iter()).fold(0f64, |m, v| m.max(v.abs() as f64))
+}
+
+/// The sample rank of kNN's first radius. With the whole base as the sample it is k itself (the
+/// radius is then the exact k-th distance). Otherwise about `c·k` base rows fall within the
+/// (c·k·s/n)-th smallest of s evenly spread sample distances; `c = 2 + 6/√k` keeps a shortfall
+/// (fewer than k, and a second count pass for that query) rare: the count is near-Poisson, and
+/// c·k exceeds k by more than 4.6 of its standard deviations for every k.
+fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
+    if sample_len >= n {
+        return k as u32;
+    }
+    let c = 2.0 + 6.0 / (k as f64).sqrt();
+    let rank = (c * k as f64 * sample_len as f64 / n as f64).ceil() as usize;
+    rank.clamp(1, sample_len + 1) as u32
+}
+
 /// `x` as f32, rounded up.
 fn round_up(x: f64) -> f32 {
     let f = x as f32;
     if (f as f64) < x { f.next_up() } else { f }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_batches_cover_every_slot_once_within_the_limits() {
+        let big = MAX_BATCH_PAIRS as u32;
+        let counts = [3, big - 2, 1, 1, big + 5, 0, 7];
+        let (batches, capacity) = write_batches(&counts);
+        assert_eq!(batches, vec![(0, 1, 3), (1, 4, big as u64), (4, 5, big as u64 + 5), (5, 7, 7)]);
+        assert_eq!(capacity, big as usize + 5, "a slot over the limit gets a batch of its own");
+        let many = vec![1u32; MAX_PASS_ROWS + 3];
+        let (batches, _) = write_batches(&many);
+        assert_eq!(batches, vec![(0, MAX_PASS_ROWS, MAX_PASS_ROWS as u64), (MAX_PASS_ROWS, MAX_PASS_ROWS + 3, 3)]);
+        assert_eq!(write_batches(&[]), (vec![(0, 0, 0)], 1));
+    }
+
+    #[test]
+    fn knn_sample_ranks() {
+        // The whole base as the sample: the k-th distance itself.
+        assert_eq!(knn_sample_rank(10, 3000, 3000), 10);
+        // P1: 1M rows, 4096 sampled: the sample minimum already covers ~244 rows ≥ 3.9·10.
+        assert_eq!(knn_sample_rank(10, 1_000_000, 4096), 1);
+        assert_eq!(knn_sample_rank(1000, 1_000_000, 4096), 9);
+        // More than the sample: rank sample_len + 1, i.e. an infinite first radius.
+        assert_eq!(knn_sample_rank(900_000, 1_000_000, 4096), 4097);
+    }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use datafusion::common::{Result, plan_err};
 
-use crate::op::{Device, IndexChoice, Metric, Operation, SimilarityOp};
+use crate::op::{Device, IndexChoice, Metric, SimilarityOp};
 use crate::vectors::Vectors;
 
 pub mod cpu;
@@ -140,21 +140,17 @@ pub trait Backend: Debug + Send + Sync {
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats>;
 }
 
-/// The backend for `op`: joins and range queries go to the GPU under `device=gpu`, and under
-/// `device=auto` when one is usable; kNN runs on the CPU until the GPU kNN kernels land.
+/// The backend for `op`: the GPU under `device=gpu`, and under `device=auto` when one is usable;
+/// otherwise every CPU core.
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     let function = op.function_name();
-    let is_knn = matches!(op.operation, Operation::Knn { .. });
-    match (op.device, is_knn) {
-        (Device::Cpu, _) | (Device::Auto, true) => Ok(std::sync::Arc::new(CpuBackend)),
-        (Device::Gpu, true) => {
-            plan_err!("{function}: option device=gpu: kNN has no GPU backend yet; use device=auto or device=cpu")
-        }
-        (Device::Auto, false) => Ok(match crate::gpu::GpuDevice::shared() {
+    match op.device {
+        Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
+        Device::Auto => Ok(match crate::gpu::GpuDevice::shared() {
             Ok(device) => std::sync::Arc::new(GpuBackend::new(device)),
             Err(_) => std::sync::Arc::new(CpuBackend),
         }),
-        (Device::Gpu, false) => match crate::gpu::GpuDevice::shared() {
+        Device::Gpu => match crate::gpu::GpuDevice::shared() {
             Ok(device) => Ok(std::sync::Arc::new(GpuBackend::new(device))),
             Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),
         },

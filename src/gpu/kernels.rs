@@ -7,16 +7,19 @@ include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 pub enum KernelModule {
     /// `kernels/sim_join.cu`: ε-join and range-query kernels.
     SimJoin,
+    /// `kernels/knn.cu`: kNN's sampled radii (the candidates come from `brute_join`).
+    Knn,
 }
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 1] = [KernelModule::SimJoin];
+    pub const ALL: [KernelModule; 2] = [KernelModule::SimJoin, KernelModule::Knn];
 
     /// The flattened source.
     pub fn source(self) -> &'static str {
         match self {
             KernelModule::SimJoin => SIM_JOIN,
+            KernelModule::Knn => KNN,
         }
     }
 
@@ -24,6 +27,7 @@ impl KernelModule {
     pub fn file_name(self) -> &'static str {
         match self {
             KernelModule::SimJoin => "sim_join.cu",
+            KernelModule::Knn => "knn.cu",
         }
     }
 
@@ -31,6 +35,7 @@ impl KernelModule {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             KernelModule::SimJoin => &["grid_join", "brute_join"],
+            KernelModule::Knn => &["knn_sample_radius"],
         }
     }
 }

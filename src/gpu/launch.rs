@@ -22,7 +22,7 @@ pub struct JoinParams {
     pub limit: f32,
     pub dot_margin: f32,
     pub dot_floor: f32,
-    pub padding: u32,
+    pub per_row: u32,
     pub threshold: f64,
     pub k: u32,
     pub dense: u32,
@@ -77,6 +77,38 @@ pub struct PassBuffers {
     pub out_right: CudaSlice<u32>,
     /// Write pass: exact distances.
     pub out_distance: CudaSlice<f64>,
+    /// brute_join with `per_row`: each left slot's exact threshold (else one unused value).
+    pub row_threshold: CudaSlice<f64>,
+    /// brute_join with `per_row`: each left slot's f32 filter limit (else one unused value).
+    pub row_limit: CudaSlice<f32>,
+}
+
+impl PassBuffers {
+    /// Buffers for passes over at most `slots` left slots, with `row_values` per-row thresholds
+    /// and limits (0 without `per_row`); the outputs start empty and are sized after the count.
+    pub fn new(device: &GpuDevice, slots: usize, row_values: usize) -> Result<Self, String> {
+        let s = &device.stream;
+        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
+        Ok(Self {
+            counts: s.alloc_zeros::<u32>(slots.max(1)).map_err(alloc)?,
+            offsets: s.alloc_zeros::<u64>(1).map_err(alloc)?,
+            out_left: s.alloc_zeros::<u32>(1).map_err(alloc)?,
+            out_right: s.alloc_zeros::<u32>(1).map_err(alloc)?,
+            out_distance: s.alloc_zeros::<f64>(1).map_err(alloc)?,
+            row_threshold: s.alloc_zeros::<f64>(row_values.max(1)).map_err(alloc)?,
+            row_limit: s.alloc_zeros::<f32>(row_values.max(1)).map_err(alloc)?,
+        })
+    }
+
+    /// Output buffers for `pairs` pairs (the largest batch's count).
+    pub fn size_outputs(&mut self, device: &GpuDevice, pairs: usize) -> Result<(), String> {
+        let s = &device.stream;
+        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation of {pairs} result pairs failed: {e}");
+        self.out_left = s.alloc_zeros::<u32>(pairs.max(1)).map_err(alloc)?;
+        self.out_right = s.alloc_zeros::<u32>(pairs.max(1)).map_err(alloc)?;
+        self.out_distance = s.alloc_zeros::<f64>(pairs.max(1)).map_err(alloc)?;
+        Ok(())
+    }
 }
 
 /// Runs the count (`write = false`) or write pass of a join over left slots `slots`; `grid` is
@@ -125,9 +157,10 @@ pub fn join_pass(
         .arg(&right.filter_norms)
         .arg(&left.order)
         .arg(&right.order);
-    if let Some(g) = grid {
-        builder.arg(&g.left_slot_cell).arg(&g.right_cell_ids).arg(&g.right_cell_start).arg(&g.cell_table);
-    }
+    match grid {
+        Some(g) => builder.arg(&g.left_slot_cell).arg(&g.right_cell_ids).arg(&g.right_cell_start).arg(&g.cell_table),
+        None => builder.arg(&pass.row_threshold).arg(&pass.row_limit),
+    };
     builder
         .arg(&mut pass.counts)
         .arg(&mut pass.offsets)
@@ -137,7 +170,8 @@ pub fn join_pass(
         .arg(&write_flag);
     // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for one
     // (types and order). Every row buffer holds `dim` values per slot for all slots the kernel
-    // reads: left slots < `end` ≤ left rows, right slots < `right_len` or within `right_cell_start`.
+    // reads: left slots < `end` ≤ left rows, right slots < `right_len` or within `right_cell_start`;
+    // with `params.per_row`, `row_threshold` and `row_limit` hold a value for every left slot.
     // `counts` and `offsets` hold at least `end - begin` entries (counts zeroed before the count
     // pass), and the output buffers at least the batch's total count, which the write pass never
     // exceeds because it re-finds exactly the pairs the count pass counted (same inputs, same
@@ -145,6 +179,53 @@ pub fn join_pass(
     unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
     device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
 }
+
+/// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
+/// (indexed by query position), from the exact distances to the sample rows.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_radius_pass(
+    device: &GpuDevice,
+    params: &JoinParams,
+    queries: std::ops::Range<u32>,
+    query_side: &SideBuffers,
+    sample: &SideBuffers,
+    sample_len: u32,
+    rank: u32,
+    radii: &mut CudaSlice<f64>,
+) -> Result<(), String> {
+    if queries.is_empty() {
+        return Ok(());
+    }
+    if sample_len as usize > KNN_SAMPLE || rank == 0 {
+        return Err(format!("knn_sample_radius: a sample of {sample_len} rows (at most {KNN_SAMPLE}) at rank {rank}"));
+    }
+    let function = device.function(KernelModule::Knn, "knn_sample_radius")?;
+    let config = LaunchConfig { grid_dim: (queries.len() as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let begin = queries.start;
+    let mut builder = device.stream.launch_builder(&function);
+    builder
+        .arg(params)
+        .arg(&begin)
+        .arg(&query_side.exact)
+        .arg(&query_side.norms)
+        .arg(&sample.exact)
+        .arg(&sample.norms)
+        .arg(&sample_len)
+        .arg(&rank)
+        .arg(radii);
+    // SAFETY: the arguments match knn_sample_radius's parameter list one for one. The kernel reads
+    // `dim` values of query rows < `queries.end` (within the query side) and of sample rows
+    // < `sample_len` ≤ SAMPLE (the sample side's length), cosine norms at the same indices (the
+    // norms buffers hold one per row for cosine), and writes LEVELS radii per query position,
+    // within `radii`, which holds LEVELS values for every query.
+    unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_radius launch failed: {e}"))?;
+    device.stream.synchronize().map_err(|e| format!("knn_sample_radius failed: {e}"))
+}
+
+/// Most sample rows knn_sample_radius sorts (`SAMPLE` in kernels/knn.cu).
+pub const KNN_SAMPLE: usize = 4096;
+/// Radii per query knn_sample_radius writes (`LEVELS` in kernels/knn.cu): ranks r, 4r, 16r, 64r.
+pub const KNN_LEVELS: usize = 4;
 
 /// A page-locked host buffer of `len` values for device-to-host copies (about 25 GB/s instead of
 /// pageable memory's few GB/s plus first-touch page faults), zero-filled.

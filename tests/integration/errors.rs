@@ -37,7 +37,6 @@ async fn planning_errors_name_function_argument_and_value() {
         ("SELECT * FROM sim_join(t, 0.1, 'grid_dims=9')", "Error during planning: sim_join: options string 'grid_dims=9': grid_dims must be an integer from 0 to 8, got '9'"),
         ("SELECT * FROM sim_join(t, 0.1, 'index=grid, metric=inner_product')", "Error during planning: sim_join: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not inner_product"),
         ("SELECT * FROM knn(t, t, 3, 'index=grid')", "Error during planning: knn: option index=grid is not available: kNN always scans every base row (index=auto or brute_force)"),
-        ("SELECT * FROM knn(t, t, 3, 'device=gpu')", "Error during planning: knn: option device=gpu: kNN has no GPU backend yet; use device=auto or device=cpu"),
         ("SELECT * FROM sim_join(1, 0.1)", "Error during planning: sim_join: argument 'table' must be a table name or a file path, got 1"),
     ];
     for (sql, want) in cases {
@@ -64,8 +63,15 @@ async fn gpu_requests_without_a_gpu_say_why() {
     }
     let ctx = ctx();
     register(&ctx, "t", &vectors(10, 3, 1), 3, Shape::FixedF32);
-    let err = error(&ctx, "SELECT * FROM sim_join(t, 0.1, 'device=gpu')").await;
-    assert!(err.starts_with("Error during planning: sim_join: option device=gpu, but no GPU can be used: "), "{err}");
+    for (function, sql) in [
+        ("sim_join", "SELECT * FROM sim_join(t, 0.1, 'device=gpu')"),
+        ("range_query", "SELECT * FROM range_query(t, '[0, 0, 0]', 0.1, 'device=gpu')"),
+        ("knn", "SELECT * FROM knn(t, t, 3, 'device=gpu')"),
+    ] {
+        let err = error(&ctx, sql).await;
+        let expected = format!("Error during planning: {function}: option device=gpu, but no GPU can be used: ");
+        assert!(err.starts_with(&expected), "{err}");
+    }
     // `auto` falls back to the CPU.
     let batches = ctx.sql("SELECT count(*) FROM sim_join(t, 0.1, 'device=auto')").await.unwrap().collect().await.unwrap();
     assert_eq!(batches.len(), 1);

@@ -1,5 +1,6 @@
 //! `simjoin selftest`: every operation × metric × option on seeded random and adversarial data,
-//! through the GPU backend and the CPU backend, asserting identical answers (ids and distance bits).
+//! through the GPU backend and the CPU backend, asserting identical answers (ids, distance bits
+//! and kNN ranks).
 //! Exits non-zero on any mismatch, and when no GPU is usable (the point is to test one).
 
 use std::sync::Arc;
@@ -13,14 +14,16 @@ use datafusion::prelude::SessionContext;
 use simjoin::Metric;
 use simjoin::datagen::{self, Distribution};
 
-type Row = (i64, i64, u64);
+/// (left or query id, right or base id, distance bits, kNN rank or 0).
+type Row = (i64, i64, u64, i64);
 
 async fn rows(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
     let batches = ctx.sql(sql).await?.collect().await?;
     let mut out = Vec::new();
     for b in &batches {
         let (l, r, d) = (b.column(0).as_primitive::<Int64Type>(), b.column(1).as_primitive::<Int64Type>(), b.column(2).as_primitive::<Float64Type>());
-        out.extend((0..b.num_rows()).map(|i| (l.value(i), r.value(i), d.value(i).to_bits())));
+        let rank = (b.num_columns() > 3).then(|| b.column(3).as_primitive::<Int64Type>());
+        out.extend((0..b.num_rows()).map(|i| (l.value(i), r.value(i), d.value(i).to_bits(), rank.map_or(0, |c| c.value(i)))));
     }
     out.sort_unstable();
     Ok(out)
@@ -36,6 +39,19 @@ fn register(ctx: &SessionContext, name: &str, values: &[f64], dim: usize) -> Res
 /// Integer points with many duplicates and many pairs at exactly the threshold.
 fn lattice(n: usize, dim: usize) -> Vec<f64> {
     (0..n * dim).map(|i| ((i * 7919) % 13) as f64).collect()
+}
+
+/// Uniform points with zero vectors (NaN cosine distances), NaN rows (skipped) and a far outlier.
+fn special(n: usize, dim: usize) -> Vec<f64> {
+    let mut values = datagen::generate(Distribution::Uniform, n, dim, 6);
+    for row in [5, 6, 7, 200] {
+        values[row * dim..(row + 1) * dim].fill(0.0);
+    }
+    for row in [10, 11, 300] {
+        values[row * dim] = f64::NAN;
+    }
+    values[400 * dim] = 1e6;
+    values
 }
 
 pub async fn run(allow_cpu_only: bool) -> Result<()> {
@@ -54,6 +70,9 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         ("blobs", datagen::generate(Distribution::Blobs, 2500, 8, 3), 8),
         ("gaussian", datagen::generate(Distribution::Gaussian, 1200, 33, 4), 33),
         ("lattice", lattice(700, 4), 4),
+        ("special", special(900, 3), 3),
+        // More base rows than kNN's 4096-row sample: sampled radii, not exact ones.
+        ("gaussian", datagen::generate(Distribution::Gaussian, 9000, 16, 5), 16),
     ];
     for (name, values, dim) in &datasets {
         let n = values.len() / dim;
@@ -72,7 +91,13 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
                     format!("SELECT left_id, right_id, distance FROM sim_join(a, b, {eps:?}, '{options}')"),
                     format!("SELECT query_id, base_id, distance FROM range_query(a, b, {eps:?}, '{options}')"),
                 ];
-                for sql in queries {
+                // k = n and k > n where the result stays small; k beyond the sample's rank range
+                // (radii of several levels) on the large set.
+                let ks = if n <= 4000 { vec![1, 10, 64, n, n + 7] } else { vec![1, 10, 64, 700] };
+                let knn = (*index == "auto").then(|| {
+                    ks.iter().map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric={metric}')")).collect::<Vec<_>>()
+                });
+                for sql in queries.into_iter().chain(knn.into_iter().flatten()) {
                     let started = Instant::now();
                     let cpu = rows(&ctx, &format!("{}, device=cpu')", sql.trim_end_matches("')"))).await?;
                     let cpu_ms = started.elapsed().as_secs_f64() * 1e3;
