@@ -129,10 +129,13 @@ __device__ __forceinline__ void accumulate_chunk(const float (*xs)[TILE + 4], co
 #pragma unroll
             for (int j = 0; j < MICRO; ++j) {
                 float t = y[j] - x[i];
-                if (FILTER == FILTER_SQUARED_L2) acc[i][j] = acc[i][j] + t * t;
+                // Fused multiply-adds (explicit: the module is compiled with --fmad=false for the
+                // exact f64 code) round once where the proved margins allow for two roundings, so
+                // the f32 filter's error stays within them (FilterLimit, GemmSide in cpu.rs).
+                if (FILTER == FILTER_SQUARED_L2) acc[i][j] = __fmaf_rn(t, t, acc[i][j]);
                 else if (FILTER == FILTER_L1) acc[i][j] = acc[i][j] + fabsf(t);
                 else if (FILTER == FILTER_LINF) acc[i][j] = fmaxf(acc[i][j], fabsf(t));
-                else acc[i][j] = acc[i][j] - x[i] * y[j];
+                else acc[i][j] = __fmaf_rn(-x[i], y[j], acc[i][j]);
             }
         }
     }

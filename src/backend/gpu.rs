@@ -4,6 +4,7 @@
 //! with a sampled radius per query (kernels/knn.cu). Exact distances are the f64 formulas of
 //! common.cuh, compiled without FMA contraction, so answers equal the CPU's.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -213,25 +214,31 @@ impl GpuBackend {
 }
 
 /// Host-side rows of one side in slot order, ready to upload.
-struct HostSide {
+struct HostSide<'a> {
     filter: Vec<f32>,
-    exact: Vec<f64>,
+    exact: Cow<'a, [f64]>,
     norms: Vec<f64>,
     filter_norms: Vec<f32>,
     order: Vec<u32>,
 }
 
-fn host_side(v: &Vectors, filter_coords: &[f64], order: Vec<u32>, origin: &[f64], metric: Metric) -> HostSide {
-    let dim = v.dim;
-    let mut filter = Vec::with_capacity(order.len() * dim);
-    for &p in &order {
+fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin: &[f64], metric: Metric) -> HostSide<'a> {
+    let dim = v.dim.max(1);
+    let mut filter = vec![0f32; order.len() * v.dim];
+    filter.par_chunks_mut(dim).zip(order.par_iter()).for_each(|(out, &p)| {
         let row = &filter_coords[p as usize * dim..(p as usize + 1) * dim];
-        filter.extend(row.iter().zip(origin).map(|(x, o)| (x - o) as f32));
-    }
-    let exact = gather(v, &order);
-    let norms = if metric == Metric::Cosine { order.iter().map(|&p| dot(v.row(p as usize), v.row(p as usize))).collect() } else { vec![0.0] };
+        out.iter_mut().zip(row).zip(origin).for_each(|((o, x), c)| *o = (x - c) as f32);
+    });
+    // Input order (brute force, kNN): the vectors as they are, no copy.
+    let in_input_order = order.len() == v.len() && order.iter().enumerate().all(|(i, &p)| p as usize == i);
+    let exact = if in_input_order { Cow::Borrowed(v.values.as_slice()) } else { Cow::Owned(gather(v, &order)) };
+    let norms = if metric == Metric::Cosine {
+        order.par_iter().map(|&p| dot(v.row(p as usize), v.row(p as usize))).collect()
+    } else {
+        vec![0.0]
+    };
     let filter_norms = if metric == Metric::InnerProduct {
-        filter.chunks_exact(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt() as f32).collect()
+        filter.par_chunks(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt() as f32).collect()
     } else {
         vec![0.0]
     };
@@ -244,7 +251,7 @@ impl GpuBackend {
         let e = |e: cudarc::driver::DriverError| format!("copy to the GPU failed: {e}");
         Ok(SideBuffers {
             filter: s.clone_htod(&side.filter).map_err(e)?,
-            exact: s.clone_htod(&side.exact).map_err(e)?,
+            exact: s.clone_htod(side.exact.as_ref()).map_err(e)?,
             norms: s.clone_htod(&side.norms).map_err(e)?,
             filter_norms: s.clone_htod(&side.filter_norms).map_err(e)?,
             order: s.clone_htod(&side.order).map_err(e)?,
