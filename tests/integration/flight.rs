@@ -387,4 +387,19 @@ fn serving_other_machines_needs_an_explicit_flag() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--bind 0.0.0.0:0 is not a loopback address") && stderr.contains("--allow-remote"), "{stderr}");
+
+    // With the flag it serves, and says plainly that anyone can read every table.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_simjoin"))
+        .args(["serve", "--bind", "0.0.0.0:0", "--allow-remote"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.contains("listening on grpc://0.0.0.0:"), "{first}");
+    child.kill().unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("without authentication: anyone who can reach it can read every table"), "{stderr}");
 }
