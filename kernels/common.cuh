@@ -22,6 +22,9 @@ typedef unsigned long long u64;
 #define FILTER_L1 1u
 #define FILTER_LINF 2u
 #define FILTER_NEG_DOT 3u
+// brute_join only: the GEMM form ‖x̃‖² + ‖ỹ‖² − 2·x̃·ỹ of the squared L2 distance of centred rows
+// (L2, L2², cosine), one fused multiply-add per dimension, with FILTER_NEG_DOT's norm margin.
+#define FILTER_GEMM_L2 4u
 
 #define MAX_GRID_DIMS 8
 
@@ -35,8 +38,8 @@ struct JoinParams {
     u32 filter;         // FILTER_*
     u32 self_join;      // 1: left and right are one input; each unordered pair is visited once
     float limit;        // f32 filter: scores above this cannot qualify (FILTER_NEG_DOT: the threshold)
-    float dot_margin;   // FILTER_NEG_DOT: (d + 16)·2⁻²³, times (‖x‖ + ‖y‖)²
-    float dot_floor;    // FILTER_NEG_DOT: absolute margin for subnormal scores
+    float dot_margin;   // FILTER_NEG_DOT, FILTER_GEMM_L2: (d + 16)·2⁻²³, times (‖x‖ + ‖y‖)²
+    float dot_floor;    // FILTER_NEG_DOT, FILTER_GEMM_L2: absolute margin for subnormal scores
     u32 per_row;        // brute_join: 1 = thresholds and limits per left slot (kNN radii), not the two below
     double threshold;   // the exact f64 threshold
     // Grid (k = 0: brute force over all right rows).
@@ -97,9 +100,10 @@ __device__ __forceinline__ float filter_score(const JoinParams& p, const float* 
     }
 }
 
-// Whether a candidate passes the filter `limit`. FILTER_NEG_DOT's margin depends on the two norms.
+// Whether a candidate passes the filter `limit`. The margin of the dot-product forms
+// (FILTER_NEG_DOT, FILTER_GEMM_L2) depends on the two norms (GemmSide in src/backend/cpu.rs).
 __device__ __forceinline__ bool filter_passes(const JoinParams& p, float score, float norm_x, float norm_y, float limit) {
-    if (p.filter == FILTER_NEG_DOT) {
+    if (p.filter == FILTER_NEG_DOT || p.filter == FILTER_GEMM_L2) {
         float n = norm_x + norm_y;
         return score - (p.dot_margin * n * n + p.dot_floor) <= limit;
     }

@@ -11,7 +11,9 @@
 // Inputs, all in slot order (grid order for the grid kernel, input order for brute force):
 //   left_filter / right_filter  f32 filter-space rows (row-major, dim wide)
 //   left_exact / right_exact    f64 rows, exactly the stored values (row-major, dim wide)
-//   left_norm / right_norm      cosine: Σx² per row (f64); inner product: ‖x̃‖ per row (f32, below)
+//   left_norm / right_norm      cosine: Σx² per row (f64); dot-product filters: ‖x̃‖ per row (f32)
+//   lfsq / rfsq                 FILTER_GEMM_L2 (brute_join): ‖x̃‖² per row (f32); the grid kernel
+//                               always gets a direct filter (FILTER_SQUARED_L2, L1, L∞)
 //   left_order / right_order    slot → vector position (what the output reports)
 // Each candidate that passes the f32 filter is decided by the exact f64 distance of common.cuh.
 // Self-joins visit each unordered pair once: later slots of the same cell, and cells with a larger
@@ -143,7 +145,8 @@ __device__ __forceinline__ void accumulate_chunk(const float (*xs)[TILE + 4], co
 extern "C" __global__ void __launch_bounds__(256) brute_join(JoinParams p, u32 slot_begin, u32 slot_end, u32 right_len,
         const float* lf, const float* rf, const double* lx, const double* rx,
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
-        const u32* left_order, const u32* right_order, const double* row_threshold, const float* row_limit,
+        const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,
+        const double* row_threshold, const float* row_limit,
         u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, int write) {
     __shared__ float xs[CHUNK][TILE + 4];
     __shared__ float ys[CHUNK][TILE + 4];
@@ -170,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(256) brute_join(JoinParams p, u32 s
         case FILTER_SQUARED_L2: accumulate_chunk<FILTER_SQUARED_L2>(xs, ys, tx, ty, acc); break;
         case FILTER_L1: accumulate_chunk<FILTER_L1>(xs, ys, tx, ty, acc); break;
         case FILTER_LINF: accumulate_chunk<FILTER_LINF>(xs, ys, tx, ty, acc); break;
-        default: accumulate_chunk<FILTER_NEG_DOT>(xs, ys, tx, ty, acc); break;
+        default: accumulate_chunk<FILTER_NEG_DOT>(xs, ys, tx, ty, acc); break;  // also FILTER_GEMM_L2
         }
         __syncthreads();
     }
@@ -185,9 +188,12 @@ extern "C" __global__ void __launch_bounds__(256) brute_join(JoinParams p, u32 s
         for (int j = 0; j < MICRO; ++j) {
             u32 t = col0 + tx * MICRO + j;
             if (t >= right_len || (p.self_join && t <= s)) continue;
-            float nx = p.filter == FILTER_NEG_DOT ? lfnorm[s] : 0.0f;
-            float ny = p.filter == FILTER_NEG_DOT ? rfnorm[t] : 0.0f;
-            if (!take_all && !filter_passes(p, acc[i][j], nx, ny, limit)) continue;
+            bool dot_form = p.filter == FILTER_NEG_DOT || p.filter == FILTER_GEMM_L2;
+            float nx = dot_form ? lfnorm[s] : 0.0f;
+            float ny = dot_form ? rfnorm[t] : 0.0f;
+            // acc = −x̃·ỹ; the GEMM score adds the squared norms (rounding counted in the margin).
+            float score = p.filter == FILTER_GEMM_L2 ? lfsq[s] + rfsq[t] + 2.0f * acc[i][j] : acc[i][j];
+            if (!take_all && !filter_passes(p, score, nx, ny, limit)) continue;
             double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
             double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
             double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);

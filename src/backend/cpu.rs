@@ -204,7 +204,7 @@ fn gemm_sides(left: &Vectors, right: &Vectors, metric: Metric, same: bool) -> Op
     Some((left_side, right_side))
 }
 
-fn mean(v: &Vectors) -> Vec<f64> {
+pub(super) fn mean(v: &Vectors) -> Vec<f64> {
     let mut sum = vec![0.0; v.dim];
     for i in 0..v.len() {
         for (s, x) in sum.iter_mut().zip(v.row(i)) {
@@ -626,7 +626,7 @@ impl GemmSide {
 }
 
 /// A threshold in the score space of [`GemmSide`], rounded up to f32.
-fn score_threshold(metric: Metric, threshold: f64) -> f32 {
+pub(super) fn score_threshold(metric: Metric, threshold: f64) -> f32 {
     let t = match metric {
         Metric::L2 => threshold * threshold * (1.0 + 1e-9),
         Metric::Cosine => 2.0 * threshold,

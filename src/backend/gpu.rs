@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use datafusion::common::{DataFusionError, Result};
 
-use super::cpu::{FilterLimit, filter_space, gather, lower_corner, plan_join};
+use super::cpu::{FilterLimit, filter_space, gather, lower_corner, mean, plan_join, score_threshold};
 use super::exact::{ExactCheck, write_self_pairs};
 use super::topk::{Neighbour, k_smallest};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
@@ -75,15 +75,25 @@ impl GpuBackend {
         self.device.function(KernelModule::SimJoin, "brute_join")?;
         let (dim, n, nq) = (base.dim, base.len(), queries.len());
         let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
-        let origin = if metric == Metric::InnerProduct { vec![0.0; dim] } else { lower_corner(&query_filter, &base_filter, dim) };
         let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
-        let query_host = host_side(queries, &query_filter, identity(nq), &origin, metric);
-        let base_host = host_side(base, &base_filter, identity(n), &origin, metric);
+        let sides = |gemm: bool| {
+            let origin = filter_origin(metric, gemm, &query_filter, &base_filter, base);
+            let query_host = host_side(queries, &query_filter, identity(nq), &origin, metric, gemm);
+            let base_host = host_side(base, &base_filter, identity(n), &origin, metric, gemm);
+            (query_host, base_host)
+        };
+        let mut gemm = gemm_metric(metric);
+        let (mut query_host, mut base_host) = sides(gemm);
+        if gemm && !gemm_fits(&[&query_host, &base_host]) {
+            gemm = false;
+            (query_host, base_host) = sides(false);
+        }
         let sample_len = n.min(KNN_SAMPLE);
         let sample_positions = (0..sample_len).map(|i| (i * n / sample_len) as u32).collect();
-        let sample_host = host_side(base, &base_filter, sample_positions, &origin, metric);
+        // The sample kernel reads only the exact rows (and cosine norms).
+        let sample_host = host_side(base, &base_filter, sample_positions, &vec![0.0; dim], metric, false);
         let extent = filter_extent(&[&query_host, &base_host]);
-        let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim) };
+        let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm) };
 
         let uploading = Instant::now();
         let query_buffers = self.upload(&query_host)?;
@@ -114,7 +124,7 @@ impl GpuBackend {
         let mut levels = vec![0usize; nq];
         let counts = loop {
             let thresholds: Vec<f64> = (0..nq).map(|q| radius(q, levels[q])).collect();
-            let limits: Vec<f32> = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent)).collect();
+            let limits: Vec<f32> = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit).map_err(copy)?;
             let mut counts: Vec<u32> = Vec::with_capacity(nq);
@@ -219,10 +229,11 @@ struct HostSide<'a> {
     exact: Cow<'a, [f64]>,
     norms: Vec<f64>,
     filter_norms: Vec<f32>,
+    filter_sq_norms: Vec<f32>,
     order: Vec<u32>,
 }
 
-fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin: &[f64], metric: Metric) -> HostSide<'a> {
+fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin: &[f64], metric: Metric, gemm: bool) -> HostSide<'a> {
     let dim = v.dim.max(1);
     let mut filter = vec![0f32; order.len() * v.dim];
     filter.par_chunks_mut(dim).zip(order.par_iter()).for_each(|(out, &p)| {
@@ -237,12 +248,14 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
     } else {
         vec![0.0]
     };
-    let filter_norms = if metric == Metric::InnerProduct {
-        filter.par_chunks(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt() as f32).collect()
+    // ‖x̃‖² summed in f64 and rounded, ‖x̃‖ its f32 square root: as GemmSide, whose margin covers both.
+    let (filter_norms, filter_sq_norms) = if gemm || metric == Metric::InnerProduct {
+        let sq: Vec<f32> = filter.par_chunks(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32).collect();
+        (sq.iter().map(|s| s.sqrt()).collect(), if gemm { sq } else { vec![0.0] })
     } else {
-        vec![0.0]
+        (vec![0.0], vec![0.0])
     };
-    HostSide { filter, exact, norms, filter_norms, order }
+    HostSide { filter, exact, norms, filter_norms, filter_sq_norms, order }
 }
 
 impl GpuBackend {
@@ -254,6 +267,7 @@ impl GpuBackend {
             exact: s.clone_htod(side.exact.as_ref()).map_err(e)?,
             norms: s.clone_htod(&side.norms).map_err(e)?,
             filter_norms: s.clone_htod(&side.filter_norms).map_err(e)?,
+            filter_sq_norms: s.clone_htod(&side.filter_sq_norms).map_err(e)?,
             order: s.clone_htod(&side.order).map_err(e)?,
         })
     }
@@ -271,8 +285,6 @@ impl GpuBackend {
         let (left_filter, right_filter, strategy) = plan_join(request);
 
         // Slot orders (grid order, or input order for brute force) and the f32 filter.
-        let inner_product = metric == Metric::InnerProduct;
-        let origin = if inner_product { vec![0.0; dim] } else { lower_corner(&left_filter, &right_filter, dim) };
         let (left_index, right_index) = match &strategy {
             JoinStrategy::Grid(g) => {
                 let l = GridIndex::build(g, &left_filter, dim);
@@ -282,24 +294,34 @@ impl GpuBackend {
             JoinStrategy::BruteForce => (None, None),
         };
         let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
-        let left_order = left_index.as_ref().map_or_else(|| identity(left.len()), |i| i.order.clone());
-        let left_host = host_side(left, &left_filter, left_order, &origin, metric);
-        let right_host = match self_join {
-            Some(_) => None,
-            None => {
-                let order = right_index.as_ref().map_or_else(|| identity(right.len()), |i| i.order.clone());
-                Some(host_side(right, &right_filter, order, &origin, metric))
-            }
+        let sides = |gemm: bool| {
+            let origin = filter_origin(metric, gemm, &left_filter, &right_filter, right);
+            let left_order = left_index.as_ref().map_or_else(|| identity(left.len()), |i| i.order.clone());
+            let left_host = host_side(left, &left_filter, left_order, &origin, metric, gemm);
+            let right_host = match self_join {
+                Some(_) => None,
+                None => {
+                    let order = right_index.as_ref().map_or_else(|| identity(right.len()), |i| i.order.clone());
+                    Some(host_side(right, &right_filter, order, &origin, metric, gemm))
+                }
+            };
+            (left_host, right_host)
         };
+        let mut gemm = left_index.is_none() && gemm_metric(metric);
+        let (mut left_host, mut right_host) = sides(gemm);
+        if gemm && !gemm_fits(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) {
+            gemm = false;
+            (left_host, right_host) = sides(false);
+        }
         let extent = filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>());
         let mut params = JoinParams {
             dim: dim as u32,
             metric: metric_code(metric),
             self_join: self_join.is_some().into(),
             threshold,
-            ..filter_params(metric, dim)
+            ..filter_params(metric, dim, gemm)
         };
-        params.limit = filter_limit(metric, threshold, dim, extent);
+        params.limit = filter_limit(metric, threshold, dim, extent, gemm);
 
         let uploading = Instant::now();
         let left_buffers = self.upload(&left_host)?;
@@ -452,31 +474,57 @@ fn metric_code(metric: Metric) -> u32 {
     Metric::ALL.iter().position(|m| *m == metric).unwrap_or(0) as u32
 }
 
-/// The f32 filter kind (FILTER_* of common.cuh) of `metric`, with the inner product's margins.
-fn filter_params(metric: Metric, dim: usize) -> JoinParams {
-    let filter = match metric {
-        Metric::InnerProduct => {
-            return JoinParams {
-                filter: 3,
-                dot_margin: (dim as f32 + 16.0) / (1u32 << 23) as f32,
-                dot_floor: (dim as f32 + 16.0) * 2f32.powi(-140),
-                ..Default::default()
-            };
-        }
-        Metric::L1 => 1,
-        Metric::LInf => 2,
-        _ => 0,
+/// Whether brute force over `metric` filters with the GEMM form ‖x̃‖² + ‖ỹ‖² − 2x̃·ỹ (one fused
+/// multiply-add per dimension instead of a subtraction and one), as the CPU's GemmSide does.
+fn gemm_metric(metric: Metric) -> bool {
+    matches!(metric, Metric::L2 | Metric::L2Squared | Metric::Cosine)
+}
+
+/// The f32 filter kind (FILTER_* of common.cuh) of `metric`, with the dot-product forms' margins
+/// (GemmSide's `(d + 16)·2⁻²³·(‖x̃‖ + ‖ỹ‖)²` and its subnormal floor).
+fn filter_params(metric: Metric, dim: usize, gemm: bool) -> JoinParams {
+    let dot_form = |filter| JoinParams {
+        filter,
+        dot_margin: (dim as f32 + 16.0) / (1u32 << 23) as f32,
+        dot_floor: (dim as f32 + 16.0) * 2f32.powi(-140),
+        ..Default::default()
     };
-    JoinParams { filter, ..Default::default() }
+    match metric {
+        _ if gemm => dot_form(4),
+        Metric::InnerProduct => dot_form(3),
+        Metric::L1 => JoinParams { filter: 1, ..Default::default() },
+        Metric::LInf => JoinParams { filter: 2, ..Default::default() },
+        _ => JoinParams::default(),
+    }
+}
+
+/// The origin the f32 filter rows are offsets from: the right side's mean for the GEMM form (small
+/// norms, small margins; cosine's unit vectors stay as they are, like GemmSide's), the lower corner
+/// of both sides for the direct differences, none for the inner product.
+fn filter_origin(metric: Metric, gemm: bool, left_filter: &[f64], right_filter: &[f64], right: &Vectors) -> Vec<f64> {
+    match metric {
+        Metric::InnerProduct => vec![0.0; right.dim],
+        Metric::Cosine if gemm => vec![0.0; right.dim],
+        _ if gemm => mean(right),
+        _ => lower_corner(left_filter, right_filter, right.dim),
+    }
 }
 
 /// The f32 filter limit of an exact threshold: no pair within `threshold` scores above it (the
-/// proofs are on [`FilterLimit`] and, for the inner product, `GemmSide` in cpu.rs).
-fn filter_limit(metric: Metric, threshold: f64, dim: usize, extent: f64) -> f32 {
+/// proofs are on [`FilterLimit`] and, for the dot-product forms, `GemmSide` in cpu.rs).
+fn filter_limit(metric: Metric, threshold: f64, dim: usize, extent: f64, gemm: bool) -> f32 {
+    if gemm {
+        return score_threshold(metric, threshold);
+    }
     if metric == Metric::InnerProduct {
         return round_up(threshold);
     }
     FilterLimit::new(metric, threshold, dim, extent).limit
+}
+
+/// Whether the GEMM form's squared norms stay where f32 scores are meaningful (GemmSide's 10³⁶).
+fn gemm_fits(sides: &[&HostSide]) -> bool {
+    sides.iter().all(|h| h.filter_sq_norms.iter().all(|s| *s <= 1e36))
 }
 
 /// The largest |coordinate| of the f32 filter rows of both sides (the filter margins scale with it).

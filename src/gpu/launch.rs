@@ -44,8 +44,10 @@ pub struct SideBuffers {
     pub exact: CudaSlice<f64>,
     /// Cosine: Σx² per row (else one unused value).
     pub norms: CudaSlice<f64>,
-    /// Inner product: ‖x̃‖ per row (else one unused value).
+    /// Dot-product filters (inner product, GEMM form): ‖x̃‖ per row (else one unused value).
     pub filter_norms: CudaSlice<f32>,
+    /// GEMM form: ‖x̃‖² per row (else one unused value).
+    pub filter_sq_norms: CudaSlice<f32>,
     /// Slot → vector position.
     pub order: CudaSlice<u32>,
 }
@@ -159,7 +161,11 @@ pub fn join_pass(
         .arg(&right.order);
     match grid {
         Some(g) => builder.arg(&g.left_slot_cell).arg(&g.right_cell_ids).arg(&g.right_cell_start).arg(&g.cell_table),
-        None => builder.arg(&pass.row_threshold).arg(&pass.row_limit),
+        None => builder
+            .arg(&left.filter_sq_norms)
+            .arg(&right.filter_sq_norms)
+            .arg(&pass.row_threshold)
+            .arg(&pass.row_limit),
     };
     builder
         .arg(&mut pass.counts)
@@ -171,7 +177,8 @@ pub fn join_pass(
     // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for one
     // (types and order). Every row buffer holds `dim` values per slot for all slots the kernel
     // reads: left slots < `end` ≤ left rows, right slots < `right_len` or within `right_cell_start`;
-    // with `params.per_row`, `row_threshold` and `row_limit` hold a value for every left slot.
+    // with `params.per_row`, `row_threshold` and `row_limit` hold a value for every left slot;
+    // with the GEMM filter, `filter_norms` and `filter_sq_norms` hold one per row of their side.
     // `counts` and `offsets` hold at least `end - begin` entries (counts zeroed before the count
     // pass), and the output buffers at least the batch's total count, which the write pass never
     // exceeds because it re-finds exactly the pairs the count pass counted (same inputs, same
