@@ -51,29 +51,31 @@ struct JoinParams {
     u64 strides[MAX_GRID_DIMS];
 };
 
-// The exact distance of the contract: sums in dimension order, one term at a time.
+// The exact distance of the contract: sums in dimension order, one term at a time. `b`'s
+// coordinates are `b_stride` apart (kNN's sample is stored dimension-major, so that the threads of a
+// warp, one sample row each, read adjacent values).
 __device__ __forceinline__ double exact_distance(const JoinParams& p, const double* a, const double* b,
-                                                 double norm_a, double norm_b) {
+                                                 double norm_a, double norm_b, u32 b_stride = 1) {
     double acc = 0.0;
     switch (p.metric) {
     case METRIC_L2:
     case METRIC_L2SQ:
         for (u32 i = 0; i < p.dim; ++i) {
-            double d = a[i] - b[i];
+            double d = a[i] - b[(u64)i * b_stride];
             acc = acc + d * d;
         }
         return p.metric == METRIC_L2 ? sqrt(acc) : acc;
     case METRIC_COSINE:
-        for (u32 i = 0; i < p.dim; ++i) acc = acc + a[i] * b[i];
+        for (u32 i = 0; i < p.dim; ++i) acc = acc + a[i] * b[(u64)i * b_stride];
         return 1.0 - acc / (sqrt(norm_a) * sqrt(norm_b));
     case METRIC_INNER_PRODUCT:
-        for (u32 i = 0; i < p.dim; ++i) acc = acc + a[i] * b[i];
+        for (u32 i = 0; i < p.dim; ++i) acc = acc + a[i] * b[(u64)i * b_stride];
         return -acc;
     case METRIC_L1:
-        for (u32 i = 0; i < p.dim; ++i) acc = acc + fabs(a[i] - b[i]);
+        for (u32 i = 0; i < p.dim; ++i) acc = acc + fabs(a[i] - b[(u64)i * b_stride]);
         return acc;
     default:
-        for (u32 i = 0; i < p.dim; ++i) acc = fmax(acc, fabs(a[i] - b[i]));
+        for (u32 i = 0; i < p.dim; ++i) acc = fmax(acc, fabs(a[i] - b[(u64)i * b_stride]));
         return acc;
     }
 }

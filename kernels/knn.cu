@@ -1,7 +1,7 @@
 // Exact kNN as a range query with a radius per query (the GPU backend's kNN, src/backend/gpu.rs).
 //
 // knn_sample_radius gives each query candidate radii from a sample of the base: the exact f64
-// distances to `sample_len` ≤ SAMPLE base rows, sorted, and radii[q·LEVELS + j] = the
+// distances to `sample_len` ≤ SAMPLE base rows (stored dimension-major: `sx[d·sample_len + i]`), sorted, and radii[q·LEVELS + j] = the
 // (rank·4^j)-th smallest (+∞ once that rank is beyond the sample). brute_join then counts, per
 // query, the base rows within its radius (f32 filter with the proved margins, exact f64 check);
 // a query with fewer than k moves to its next level. A radius with at least k base rows within
@@ -24,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(JoinParams p
     for (u32 i = threadIdx.x; i < SAMPLE; i += blockDim.x) {
         if (i < sample_len) {
             double ns = p.metric == METRIC_COSINE ? snorm[i] : 0.0;
-            double v = exact_distance(p, x, sx + (u64)i * p.dim, nq, ns);
+            double v = exact_distance(p, x, sx + i, nq, ns, sample_len);
             // NaN (cosine of a zero vector) sorts last, like the host's total order.
             d[i] = isnan(v) ? F64_INFINITY : v;
         } else {

@@ -91,7 +91,16 @@ impl GpuBackend {
         let sample_len = n.min(KNN_SAMPLE);
         let sample_positions = (0..sample_len).map(|i| (i * n / sample_len) as u32).collect();
         // The sample kernel reads only the exact rows (and cosine norms).
-        let sample_host = host_side(base, &base_filter, sample_positions, &vec![0.0; dim], metric, false);
+        let mut sample_host = host_side(base, &base_filter, sample_positions, &vec![0.0; dim], metric, false);
+        // Dimension-major, so that knn_sample_radius's threads (one sample row each) read adjacent
+        // values: row-major made each warp load touch 32 cache lines, 0.3 s of P2's 784-D run.
+        let mut transposed = vec![0.0; sample_host.exact.len()];
+        for (i, row) in sample_host.exact.chunks_exact(dim.max(1)).enumerate() {
+            for (d, &x) in row.iter().enumerate() {
+                transposed[d * sample_len + i] = x;
+            }
+        }
+        sample_host.exact = Cow::Owned(transposed);
         let extent = filter_extent(&[&query_host, &base_host]);
         let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm) };
 

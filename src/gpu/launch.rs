@@ -222,7 +222,8 @@ pub fn sample_radius_pass(
         .arg(radii);
     // SAFETY: the arguments match knn_sample_radius's parameter list one for one. The kernel reads
     // `dim` values of query rows < `queries.end` (within the query side) and of sample rows
-    // < `sample_len` ≤ SAMPLE (the sample side's length), cosine norms at the same indices (the
+    // < `sample_len` ≤ SAMPLE (dimension-major: `dim · sample_len` values, the sample side's
+    // length), cosine norms at the same indices (the
     // norms buffers hold one per row for cosine), and writes LEVELS radii per query position,
     // within `radii`, which holds LEVELS values for every query.
     unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_radius launch failed: {e}"))?;
