@@ -315,10 +315,10 @@ fn grid_join(
             let id = left.cell_ids[c];
             neighbours.clear();
             g.for_each_neighbour(id, |nid| {
-                if !same || nid >= id {
-                    if let Some(nc) = right.find(nid) {
-                        neighbours.push(nc);
-                    }
+                if (!same || nid >= id)
+                    && let Some(nc) = right.find(nid)
+                {
+                    neighbours.push(nc);
                 }
             });
             let sources = left.slots(c);
@@ -571,7 +571,7 @@ impl GemmSide {
             .par_chunks(dim)
             .map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32)
             .collect();
-        if sq_norms.iter().any(|s| !(*s <= 1e36)) {
+        if sq_norms.iter().any(|s| s.is_nan() || *s > 1e36) {
             return None;
         }
         let norms = sq_norms.iter().map(|s| s.sqrt()).collect();

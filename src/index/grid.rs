@@ -264,12 +264,13 @@ fn extent_and_variance(left: &[f64], right: &[f64], dim: usize, sl: &[f64], sr: 
         }
     }
     let rows = (sl.len() + sr.len()) / dim;
-    let mut variance = vec![0.0; dim];
-    for d in 0..dim {
-        let values = || sl.iter().chain(sr).skip(d).step_by(dim);
-        let mean = values().sum::<f64>() / rows as f64;
-        variance[d] = values().map(|x| (x - mean) * (x - mean)).sum::<f64>() / rows as f64;
-    }
+    let variance = (0..dim)
+        .map(|d| {
+            let values = || sl.iter().chain(sr).skip(d).step_by(dim);
+            let mean = values().sum::<f64>() / rows as f64;
+            values().map(|x| (x - mean) * (x - mean)).sum::<f64>() / rows as f64
+        })
+        .collect();
     (lo, hi, variance)
 }
 

@@ -331,6 +331,7 @@ async fn serve_load(args: &BenchArgs) -> Result<()> {
         "p50_ms": report.p50_ms,
         "p99_ms": report.p99_ms,
         "server_peak_mib": report.server_peak_mib,
+        "per_statement": report.per_statement,
     });
     std::fs::write(args.dir.join("serve-load.json"), record.to_string())?;
     println!("| clients | queries (all answers checked) | wall (s) | queries/s | p50 (ms) | p99 (ms) | server peak RSS (MiB) |");
@@ -339,6 +340,10 @@ async fn serve_load(args: &BenchArgs) -> Result<()> {
         "| {} | {} | {:.2} | {qps:.1} | {:.1} | {:.1} | {} |",
         args.clients, report.queries, report.seconds, report.p50_ms, report.p99_ms, report.server_peak_mib
     );
+    println!("\n| statement | p50 (ms) | p99 (ms) |\n|---|---|---|");
+    for (sql, p50, p99) in &report.per_statement {
+        println!("| `{sql}` | {p50:.1} | {p99:.1} |");
+    }
     Ok(())
 }
 

@@ -41,6 +41,8 @@ pub struct LoadReport {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub server_peak_mib: u64,
+    /// Each statement with its p50 and p99 latency (ms).
+    pub per_statement: Vec<(String, f64, f64)>,
 }
 
 pub async fn run(dir: &Path, clients: usize, rounds: usize) -> Result<LoadReport> {
@@ -109,7 +111,7 @@ pub async fn run(dir: &Path, clients: usize, rounds: usize) -> Result<LoadReport
                 let which = (client_index + round) % statements.len();
                 let began = Instant::now();
                 let answer = pretty(&query(&mut client, &statements[which]).await?)?;
-                latencies.push(began.elapsed().as_secs_f64());
+                latencies.push((which, began.elapsed().as_secs_f64()));
                 if answer != expected[which] {
                     return Err(DataFusionError::Execution(format!(
                         "client {client_index}: the served answer to '{}' differs from the embedded library's",
@@ -138,15 +140,32 @@ pub async fn run(dir: &Path, clients: usize, rounds: usize) -> Result<LoadReport
     if let Some(e) = failure {
         return Err(e);
     }
-    latencies.sort_by(f64::total_cmp);
-    let percentile = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] * 1e3;
+    let all: Vec<f64> = latencies.iter().map(|&(_, t)| t).collect();
+    let per_statement = statements
+        .iter()
+        .enumerate()
+        .map(|(i, sql)| {
+            let mine: Vec<f64> = latencies.iter().filter(|&&(w, _)| w == i).map(|&(_, t)| t).collect();
+            (sql.clone(), percentile_ms(mine.clone(), 0.5), percentile_ms(mine, 0.99))
+        })
+        .collect();
     Ok(LoadReport {
-        queries: latencies.len(),
+        queries: all.len(),
         seconds,
-        p50_ms: percentile(0.50),
-        p99_ms: percentile(0.99),
+        p50_ms: percentile_ms(all.clone(), 0.50),
+        p99_ms: percentile_ms(all, 0.99),
         server_peak_mib: peak_kib / 1024,
+        per_statement,
     })
+}
+
+/// The `p` quantile of `seconds`, in milliseconds (0 for none).
+fn percentile_ms(mut seconds: Vec<f64>, p: f64) -> f64 {
+    if seconds.is_empty() {
+        return 0.0;
+    }
+    seconds.sort_by(f64::total_cmp);
+    seconds[((seconds.len() - 1) as f64 * p).round() as usize] * 1e3
 }
 
 async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<Vec<RecordBatch>> {
