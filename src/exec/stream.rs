@@ -182,7 +182,17 @@ impl Run {
         let baseline = metrics.baseline.clone();
         tokio::task::spawn_blocking(move || {
             let sink = ChannelSink { sender, chunk_rows, progress: progress.clone(), function: op.function_name() };
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| compute(&op, backend.as_ref(), &lv, &rv, same, &sink)));
+            // Each run gets worker threads of its own: a backend blocks in `sink.send` while its
+            // consumer is behind (a paused Flight client, a slow writer), and in the shared global
+            // pool a few such runs would stall every other query of the process.
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(rayon::current_num_threads())
+                    .thread_name(|i| format!("simjoin-run-{i}"))
+                    .build()
+                    .map_err(|e| DataFusionError::ResourcesExhausted(format!("{}: cannot start worker threads: {e}", op.function_name())))?;
+                pool.install(|| compute(&op, backend.as_ref(), &lv, &rv, same, &sink))
+            }));
             if let Some(p) = &progress {
                 p.finish();
             }

@@ -402,3 +402,25 @@ fn serving_other_machines_needs_an_explicit_flag() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("without authentication: anyone who can reach it can read every table"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_client_does_not_hold_up_the_others() {
+    let ctx = ctx();
+    register(&ctx, "big", &vectors(20_000, 2, 5), 2, Shape::FixedF32);
+    register(&ctx, "points", &vectors(300, 3, 11), 3, Shape::FixedF32);
+    let server = start(FlightSqlServer::new(&ctx)).await;
+    // Two clients start huge joins and stop reading after one batch each.
+    let mut paused = Vec::new();
+    for _ in 0..2 {
+        let mut client = client(server.address).await;
+        let info = client.execute("SELECT * FROM sim_join(big, 2.0)".into(), None).await.unwrap();
+        let mut stream = client.do_get(info.endpoint[0].ticket.clone().unwrap()).await.unwrap();
+        assert!(stream.next().await.unwrap().unwrap().num_rows() > 0);
+        paused.push((client, stream));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut other = client(server.address).await;
+    let answer = tokio::time::timeout(Duration::from_secs(20), query(&mut other, QUERIES[2])).await;
+    assert!(answer.is_ok(), "a third client's kNN waited 20 s behind two paused clients");
+    drop(paused);
+}
