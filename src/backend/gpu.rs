@@ -58,6 +58,36 @@ impl Backend for GpuBackend {
 }
 
 impl GpuBackend {
+    /// The count pass over left slots `0..slots`, in launches of at most MAX_PASS_ROWS slots:
+    /// result pairs (kNN: rows within the radius) per left slot.
+    #[allow(clippy::too_many_arguments)]
+    fn count_pass(
+        &self,
+        params: &JoinParams,
+        slots: usize,
+        right_len: u32,
+        left: &SideBuffers,
+        right: &SideBuffers,
+        grid: Option<&GridBuffers>,
+        pass: &mut PassBuffers,
+        stats: &mut RunStats,
+    ) -> Result<Vec<u32>, String> {
+        let stream = &self.device.stream;
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let mut counts = Vec::with_capacity(slots);
+        for begin in (0..slots).step_by(MAX_PASS_ROWS) {
+            let end = (begin + MAX_PASS_ROWS).min(slots);
+            stream.memset_zeros(&mut pass.counts).map_err(copy)?;
+            let counting = Instant::now();
+            join_pass(&self.device, params, begin as u32..end as u32, right_len, left, right, grid, pass, false)?;
+            stats.kernel_time += counting.elapsed();
+            let downloading = Instant::now();
+            counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
+            stats.transfer_time += downloading.elapsed();
+        }
+        Ok(counts)
+    }
+
     /// kNN as a range query with a radius per query: radii from the sampled distances
     /// (knn_sample_radius), a count pass of brute_join with those radii, the next radius for any
     /// query short of k rows (the last level, +∞, takes every row), then write passes and an exact
@@ -89,19 +119,8 @@ impl GpuBackend {
             (query_host, base_host) = sides(false);
         }
         let sample_len = n.min(KNN_SAMPLE);
-        let sample_positions = (0..sample_len).map(|i| (i * n / sample_len) as u32).collect();
-        // The sample kernel reads only the exact rows (and cosine norms).
-        let mut sample_host = host_side(base, &base_filter, sample_positions, &vec![0.0; dim], metric, false);
-        // Dimension-major, so that knn_sample_radius's threads (one sample row each) read adjacent
-        // values: row-major made each warp load touch 32 cache lines, 0.3 s of P2's 784-D run.
-        let mut transposed = vec![0.0; sample_host.exact.len()];
-        for (i, row) in sample_host.exact.chunks_exact(dim.max(1)).enumerate() {
-            for (d, &x) in row.iter().enumerate() {
-                transposed[d * sample_len + i] = x;
-            }
-        }
-        sample_host.exact = Cow::Owned(transposed);
-        let extent = filter_extent(&[&query_host, &base_host]);
+        let sample_host = sample_side(base, metric, sample_len);
+        let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
         let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm) };
 
         let uploading = Instant::now();
@@ -136,15 +155,7 @@ impl GpuBackend {
             let limits: Vec<f32> = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit).map_err(copy)?;
-            let mut counts: Vec<u32> = Vec::with_capacity(nq);
-            for begin in (0..nq).step_by(MAX_PASS_ROWS) {
-                let end = (begin + MAX_PASS_ROWS).min(nq);
-                stream.memset_zeros(&mut pass.counts).map_err(copy)?;
-                let counting = Instant::now();
-                join_pass(&self.device, &params, begin as u32..end as u32, n as u32, &query_buffers, &base_buffers, None, &mut pass, false)?;
-                stats.kernel_time += counting.elapsed();
-                counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
-            }
+            let counts = self.count_pass(&params, nq, n as u32, &query_buffers, &base_buffers, None, &mut pass, &mut stats)?;
             let mut short = false;
             for (q, &c) in counts.iter().enumerate() {
                 if (c as usize) < k {
@@ -171,13 +182,7 @@ impl GpuBackend {
             let exec = |e: String| DataFusionError::Execution(e);
             let d2h = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
             for &(begin, end, total) in &batches {
-                let mut offsets = Vec::with_capacity(end - begin + 1);
-                let mut at = 0u64;
-                for &c in &counts[begin..end] {
-                    offsets.push(at);
-                    at += c as u64;
-                }
-                offsets.push(at);
+                let offsets = exclusive_offsets(&counts[begin..end]);
                 let copying = Instant::now();
                 pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(d2h)?;
                 transfer += copying.elapsed();
@@ -267,6 +272,23 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
     HostSide { filter, exact, norms, filter_norms, filter_sq_norms, order }
 }
 
+/// kNN's radius sample: `sample_len` evenly spread base rows, the only thing knn_sample_radius
+/// reads being their exact values (and cosine norms). Dimension-major, so that its threads (one
+/// sample row each) read adjacent values: row-major made each warp load touch 32 cache lines,
+/// 0.3 s of P2's 784-D run.
+fn sample_side(base: &Vectors, metric: Metric, sample_len: usize) -> HostSide<'static> {
+    let n = base.len();
+    let order: Vec<u32> = (0..sample_len).map(|i| (i * n / sample_len) as u32).collect();
+    let mut exact = vec![0.0; sample_len * base.dim];
+    for (i, &p) in order.iter().enumerate() {
+        for (d, &x) in base.row(p as usize).iter().enumerate() {
+            exact[d * sample_len + i] = x;
+        }
+    }
+    let norms = if metric == Metric::Cosine { order.iter().map(|&p| dot(base.row(p as usize), base.row(p as usize))).collect() } else { vec![0.0] };
+    HostSide { filter: vec![0.0], exact: Cow::Owned(exact), norms, filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order }
+}
+
 impl GpuBackend {
     fn upload(&self, side: &HostSide) -> Result<SideBuffers, String> {
         let s = &self.device.stream;
@@ -322,7 +344,7 @@ impl GpuBackend {
             gemm = false;
             (left_host, right_host) = sides(false);
         }
-        let extent = filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>());
+        let extent = if gemm { 0.0 } else { filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) };
         let mut params = JoinParams {
             dim: dim as u32,
             metric: metric_code(metric),
@@ -377,17 +399,7 @@ impl GpuBackend {
         let probe = Instant::now();
         let n_left = left_host.order.len();
         let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
-        let mut counts: Vec<u32> = Vec::with_capacity(n_left);
-        for begin in (0..n_left).step_by(MAX_PASS_ROWS) {
-            let end = (begin + MAX_PASS_ROWS).min(n_left);
-            stream.memset_zeros(&mut pass.counts).map_err(copy)?;
-            let counting = Instant::now();
-            join_pass(&self.device, &params, begin as u32..end as u32, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, false)?;
-            stats.kernel_time += counting.elapsed();
-            let downloading = Instant::now();
-            counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
-            stats.transfer_time += downloading.elapsed();
-        }
+        let counts = self.count_pass(&params, n_left, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, &mut stats)?;
         let (batches, capacity) = write_batches(&counts);
         pass.size_outputs(&self.device, capacity)?;
         let mut host_left = pinned_buffer::<u32>(&self.device, capacity)?;
@@ -401,14 +413,9 @@ impl GpuBackend {
         let outcome = (|| -> Result<()> {
             for &(begin, end, total) in &batches {
                 if total > 0 {
-                    let mut offsets = Vec::with_capacity(end - begin);
-                    let mut at = 0u64;
-                    for &c in &counts[begin..end] {
-                        offsets.push(at);
-                        at += c as u64;
-                    }
+                    let offsets = exclusive_offsets(&counts[begin..end]);
                     let copying = Instant::now();
-                    pass.offsets = stream.clone_htod(&offsets).map_err(|e| DataFusionError::Execution(copy(e)))?;
+                    pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(|e| DataFusionError::Execution(copy(e)))?;
                     transfer += copying.elapsed();
                     let writing = Instant::now();
                     join_pass(&self.device, &params, begin as u32..end as u32, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, true)
@@ -478,6 +485,18 @@ fn write_batches(counts: &[u32]) -> (Vec<(usize, usize, u64)>, usize) {
     (batches, capacity)
 }
 
+/// Where each slot's pairs start in a batch's output, plus the end: an exclusive prefix sum.
+fn exclusive_offsets(counts: &[u32]) -> Vec<u64> {
+    let mut offsets = Vec::with_capacity(counts.len() + 1);
+    let mut at = 0u64;
+    offsets.push(at);
+    for &c in counts {
+        at += c as u64;
+        offsets.push(at);
+    }
+    offsets
+}
+
 /// The index of `metric` in kernels/common.cuh's METRIC_* codes.
 fn metric_code(metric: Metric) -> u32 {
     Metric::ALL.iter().position(|m| *m == metric).unwrap_or(0) as u32
@@ -520,7 +539,8 @@ fn filter_origin(metric: Metric, gemm: bool, left_filter: &[f64], right_filter: 
 }
 
 /// The f32 filter limit of an exact threshold: no pair within `threshold` scores above it (the
-/// proofs are on [`FilterLimit`] and, for the dot-product forms, `GemmSide` in cpu.rs).
+/// proofs are on [`FilterLimit`] and, for the dot-product forms, `GemmSide` in cpu.rs). `extent`
+/// matters only to the direct differences (not the GEMM form).
 fn filter_limit(metric: Metric, threshold: f64, dim: usize, extent: f64, gemm: bool) -> f32 {
     if gemm {
         return score_threshold(metric, threshold);
@@ -576,6 +596,7 @@ mod tests {
         let (batches, _) = write_batches(&many);
         assert_eq!(batches, vec![(0, MAX_PASS_ROWS, MAX_PASS_ROWS as u64), (MAX_PASS_ROWS, MAX_PASS_ROWS + 3, 3)]);
         assert_eq!(write_batches(&[]), (vec![(0, 0, 0)], 1));
+        assert_eq!(exclusive_offsets(&[3, 0, 2]), vec![0, 3, 3, 5]);
     }
 
     #[test]
