@@ -46,7 +46,7 @@ struct JoinParams {
     u32 k;
     u32 dense;          // 1: `cell_table[id]` maps a linear id to its cell (u32 max: empty)
     u32 right_cells;    // number of non-empty right cells
-    u32 padding2;
+    u32 tensor_cores;   // brute force: the host launched brute_join_tc (the margins above are its own)
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
 };

@@ -109,6 +109,69 @@ extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
 // With `p.per_row` (kNN as a range query, see knn.cu) left slot s has its own exact threshold
 // `row_threshold[s]` and f32 filter limit `row_limit[s]`; an infinite threshold takes every right
 // row, NaN distances included, so a query always gets min(k, n) candidates.
+// The epilogue of both brute-force kernels. Each thread decides an 8 × 8 set of (left, right)
+// slots; what the filter needs of each slot (limit, norms) is loaded once into registers, not per
+// pair: per-pair loads made the epilogue, not the dot products, the brute-force kernels' limit.
+struct LeftSlot {
+    float limit;     // the f32 filter limit (per row for kNN)
+    float norm;      // dot-product filters: ‖x̃‖
+    float sq_norm;   // FILTER_GEMM_L2: ‖x̃‖²
+    bool valid;      // a slot of this pass
+    bool take_all;   // kNN's infinite radius: every right row, NaN distances included
+};
+struct RightSlot {
+    float norm;
+    float sq_norm;
+    bool valid;
+};
+
+__device__ __forceinline__ LeftSlot left_slot(const JoinParams& p, u32 s, u32 slot_end, const float* lfnorm,
+                                              const float* lfsq, const double* row_threshold, const float* row_limit) {
+    LeftSlot l = {0.0f, 0.0f, 0.0f, s < slot_end, false};
+    if (!l.valid) return l;
+    l.limit = p.per_row ? row_limit[s] : p.limit;
+    l.take_all = p.per_row && isinf(row_threshold[s]) && row_threshold[s] > 0.0;
+    if (p.filter == FILTER_NEG_DOT || p.filter == FILTER_GEMM_L2) l.norm = lfnorm[s];
+    if (p.filter == FILTER_GEMM_L2) l.sq_norm = lfsq[s];
+    return l;
+}
+
+__device__ __forceinline__ RightSlot right_slot(const JoinParams& p, u32 t, u32 right_len, const float* rfnorm, const float* rfsq) {
+    RightSlot r = {0.0f, 0.0f, t < right_len};
+    if (!r.valid) return r;
+    if (p.filter == FILTER_NEG_DOT || p.filter == FILTER_GEMM_L2) r.norm = rfnorm[t];
+    if (p.filter == FILTER_GEMM_L2) r.sq_norm = rfsq[t];
+    return r;
+}
+
+// Whether a pair passes the f32 filter, given `value`: −x̃·ỹ for the dot-product filters (the GEMM
+// score adds the squared norms; its rounding is counted in the margin), else the direct score.
+__device__ __forceinline__ bool brute_filter(const JoinParams& p, const LeftSlot& l, const RightSlot& r, float value) {
+    if (l.take_all) return true;
+    float score = p.filter == FILTER_GEMM_L2 ? l.sq_norm + r.sq_norm + 2.0f * value : value;
+    return filter_passes(p, score, l.norm, r.norm, l.limit);
+}
+
+// A pair that passed the filter: its exact f64 distance decides, then a count or a written pair.
+__device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, bool take_all, u32 slot_begin,
+        const double* lx, const double* rx, const double* lnorm, const double* rnorm,
+        const u32* left_order, const u32* right_order, const double* row_threshold,
+        u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, int write) {
+    double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
+    double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
+    double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
+    double threshold = p.per_row ? row_threshold[s] : p.threshold;
+    if (!take_all && !(dist <= threshold)) return;
+    if (write) {
+        u64 at = atomicAdd(&cursors[s - slot_begin], 1ull);
+        out_left[at] = left_order[s];
+        out_right[at] = right_order[t];
+        out_distance[at] = dist;
+    } else {
+        atomicAdd(&counts[s - slot_begin], 1u);
+    }
+}
+
 #define TILE 128
 #define MICRO 8
 #define CHUNK 8
@@ -142,12 +205,17 @@ __device__ __forceinline__ void accumulate_chunk(const float (*xs)[TILE + 4], co
         }
     }
 }
-extern "C" __global__ void __launch_bounds__(256) brute_join(JoinParams p, u32 slot_begin, u32 slot_end, u32 right_len,
-        const float* lf, const float* rf, const double* lx, const double* rx,
-        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
-        const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,
-        const double* row_threshold, const float* row_limit,
-        u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, int write) {
+// The parameter list of brute_join and brute_join_tc: one list, because the host launches both
+// with the same arguments (src/gpu/launch.rs).
+#define BRUTE_JOIN_PARAMS                                                                        \
+    JoinParams p, u32 slot_begin, u32 slot_end, u32 right_len,                                  \
+        const float* lf, const float* rf, const double* lx, const double* rx,                   \
+        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,     \
+        const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,    \
+        const double* row_threshold, const float* row_limit,                                    \
+        u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, int write
+
+extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAMS) {
     __shared__ float xs[CHUNK][TILE + 4];
     __shared__ float ys[CHUNK][TILE + 4];
     u32 row0 = slot_begin + blockIdx.y * TILE;
@@ -177,36 +245,123 @@ extern "C" __global__ void __launch_bounds__(256) brute_join(JoinParams p, u32 s
         }
         __syncthreads();
     }
+    // The right slots' values stay in registers for the whole epilogue, each left slot's for its
+    // row of pairs (all of them at once would exceed 128 registers and spill).
+    RightSlot cols[MICRO];
+#pragma unroll
+    for (int j = 0; j < MICRO; ++j) cols[j] = right_slot(p, col0 + tx * MICRO + j, right_len, rfnorm, rfsq);
 #pragma unroll
     for (int i = 0; i < MICRO; ++i) {
         u32 s = row0 + ty * MICRO + i;
-        if (s >= slot_end) continue;
-        double threshold = p.per_row ? row_threshold[s] : p.threshold;
-        float limit = p.per_row ? row_limit[s] : p.limit;
-        bool take_all = p.per_row && isinf(threshold) && threshold > 0.0;
+        LeftSlot row = left_slot(p, s, slot_end, lfnorm, lfsq, row_threshold, row_limit);
+        if (!row.valid) continue;
 #pragma unroll
         for (int j = 0; j < MICRO; ++j) {
             u32 t = col0 + tx * MICRO + j;
-            if (t >= right_len || (p.self_join && t <= s)) continue;
-            bool dot_form = p.filter == FILTER_NEG_DOT || p.filter == FILTER_GEMM_L2;
-            float nx = dot_form ? lfnorm[s] : 0.0f;
-            float ny = dot_form ? rfnorm[t] : 0.0f;
-            // acc = −x̃·ỹ; the GEMM score adds the squared norms (rounding counted in the margin).
-            float score = p.filter == FILTER_GEMM_L2 ? lfsq[s] + rfsq[t] + 2.0f * acc[i][j] : acc[i][j];
-            if (!take_all && !filter_passes(p, score, nx, ny, limit)) continue;
-            double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
-            double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
-            double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
-            if (take_all || dist <= threshold) {
-                if (write) {
-                    u64 at = atomicAdd(&cursors[s - slot_begin], 1ull);
-                    out_left[at] = left_order[s];
-                    out_right[at] = right_order[t];
-                    out_distance[at] = dist;
-                } else {
-                    atomicAdd(&counts[s - slot_begin], 1u);
-                }
-            }
+            if (!cols[j].valid || (p.self_join && t <= s)) continue;
+            if (brute_filter(p, row, cols[j], acc[i][j]))
+                exact_pair(p, s, t, row.take_all, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
+                           row_threshold, counts, cursors, out_left, out_right, out_distance, write);
         }
     }
+}
+
+// Brute force for the dot-product filters (FILTER_GEMM_L2, FILTER_NEG_DOT) on tensor cores: the
+// same 128 × 128 tiles, pairs and epilogue as brute_join, with x̃·ỹ from TF32 mma.sync
+// (m16n8k8, f32 accumulation). Each of the 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles);
+// rows enter shared memory 32 dimensions at a time, rounded to TF32 (cvt.rna: to nearest, so each
+// coordinate errs by at most 2⁻¹¹ relative) and stored row-major with a stride of 36 words, so
+// that both the coalesced stores and the fragment loads (8 rows × 4 dimensions per warp) hit 32
+// distinct banks. The products of TF32 values are exact in f32; the error of this dot product is
+// covered by the wider margin the host sets for this kernel (`tensor_core_margin` in
+// src/backend/gpu.rs, with the proof). Needs sm_80 or later; the host launches it only there.
+#define TC_CHUNK 32
+#define TC_STRIDE (TC_CHUNK + 4)
+
+__device__ __forceinline__ u32 to_tf32(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ u32 xs[TILE][TC_STRIDE];
+    __shared__ u32 ys[TILE][TC_STRIDE];
+    u32 row0 = slot_begin + blockIdx.y * TILE;
+    u32 col0 = blockIdx.x * TILE;
+    if (row0 >= slot_end) return;
+    if (p.self_join && col0 + TILE <= row0) return;  // every right row precedes every left row
+    u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    u32 warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+    u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k8 layout
+    float acc[4][4][4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
+    for (u32 d0 = 0; d0 < p.dim; d0 += TC_CHUNK) {
+        // This chunk's width, rounded up to the mma's 8 (zeros beyond the data add nothing).
+        u32 width = min((u32)TC_CHUNK, (p.dim - d0 + 7) & ~7u);
+        for (u32 e = threadIdx.x; e < TILE * width; e += 256) {
+            u32 r = e / width, d = e % width;
+            u32 s = row0 + r, t = col0 + r;
+            xs[r][d] = to_tf32((s < slot_end && d0 + d < p.dim) ? lf[(u64)s * p.dim + d0 + d] : 0.0f);
+            ys[r][d] = to_tf32((t < right_len && d0 + d < p.dim) ? rf[(u64)t * p.dim + d0 + d] : 0.0f);
+        }
+        __syncthreads();
+        for (u32 k = 0; k < width; k += 8) {
+            u32 a[4][4], b[4][2];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                u32 row = warp_row + m * 16 + group;
+                a[m][0] = xs[row][k + quad];
+                a[m][1] = xs[row + 8][k + quad];
+                a[m][2] = xs[row][k + quad + 4];
+                a[m][3] = xs[row + 8][k + quad + 4];
+            }
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+                u32 col = warp_col + n * 8 + group;
+                b[n][0] = ys[col][k + quad];
+                b[n][1] = ys[col][k + quad + 4];
+            }
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+#pragma unroll
+                for (int n = 0; n < 4; ++n)
+                    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                                 : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
+                                 : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));
+        }
+        __syncthreads();
+    }
+    // Accumulator r of mma tile (m, n) holds row group (+8 for r ≥ 2), column 2·quad (+1 for odd r).
+    RightSlot cols[4][2];
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) cols[n][h] = right_slot(p, col0 + warp_col + n * 8 + 2 * quad + h, right_len, rfnorm, rfsq);
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            u32 s = row0 + warp_row + m * 16 + group + 8 * h;
+            LeftSlot row = left_slot(p, s, slot_end, lfnorm, lfsq, row_threshold, row_limit);
+            if (!row.valid) continue;
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    u32 t = col0 + warp_col + n * 8 + 2 * quad + c;
+                    if (!cols[n][c].valid || (p.self_join && t <= s)) continue;
+                    if (brute_filter(p, row, cols[n][c], -acc[m][n][2 * h + c]))
+                        exact_pair(p, s, t, row.take_all, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
+                                   row_threshold, counts, cursors, out_left, out_right, out_distance, write);
+                }
+        }
+#endif
 }

@@ -75,6 +75,7 @@ impl GpuBackend {
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let mut counts = Vec::with_capacity(slots);
+        stats.count_passes += 1;
         for begin in (0..slots).step_by(MAX_PASS_ROWS) {
             let end = (begin + MAX_PASS_ROWS).min(slots);
             stream.memset_zeros(&mut pass.counts).map_err(copy)?;
@@ -110,18 +111,19 @@ impl GpuBackend {
             let origin = filter_origin(metric, gemm, &query_filter, &base_filter, base);
             let query_host = host_side(queries, &query_filter, identity(nq), &origin, metric, gemm);
             let base_host = host_side(base, &base_filter, identity(n), &origin, metric, gemm);
-            (query_host, base_host)
+            (query_host, base_host, origin)
         };
         let mut gemm = gemm_metric(metric);
-        let (mut query_host, mut base_host) = sides(gemm);
+        let (mut query_host, mut base_host, mut origin) = sides(gemm);
         if gemm && !gemm_fits(&[&query_host, &base_host]) {
             gemm = false;
-            (query_host, base_host) = sides(false);
+            (query_host, base_host, origin) = sides(false);
         }
         let sample_len = n.min(KNN_SAMPLE);
         let sample_host = sample_side(base, metric, sample_len);
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
-        let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm) };
+        let tensor_cores = self.device.has_tf32_tensor_cores();
+        let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tensor_cores) };
 
         let uploading = Instant::now();
         let query_buffers = self.upload(&query_host)?;
@@ -147,29 +149,46 @@ impl GpuBackend {
 
         let probe = Instant::now();
         let mut pass = PassBuffers::new(&self.device, nq.min(MAX_PASS_ROWS), nq)?;
-        // Count passes until every query has at least k rows within its radius; a query's level
-        // only rises, and level KNN_LEVELS (+∞) counts all n ≥ k rows, so this ends.
+        // Count passes until every query has at least k rows within its radius: the first over
+        // every query, each later one over only the queries still short of k (uploaded as a side
+        // of their own: a pass costs the whole base per query row, and on P1 a few dozen of 10,000
+        // queries need a second radius). A query's level only rises, and level KNN_LEVELS (+∞)
+        // counts all n ≥ k rows, so this ends. A count depends only on the exact distances (the
+        // filter passes every row within the radius), so the write pass re-finds it exactly.
         let mut levels = vec![0usize; nq];
-        let counts = loop {
-            let thresholds: Vec<f64> = (0..nq).map(|q| radius(q, levels[q])).collect();
+        let mut counts = vec![0u32; nq];
+        let mut pending: Vec<u32> = identity(nq);
+        let mut subset_buffers = None;
+        while !pending.is_empty() {
+            let thresholds: Vec<f64> = pending.iter().map(|&q| radius(q as usize, levels[q as usize])).collect();
             let limits: Vec<f32> = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
-            stream.memcpy_htod(&thresholds, &mut pass.row_threshold).map_err(copy)?;
-            stream.memcpy_htod(&limits, &mut pass.row_limit).map_err(copy)?;
-            let counts = self.count_pass(&params, nq, n as u32, &query_buffers, &base_buffers, None, &mut pass, &mut stats)?;
-            let mut short = false;
-            for (q, &c) in counts.iter().enumerate() {
+            stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
+            stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
+            let side = subset_buffers.as_ref().unwrap_or(&query_buffers);
+            let pending_counts = self.count_pass(&params, pending.len(), n as u32, side, &base_buffers, None, &mut pass, &mut stats)?;
+            let mut short = Vec::new();
+            for (&q, &c) in pending.iter().zip(&pending_counts) {
+                counts[q as usize] = c;
                 if (c as usize) < k {
-                    if levels[q] >= KNN_LEVELS {
+                    if levels[q as usize] >= KNN_LEVELS {
                         return Err(format!("query {q} has {c} of {n} base rows within an infinite radius"));
                     }
-                    levels[q] += 1;
-                    short = true;
+                    levels[q as usize] += 1;
+                    short.push(q);
                 }
             }
-            if !short {
-                break counts;
+            if !short.is_empty() {
+                let uploading = Instant::now();
+                subset_buffers = Some(self.upload(&host_side(queries, &query_filter, short.clone(), &origin, metric, gemm))?);
+                stats.transfer_time += uploading.elapsed();
             }
-        };
+            pending = short;
+        }
+        // The write pass covers every query, each with its final radius.
+        let thresholds: Vec<f64> = (0..nq).map(|q| radius(q, levels[q])).collect();
+        let limits: Vec<f32> = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
+        stream.memcpy_htod(&thresholds, &mut pass.row_threshold).map_err(copy)?;
+        stream.memcpy_htod(&limits, &mut pass.row_limit).map_err(copy)?;
         stats.candidates = counts.iter().map(|&c| c as u64).sum();
 
         let (batches, capacity) = write_batches(&counts);
@@ -350,7 +369,7 @@ impl GpuBackend {
             metric: metric_code(metric),
             self_join: self_join.is_some().into(),
             threshold,
-            ..filter_params(metric, dim, gemm)
+            ..filter_params(metric, dim, gemm, left_index.is_none() && self.device.has_tf32_tensor_cores())
         };
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
 
@@ -508,14 +527,17 @@ fn gemm_metric(metric: Metric) -> bool {
     matches!(metric, Metric::L2 | Metric::L2Squared | Metric::Cosine)
 }
 
-/// The f32 filter kind (FILTER_* of common.cuh) of `metric`, with the dot-product forms' margins
-/// (GemmSide's `(d + 16)·2⁻²³·(‖x̃‖ + ‖ỹ‖)²` and its subnormal floor).
-fn filter_params(metric: Metric, dim: usize, gemm: bool) -> JoinParams {
-    let dot_form = |filter| JoinParams {
-        filter,
-        dot_margin: (dim as f32 + 16.0) / (1u32 << 23) as f32,
-        dot_floor: (dim as f32 + 16.0) * 2f32.powi(-140),
-        ..Default::default()
+/// The f32 filter kind (FILTER_* of common.cuh) of `metric`, with the dot-product forms' margins:
+/// GemmSide's `(d + 16)·2⁻²³·(‖x̃‖ + ‖ỹ‖)²` and its subnormal floor, or, where `tensor_cores` (brute
+/// force on a device with TF32 mma), the wider [`tensor_core_margin`] and brute_join_tc.
+fn filter_params(metric: Metric, dim: usize, gemm: bool, tensor_cores: bool) -> JoinParams {
+    let dot_form = |filter| {
+        let (dot_margin, dot_floor) = if tensor_cores {
+            tensor_core_margin(dim)
+        } else {
+            ((dim as f32 + 16.0) / (1u32 << 23) as f32, (dim as f32 + 16.0) * 2f32.powi(-140))
+        };
+        JoinParams { filter, dot_margin, dot_floor, tensor_cores: tensor_cores.into(), ..Default::default() }
     };
     match metric {
         _ if gemm => dot_form(4),
@@ -524,6 +546,29 @@ fn filter_params(metric: Metric, dim: usize, gemm: bool) -> JoinParams {
         Metric::LInf => JoinParams { filter: 2, ..Default::default() },
         _ => JoinParams::default(),
     }
+}
+
+/// The margin factor and absolute floor of the dot-product filters when x̃·ỹ comes from TF32
+/// tensor cores (brute_join_tc): `2⁻¹⁰ + (d + 16)·2⁻²¹` and `(d + 16)·2⁻¹²⁴`.
+///
+/// # Why the filter still loses no pair
+/// brute_join_tc rounds every f32 filter coordinate to TF32 (10 stored bits, to nearest), so
+/// `x̂ᵢ = x̃ᵢ(1 + δᵢ)` with `|δᵢ| ≤ 2⁻¹¹` and `|x̂ᵢŷᵢ − x̃ᵢỹᵢ| ≤ (2⁻¹⁰ + 2⁻²²)|x̃ᵢỹᵢ|`. Products of TF32
+/// values are exact in f32 (11 × 11 significant bits); the tensor cores add them into f32
+/// accumulators, each addition erring by at most 2⁻²² of the magnitudes it adds (truncation, 2⁻²³,
+/// doubled for adding several aligned products at once: Fasi et al., "Numerical behavior of NVIDIA
+/// tensor cores", PeerJ CS 2021), so the d additions err by at most `d·2⁻²²·Σ|x̂ᵢŷᵢ|`. With
+/// `Σ|x̃ᵢỹᵢ| ≤ ‖x̃‖‖ỹ‖ ≤ (‖x̃‖ + ‖ỹ‖)²/4`, the dot product errs by at most
+/// `(2⁻¹⁰ + (d + 2)·2⁻²²)·(‖x̃‖ + ‖ỹ‖)²/4` (to first order), the GEMM score `‖x̃‖² + ‖ỹ‖² − 2x̃·ỹ` by
+/// twice that, `(2⁻¹¹ + (d + 2)·2⁻²³)·(‖x̃‖ + ‖ỹ‖)²`, and everything else of GemmSide's analysis
+/// (norms, the f64 → f32 rounding, the final additions) by at most `2⁻²¹·(‖x̃‖ + ‖ỹ‖)²`: in all less
+/// than half of `2⁻¹⁰ + (d + 16)·2⁻²¹`. Near f32's subnormal range the tensor cores may flush a
+/// coordinate or a product to zero, an absolute error below 2⁻¹²⁶ per term (`d·2⁻¹²⁶` in all),
+/// which the floor `(d + 16)·2⁻¹²⁴` covers. So a pair within the threshold always passes, and the
+/// exact f64 check decides it as before.
+fn tensor_core_margin(dim: usize) -> (f32, f32) {
+    let d = dim as f32 + 16.0;
+    (2f32.powi(-10) + d * 2f32.powi(-21), d * 2f32.powi(-124))
 }
 
 /// The origin the f32 filter rows are offsets from: the right side's mean for the GEMM form (small
@@ -608,5 +653,58 @@ mod tests {
         assert_eq!(knn_sample_rank(1000, 1_000_000, 4096), 9);
         // More than the sample: rank sample_len + 1, i.e. an infinite first radius.
         assert_eq!(knn_sample_rank(900_000, 1_000_000, 4096), 4097);
+    }
+
+    #[test]
+    fn tensor_cores_serve_only_the_dot_product_filters() {
+        for metric in Metric::ALL {
+            let gemm = gemm_metric(metric);
+            let params = filter_params(metric, 128, gemm, true);
+            let dot_filter = gemm || metric == Metric::InnerProduct;
+            assert_eq!(params.tensor_cores != 0, dot_filter, "{metric}: brute_join_tc computes dot products only");
+            if dot_filter {
+                assert!(params.dot_margin > filter_params(metric, 128, gemm, false).dot_margin);
+            }
+        }
+    }
+
+    /// brute_join_tc's arithmetic on the CPU at its worst: coordinates rounded to TF32 (to
+    /// nearest, ties away), exact products, every accumulation truncated toward zero. The GEMM
+    /// score stays within half of `tensor_core_margin`'s margin of the exact squared distance.
+    #[test]
+    fn tensor_core_scores_stay_within_half_the_margin() {
+        use rand::{Rng, SeedableRng};
+        let tf32 = |x: f32| f32::from_bits((x.to_bits() + 0x1000) & !0x1fff);
+        let toward_zero = |a: f32, b: f32| {
+            let exact = a as f64 + b as f64;
+            let near = exact as f32;
+            if (near as f64).abs() > exact.abs() { if near > 0.0 { near.next_down() } else { near.next_up() } } else { near }
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut worst = 0f64;
+        for dim in [2usize, 8, 128, 784] {
+            let (margin, _) = tensor_core_margin(dim);
+            for case in 0..200 {
+                // Mixed magnitudes (1e-3 … 1e3) and near-duplicate pairs, where the score is small.
+                let scale: Vec<f64> = (0..dim).map(|_| 10f64.powf(rng.random_range(-3.0..3.0))).collect();
+                let x: Vec<f64> = scale.iter().map(|s| s * rng.random_range(-1.0..1.0)).collect();
+                let y: Vec<f64> = if case % 2 == 0 {
+                    x.iter().map(|v| v * (1.0 + rng.random_range(-1e-4..1e-4))).collect()
+                } else {
+                    scale.iter().map(|s| s * rng.random_range(-1.0..1.0)).collect()
+                };
+                let (xf, yf): (Vec<f32>, Vec<f32>) = (x.iter().map(|&v| v as f32).collect(), y.iter().map(|&v| v as f32).collect());
+                let sq = |v: &[f32]| v.iter().map(|&a| a as f64 * a as f64).sum::<f64>() as f32;
+                let dot = xf.iter().zip(&yf).fold(0f32, |acc, (&a, &b)| toward_zero(acc, tf32(a) * tf32(b)));
+                let (sx, sy) = (sq(&xf), sq(&yf));
+                let score = sx + sy + 2.0 * -dot;
+                let exact: f64 = x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum();
+                let r = (sx.sqrt() + sy.sqrt()) as f64;
+                let ratio = (score as f64 - exact).abs() / (margin as f64 * r * r);
+                worst = worst.max(ratio);
+                assert!(ratio <= 0.5, "dim {dim}, case {case}: error {} is {ratio} of the margin", (score as f64 - exact).abs());
+            }
+        }
+        assert!(worst > 1e-4, "the test reached only {worst} of the margin: it exercises nothing");
     }
 }

@@ -118,6 +118,8 @@ pub struct RunStats {
     pub indexed_dims: usize,
     /// Pairs whose exact distance was computed.
     pub candidates: u64,
+    /// GPU: count passes over the left rows (kNN: one more for each radius some query outgrew).
+    pub count_passes: u64,
     /// Time spent choosing the strategy and building indexes.
     pub build_time: Duration,
     /// Time spent finding and sending results.

@@ -30,6 +30,7 @@ struct SimilarityMetrics {
     input_rows: Count,
     skipped_rows: Count,
     candidate_pairs: Count,
+    count_passes: Count,
     indexed_dims: Gauge,
     build_time: Time,
     probe_time: Time,
@@ -45,6 +46,7 @@ impl SimilarityMetrics {
             input_rows: MetricBuilder::new(set).counter("input_rows", 0),
             skipped_rows: MetricBuilder::new(set).counter("skipped_rows", 0),
             candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
+            count_passes: MetricBuilder::new(set).counter("count_passes", 0),
             indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
             build_time: MetricBuilder::new(set).subset_time("build_time", 0),
             probe_time: MetricBuilder::new(set).subset_time("probe_time", 0),
@@ -56,6 +58,7 @@ impl SimilarityMetrics {
 
     fn record_run(&self, stats: &RunStats) {
         self.candidate_pairs.add(stats.candidates as usize);
+        self.count_passes.add(stats.count_passes as usize);
         self.indexed_dims.set(stats.indexed_dims);
         self.build_time.add_duration(stats.build_time);
         self.probe_time.add_duration(stats.probe_time);

@@ -39,6 +39,11 @@ impl GpuDevice {
         Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()) })
     }
 
+    /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).
+    pub fn has_tf32_tensor_cores(&self) -> bool {
+        self.info.compute_capability.0 >= 8
+    }
+
     /// A kernel of `module`, compiling the module on first use.
     pub fn function(&self, module: KernelModule, name: &str) -> Result<CudaFunction, String> {
         let index = KernelModule::ALL.iter().position(|m| *m == module).unwrap_or(0);

@@ -34,7 +34,7 @@ impl KernelModule {
     /// The `extern "C" __global__` entry points the Rust side launches from this module.
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            KernelModule::SimJoin => &["grid_join", "brute_join"],
+            KernelModule::SimJoin => &["grid_join", "brute_join", "brute_join_tc"],
             KernelModule::Knn => &["knn_sample_radius"],
         }
     }

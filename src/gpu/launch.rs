@@ -27,7 +27,8 @@ pub struct JoinParams {
     pub k: u32,
     pub dense: u32,
     pub right_cells: u32,
-    pub padding2: u32,
+    /// Brute force: 1 launches brute_join_tc (TF32 tensor cores, the dot-product filters only).
+    pub tensor_cores: u32,
     pub cells: [u64; 8],
     pub strides: [u64; 8],
 }
@@ -130,11 +131,15 @@ pub fn join_pass(
     if slots.is_empty() {
         return Ok(());
     }
-    let kernel = if grid.is_some() { "grid_join" } else { "brute_join" };
+    let kernel = match grid {
+        Some(_) => "grid_join",
+        None if params.tensor_cores != 0 => "brute_join_tc",
+        None => "brute_join",
+    };
     let function = device.function(KernelModule::SimJoin, kernel)?;
     let config = match grid {
         Some(_) => LaunchConfig { grid_dim: (slots.len().div_ceil(BLOCK as usize) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
-        // brute_join: one block per 128 × 128 tile of (right, left) rows.
+        // brute_join, brute_join_tc: one block per 128 × 128 tile of (right, left) rows.
         None => LaunchConfig {
             grid_dim: ((right_len as usize).div_ceil(BRUTE_TILE) as u32, slots.len().div_ceil(BRUTE_TILE) as u32, 1),
             block_dim: (BLOCK, 1, 1),
