@@ -155,13 +155,18 @@ impl GpuBackend {
         // queries need a second radius). A query's level only rises, and level KNN_LEVELS (+∞)
         // counts all n ≥ k rows, so this ends. A count depends only on the exact distances (the
         // filter passes every row within the radius), so the write pass re-finds it exactly.
+        // The exact radii and f32 filter limits of `queries` at their levels, in that order.
+        let row_radii = |queries: &mut dyn Iterator<Item = usize>, levels: &[usize]| -> (Vec<f64>, Vec<f32>) {
+            let thresholds: Vec<f64> = queries.map(|q| radius(q, levels[q])).collect();
+            let limits = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
+            (thresholds, limits)
+        };
         let mut levels = vec![0usize; nq];
         let mut counts = vec![0u32; nq];
         let mut pending: Vec<u32> = identity(nq);
         let mut subset_buffers = None;
         while !pending.is_empty() {
-            let thresholds: Vec<f64> = pending.iter().map(|&q| radius(q as usize, levels[q as usize])).collect();
-            let limits: Vec<f32> = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
+            let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
             let side = subset_buffers.as_ref().unwrap_or(&query_buffers);
@@ -185,8 +190,7 @@ impl GpuBackend {
             pending = short;
         }
         // The write pass covers every query, each with its final radius.
-        let thresholds: Vec<f64> = (0..nq).map(|q| radius(q, levels[q])).collect();
-        let limits: Vec<f32> = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
+        let (thresholds, limits) = row_radii(&mut (0..nq), &levels);
         stream.memcpy_htod(&thresholds, &mut pass.row_threshold).map_err(copy)?;
         stream.memcpy_htod(&limits, &mut pass.row_limit).map_err(copy)?;
         stats.candidates = counts.iter().map(|&c| c as u64).sum();
