@@ -121,7 +121,7 @@ __device__ __forceinline__ LeftSlot left_slot(const JoinParams& p, u32 s, u32 sl
     LeftSlot l = {0.0f, 0.0f, 0.0f, s < slot_end, false};
     if (!l.valid) return l;
     l.limit = p.per_row ? row_limit[s] : p.limit;
-    l.take_all = p.per_row && isinf(row_threshold[s]) && row_threshold[s] > 0.0;
+    l.take_all = p.per_row && row_threshold[s] == F64_INFINITY;
     if (p.filter == FILTER_NEG_DOT || p.filter == FILTER_GEMM_L2) l.norm = lfnorm[s];
     if (p.filter == FILTER_GEMM_L2) l.sq_norm = lfsq[s];
     return l;
@@ -144,7 +144,9 @@ __device__ __forceinline__ bool brute_filter(const JoinParams& p, const LeftSlot
 }
 
 // A pair that passed the filter: its exact f64 distance decides, then a count or a written pair.
-__device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, bool take_all, u32 slot_begin,
+// kNN's infinite radius (`per_row` with a +∞ threshold) takes every right row, NaN distances
+// included, so a query always gets min(k, n) candidates.
+__device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u32 slot_begin,
         const double* lx, const double* rx, const double* lnorm, const double* rnorm,
         const u32* left_order, const u32* right_order, const double* row_threshold,
         u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, int write) {
@@ -152,6 +154,7 @@ __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, bo
     double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
     double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
     double threshold = p.per_row ? row_threshold[s] : p.threshold;
+    bool take_all = p.per_row && threshold == F64_INFINITY;
     if (!take_all && !(dist <= threshold)) return;
     if (write) {
         u64 at = atomicAdd(&cursors[s - slot_begin], 1ull);
@@ -246,24 +249,33 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
         }
         __syncthreads();
     }
-    // The right slots' values stay in registers for the whole epilogue, each left slot's for its
-    // row of pairs (all of them at once would exceed 128 registers and spill).
-    RightSlot cols[MICRO];
+    // The epilogue in two steps. First the f32 filter marks the passing pairs of the thread's
+    // 8 × 8 in a 64-bit mask (bit 8i + j: left slot i, right slot j); then the marked pairs are
+    // decided one at a time. The exact distance, inlined once instead of in each of the 64
+    // unrolled pair positions, keeps the code small, and the accumulators are dead before it runs.
+    u64 marked = 0;
+    {
+        RightSlot cols[MICRO];
 #pragma unroll
-    for (int j = 0; j < MICRO; ++j) cols[j] = right_slot(p, col0 + tx * MICRO + j, right_len, rfnorm, rfsq);
+        for (int j = 0; j < MICRO; ++j) cols[j] = right_slot(p, col0 + tx * MICRO + j, right_len, rfnorm, rfsq);
 #pragma unroll
-    for (int i = 0; i < MICRO; ++i) {
-        u32 s = row0 + ty * MICRO + i;
-        LeftSlot row = left_slot(p, s, slot_end, lfnorm, lfsq, row_threshold, row_limit);
-        if (!row.valid) continue;
+        for (int i = 0; i < MICRO; ++i) {
+            u32 s = row0 + ty * MICRO + i;
+            LeftSlot row = left_slot(p, s, slot_end, lfnorm, lfsq, row_threshold, row_limit);
+            if (!row.valid) continue;
 #pragma unroll
-        for (int j = 0; j < MICRO; ++j) {
-            u32 t = col0 + tx * MICRO + j;
-            if (!cols[j].valid || (p.self_join && t <= s)) continue;
-            if (brute_filter(p, row, cols[j], acc[i][j]))
-                exact_pair(p, s, t, row.take_all, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
-                           row_threshold, counts, cursors, out_left, out_right, out_distance, write);
+            for (int j = 0; j < MICRO; ++j) {
+                u32 t = col0 + tx * MICRO + j;
+                if (cols[j].valid && !(p.self_join && t <= s) && brute_filter(p, row, cols[j], acc[i][j]))
+                    marked |= 1ull << (i * MICRO + j);
+            }
         }
+    }
+    while (marked) {
+        u32 bit = __ffsll((long long)marked) - 1;
+        marked &= marked - 1;
+        exact_pair(p, row0 + ty * MICRO + bit / MICRO, col0 + tx * MICRO + bit % MICRO, slot_begin, lx, rx, lnorm,
+                   rnorm, left_order, right_order, row_threshold, counts, cursors, out_left, out_right, out_distance, write);
     }
 }
 
@@ -304,16 +316,37 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
     for (u32 d0 = 0; d0 < p.dim; d0 += TC_CHUNK) {
-        // This chunk's width, rounded up to the mma's 8 (zeros beyond the data add nothing).
+        // The whole chunk enters shared memory, zeros beyond the data (which add nothing); the mma
+        // steps cover its width rounded up to their 8. Rows of a dimension divisible by 4 start
+        // 16-byte aligned and are read four coordinates per load (each group of four lies wholly
+        // inside or outside the data); other dimensions one at a time.
         u32 width = min((u32)TC_CHUNK, (p.dim - d0 + 7) & ~7u);
-        for (u32 e = threadIdx.x; e < TILE * width; e += 256) {
-            u32 r = e / width, d = e % width;
-            u32 s = row0 + r, t = col0 + r;
-            xs[r][d] = to_tf32((s < slot_end && d0 + d < p.dim) ? lf[(u64)s * p.dim + d0 + d] : 0.0f);
-            ys[r][d] = to_tf32((t < right_len && d0 + d < p.dim) ? rf[(u64)t * p.dim + d0 + d] : 0.0f);
+        if (p.dim % 4 == 0) {
+#pragma unroll
+            for (u32 i = 0; i < TILE * TC_CHUNK / 4 / 256; ++i) {
+                u32 e = threadIdx.x + 256 * i;
+                u32 r = e / (TC_CHUNK / 4), d = e % (TC_CHUNK / 4) * 4;
+                u32 s = row0 + r, t = col0 + r;
+                float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                float4 x = (s < slot_end && d0 + d < p.dim) ? *(const float4*)(lf + (u64)s * p.dim + d0 + d) : zero;
+                float4 y = (t < right_len && d0 + d < p.dim) ? *(const float4*)(rf + (u64)t * p.dim + d0 + d) : zero;
+                *(uint4*)&xs[r][d] = make_uint4(to_tf32(x.x), to_tf32(x.y), to_tf32(x.z), to_tf32(x.w));
+                *(uint4*)&ys[r][d] = make_uint4(to_tf32(y.x), to_tf32(y.y), to_tf32(y.z), to_tf32(y.w));
+            }
+        } else {
+#pragma unroll 4
+            for (u32 i = 0; i < TILE * TC_CHUNK / 256; ++i) {
+                u32 e = threadIdx.x + 256 * i;
+                u32 r = e / TC_CHUNK, d = e % TC_CHUNK;
+                u32 s = row0 + r, t = col0 + r;
+                xs[r][d] = to_tf32((s < slot_end && d0 + d < p.dim) ? lf[(u64)s * p.dim + d0 + d] : 0.0f);
+                ys[r][d] = to_tf32((t < right_len && d0 + d < p.dim) ? rf[(u64)t * p.dim + d0 + d] : 0.0f);
+            }
         }
         __syncthreads();
-        for (u32 k = 0; k < width; k += 8) {
+#pragma unroll
+        for (u32 k = 0; k < TC_CHUNK; k += 8) {
+            if (k >= width) break;
             u32 a[4][4], b[4][2];
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
@@ -340,29 +373,42 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         }
         __syncthreads();
     }
-    // Accumulator r of mma tile (m, n) holds row group (+8 for r ≥ 2), column 2·quad (+1 for odd r).
-    RightSlot cols[4][2];
+    // The epilogue in two steps, as in brute_join: the filter marks the passing pairs in a 64-bit
+    // mask, then the marked pairs are decided one at a time. Accumulator r of mma tile (m, n) holds
+    // row group (+8 for r ≥ 2), column 2·quad (+1 for odd r); its bit is 16m + 8h + 2n + c for row
+    // half h = r / 2 and column c = r % 2.
+    u64 marked = 0;
+    {
+        RightSlot cols[4][2];
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+        for (int n = 0; n < 4; ++n)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) cols[n][h] = right_slot(p, col0 + warp_col + n * 8 + 2 * quad + h, right_len, rfnorm, rfsq);
+            for (int c = 0; c < 2; ++c)
+                cols[n][c] = right_slot(p, col0 + warp_col + n * 8 + 2 * quad + c, right_len, rfnorm, rfsq);
 #pragma unroll
-    for (int m = 0; m < 4; ++m)
+        for (int m = 0; m < 4; ++m)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            u32 s = row0 + warp_row + m * 16 + group + 8 * h;
-            LeftSlot row = left_slot(p, s, slot_end, lfnorm, lfsq, row_threshold, row_limit);
-            if (!row.valid) continue;
+            for (int h = 0; h < 2; ++h) {
+                u32 s = row0 + warp_row + m * 16 + group + 8 * h;
+                LeftSlot row = left_slot(p, s, slot_end, lfnorm, lfsq, row_threshold, row_limit);
+                if (!row.valid) continue;
 #pragma unroll
-            for (int n = 0; n < 4; ++n)
+                for (int n = 0; n < 4; ++n)
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    u32 t = col0 + warp_col + n * 8 + 2 * quad + c;
-                    if (!cols[n][c].valid || (p.self_join && t <= s)) continue;
-                    if (brute_filter(p, row, cols[n][c], -acc[m][n][2 * h + c]))
-                        exact_pair(p, s, t, row.take_all, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
-                                   row_threshold, counts, cursors, out_left, out_right, out_distance, write);
-                }
-        }
+                    for (int c = 0; c < 2; ++c) {
+                        u32 t = col0 + warp_col + n * 8 + 2 * quad + c;
+                        if (cols[n][c].valid && !(p.self_join && t <= s) && brute_filter(p, row, cols[n][c], -acc[m][n][2 * h + c]))
+                            marked |= 1ull << (16 * m + 8 * h + 2 * n + c);
+                    }
+            }
+    }
+    while (marked) {
+        u32 bit = __ffsll((long long)marked) - 1;
+        marked &= marked - 1;
+        u32 s = row0 + warp_row + (bit / 16) * 16 + group + 8 * ((bit / 8) % 2);
+        u32 t = col0 + warp_col + ((bit / 2) % 4) * 8 + 2 * quad + bit % 2;
+        exact_pair(p, s, t, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order, row_threshold, counts, cursors,
+                   out_left, out_right, out_distance, write);
+    }
 #endif
 }
