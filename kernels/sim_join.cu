@@ -166,8 +166,8 @@ __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u3
     }
 }
 
-// Brute force, tiled like a matrix product: block (bx, by) scores left rows by·128.. against right
-// rows bx·128.. (128 × 128 pairs); its 256 threads form a 16 × 16 grid and each scores an 8 × 8
+// Brute force, tiled like a matrix product: each block scores 128 left rows against 128 right rows
+// (brute_tile; a launch covers the right rows from `right_begin`); its 256 threads form a 16 × 16 grid and each scores an 8 × 8
 // micro-tile, reading both sides from shared memory 8 dimensions at a time, so each row is read from
 // device memory once per 128 × 128 tile instead of once per pair. Pairs are counted and written
 // with atomics on the left row's counter (count pass) or cursor (write pass: `cursors` starts as the
@@ -209,10 +209,23 @@ __device__ __forceinline__ void accumulate_chunk(const float (*xs)[TILE + 4], co
         }
     }
 }
+// The tile of block `blockIdx.x`: left rows row0.. and right rows col0.. (TILE each). Consecutive
+// blocks take consecutive left tiles of one right tile, so that the right tile is read from device
+// memory about once while the left side, a few MB for kNN's queries, stays in L2 (the transposed
+// order read P6's 512 MB base once per left tile: 40 GB per pass). False for a tile with nothing
+// to do: self-joins skip tiles whose right rows all precede their left rows.
+__device__ __forceinline__ bool brute_tile(const JoinParams& p, u32 slot_begin, u32 slot_end, u32 right_begin,
+                                           u32& row0, u32& col0) {
+    u32 left_tiles = (slot_end - slot_begin + TILE - 1) / TILE;
+    row0 = slot_begin + blockIdx.x % left_tiles * TILE;
+    col0 = right_begin + blockIdx.x / left_tiles * TILE;
+    return !(p.self_join && col0 + TILE <= row0);
+}
+
 // The parameter list of brute_join and brute_join_tc: one list, because the host launches both
 // with the same arguments (src/gpu/launch.rs).
 #define BRUTE_JOIN_PARAMS                                                                        \
-    JoinParams p, u32 slot_begin, u32 slot_end, u32 right_len,                                  \
+    JoinParams p, u32 slot_begin, u32 slot_end, u32 right_begin, u32 right_len,                 \
         const float* lf, const float* rf, const double* lx, const double* rx,                   \
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,     \
         const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,    \
@@ -222,10 +235,8 @@ __device__ __forceinline__ void accumulate_chunk(const float (*xs)[TILE + 4], co
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAMS) {
     __shared__ float xs[CHUNK][TILE + 4];
     __shared__ float ys[CHUNK][TILE + 4];
-    u32 row0 = slot_begin + blockIdx.y * TILE;
-    u32 col0 = blockIdx.x * TILE;
-    if (row0 >= slot_end) return;
-    if (p.self_join && col0 + TILE <= row0) return;  // every right row precedes every left row
+    u32 row0, col0;
+    if (!brute_tile(p, slot_begin, slot_end, right_begin, row0, col0)) return;
     u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[MICRO][MICRO];
 #pragma unroll
@@ -281,30 +292,119 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 
 // Brute force for the dot-product filters (FILTER_GEMM_L2, FILTER_NEG_DOT) on tensor cores: the
 // same 128 × 128 tiles, pairs and epilogue as brute_join, with x̃·ỹ from TF32 mma.sync
-// (m16n8k8, f32 accumulation). Each of the 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles);
-// rows enter shared memory 32 dimensions at a time, rounded to TF32 (cvt.rna: to nearest, so each
-// coordinate errs by at most 2⁻¹¹ relative) and stored row-major with a stride of 36 words, so
-// that both the coalesced stores and the fragment loads (8 rows × 4 dimensions per warp) hit 32
-// distinct banks. The products of TF32 values are exact in f32; the error of this dot product is
-// covered by the wider margin the host sets for this kernel (`tensor_core_margin` in
-// src/backend/gpu.rs, with the proof). Needs sm_80 or later; the host launches it only there.
-#define TC_CHUNK 32
+// (m16n8k8, f32 accumulation). Each of the 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles).
+// The filter rows arrive already rounded to TF32 (round_to_tf32 below, run by the host on every
+// side this kernel reads: to nearest, so each coordinate errs by at most 2⁻¹¹ relative). They
+// enter shared memory 16 dimensions at a time through a two-stage cp.async pipeline — the next
+// chunk is in flight while the tensor cores work on this one — stored row-major with a stride of
+// 20 words, so that the fragment loads (8 rows × 4 dimensions per warp) hit 32 distinct banks.
+// The products of TF32 values are exact in f32; the error of this dot product is covered by the
+// wider margin the host sets for this kernel (`tensor_core_margin` in src/backend/gpu.rs, with the
+// proof). Needs sm_80 or later; the host launches it only there.
+#define TC_CHUNK 16
 #define TC_STRIDE (TC_CHUNK + 4)
 
-__device__ __forceinline__ u32 to_tf32(float x) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
+// Rounds `len` f32 values in place to TF32 (cvt.rna: to nearest, ties away from zero), the input
+// brute_join_tc's mma instructions take: once per uploaded side instead of once per tile.
+extern "C" __global__ void round_to_tf32(float* values, u64 len) {
+#if __CUDA_ARCH__ >= 800
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x) {
+        u32 r;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(values[i]));
+        values[i] = __uint_as_float(r);
+    }
+#endif
+}
+
+// What one thread copies of a tile's rows, chunk after chunk, when the dimension is divisible by
+// 4 (rows start 16-byte aligned): four coordinates from dimension d of rows r and r + 64, their
+// addresses computed once per tile rather than once per chunk (that arithmetic was about half of
+// the kernel's instructions: NOTES.md v11).
+struct TileCopy {
+    const float* from[2];  // row r (+64) at dimension d; the buffer's start for a row outside
+    bool inside[2];        // the row exists
+    u32 r, d;
+};
+static_assert(TILE * TC_CHUNK / 4 == 2 * 256, "two groups of four coordinates per thread and chunk");
+
+__device__ __forceinline__ TileCopy tile_copy(const JoinParams& p, const float* rows, u32 first, u32 end) {
+    TileCopy c;
+    c.r = threadIdx.x / 4;
+    c.d = threadIdx.x % 4 * 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        u32 row = first + c.r + 64 * i;
+        c.inside[i] = row < end;
+        c.from[i] = c.inside[i] ? rows + (u64)row * p.dim + c.d : rows;
+    }
+    return c;
+}
+
+// Starts copying one chunk (TC_CHUNK dimensions from d0) of a tile's rows into `tile`; zeros beyond
+// the data (which add nothing to a dot product). With a dimension divisible by 4, four coordinates
+// per cp.async (each group of four lies wholly inside or outside the data; a source size of 0
+// writes zeros and reads nothing); other dimensions one coordinate at a time through registers.
+// Ends the cp.async group either way.
+__device__ __forceinline__ void copy_chunk(const JoinParams& p, const TileCopy& c, u32 (*tile)[TC_STRIDE],
+                                           const float* rows, u32 first, u32 end, u32 d0) {
+    if (p.dim % 4 == 0) {
+        bool dims_inside = d0 + c.d < p.dim;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            bool inside = c.inside[i] && dims_inside;
+            u32 to = (u32)__cvta_generic_to_shared(&tile[c.r + 64 * i][c.d]);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         ::"r"(to), "l"(inside ? c.from[i] + d0 : c.from[i]), "r"(inside ? 16u : 0u));
+        }
+    } else {
+#pragma unroll 4
+        for (u32 i = 0; i < TILE * TC_CHUNK / 256; ++i) {
+            u32 e = threadIdx.x + 256 * i;
+            u32 r = e / TC_CHUNK, d = e % TC_CHUNK;
+            bool inside = first + r < end && d0 + d < p.dim;
+            tile[r][d] = __float_as_uint(inside ? rows[(u64)(first + r) * p.dim + d0 + d] : 0.0f);
+        }
+    }
+    asm volatile("cp.async.commit_group;");
+}
+
+// brute_join_tc's filter, separated into a bound per left row and an offset per right row so that
+// a pair costs one fused multiply-add and one comparison: it passes when
+//     −scale·x̂·ŷ + offset(ỹ) ≤ bound(x̃),   scale = 2 (GEMM form) or 1 (inner product),
+//     offset(ỹ) = [‖ỹ‖²] − 2m·n(ỹ)²,   bound(x̃) = limit − [‖x̃‖²] + 2m·n(x̃)² + floor,
+// with m, floor the host's `dot_margin`, `dot_floor`, n the f32 norms, [·] for the GEMM form only.
+// That is brute_filter's test `score − (m·(n(x̃) + n(ỹ))² + floor) ≤ limit` with the margin widened
+// to m·(2n(x̃)² + 2n(ỹ)²) + floor, never less since (a + b)² ≤ 2a² + 2b²; and every rounding here
+// errs toward passing (bounds rounded up, offsets and the pair's sum rounded down), so a pair that
+// passes the test in exact arithmetic on these f32 inputs passes here, and `tensor_core_margin`'s
+// proof (src/backend/gpu.rs) applies unchanged. NaN (an invalid slot) passes nothing; kNN's
+// infinite radius, a bound of +∞, passes everything else.
+#define F32_NAN __int_as_float(0x7fc00000)
+#define F32_INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float tc_row_bound(const JoinParams& p, u32 s, u32 slot_end, const float* lfnorm,
+                                              const float* lfsq, const double* row_threshold, const float* row_limit) {
+    if (s >= slot_end) return F32_NAN;
+    if (p.per_row && row_threshold[s] == F64_INFINITY) return F32_INFINITY;
+    float limit = p.per_row ? row_limit[s] : p.limit;
+    float n = lfnorm[s];
+    float bound = __fadd_ru(limit, __fadd_ru(__fmul_ru(__fmul_ru(2.0f * p.dot_margin, n), n), p.dot_floor));
+    return p.filter == FILTER_GEMM_L2 ? __fsub_ru(bound, lfsq[s]) : bound;
+}
+
+__device__ __forceinline__ float tc_col_offset(const JoinParams& p, u32 t, u32 right_len, const float* rfnorm, const float* rfsq) {
+    if (t >= right_len) return F32_NAN;
+    float n = rfnorm[t];
+    float widening = __fmul_ru(__fmul_ru(2.0f * p.dot_margin, n), n);
+    return p.filter == FILTER_GEMM_L2 ? __fsub_rd(rfsq[t], widening) : -widening;
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ u32 xs[TILE][TC_STRIDE];
-    __shared__ u32 ys[TILE][TC_STRIDE];
-    u32 row0 = slot_begin + blockIdx.y * TILE;
-    u32 col0 = blockIdx.x * TILE;
-    if (row0 >= slot_end) return;
-    if (p.self_join && col0 + TILE <= row0) return;  // every right row precedes every left row
+    __shared__ __align__(16) u32 xs[2][TILE][TC_STRIDE];
+    __shared__ __align__(16) u32 ys[2][TILE][TC_STRIDE];
+    u32 row0, col0;
+    if (!brute_tile(p, slot_begin, slot_end, right_begin, row0, col0)) return;
     u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     u32 warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
     u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k8 layout
@@ -315,35 +415,22 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         for (int n = 0; n < 4; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
-    for (u32 d0 = 0; d0 < p.dim; d0 += TC_CHUNK) {
-        // The whole chunk enters shared memory, zeros beyond the data (which add nothing); the mma
-        // steps cover its width rounded up to their 8. Rows of a dimension divisible by 4 start
-        // 16-byte aligned and are read four coordinates per load (each group of four lies wholly
-        // inside or outside the data); other dimensions one at a time.
-        u32 width = min((u32)TC_CHUNK, (p.dim - d0 + 7) & ~7u);
-        if (p.dim % 4 == 0) {
-#pragma unroll
-            for (u32 i = 0; i < TILE * TC_CHUNK / 4 / 256; ++i) {
-                u32 e = threadIdx.x + 256 * i;
-                u32 r = e / (TC_CHUNK / 4), d = e % (TC_CHUNK / 4) * 4;
-                u32 s = row0 + r, t = col0 + r;
-                float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                float4 x = (s < slot_end && d0 + d < p.dim) ? *(const float4*)(lf + (u64)s * p.dim + d0 + d) : zero;
-                float4 y = (t < right_len && d0 + d < p.dim) ? *(const float4*)(rf + (u64)t * p.dim + d0 + d) : zero;
-                *(uint4*)&xs[r][d] = make_uint4(to_tf32(x.x), to_tf32(x.y), to_tf32(x.z), to_tf32(x.w));
-                *(uint4*)&ys[r][d] = make_uint4(to_tf32(y.x), to_tf32(y.y), to_tf32(y.z), to_tf32(y.w));
-            }
+    u32 chunks = (p.dim + TC_CHUNK - 1) / TC_CHUNK;
+    TileCopy x_copy = tile_copy(p, lf, row0, slot_end), y_copy = tile_copy(p, rf, col0, right_len);
+    copy_chunk(p, x_copy, xs[0], lf, row0, slot_end, 0);
+    copy_chunk(p, y_copy, ys[0], rf, col0, right_len, 0);
+    for (u32 c = 0; c < chunks; ++c) {
+        u32 stage = c % 2;
+        if (c + 1 < chunks) {
+            copy_chunk(p, x_copy, xs[stage ^ 1], lf, row0, slot_end, (c + 1) * TC_CHUNK);
+            copy_chunk(p, y_copy, ys[stage ^ 1], rf, col0, right_len, (c + 1) * TC_CHUNK);
+            asm volatile("cp.async.wait_group 2;");  // this chunk's two groups are done, the next two may fly
         } else {
-#pragma unroll 4
-            for (u32 i = 0; i < TILE * TC_CHUNK / 256; ++i) {
-                u32 e = threadIdx.x + 256 * i;
-                u32 r = e / TC_CHUNK, d = e % TC_CHUNK;
-                u32 s = row0 + r, t = col0 + r;
-                xs[r][d] = to_tf32((s < slot_end && d0 + d < p.dim) ? lf[(u64)s * p.dim + d0 + d] : 0.0f);
-                ys[r][d] = to_tf32((t < right_len && d0 + d < p.dim) ? rf[(u64)t * p.dim + d0 + d] : 0.0f);
-            }
+            asm volatile("cp.async.wait_group 0;");
         }
         __syncthreads();
+        // The mma steps cover this chunk's width rounded up to their 8.
+        u32 width = min((u32)TC_CHUNK, (p.dim - c * TC_CHUNK + 7) & ~7u);
 #pragma unroll
         for (u32 k = 0; k < TC_CHUNK; k += 8) {
             if (k >= width) break;
@@ -351,16 +438,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
                 u32 row = warp_row + m * 16 + group;
-                a[m][0] = xs[row][k + quad];
-                a[m][1] = xs[row + 8][k + quad];
-                a[m][2] = xs[row][k + quad + 4];
-                a[m][3] = xs[row + 8][k + quad + 4];
+                a[m][0] = xs[stage][row][k + quad];
+                a[m][1] = xs[stage][row + 8][k + quad];
+                a[m][2] = xs[stage][row][k + quad + 4];
+                a[m][3] = xs[stage][row + 8][k + quad + 4];
             }
 #pragma unroll
             for (int n = 0; n < 4; ++n) {
                 u32 col = warp_col + n * 8 + group;
-                b[n][0] = ys[col][k + quad];
-                b[n][1] = ys[col][k + quad + 4];
+                b[n][0] = ys[stage][col][k + quad];
+                b[n][1] = ys[stage][col][k + quad + 4];
             }
 #pragma unroll
             for (int m = 0; m < 4; ++m)
@@ -371,35 +458,37 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
                                  : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
                                  : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));
         }
-        __syncthreads();
+        __syncthreads();  // the next iteration's loads overwrite this stage
     }
     // The epilogue in two steps, as in brute_join: the filter marks the passing pairs in a 64-bit
     // mask, then the marked pairs are decided one at a time. Accumulator r of mma tile (m, n) holds
     // row group (+8 for r ≥ 2), column 2·quad (+1 for odd r); its bit is 16m + 8h + 2n + c for row
-    // half h = r / 2 and column c = r % 2.
+    // half h = r / 2 and column c = r % 2. A pair costs one fused multiply-add and one comparison
+    // (tc_row_bound); on the diagonal tiles of a self-join, right slot t must follow left slot s:
+    // t − s = lead − (16m + 8h − 8n − c).
     u64 marked = 0;
     {
-        RightSlot cols[4][2];
+        float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
+        bool diagonal = p.self_join && col0 < row0 + TILE;
+        int lead = diagonal ? (int)(col0 + warp_col + 2 * quad) - (int)(row0 + warp_row + group) : 0x7fffffff;
+        float offsets[4][2];
 #pragma unroll
         for (int n = 0; n < 4; ++n)
 #pragma unroll
             for (int c = 0; c < 2; ++c)
-                cols[n][c] = right_slot(p, col0 + warp_col + n * 8 + 2 * quad + c, right_len, rfnorm, rfsq);
+                offsets[n][c] = tc_col_offset(p, col0 + warp_col + n * 8 + 2 * quad + c, right_len, rfnorm, rfsq);
 #pragma unroll
         for (int m = 0; m < 4; ++m)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                u32 s = row0 + warp_row + m * 16 + group + 8 * h;
-                LeftSlot row = left_slot(p, s, slot_end, lfnorm, lfsq, row_threshold, row_limit);
-                if (!row.valid) continue;
+                float bound = tc_row_bound(p, row0 + warp_row + m * 16 + group + 8 * h, slot_end, lfnorm, lfsq,
+                                           row_threshold, row_limit);
 #pragma unroll
                 for (int n = 0; n < 4; ++n)
 #pragma unroll
-                    for (int c = 0; c < 2; ++c) {
-                        u32 t = col0 + warp_col + n * 8 + 2 * quad + c;
-                        if (cols[n][c].valid && !(p.self_join && t <= s) && brute_filter(p, row, cols[n][c], -acc[m][n][2 * h + c]))
+                    for (int c = 0; c < 2; ++c)
+                        if (__fmaf_rd(scale, acc[m][n][2 * h + c], offsets[n][c]) <= bound && lead > 16 * m + 8 * h - 8 * n - c)
                             marked |= 1ull << (16 * m + 8 * h + 2 * n + c);
-                    }
             }
     }
     while (marked) {

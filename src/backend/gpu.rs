@@ -17,7 +17,7 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSin
 use crate::gpu::GpuDevice;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, SideBuffers, join_pass, pinned_buffer, sample_radius_pass,
+    GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, SideBuffers, join_pass, pinned_buffer, round_to_tf32, sample_radius_pass, upload,
 };
 use rayon::prelude::*;
 use crate::index::{GridIndex, JoinStrategy};
@@ -26,8 +26,7 @@ use crate::vectors::Vectors;
 
 /// Most result pairs one write pass produces (16 bytes each: 512 MiB of device memory).
 const MAX_BATCH_PAIRS: u64 = 1 << 25;
-/// Most left rows one pass covers: brute_join's grid has one block row per 128 left rows, and a
-/// grid dimension holds at most 65,535 blocks.
+/// Most left rows one pass covers (its counts and offsets hold one value per left row).
 const MAX_PASS_ROWS: usize = 65_535 * 128;
 
 /// ε-joins and range queries on a CUDA GPU.
@@ -126,9 +125,10 @@ impl GpuBackend {
         let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tensor_cores) };
 
         let uploading = Instant::now();
-        let query_buffers = self.upload(&query_host)?;
-        let base_buffers = self.upload(&base_host)?;
-        let sample_buffers = self.upload(&sample_host)?;
+        let tf32 = params.tensor_cores != 0;
+        let query_buffers = self.upload(&query_host, tf32)?;
+        let base_buffers = self.upload(&base_host, tf32)?;
+        let sample_buffers = self.upload(&sample_host, false)?;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
@@ -184,7 +184,7 @@ impl GpuBackend {
             }
             if !short.is_empty() {
                 let uploading = Instant::now();
-                subset_buffers = Some(self.upload(&host_side(queries, &query_filter, short.clone(), &origin, metric, gemm))?);
+                subset_buffers = Some(self.upload(&host_side(queries, &query_filter, short.clone(), &origin, metric, gemm), tf32)?);
                 stats.transfer_time += uploading.elapsed();
             }
             pending = short;
@@ -313,16 +313,21 @@ fn sample_side(base: &Vectors, metric: Metric, sample_len: usize) -> HostSide<'s
 }
 
 impl GpuBackend {
-    fn upload(&self, side: &HostSide) -> Result<SideBuffers, String> {
-        let s = &self.device.stream;
-        let e = |e: cudarc::driver::DriverError| format!("copy to the GPU failed: {e}");
+    /// The side's buffers on the device; `tf32`: its filter rows rounded to TF32 there, for
+    /// brute_join_tc.
+    fn upload(&self, side: &HostSide, tf32: bool) -> Result<SideBuffers, String> {
+        let device = &self.device;
+        let mut filter = upload(device, &side.filter)?;
+        if tf32 {
+            round_to_tf32(device, &mut filter)?;
+        }
         Ok(SideBuffers {
-            filter: s.clone_htod(&side.filter).map_err(e)?,
-            exact: s.clone_htod(side.exact.as_ref()).map_err(e)?,
-            norms: s.clone_htod(&side.norms).map_err(e)?,
-            filter_norms: s.clone_htod(&side.filter_norms).map_err(e)?,
-            filter_sq_norms: s.clone_htod(&side.filter_sq_norms).map_err(e)?,
-            order: s.clone_htod(&side.order).map_err(e)?,
+            filter,
+            exact: upload(device, side.exact.as_ref())?,
+            norms: upload(device, &side.norms)?,
+            filter_norms: upload(device, &side.filter_norms)?,
+            filter_sq_norms: upload(device, &side.filter_sq_norms)?,
+            order: upload(device, &side.order)?,
         })
     }
 
@@ -378,9 +383,10 @@ impl GpuBackend {
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
 
         let uploading = Instant::now();
-        let left_buffers = self.upload(&left_host)?;
+        let tf32 = params.tensor_cores != 0;
+        let left_buffers = self.upload(&left_host, tf32)?;
         let right_buffers = match &right_host {
-            Some(h) => Some(self.upload(h)?),
+            Some(h) => Some(self.upload(h, tf32)?),
             None => None,
         };
         let right_buffers_ref = right_buffers.as_ref().unwrap_or(&left_buffers);
@@ -556,7 +562,8 @@ fn filter_params(metric: Metric, dim: usize, gemm: bool, tensor_cores: bool) -> 
 /// tensor cores (brute_join_tc): `2⁻¹⁰ + (d + 16)·2⁻²¹` and `(d + 16)·2⁻¹²⁴`.
 ///
 /// # Why the filter still loses no pair
-/// brute_join_tc rounds every f32 filter coordinate to TF32 (10 stored bits, to nearest), so
+/// round_to_tf32 rounds every f32 filter coordinate brute_join_tc reads to TF32 (10 stored bits,
+/// to nearest; the norms stay those of the f32 rows), so
 /// `x̂ᵢ = x̃ᵢ(1 + δᵢ)` with `|δᵢ| ≤ 2⁻¹¹` and `|x̂ᵢŷᵢ − x̃ᵢỹᵢ| ≤ (2⁻¹⁰ + 2⁻²²)|x̃ᵢỹᵢ|`. Products of TF32
 /// values are exact in f32 (11 × 11 significant bits); the tensor cores add them into f32
 /// accumulators, each addition erring by at most 2⁻²² of the magnitudes it adds (truncation, 2⁻²³,
@@ -569,7 +576,9 @@ fn filter_params(metric: Metric, dim: usize, gemm: bool, tensor_cores: bool) -> 
 /// than half of `2⁻¹⁰ + (d + 16)·2⁻²¹`. Near f32's subnormal range the tensor cores may flush a
 /// coordinate or a product to zero, an absolute error below 2⁻¹²⁶ per term (`d·2⁻¹²⁶` in all),
 /// which the floor `(d + 16)·2⁻¹²⁴` covers. So a pair within the threshold always passes, and the
-/// exact f64 check decides it as before.
+/// exact f64 check decides it as before. (brute_join_tc evaluates the test separated into a bound
+/// per left row and an offset per right row, with a wider margin and every rounding toward passing:
+/// `tc_row_bound` in kernels/sim_join.cu. It passes a superset.)
 fn tensor_core_margin(dim: usize) -> (f32, f32) {
     let d = dim as f32 + 16.0;
     (2f32.powi(-10) + d * 2f32.powi(-21), d * 2f32.powi(-124))
@@ -674,7 +683,8 @@ mod tests {
 
     /// brute_join_tc's arithmetic on the CPU at its worst: coordinates rounded to TF32 (to
     /// nearest, ties away), exact products, every accumulation truncated toward zero. The GEMM
-    /// score stays within half of `tensor_core_margin`'s margin of the exact squared distance.
+    /// score stays within half of `tensor_core_margin`'s margin of the exact squared distance, and
+    /// the kernel's separated filter test passes a pair whose limit is its exact squared distance.
     #[test]
     fn tensor_core_scores_stay_within_half_the_margin() {
         use rand::{Rng, SeedableRng};
@@ -687,7 +697,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut worst = 0f64;
         for dim in [2usize, 8, 128, 784] {
-            let (margin, _) = tensor_core_margin(dim);
+            let (margin, floor) = tensor_core_margin(dim);
             for case in 0..200 {
                 // Mixed magnitudes (1e-3 … 1e3) and near-duplicate pairs, where the score is small.
                 let scale: Vec<f64> = (0..dim).map(|_| 10f64.powf(rng.random_range(-3.0..3.0))).collect();
@@ -707,6 +717,14 @@ mod tests {
                 let ratio = (score as f64 - exact).abs() / (margin as f64 * r * r);
                 worst = worst.max(ratio);
                 assert!(ratio <= 0.5, "dim {dim}, case {case}: error {} is {ratio} of the margin", (score as f64 - exact).abs());
+                // The kernel's separated test (tc_row_bound, tc_col_offset: rounded toward
+                // passing) with the tightest limit this pair meets: the pair passes.
+                let down = |v: f64| -round_up(-v);
+                let widening = |n: f32| round_up(round_up(2.0 * margin as f64 * n as f64) as f64 * n as f64);
+                let limit = round_up(exact);
+                let bound = round_up(round_up(limit as f64 + round_up(widening(sx.sqrt()) as f64 + floor as f64) as f64) as f64 - sx as f64);
+                let offset = down(sy as f64 - widening(sy.sqrt()) as f64);
+                assert!(down(-2.0 * dot as f64 + offset as f64) <= bound, "dim {dim}, case {case}: a pair at the limit fails the separated test");
             }
         }
         assert!(worst > 1e-4, "the test reached only {worst} of the margin: it exercises nothing");

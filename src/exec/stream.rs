@@ -5,6 +5,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -32,6 +33,8 @@ struct SimilarityMetrics {
     candidate_pairs: Count,
     count_passes: Count,
     indexed_dims: Gauge,
+    /// Concatenating each input's batches and converting them to f64 vectors (before the backend).
+    convert_time: Time,
     build_time: Time,
     probe_time: Time,
     transfer_time: Time,
@@ -48,12 +51,19 @@ impl SimilarityMetrics {
             candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
             count_passes: MetricBuilder::new(set).counter("count_passes", 0),
             indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
+            convert_time: MetricBuilder::new(set).subset_time("convert_time", 0),
             build_time: MetricBuilder::new(set).subset_time("build_time", 0),
             probe_time: MetricBuilder::new(set).subset_time("probe_time", 0),
             transfer_time: MetricBuilder::new(set).subset_time("transfer_time", 0),
             kernel_time: MetricBuilder::new(set).subset_time("kernel_time", 0),
             emit_time: MetricBuilder::new(set).subset_time("emit_time", 0),
         }
+    }
+
+    /// Input conversion is part of the operator's compute time too.
+    fn record_conversion(&self, duration: Duration) {
+        self.convert_time.add_duration(duration);
+        self.baseline.elapsed_compute().add_duration(duration);
     }
 
     fn record_run(&self, stats: &RunStats) {
@@ -126,6 +136,7 @@ impl Run {
                     .try_collect::<Vec<_>>()
             };
             let partitions = futures::future::try_join_all(streams.into_iter().map(collect)).await?;
+            let converting = Instant::now();
             let mut parts: Vec<_> = partitions.into_iter().flatten().collect();
             // One batch needs no copy; several are concatenated once (and the parts released).
             let batch = if parts.len() == 1 {
@@ -138,11 +149,13 @@ impl Run {
                 reservation.shrink(freed);
                 batch
             };
+            self.metrics.record_conversion(converting.elapsed());
             batches.push(batch);
         }
 
         let op = self.op.clone();
         let (left_side, right_side) = (self.left.clone(), self.right.clone());
+        let converting = Instant::now();
         let (left, right) = tokio::task::spawn_blocking(move || -> Result<(SideData, SideData)> {
             let reject_zero = op.metric == Metric::Cosine;
             let side = |input: &InputSide| -> Result<SideData> {
@@ -157,6 +170,7 @@ impl Run {
         })
         .await
         .map_err(|e| exec_datafusion_err!("{}: building vectors failed: {e}", self.op.function_name()))??;
+        self.metrics.record_conversion(converting.elapsed());
 
         let (lv, rv) = (&left.vectors, &right.vectors);
         if !lv.is_empty() && !rv.is_empty() && lv.dim != rv.dim {

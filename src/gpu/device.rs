@@ -1,9 +1,9 @@
 //! One CUDA device: its context, its stream and its NVRTC-compiled modules (compiled once per
 //! process, for the device's own `sm_XY`).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::kernels::KernelModule;
@@ -21,6 +21,9 @@ pub struct GpuDevice {
     /// `sm_XY` for NVRTC.
     pub arch: &'static str,
     modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
+    /// Two page-locked buffers that large uploads pass through (`launch::upload`), allocated on
+    /// first use and kept: page-locking costs more than the copies it speeds up.
+    pub(super) staging: Mutex<Option<[PinnedHostSlice<u8>; 2]>>,
 }
 
 static SHARED: OnceLock<Result<Arc<GpuDevice>, String>> = OnceLock::new();
@@ -36,7 +39,7 @@ impl GpuDevice {
         let arch = arch_for(info.compute_capability)?;
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
-        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()) })
+        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None) })
     }
 
     /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).

@@ -1,6 +1,6 @@
 //! Every kernel launch, each checked; the only `unsafe` launch sites of the crate.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
 
 use super::device::GpuDevice;
 use super::kernels::KernelModule;
@@ -137,59 +137,84 @@ pub fn join_pass(
         None => "brute_join",
     };
     let function = device.function(KernelModule::SimJoin, kernel)?;
-    let config = match grid {
-        Some(_) => LaunchConfig { grid_dim: (slots.len().div_ceil(BLOCK as usize) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
-        // brute_join, brute_join_tc: one block per 128 × 128 tile of (right, left) rows.
-        None => LaunchConfig {
-            grid_dim: ((right_len as usize).div_ceil(BRUTE_TILE) as u32, slots.len().div_ceil(BRUTE_TILE) as u32, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        },
-    };
     let write_flag: i32 = write.into();
     let (begin, end) = (slots.start, slots.end);
-    let mut builder = device.stream.launch_builder(&function);
-    builder.arg(params).arg(&begin).arg(&end);
-    if grid.is_none() {
-        builder.arg(&right_len);
-    }
-    builder
-        .arg(&left.filter)
-        .arg(&right.filter)
-        .arg(&left.exact)
-        .arg(&right.exact)
-        .arg(&left.norms)
-        .arg(&right.norms)
-        .arg(&left.filter_norms)
-        .arg(&right.filter_norms)
-        .arg(&left.order)
-        .arg(&right.order);
-    match grid {
-        Some(g) => builder.arg(&g.left_slot_cell).arg(&g.right_cell_ids).arg(&g.right_cell_start).arg(&g.cell_table),
-        None => builder
-            .arg(&left.filter_sq_norms)
-            .arg(&right.filter_sq_norms)
-            .arg(&pass.row_threshold)
-            .arg(&pass.row_limit),
+    // Launches as (first right row, blocks): the grid join one block per BLOCK left slots; brute
+    // force one block per 128 × 128 tile, left tiles fastest (brute_tile in sim_join.cu), in as
+    // many launches over consecutive right tiles as the 2³¹ − 1 blocks of a grid require.
+    let launches: Vec<(u32, u32)> = match grid {
+        Some(_) => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
+        None => {
+            let left_tiles = slots.len().div_ceil(BRUTE_TILE);
+            let right_tiles = (right_len as usize).div_ceil(BRUTE_TILE);
+            let per_launch = (i32::MAX as usize / left_tiles).min(right_tiles).max(1);
+            (0..right_tiles)
+                .step_by(per_launch)
+                .map(|first| ((first * BRUTE_TILE) as u32, (left_tiles * per_launch.min(right_tiles - first)) as u32))
+                .collect()
+        }
     };
-    builder
-        .arg(&mut pass.counts)
-        .arg(&mut pass.offsets)
-        .arg(&mut pass.out_left)
-        .arg(&mut pass.out_right)
-        .arg(&mut pass.out_distance)
-        .arg(&write_flag);
-    // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for one
-    // (types and order). Every row buffer holds `dim` values per slot for all slots the kernel
-    // reads: left slots < `end` ≤ left rows, right slots < `right_len` or within `right_cell_start`;
-    // with `params.per_row`, `row_threshold` and `row_limit` hold a value for every left slot;
-    // with the GEMM filter, `filter_norms` and `filter_sq_norms` hold one per row of their side.
-    // `counts` and `offsets` hold at least `end - begin` entries (counts zeroed before the count
-    // pass), and the output buffers at least the batch's total count, which the write pass never
-    // exceeds because it re-finds exactly the pairs the count pass counted (same inputs, same
-    // deterministic arithmetic), each row within its own [offset, offset + count) range.
-    unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
+    for (right_begin, blocks) in launches {
+        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let mut builder = device.stream.launch_builder(&function);
+        builder.arg(params).arg(&begin).arg(&end);
+        if grid.is_none() {
+            builder.arg(&right_begin).arg(&right_len);
+        }
+        builder
+            .arg(&left.filter)
+            .arg(&right.filter)
+            .arg(&left.exact)
+            .arg(&right.exact)
+            .arg(&left.norms)
+            .arg(&right.norms)
+            .arg(&left.filter_norms)
+            .arg(&right.filter_norms)
+            .arg(&left.order)
+            .arg(&right.order);
+        match grid {
+            Some(g) => builder.arg(&g.left_slot_cell).arg(&g.right_cell_ids).arg(&g.right_cell_start).arg(&g.cell_table),
+            None => builder
+                .arg(&left.filter_sq_norms)
+                .arg(&right.filter_sq_norms)
+                .arg(&pass.row_threshold)
+                .arg(&pass.row_limit),
+        };
+        builder
+            .arg(&mut pass.counts)
+            .arg(&mut pass.offsets)
+            .arg(&mut pass.out_left)
+            .arg(&mut pass.out_right)
+            .arg(&mut pass.out_distance)
+            .arg(&write_flag);
+        // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for
+        // one (types and order). Every row buffer holds `dim` values per slot for all slots the
+        // kernel reads: left slots < `end` ≤ left rows, right slots < `right_len` or within
+        // `right_cell_start`; with `params.per_row`, `row_threshold` and `row_limit` hold a value
+        // for every left slot; with the GEMM filter, `filter_norms` and `filter_sq_norms` hold one
+        // per row of their side. `counts` and `offsets` hold at least `end - begin` entries (counts
+        // zeroed before the count pass), and the output buffers at least the batch's total count,
+        // which the write pass never exceeds because it re-finds exactly the pairs the count pass
+        // counted (same inputs, same deterministic arithmetic), each row within its own
+        // [offset, offset + count) range, whatever launches the right rows are split into.
+        unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
+    }
     device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
+}
+
+/// Rounds a side's f32 filter rows in place to TF32, the input brute_join_tc takes (its margin
+/// counts this rounding: `tensor_core_margin` in src/backend/gpu.rs).
+pub fn round_to_tf32(device: &GpuDevice, values: &mut CudaSlice<f32>) -> Result<(), String> {
+    let function = device.function(KernelModule::SimJoin, "round_to_tf32")?;
+    let len = values.len() as u64;
+    let blocks = len.div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
+    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let mut builder = device.stream.launch_builder(&function);
+    builder.arg(values).arg(&len);
+    // SAFETY: round_to_tf32(float*, u64) reads and writes indices < `len`, the buffer's length
+    // (a grid-stride loop, so any grid size covers it).
+    unsafe { builder.launch(config) }.map_err(|e| format!("round_to_tf32 launch failed: {e}"))?;
+    Ok(())
 }
 
 /// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
@@ -239,6 +264,52 @@ pub fn sample_radius_pass(
 pub const KNN_SAMPLE: usize = 4096;
 /// Radii per query knn_sample_radius writes (`LEVELS` in kernels/knn.cu): ranks r, 4r, 16r, 64r.
 pub const KNN_LEVELS: usize = 4;
+
+/// Bytes per staging buffer of [`upload`].
+const STAGE_BYTES: usize = 32 << 20;
+
+/// `values` on the device. Large slices go through the device's two page-locked staging buffers:
+/// while one is copied to the device, the worker threads fill the other, so a 1 GB side moves at
+/// DMA speed instead of the few GB/s of a copy from pageable memory (NOTES.md v12). Smaller ones
+/// (under two stages) are copied directly.
+pub fn upload<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, values: &[T]) -> Result<CudaSlice<T>, String> {
+    use rayon::prelude::*;
+    let stream = &device.stream;
+    let copy = |e: cudarc::driver::DriverError| format!("copy to the GPU failed: {e}");
+    // SAFETY: `T: DeviceRepr` is plain data without padding requirements on the host side beyond
+    // its size, so its bytes may be read as `u8`; the view covers exactly `values`.
+    let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
+    if bytes.len() < 2 * STAGE_BYTES {
+        return stream.clone_htod(values).map_err(copy);
+    }
+    let mut device_values = stream.alloc_zeros::<T>(values.len()).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut staging = device.staging.lock().map_err(|_| "the GPU staging buffers are poisoned".to_string())?;
+    if staging.is_none() {
+        *staging = Some([pinned_buffer::<u8>(device, STAGE_BYTES)?, pinned_buffer::<u8>(device, STAGE_BYTES)?]);
+    }
+    let stages = staging.as_mut().expect("allocated above");
+    // SAFETY: the device buffer holds exactly `bytes.len()` bytes (`values.len()` values of `T`).
+    let mut target = unsafe { device_values.transmute_mut::<u8>(bytes.len()) }.ok_or("staging: buffer size mismatch")?;
+    // When each stage's last copy to the device is done (recorded explicitly: on a single-stream
+    // context cudarc records no event for pinned copies, and refilling a stage early corrupted data).
+    let mut copied: [Option<CudaEvent>; 2] = [None, None];
+    for (i, chunk) in bytes.chunks(STAGE_BYTES).enumerate() {
+        let mut to = target.slice_mut(i * STAGE_BYTES..i * STAGE_BYTES + chunk.len());
+        if chunk.len() < STAGE_BYTES {
+            stream.memcpy_htod(chunk, &mut to).map_err(copy)?;
+            continue;
+        }
+        if let Some(done) = copied[i % 2].take() {
+            done.synchronize().map_err(copy)?;
+        }
+        let host = stages[i % 2].as_mut_slice().map_err(|e| format!("staging buffer: {e}"))?;
+        host.par_chunks_mut(1 << 20).zip(chunk.par_chunks(1 << 20)).for_each(|(h, c)| h.copy_from_slice(c));
+        stream.memcpy_htod(&stages[i % 2], &mut to).map_err(copy)?;
+        copied[i % 2] = Some(stream.record_event(None).map_err(copy)?);
+    }
+    stream.synchronize().map_err(copy)?;
+    Ok(device_values)
+}
 
 /// A page-locked host buffer of `len` values for device-to-host copies (about 25 GB/s instead of
 /// pageable memory's few GB/s plus first-touch page faults), zero-filled.
