@@ -6,7 +6,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array};
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::Result;
+use datafusion::common::{Result, internal_err};
 
 use crate::backend::ResultChunk;
 use crate::vectors::Vectors;
@@ -24,13 +24,25 @@ pub enum OutputColumn {
     Rank,
 }
 
-/// One side of the output: the collected input batch and its vectors (positions → rows).
+/// One side of the output: the input's columns the output takes rows from and its vectors
+/// (positions → rows).
 #[derive(Debug, Clone)]
 pub struct SideData {
-    /// All rows of the input, in one batch.
-    pub batch: RecordBatch,
+    /// Column `i` of the input, all rows in one array, where the output projects it; else `None`.
+    pub columns: Vec<Option<ArrayRef>>,
+    /// Rows of the input.
+    pub num_rows: usize,
     /// The usable vectors of the input.
     pub vectors: Arc<Vectors>,
+}
+
+impl SideData {
+    fn column(&self, i: usize) -> Result<&ArrayRef> {
+        match self.columns.get(i) {
+            Some(Some(column)) => Ok(column),
+            _ => internal_err!("output column {i} was not collected from its input"),
+        }
+    }
 }
 
 /// Builds output batches for a fixed projection.
@@ -74,11 +86,11 @@ impl BatchBuilder {
             arrays.push(match *column {
                 OutputColumn::Left(i) => {
                     let idx = left_rows.get_or_insert_with(|| rows(&chunk.left[range.clone()], left));
-                    take(left.batch.column(i), idx, None)?
+                    take(left.column(i)?, idx, None)?
                 }
                 OutputColumn::Right(i) => {
                     let idx = right_rows.get_or_insert_with(|| rows(&chunk.right[range.clone()], right));
-                    take(right.batch.column(i), idx, None)?
+                    take(right.column(i)?, idx, None)?
                 }
                 OutputColumn::Distance => Arc::new(Float64Array::from(chunk.distance[range.clone()].to_vec())),
                 OutputColumn::Rank => {

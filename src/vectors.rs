@@ -9,8 +9,8 @@
 //! ±Inf, or — under the cosine metric — is the zero vector, whose cosine distance is undefined.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
+use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema, SchemaRef};
 use rayon::prelude::*;
 use datafusion::common::{Result, exec_err, plan_err};
 
@@ -180,6 +180,33 @@ impl Vectors {
         Ok(vectors)
     }
 
+    /// Builds vectors from the collected `batches` of one input, rows numbered across them in
+    /// order. The common case, a dense list column (see [`dense_fixed_size_lists`]), is widened
+    /// batch by batch straight into the result; anything else goes through one concatenated
+    /// batch and [`Vectors::from_batch`].
+    pub fn from_batches(
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        source: &VectorSource,
+        reject_zero: bool,
+        describe: &str,
+    ) -> Result<Self> {
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        if rows > u32::MAX as usize {
+            return exec_err!("{describe}: {rows} rows exceed the limit of 2^32 - 1");
+        }
+        if let VectorSource::List { index, .. } = source {
+            let columns: Vec<ArrayRef> = batches.iter().map(|b| b.column(*index).clone()).collect();
+            if let Some(mut vectors) = dense_fixed_size_lists(&columns)? {
+                if reject_zero {
+                    vectors.retain(|v| v.iter().any(|x| *x != 0.0));
+                }
+                return Ok(vectors);
+            }
+        }
+        Self::from_batch(&concat_batches(schema, batches)?, source, reject_zero, describe)
+    }
+
     /// Keeps the vectors for which `keep` holds; the others count as skipped.
     fn retain(&mut self, mut keep: impl FnMut(&[f64]) -> bool) {
         let dim = self.dim;
@@ -198,7 +225,7 @@ impl Vectors {
 }
 
 fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
-    if let Some(vectors) = dense_fixed_size_list(column)? {
+    if let Some(vectors) = dense_fixed_size_lists(std::slice::from_ref(column))? {
         return Ok(vectors);
     }
     // (start, end) of each row's values inside the flat child array.
@@ -260,25 +287,46 @@ fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
     Ok(out)
 }
 
-/// The common case in one parallel pass: a FixedSizeList of Float32/Float64 with no NULL row or
-/// value and only finite values. `None` sends the column through the general, row-by-row path.
-fn dense_fixed_size_list(column: &ArrayRef) -> Result<Option<Vectors>> {
-    let DataType::FixedSizeList(_, n) = column.data_type() else { return Ok(None) };
-    let list = column.as_fixed_size_list();
-    let dim = *n as usize;
-    if dim == 0 || list.null_count() > 0 || list.values().null_count() > 0 {
+/// The common case in one parallel pass: FixedSizeList columns (one per batch of an input) of
+/// Float32/Float64 with no NULL row or value and only finite values, widened into one row-major
+/// buffer without concatenating the lists first (a 1M × 128 concatenation alone took longer
+/// than the widening: NOTES.md v13). `None` sends the input through the general, row-by-row path.
+fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
+    let Some(DataType::FixedSizeList(field, n)) = columns.first().map(|c| c.data_type().clone()) else { return Ok(None) };
+    let dim = n as usize;
+    let element = field.data_type();
+    let dense = |c: &ArrayRef| {
+        c.data_type() == columns[0].data_type() && c.null_count() == 0 && c.as_fixed_size_list().values().null_count() == 0
+    };
+    if dim == 0 || !matches!(element, DataType::Float32 | DataType::Float64) || !columns.iter().all(dense) {
         return Ok(None);
     }
-    let child = list.values().slice(list.offset() * dim, list.len() * dim);
-    let values: Vec<f64> = match child.data_type() {
-        DataType::Float32 => child.as_primitive::<Float32Type>().values().par_iter().map(|&x| x as f64).collect(),
-        DataType::Float64 => child.as_primitive::<Float64Type>().values().to_vec(),
-        _ => return Ok(None),
-    };
+    let rows: usize = columns.iter().map(|c| c.len()).sum();
+    let mut values = vec![0f64; rows * dim];
+    let mut rest = values.as_mut_slice();
+    let mut parts = Vec::with_capacity(columns.len());
+    for column in columns {
+        let (part, tail) = rest.split_at_mut(column.len() * dim);
+        parts.push((column, part));
+        rest = tail;
+    }
+    parts.into_par_iter().for_each(|(column, out)| {
+        let list = column.as_fixed_size_list();
+        let child = list.values().slice(list.offset() * dim, list.len() * dim);
+        match element {
+            DataType::Float32 => {
+                let from = child.as_primitive::<Float32Type>().values();
+                out.par_chunks_mut(1 << 16).zip(from.par_chunks(1 << 16)).for_each(|(o, f)| {
+                    o.iter_mut().zip(f).for_each(|(o, &x)| *o = x as f64);
+                });
+            }
+            _ => out.copy_from_slice(child.as_primitive::<Float64Type>().values()),
+        }
+    });
     if !values.par_chunks(1 << 16).all(|c| c.iter().all(|x| x.is_finite())) {
         return Ok(None);
     }
-    Ok(Some(Vectors { dim, values, rows: (0..list.len() as u32).collect(), skipped: 0 }))
+    Ok(Some(Vectors { dim, values, rows: (0..rows as u32).collect(), skipped: 0 }))
 }
 
 fn from_columns(columns: &[ArrayRef], num_rows: usize) -> Vectors {
@@ -349,6 +397,26 @@ mod tests {
             err.to_string().contains("vectors of different lengths: row 0 has 2 values, row 1 has 1"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn batches_are_widened_in_order_with_rows_numbered_across_them() {
+        use datafusion::arrow::array::FixedSizeListArray;
+        let list = |rows: Vec<Option<Vec<Option<f32>>>>| {
+            let array = FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(rows, 2);
+            RecordBatch::try_from_iter_with_nullable([("v", Arc::new(array) as ArrayRef, true)]).unwrap()
+        };
+        let whole = list((0..7).map(|i| Some(vec![Some(i as f32), Some(-(i as f32))])).collect());
+        // Slices (offsets into one child array), as a scan hands them over.
+        let parts = [whole.slice(0, 3), whole.slice(3, 0), whole.slice(3, 4)];
+        let source = VectorSource::resolve(&whole.schema(), None, "knn", "base").unwrap();
+        let dense = Vectors::from_batches(&whole.schema(), &parts, &source, false, "knn").unwrap();
+        assert_eq!(dense.values, (0..7).flat_map(|i| [i as f64, -(i as f64)]).collect::<Vec<_>>());
+        assert_eq!((dense.rows, dense.skipped), ((0..7).collect(), 0));
+        // A NULL row in a later batch: the general path, rows still numbered across the batches.
+        let with_null = [list(vec![Some(vec![Some(1.0), Some(2.0)])]), list(vec![None, Some(vec![Some(0.0), Some(0.0)])])];
+        let general = Vectors::from_batches(&whole.schema(), &with_null, &source, true, "knn").unwrap();
+        assert_eq!((general.values, general.rows, general.skipped), (vec![1.0, 2.0], vec![0], 2));
     }
 
     #[test]

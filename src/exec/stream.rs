@@ -7,7 +7,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::array::new_empty_array;
+use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, exec_err};
 use datafusion::execution::TaskContext;
@@ -22,7 +23,7 @@ use super::progress::{Progress, ProgressListener};
 use super::{InputSide, SimilarityExec};
 use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, SelfJoin};
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
-use crate::results::{BatchBuilder, SideData};
+use crate::results::{BatchBuilder, OutputColumn, SideData};
 use crate::vectors::Vectors;
 
 /// The operator's metrics (EXPLAIN ANALYZE).
@@ -124,7 +125,7 @@ impl Run {
         inputs: Vec<(SchemaRef, Vec<SendableRecordBatchStream>)>,
         reservation: MemoryReservation,
     ) -> Result<futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>>> {
-        let mut batches = Vec::with_capacity(inputs.len());
+        let mut collected = Vec::with_capacity(inputs.len());
         for (schema, streams) in inputs {
             // All partitions at once; their batches are kept in partition order.
             let collect = |stream: SendableRecordBatchStream| {
@@ -136,33 +137,35 @@ impl Run {
                     .try_collect::<Vec<_>>()
             };
             let partitions = futures::future::try_join_all(streams.into_iter().map(collect)).await?;
-            let converting = Instant::now();
-            let mut parts: Vec<_> = partitions.into_iter().flatten().collect();
-            // One batch needs no copy; several are concatenated once (and the parts released).
-            let batch = if parts.len() == 1 {
-                parts.remove(0)
-            } else {
-                let batch = concat_batches(&schema, &parts)?;
-                reservation.try_grow(batch.get_array_memory_size())?;
-                let freed: usize = parts.iter().map(|b| b.get_array_memory_size()).sum();
-                drop(parts);
-                reservation.shrink(freed);
-                batch
-            };
-            self.metrics.record_conversion(converting.elapsed());
-            batches.push(batch);
+            collected.push((schema, partitions.into_iter().flatten().collect::<Vec<_>>()));
         }
+        let collected_bytes: usize = collected.iter().flat_map(|(_, parts)| parts).map(|b| b.get_array_memory_size()).sum();
 
+        // The vectors of each side, and of each input only the columns the output takes rows from,
+        // concatenated (the vector column itself is widened batch by batch, never concatenated).
         let op = self.op.clone();
         let (left_side, right_side) = (self.left.clone(), self.right.clone());
+        let output_columns = self.builder.columns.clone();
         let converting = Instant::now();
         let (left, right) = tokio::task::spawn_blocking(move || -> Result<(SideData, SideData)> {
             let reject_zero = op.metric == Metric::Cosine;
             let side = |input: &InputSide| -> Result<SideData> {
-                let batch = batches[input.child].clone();
+                let (schema, parts) = &collected[input.child];
                 let describe = format!("{}: {}", op.function_name(), input.describe);
-                let vectors = Vectors::from_batch(&batch, &input.source, reject_zero, &describe)?;
-                Ok(SideData { batch, vectors: Arc::new(vectors) })
+                let vectors = Vectors::from_batches(schema, parts, &input.source, reject_zero, &describe)?;
+                let projected = |i: usize| match output_columns.iter().any(|c| match *c {
+                    OutputColumn::Left(j) => j == i && left_side.child == input.child,
+                    OutputColumn::Right(j) => j == i && right_side.child == input.child,
+                    _ => false,
+                }) {
+                    false => Ok(None),
+                    true if parts.len() == 1 => Ok(Some(parts[0].column(i).clone())),
+                    true if parts.is_empty() => Ok(Some(new_empty_array(schema.field(i).data_type()))),
+                    true => concat(&parts.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>()).map(Some),
+                };
+                let columns = (0..schema.fields().len()).map(projected).collect::<std::result::Result<Vec<_>, _>>()?;
+                let num_rows = parts.iter().map(|b| b.num_rows()).sum();
+                Ok(SideData { columns, num_rows, vectors: Arc::new(vectors) })
             };
             let left = side(&left_side)?;
             let right = if right_side.child == left_side.child { left.clone() } else { side(&right_side)? };
@@ -171,6 +174,15 @@ impl Run {
         .await
         .map_err(|e| exec_datafusion_err!("{}: building vectors failed: {e}", self.op.function_name()))??;
         self.metrics.record_conversion(converting.elapsed());
+        // The collected batches are gone; the output columns taken from them stay.
+        let same_input = self.left.child == self.right.child;
+        let kept: usize = [&left, &right][..if same_input { 1 } else { 2 }]
+            .iter()
+            .flat_map(|side| side.columns.iter().flatten())
+            .map(|c| c.get_array_memory_size())
+            .sum();
+        reservation.shrink(collected_bytes);
+        reservation.try_grow(kept)?;
 
         let (lv, rv) = (&left.vectors, &right.vectors);
         if !lv.is_empty() && !rv.is_empty() && lv.dim != rv.dim {
@@ -184,7 +196,7 @@ impl Run {
             );
         }
         let same = Arc::ptr_eq(lv, rv);
-        let input_rows = left.batch.num_rows() + if same { 0 } else { right.batch.num_rows() };
+        let input_rows = left.num_rows + if same { 0 } else { right.num_rows };
         self.metrics.input_rows.add(input_rows);
         self.metrics.skipped_rows.add(lv.skipped + if same { 0 } else { rv.skipped });
         // Working memory of the backend: the vectors themselves, their f32/normalised copies and
