@@ -17,7 +17,7 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSin
 use crate::gpu::GpuDevice;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, SideBuffers, join_pass, pinned_buffer, round_to_tf32, sample_radius_pass, upload,
+    GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, SideBuffers, host_results, join_pass, round_to_tf32, sample_radius_pass, upload,
 };
 use rayon::prelude::*;
 use crate::index::{GridIndex, JoinStrategy};
@@ -93,16 +93,16 @@ impl GpuBackend {
     /// query short of k rows (the last level, +∞, takes every row), then write passes and an exact
     /// top-k of each query's rows on the host. See kernels/knn.cu for why no neighbour is lost.
     fn gpu_knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
-        let start = Instant::now();
         let KnnRequest { base, queries, metric, k } = *request;
         let k = k.min(base.len());
         let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
         if k == 0 || queries.is_empty() {
             return Ok(Ok(stats));
         }
-        // Compile both modules now (once per process) so NVRTC stays out of the kernel times.
+        // Compile both modules now (once per process) so NVRTC stays out of the run's times.
         self.device.function(KernelModule::Knn, "knn_sample_radius")?;
         self.device.function(KernelModule::SimJoin, "brute_join")?;
+        let start = Instant::now();
         let (dim, n, nq) = (base.dim, base.len(), queries.len());
         let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
         let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
@@ -197,8 +197,7 @@ impl GpuBackend {
 
         let (batches, capacity) = write_batches(&counts);
         pass.size_outputs(&self.device, capacity)?;
-        let mut host_right = pinned_buffer::<u32>(&self.device, capacity)?;
-        let mut host_distance = pinned_buffer::<f64>(&self.device, capacity)?;
+        let mut results = host_results(&self.device, capacity)?;
         sink.start(batches.len() as u64);
         let (mut transfer, mut kernel, mut emit) = Default::default();
         let outcome = (|| -> Result<()> {
@@ -215,13 +214,9 @@ impl GpuBackend {
                 kernel += writing.elapsed();
                 let copying = Instant::now();
                 let rows = total as usize;
-                stream.memcpy_dtoh(&pass.out_right.slice(0..rows.max(1)), &mut host_right).map_err(d2h)?;
-                stream.memcpy_dtoh(&pass.out_distance.slice(0..rows.max(1)), &mut host_distance).map_err(d2h)?;
-                stream.synchronize().map_err(d2h)?;
+                let (_, positions, distances) = results.download(stream, None, &pass.out_right, &pass.out_distance, rows).map_err(exec)?;
                 transfer += copying.elapsed();
                 let emitting = Instant::now();
-                let pinned = |e: cudarc::driver::DriverError| DataFusionError::Execution(format!("pinned buffer: {e}"));
-                let (positions, distances) = (&host_right.as_slice().map_err(pinned)?[..rows], &host_distance.as_slice().map_err(pinned)?[..rows]);
                 // Each query's rows lie in its own [offset, next offset) range, in no set order:
                 // the exact top-k by (distance, base position), the CPU backend's order.
                 let nearest: Vec<Vec<Neighbour>> = (begin..end)
@@ -332,14 +327,14 @@ impl GpuBackend {
     }
 
     fn gpu_join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
-        let start = Instant::now();
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
         if left.is_empty() || right.is_empty() {
             return Ok(Ok(stats));
         }
-        // Compile the module now (once per process) so NVRTC stays out of the probe time.
-        self.device.function(crate::gpu::kernels::KernelModule::SimJoin, "grid_join")?;
+        // Compile the module now (once per process) so NVRTC stays out of the run's times.
+        self.device.function(KernelModule::SimJoin, "grid_join")?;
+        let start = Instant::now();
         let dim = left.dim;
         let (left_filter, right_filter, strategy) = plan_join(request);
 
@@ -431,9 +426,7 @@ impl GpuBackend {
         let counts = self.count_pass(&params, n_left, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, &mut stats)?;
         let (batches, capacity) = write_batches(&counts);
         pass.size_outputs(&self.device, capacity)?;
-        let mut host_left = pinned_buffer::<u32>(&self.device, capacity)?;
-        let mut host_right = pinned_buffer::<u32>(&self.device, capacity)?;
-        let mut host_distance = pinned_buffer::<f64>(&self.device, capacity)?;
+        let mut results = host_results(&self.device, capacity)?;
         sink.start(batches.len() as u64);
 
         let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
@@ -452,19 +445,11 @@ impl GpuBackend {
                     kernel += writing.elapsed();
                     let copying = Instant::now();
                     let n = total as usize;
-                    let d2h = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
-                    stream.memcpy_dtoh(&pass.out_left.slice(0..n), &mut host_left).map_err(d2h)?;
-                    stream.memcpy_dtoh(&pass.out_right.slice(0..n), &mut host_right).map_err(d2h)?;
-                    stream.memcpy_dtoh(&pass.out_distance.slice(0..n), &mut host_distance).map_err(d2h)?;
-                    stream.synchronize().map_err(d2h)?;
+                    let (lefts, rights, distances) = results
+                        .download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, n)
+                        .map_err(DataFusionError::Execution)?;
                     transfer += copying.elapsed();
                     let emitting = Instant::now();
-                    let pinned = |e: cudarc::driver::DriverError| DataFusionError::Execution(format!("pinned buffer: {e}"));
-                    let (lefts, rights, distances) = (
-                        &host_left.as_slice().map_err(pinned)?[..n],
-                        &host_right.as_slice().map_err(pinned)?[..n],
-                        &host_distance.as_slice().map_err(pinned)?[..n],
-                    );
                     // Chunks on every core: each builds and sends its own result chunks.
                     let piece = (1 << 16).max(n.div_ceil(rayon::current_num_threads() * 4));
                     (0..n.div_ceil(piece)).into_par_iter().try_for_each(|p| -> Result<()> {

@@ -7,6 +7,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, PinnedHo
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::kernels::KernelModule;
+use super::launch::ResultBuffers;
 use super::{GpuInfo, probe};
 
 /// A usable GPU.
@@ -24,6 +25,9 @@ pub struct GpuDevice {
     /// Two page-locked buffers that large uploads pass through (`launch::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
     pub(super) staging: Mutex<Option<[PinnedHostSlice<u8>; 2]>>,
+    /// Page-locked buffers that write passes copy their pairs into (`launch::host_results`),
+    /// kept for the next run.
+    pub(super) results: Mutex<Option<ResultBuffers>>,
 }
 
 static SHARED: OnceLock<Result<Arc<GpuDevice>, String>> = OnceLock::new();
@@ -39,7 +43,7 @@ impl GpuDevice {
         let arch = arch_for(info.compute_capability)?;
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
-        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None) })
+        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None) })
     }
 
     /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).

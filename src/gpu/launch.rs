@@ -1,6 +1,8 @@
 //! Every kernel launch, each checked; the only `unsafe` launch sites of the crate.
 
-use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
 
 use super::device::GpuDevice;
 use super::kernels::KernelModule;
@@ -285,7 +287,7 @@ pub fn upload<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, values: &[T])
     let mut device_values = stream.alloc_zeros::<T>(values.len()).map_err(|e| format!("GPU allocation failed: {e}"))?;
     let mut staging = device.staging.lock().map_err(|_| "the GPU staging buffers are poisoned".to_string())?;
     if staging.is_none() {
-        *staging = Some([pinned_buffer::<u8>(device, STAGE_BYTES)?, pinned_buffer::<u8>(device, STAGE_BYTES)?]);
+        *staging = Some([pinned_buffer::<u8>(device, STAGE_BYTES, false)?, pinned_buffer::<u8>(device, STAGE_BYTES, false)?]);
     }
     let stages = staging.as_mut().expect("allocated above");
     // SAFETY: the device buffer holds exactly `bytes.len()` bytes (`values.len()` values of `T`).
@@ -311,11 +313,97 @@ pub fn upload<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, values: &[T])
     Ok(device_values)
 }
 
-/// A page-locked host buffer of `len` values for device-to-host copies (about 25 GB/s instead of
-/// pageable memory's few GB/s plus first-touch page faults), zero-filled.
-pub fn pinned_buffer<T: DeviceRepr + ValidAsZeroBits + Default + Copy>(device: &GpuDevice, len: usize) -> Result<PinnedHostSlice<T>, String> {
+/// Page-locked host buffers for the pairs of one write pass (left and right positions, exact
+/// distances).
+#[derive(Debug)]
+pub struct ResultBuffers {
+    pub left: PinnedHostSlice<u32>,
+    pub right: PinnedHostSlice<u32>,
+    pub distance: PinnedHostSlice<f64>,
+}
+
+impl ResultBuffers {
+    fn new(device: &GpuDevice, capacity: usize) -> Result<Self, String> {
+        Ok(Self {
+            left: pinned_buffer(device, capacity, true)?,
+            right: pinned_buffer(device, capacity, true)?,
+            distance: pinned_buffer(device, capacity, true)?,
+        })
+    }
+}
+
+/// Downloaded pairs: left positions (empty when not asked for), right positions, exact distances.
+pub type DownloadedPairs<'a> = (&'a [u32], &'a [u32], &'a [f64]);
+
+/// A run's result buffers: the device's kept ones when no other run holds them, else its own.
+#[derive(Debug)]
+pub struct HostResults<'a> {
+    kept: Option<std::sync::MutexGuard<'a, Option<ResultBuffers>>>,
+    own: Option<ResultBuffers>,
+}
+
+impl HostResults<'_> {
+    /// Copies the first `n` pairs of a write pass from the device (left positions only where
+    /// `left` is given) and returns them.
+    pub fn download(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        left: Option<&CudaSlice<u32>>,
+        right: &CudaSlice<u32>,
+        distance: &CudaSlice<f64>,
+        n: usize,
+    ) -> Result<DownloadedPairs<'_>, String> {
+        let buffers = match &mut self.kept {
+            Some(kept) => kept.as_mut().expect("filled by host_results"),
+            None => self.own.as_mut().expect("filled by host_results"),
+        };
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let pinned = |e: cudarc::driver::DriverError| format!("pinned buffer: {e}");
+        let host_left = buffers.left.as_mut_slice().map_err(pinned)?;
+        let host_right = buffers.right.as_mut_slice().map_err(pinned)?;
+        let host_distance = buffers.distance.as_mut_slice().map_err(pinned)?;
+        if n > 0 {
+            // Into the page-locked memory as plain slices, synchronised below: with the buffers
+            // kept across runs, copies through cudarc's pinned-slice path (which waits on and
+            // records the buffer's event) failed in every run after the first with
+            // CUDA_ERROR_INVALID_VALUE (NOTES.md v14).
+            if let Some(left) = left {
+                stream.memcpy_dtoh(&left.slice(0..n), &mut host_left[..n]).map_err(copy)?;
+            }
+            stream.memcpy_dtoh(&right.slice(0..n), &mut host_right[..n]).map_err(copy)?;
+            stream.memcpy_dtoh(&distance.slice(0..n), &mut host_distance[..n]).map_err(copy)?;
+            stream.synchronize().map_err(copy)?;
+        }
+        let lefts: &[u32] = if left.is_some() { &host_left[..n] } else { &[] };
+        Ok((lefts, &host_right[..n], &host_distance[..n]))
+    }
+}
+
+/// Result buffers for at most `capacity` pairs. The device keeps one set between runs and grows
+/// it when a run needs more: page-locking and zeroing ~0.5 GB anew took ~0.3 s of every P3–P5 run
+/// (NOTES.md v14). A run that finds the set held by another (which may be blocked on a slow
+/// consumer) allocates its own rather than wait.
+pub fn host_results(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>, String> {
+    match device.results.try_lock() {
+        Ok(mut kept) => {
+            if kept.as_ref().is_none_or(|b| b.left.len() < capacity) {
+                *kept = None; // free the smaller set first
+                *kept = Some(ResultBuffers::new(device, capacity)?);
+            }
+            Ok(HostResults { kept: Some(kept), own: None })
+        }
+        Err(_) => Ok(HostResults { kept: None, own: Some(ResultBuffers::new(device, capacity)?) }),
+    }
+}
+
+/// A page-locked host buffer of `len` values (DMA at about 25 GB/s instead of pageable memory's few
+/// GB/s plus first-touch page faults), zero-filled. `host_reads`: the host reads what the device
+/// writes there, so the buffer is cached; otherwise (uploads) write-combined, cudarc's default,
+/// which the host writes quickly but reads uncached.
+pub fn pinned_buffer<T: DeviceRepr + ValidAsZeroBits + Default + Copy>(device: &GpuDevice, len: usize, host_reads: bool) -> Result<PinnedHostSlice<T>, String> {
+    let flags = if host_reads { 0 } else { cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED };
     // SAFETY: the allocation is uninitialised; it is zero-filled below before anything reads it.
-    let mut buffer = unsafe { device.ctx.alloc_pinned::<T>(len.max(1)) }.map_err(|e| format!("pinned allocation failed: {e}"))?;
+    let mut buffer = unsafe { device.ctx.alloc_pinned_with_flags::<T>(len.max(1), flags) }.map_err(|e| format!("pinned allocation failed: {e}"))?;
     buffer.as_mut_slice().map_err(|e| format!("pinned buffer: {e}"))?.fill(T::default());
     Ok(buffer)
 }
