@@ -99,10 +99,9 @@ extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
     if (!write) counts[s - slot_begin] = found;
 }
 
-// The epilogue of both brute-force kernels. Each thread decides an 8 × 8 set of (left, right)
-// slots; what the filter needs of each slot (limit, norms) is loaded once per thread, not once per
-// pair (with the left slots taken one at a time this cut brute_join_tc's local-memory spill
-// requests on P6 from 1.47·10⁹ to 4.6·10⁸: NOTES.md v8).
+// brute_join's epilogue (brute_join_tc has its own separated test, tc_row_bound). Each thread
+// decides an 8 × 8 set of (left, right) slots; what the filter needs of each slot (limit, norms)
+// is loaded once per thread, not once per pair.
 struct LeftSlot {
     float limit;     // the f32 filter limit (per row for kNN)
     float norm;      // dot-product filters: ‖x̃‖
