@@ -99,6 +99,12 @@ extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
     if (!write) counts[s - slot_begin] = found;
 }
 
+// kNN's infinite radius (`per_row` with a +∞ threshold, the last level): left slot s takes every
+// right row, NaN distances included, so a query always gets min(k, n) candidates.
+__device__ __forceinline__ bool takes_every_row(const JoinParams& p, const double* row_threshold, u32 s) {
+    return p.per_row && row_threshold[s] == F64_INFINITY;
+}
+
 // brute_join's epilogue (brute_join_tc has its own separated test, tc_row_bound). Each thread
 // decides an 8 × 8 set of (left, right) slots; what the filter needs of each slot (limit, norms)
 // is loaded once per thread, not once per pair.
@@ -107,7 +113,7 @@ struct LeftSlot {
     float norm;      // dot-product filters: ‖x̃‖
     float sq_norm;   // FILTER_GEMM_L2: ‖x̃‖²
     bool valid;      // a slot of this pass
-    bool take_all;   // kNN's infinite radius: every right row, NaN distances included
+    bool take_all;   // takes_every_row
 };
 struct RightSlot {
     float norm;
@@ -120,7 +126,7 @@ __device__ __forceinline__ LeftSlot left_slot(const JoinParams& p, u32 s, u32 sl
     LeftSlot l = {0.0f, 0.0f, 0.0f, s < slot_end, false};
     if (!l.valid) return l;
     l.limit = p.per_row ? row_limit[s] : p.limit;
-    l.take_all = p.per_row && row_threshold[s] == F64_INFINITY;
+    l.take_all = takes_every_row(p, row_threshold, s);
     if (p.filter == FILTER_NEG_DOT || p.filter == FILTER_GEMM_L2) l.norm = lfnorm[s];
     if (p.filter == FILTER_GEMM_L2) l.sq_norm = lfsq[s];
     return l;
@@ -142,9 +148,8 @@ __device__ __forceinline__ bool brute_filter(const JoinParams& p, const LeftSlot
     return filter_passes(p, score, l.norm, r.norm, l.limit);
 }
 
-// A pair that passed the filter: its exact f64 distance decides, then a count or a written pair.
-// kNN's infinite radius (`per_row` with a +∞ threshold) takes every right row, NaN distances
-// included, so a query always gets min(k, n) candidates.
+// A pair that passed the filter: its exact f64 distance decides (unless the slot takes every
+// row), then a count or a written pair.
 __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u32 slot_begin,
         const double* lx, const double* rx, const double* lnorm, const double* rnorm,
         const u32* left_order, const u32* right_order, const double* row_threshold,
@@ -153,8 +158,7 @@ __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u3
     double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
     double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
     double threshold = p.per_row ? row_threshold[s] : p.threshold;
-    bool take_all = p.per_row && threshold == F64_INFINITY;
-    if (!take_all && !(dist <= threshold)) return;
+    if (!(dist <= threshold) && !takes_every_row(p, row_threshold, s)) return;
     if (write) {
         u64 at = atomicAdd(&cursors[s - slot_begin], 1ull);
         out_left[at] = left_order[s];
@@ -166,8 +170,8 @@ __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u3
 }
 
 // Brute force, tiled like a matrix product: each block scores 128 left rows against 128 right rows
-// (brute_tile; a launch covers the right rows from `right_begin`); its 256 threads form a 16 × 16 grid and each scores an 8 × 8
-// micro-tile, reading both sides from shared memory 8 dimensions at a time, so each row is read from
+// (brute_tile; a launch covers the right rows from `right_begin`); its 256 threads form a 16 × 16
+// grid and each scores an 8 × 8 micro-tile, reading both sides from shared memory 8 dimensions at a time, so each row is read from
 // device memory once per 128 × 128 tile instead of once per pair. Pairs are counted and written
 // with atomics on the left row's counter (count pass) or cursor (write pass: `cursors` starts as the
 // exclusive prefix of the counts), so a row's pairs land in its own range in an unspecified order.
@@ -384,7 +388,7 @@ __device__ __forceinline__ void copy_chunk(const JoinParams& p, const TileCopy& 
 __device__ __forceinline__ float tc_row_bound(const JoinParams& p, u32 s, u32 slot_end, const float* lfnorm,
                                               const float* lfsq, const double* row_threshold, const float* row_limit) {
     if (s >= slot_end) return F32_NAN;
-    if (p.per_row && row_threshold[s] == F64_INFINITY) return F32_INFINITY;
+    if (takes_every_row(p, row_threshold, s)) return F32_INFINITY;
     float limit = p.per_row ? row_limit[s] : p.limit;
     float n = lfnorm[s];
     float bound = __fadd_ru(limit, __fadd_ru(__fmul_ru(__fmul_ru(2.0f * p.dot_margin, n), n), p.dot_floor));

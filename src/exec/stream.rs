@@ -7,7 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::new_empty_array;
+use datafusion::arrow::array::{ArrayRef, new_empty_array};
 use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, exec_err};
@@ -153,17 +153,22 @@ impl Run {
                 let (schema, parts) = &collected[input.child];
                 let describe = format!("{}: {}", op.function_name(), input.describe);
                 let vectors = Vectors::from_batches(schema, parts, &input.source, reject_zero, &describe)?;
-                let projected = |i: usize| match output_columns.iter().any(|c| match *c {
-                    OutputColumn::Left(j) => j == i && left_side.child == input.child,
-                    OutputColumn::Right(j) => j == i && right_side.child == input.child,
-                    _ => false,
-                }) {
-                    false => Ok(None),
-                    true if parts.len() == 1 => Ok(Some(parts[0].column(i).clone())),
-                    true if parts.is_empty() => Ok(Some(new_empty_array(schema.field(i).data_type()))),
-                    true => concat(&parts.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>()).map(Some),
+                let projected = |i: usize| {
+                    output_columns.iter().any(|c| match *c {
+                        OutputColumn::Left(j) => j == i && left_side.child == input.child,
+                        OutputColumn::Right(j) => j == i && right_side.child == input.child,
+                        _ => false,
+                    })
                 };
-                let columns = (0..schema.fields().len()).map(projected).collect::<std::result::Result<Vec<_>, _>>()?;
+                let column = |i: usize| -> Result<Option<ArrayRef>> {
+                    Ok(match parts.as_slice() {
+                        _ if !projected(i) => None,
+                        [] => Some(new_empty_array(schema.field(i).data_type())),
+                        [only] => Some(only.column(i).clone()),
+                        _ => Some(concat(&parts.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>())?),
+                    })
+                };
+                let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
                 let num_rows = parts.iter().map(|b| b.num_rows()).sum();
                 Ok(SideData { columns, num_rows, vectors: Arc::new(vectors) })
             };
