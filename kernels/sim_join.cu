@@ -2,10 +2,15 @@
 //
 // Thread mapping (grid_join): one thread per left row ("slot"), `slot_begin + blockIdx.x *
 // blockDim.x + threadIdx.x`, over a batch [slot_begin, slot_end); brute_join: see its own comment.
-// Each kernel runs twice per batch:
-//   write = 0: counts[slot - slot_begin] = number of result pairs of that slot;
-//   write = 1: the pairs are written from offsets[slot - slot_begin] (an exclusive prefix sum of the
-//              counts, relative to the batch) into out_left / out_right / out_distance,
+// Each kernel runs as
+//   write = 0, the count pass: counts[slot - slot_begin] = number of result pairs of that slot, and
+//              every pair found is also collected (collect_pair): appended at the next free index
+//              of out_left / out_right / out_distance, `*collected` counting them all, stored while
+//              the index is below `capacity` (0: nothing stored). When the total fits, the pass
+//              has produced the whole result and no second pass runs;
+//   write = 1, the write pass (only when the total did not fit): the pairs are written from
+//              offsets[slot - slot_begin] (an exclusive prefix sum of the counts, relative to a
+//              batch sized to fit) into the same buffers,
 // so no output buffer can overflow and no pair is lost or written twice.
 //
 // Inputs, all in slot order (grid order for the grid kernel, input order for brute force):
@@ -19,6 +24,25 @@
 // Self-joins visit each unordered pair once: later slots of the same cell, and cells with a larger
 // linear id (grid), or right slots after the left slot (brute force).
 #include "common.cuh"
+
+// The count pass's collection of one found pair (see the top of this file). The lanes of a warp
+// that found a pair together reserve their indices with one atomic on the shared total, not one
+// each: all of a join's pairs go through this one counter (P3: 5·10⁷). Indices at or beyond
+// `capacity` are counted but not stored; the host then runs write passes instead.
+__device__ __forceinline__ void collect_pair(u64* collected, u64 capacity, u32 left, u32 right, double dist,
+                                             u32* out_left, u32* out_right, double* out_distance) {
+    u32 lanes = __activemask();
+    u32 lane = threadIdx.x % 32;
+    u32 leader = __ffs(lanes) - 1;
+    u64 first = 0;
+    if (lane == leader) first = atomicAdd(collected, (u64)__popc(lanes));
+    u64 at = __shfl_sync(lanes, first, leader) + __popc(lanes & ((1u << lane) - 1));
+    if (at < capacity) {
+        out_left[at] = left;
+        out_right[at] = right;
+        out_distance[at] = dist;
+    }
+}
 
 // Index of the non-empty right cell with linear id `id`, or -1.
 __device__ __forceinline__ long long find_cell(const JoinParams& p, const u64* cell_ids, const u32* cell_table, u64 id) {
@@ -39,7 +63,8 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         const float* lf, const float* rf, const double* lx, const double* rx,
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
         const u32* left_order, const u32* right_order,
-        u32& found, int write, u64 offset, u32* out_left, u32* out_right, double* out_distance) {
+        u32& found, int write, u64 offset, u32* out_left, u32* out_right, double* out_distance,
+        u64* collected, u64 capacity) {
     const float* x = lf + (u64)s * p.dim;
     for (u32 t = begin; t < end; ++t) {
         float score = filter_score(p, x, rf + (u64)t * p.dim);
@@ -55,6 +80,8 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
                 out_left[at] = left_order[s];
                 out_right[at] = right_order[t];
                 out_distance[at] = d;
+            } else if (capacity) {
+                collect_pair(collected, capacity, left_order[s], right_order[t], d, out_left, out_right, out_distance);
             }
             ++found;
         }
@@ -66,7 +93,8 @@ extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
         const u32* left_order, const u32* right_order,
         const u64* left_slot_cell, const u64* right_cell_ids, const u32* right_cell_start, const u32* cell_table,
-        u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, int write) {
+        u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance,
+        u64* collected, u64 capacity, int write) {
     u32 s = slot_begin + blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= slot_end) return;
     u64 id = left_slot_cell[s];
@@ -88,7 +116,7 @@ extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
                 u32 begin = right_cell_start[c], end = right_cell_start[c + 1];
                 if (p.self_join && nid == id) begin = s + 1;  // later slots of its own cell
                 scan_range(p, s, begin, end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order,
-                           found, write, offset, out_left, out_right, out_distance);
+                           found, write, offset, out_left, out_right, out_distance, collected, capacity);
             }
         }
         u32 j = 0;
@@ -153,7 +181,8 @@ __device__ __forceinline__ bool brute_filter(const JoinParams& p, const LeftSlot
 __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u32 slot_begin,
         const double* lx, const double* rx, const double* lnorm, const double* rnorm,
         const u32* left_order, const u32* right_order, const double* row_threshold,
-        u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, int write) {
+        u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, u64* collected,
+        u64 capacity, int write) {
     double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
     double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
     double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
@@ -166,6 +195,7 @@ __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u3
         out_distance[at] = dist;
     } else {
         atomicAdd(&counts[s - slot_begin], 1u);
+        if (capacity) collect_pair(collected, capacity, left_order[s], right_order[t], dist, out_left, out_right, out_distance);
     }
 }
 
@@ -212,17 +242,18 @@ __device__ __forceinline__ void accumulate_chunk(const float (*xs)[TILE + 4], co
         }
     }
 }
-// The tile of block `blockIdx.x`: left rows row0.. and right rows col0.. (TILE each). Consecutive
-// blocks take consecutive left tiles of one right tile, so that the right tile is read from device
-// memory about once while the left side, a few MB for kNN's queries, stays in L2 (the transposed
-// order read P6's 512 MB base once per left tile: 40 GB per pass). False for a tile with nothing
-// to do: self-joins skip tiles whose right rows all precede their left rows.
+// The tiles of block `blockIdx.x`: left rows row0.. (TILE) against `tiles` consecutive right
+// tiles from col0. Consecutive blocks take consecutive left tiles of one run of right tiles, so
+// that the right rows are read from device memory about once while the left side, a few MB for
+// kNN's queries, stays in L2 (the transposed order read P6's 512 MB base once per left tile: 40 GB
+// per pass). False for a block with nothing to do: self-joins skip right tiles whose rows all
+// precede the left rows.
 __device__ __forceinline__ bool brute_tile(const JoinParams& p, u32 slot_begin, u32 slot_end, u32 right_begin,
-                                           u32& row0, u32& col0) {
+                                           u32 tiles, u32& row0, u32& col0) {
     u32 left_tiles = (slot_end - slot_begin + TILE - 1) / TILE;
     row0 = slot_begin + blockIdx.x % left_tiles * TILE;
-    col0 = right_begin + blockIdx.x / left_tiles * TILE;
-    return !(p.self_join && col0 + TILE <= row0);
+    col0 = right_begin + blockIdx.x / left_tiles * TILE * tiles;
+    return !(p.self_join && col0 + TILE * tiles <= row0);
 }
 
 // The parameter list of brute_join and brute_join_tc: one list, because the host launches both
@@ -233,13 +264,14 @@ __device__ __forceinline__ bool brute_tile(const JoinParams& p, u32 slot_begin, 
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,     \
         const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,    \
         const double* row_threshold, const float* row_limit,                                    \
-        u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, int write
+        u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance,         \
+        u64* collected, u64 capacity, int write
 
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAMS) {
     __shared__ float xs[CHUNK][TILE + 4];
     __shared__ float ys[CHUNK][TILE + 4];
     u32 row0, col0;
-    if (!brute_tile(p, slot_begin, slot_end, right_begin, row0, col0)) return;
+    if (!brute_tile(p, slot_begin, slot_end, right_begin, 1, row0, col0)) return;
     u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[MICRO][MICRO];
 #pragma unroll
@@ -289,23 +321,29 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
         u32 bit = __ffsll((long long)marked) - 1;
         marked &= marked - 1;
         exact_pair(p, row0 + ty * MICRO + bit / MICRO, col0 + tx * MICRO + bit % MICRO, slot_begin, lx, rx, lnorm,
-                   rnorm, left_order, right_order, row_threshold, counts, cursors, out_left, out_right, out_distance, write);
+                   rnorm, left_order, right_order, row_threshold, counts, cursors, out_left, out_right, out_distance,
+                   collected, capacity, write);
     }
 }
 
 // Brute force for the dot-product filters (FILTER_GEMM_L2, FILTER_NEG_DOT) on tensor cores: the
 // same 128 × 128 tiles, pairs and epilogue as brute_join, with x̃·ỹ from TF32 mma.sync
-// (m16n8k8, f32 accumulation). Each of the 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles).
+// (m16n8k8, f32 accumulation). Each block takes one left tile against a run of TC_RUN right tiles;
+// each of its 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles) of the tile at hand.
 // The filter rows arrive already rounded to TF32 (round_to_tf32 below, run by the host on every
 // side this kernel reads: to nearest, so each coordinate errs by at most 2⁻¹¹ relative). They
-// enter shared memory 16 dimensions at a time through a two-stage cp.async pipeline — the next
-// chunk is in flight while the tensor cores work on this one — stored row-major with a stride of
+// enter shared memory 16 dimensions at a time through a two-stage cp.async pipeline that runs on
+// across the run's tiles — the next chunk, or the next tile's first, is in flight while the tensor
+// cores work on this one and while a finished tile's epilogue runs — stored row-major with a stride of
 // 20 words, so that the fragment loads (8 rows × 4 dimensions per warp) hit 32 distinct banks.
+// (One tile per block exposed the first chunk's load latency in every tile, and the epilogue
+// overlapped nothing: at d = 32 a tile has only two chunks. NOTES.md v16.)
 // The products of TF32 values are exact in f32; the error of this dot product is covered by the
 // wider margin the host sets for this kernel (`tensor_core_margin` in src/backend/gpu.rs, with the
 // proof). Needs sm_80 or later; the host launches it only there.
 #define TC_CHUNK 16
 #define TC_STRIDE (TC_CHUNK + 4)
+#define TC_RUN 8
 
 // Rounds `len` f32 values in place to TF32 (cvt.rna: to nearest, ties away from zero), the input
 // brute_join_tc's mma instructions take: once per uploaded side instead of once per tile.
@@ -402,68 +440,14 @@ __device__ __forceinline__ float tc_col_offset(const JoinParams& p, u32 t, u32 r
     return p.filter == FILTER_GEMM_L2 ? __fsub_rd(rfsq[t], widening) : -widening;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
-#if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) u32 xs[2][TILE][TC_STRIDE];
-    __shared__ __align__(16) u32 ys[2][TILE][TC_STRIDE];
-    u32 row0, col0;
-    if (!brute_tile(p, slot_begin, slot_end, right_begin, row0, col0)) return;
-    u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    u32 warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
-    u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k8 layout
-    float acc[4][4][4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m)
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
-    u32 chunks = (p.dim + TC_CHUNK - 1) / TC_CHUNK;
-    TileCopy x_copy = tile_copy(p, lf, row0, slot_end), y_copy = tile_copy(p, rf, col0, right_len);
-    copy_chunk(p, x_copy, xs[0], lf, row0, slot_end, 0);
-    copy_chunk(p, y_copy, ys[0], rf, col0, right_len, 0);
-    for (u32 c = 0; c < chunks; ++c) {
-        u32 stage = c % 2;
-        if (c + 1 < chunks) {
-            copy_chunk(p, x_copy, xs[stage ^ 1], lf, row0, slot_end, (c + 1) * TC_CHUNK);
-            copy_chunk(p, y_copy, ys[stage ^ 1], rf, col0, right_len, (c + 1) * TC_CHUNK);
-            asm volatile("cp.async.wait_group 2;");  // this chunk's two groups are done, the next two may fly
-        } else {
-            asm volatile("cp.async.wait_group 0;");
-        }
-        __syncthreads();
-        // The mma steps cover this chunk's width rounded up to their 8.
-        u32 width = min((u32)TC_CHUNK, (p.dim - c * TC_CHUNK + 7) & ~7u);
-#pragma unroll
-        for (u32 k = 0; k < TC_CHUNK; k += 8) {
-            if (k >= width) break;
-            u32 a[4][4], b[4][2];
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-                u32 row = warp_row + m * 16 + group;
-                a[m][0] = xs[stage][row][k + quad];
-                a[m][1] = xs[stage][row + 8][k + quad];
-                a[m][2] = xs[stage][row][k + quad + 4];
-                a[m][3] = xs[stage][row + 8][k + quad + 4];
-            }
-#pragma unroll
-            for (int n = 0; n < 4; ++n) {
-                u32 col = warp_col + n * 8 + group;
-                b[n][0] = ys[stage][col][k + quad];
-                b[n][1] = ys[stage][col][k + quad + 4];
-            }
-#pragma unroll
-            for (int m = 0; m < 4; ++m)
-#pragma unroll
-                for (int n = 0; n < 4; ++n)
-                    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                                 : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
-                                 : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));
-        }
-        __syncthreads();  // the next iteration's loads overwrite this stage
-    }
-    // The epilogue in two steps, as in brute_join: the filter marks the passing pairs in a 64-bit
+// brute_join_tc's epilogue for the tile (row0, col0), from the warp's accumulators `acc`.
+__device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 warp_col, u32 group,
+        u32 quad, const float (&acc)[4][4][4], u32 slot_begin, u32 slot_end, u32 right_len,
+        const double* lx, const double* rx, const double* lnorm, const double* rnorm, const float* lfnorm,
+        const float* rfnorm, const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,
+        const double* row_threshold, const float* row_limit, u32* counts, u64* cursors, u32* out_left, u32* out_right,
+        double* out_distance, u64* collected, u64 capacity, int write) {
+    // In two steps, as in brute_join's epilogue: the filter marks the passing pairs in a 64-bit
     // mask, then the marked pairs are decided one at a time. Accumulator r of mma tile (m, n) holds
     // row group (+8 for r ≥ 2), column 2·quad (+1 for odd r); its bit is 16m + 8h + 2n + c for row
     // half h = r / 2 and column c = r % 2. A pair costs one fused multiply-add and one comparison
@@ -500,7 +484,93 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         u32 s = row0 + warp_row + (bit / 16) * 16 + group + 8 * ((bit / 8) % 2);
         u32 t = col0 + warp_col + ((bit / 2) % 4) * 8 + 2 * quad + bit % 2;
         exact_pair(p, s, t, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order, row_threshold, counts, cursors,
-                   out_left, out_right, out_distance, write);
+                   out_left, out_right, out_distance, collected, capacity, write);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) u32 xs[2][TILE][TC_STRIDE];
+    __shared__ __align__(16) u32 ys[2][TILE][TC_STRIDE];
+    u32 row0, run_col;
+    if (!brute_tile(p, slot_begin, slot_end, right_begin, TC_RUN, row0, run_col)) return;
+    // The run's tiles within the data, from the first not wholly before the diagonal (self-joins).
+    u32 first_col = run_col;
+    if (p.self_join && row0 > run_col) first_col += (row0 - run_col) / TILE * TILE;
+    u32 end_col = min(run_col + TC_RUN * TILE, right_len);
+    u32 tiles = (end_col - first_col + TILE - 1) / TILE;
+    u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    u32 warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+    u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k8 layout
+    float acc[4][4][4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
+    // Steps (tile, chunk) in order; step + 1 is loaded while step is computed.
+    u32 chunks = (p.dim + TC_CHUNK - 1) / TC_CHUNK, steps = tiles * chunks;
+    TileCopy x_copy = tile_copy(p, lf, row0, slot_end), y_copy = tile_copy(p, rf, first_col, right_len);
+    copy_chunk(p, x_copy, xs[0], lf, row0, slot_end, 0);
+    copy_chunk(p, y_copy, ys[0], rf, first_col, right_len, 0);
+    u32 col0 = first_col;  // the tile being computed
+    for (u32 step = 0, c = 0; step < steps; ++step) {
+        u32 stage = step % 2;
+        if (step + 1 < steps) {
+            u32 next_chunk = c + 1 < chunks ? c + 1 : 0;
+            u32 load_col = next_chunk == 0 ? col0 + TILE : col0;
+            if (next_chunk == 0) y_copy = tile_copy(p, rf, load_col, right_len);
+            copy_chunk(p, x_copy, xs[stage ^ 1], lf, row0, slot_end, next_chunk * TC_CHUNK);
+            copy_chunk(p, y_copy, ys[stage ^ 1], rf, load_col, right_len, next_chunk * TC_CHUNK);
+            asm volatile("cp.async.wait_group 2;");  // this step's two groups are done, the next two may fly
+        } else {
+            asm volatile("cp.async.wait_group 0;");
+        }
+        __syncthreads();
+        // The mma steps cover this chunk's width rounded up to their 8.
+        u32 width = min((u32)TC_CHUNK, (p.dim - c * TC_CHUNK + 7) & ~7u);
+#pragma unroll
+        for (u32 k = 0; k < TC_CHUNK; k += 8) {
+            if (k >= width) break;
+            u32 a[4][4], b[4][2];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                u32 row = warp_row + m * 16 + group;
+                a[m][0] = xs[stage][row][k + quad];
+                a[m][1] = xs[stage][row + 8][k + quad];
+                a[m][2] = xs[stage][row][k + quad + 4];
+                a[m][3] = xs[stage][row + 8][k + quad + 4];
+            }
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+                u32 col = warp_col + n * 8 + group;
+                b[n][0] = ys[stage][col][k + quad];
+                b[n][1] = ys[stage][col][k + quad + 4];
+            }
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+#pragma unroll
+                for (int n = 0; n < 4; ++n)
+                    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                                 : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
+                                 : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));
+        }
+        __syncthreads();  // the next iteration's loads overwrite this stage
+        if (++c < chunks) continue;
+        c = 0;
+        tc_epilogue(p, row0, col0, warp_row, warp_col, group, quad, acc, slot_begin, slot_end, right_len, lx, rx, lnorm,
+                    rnorm, lfnorm, rfnorm, left_order, right_order, lfsq, rfsq, row_threshold, row_limit, counts, cursors,
+                    out_left, out_right, out_distance, collected, capacity, write);
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
+        col0 += TILE;
     }
 #endif
 }
+

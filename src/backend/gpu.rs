@@ -17,7 +17,8 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSin
 use crate::gpu::GpuDevice;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, SideBuffers, host_results, join_pass, round_to_tf32, sample_radius_pass, upload,
+    GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, host_results, join_pass, round_to_tf32, sample_radius_pass,
+    upload,
 };
 use rayon::prelude::*;
 use crate::index::{GridIndex, JoinStrategy};
@@ -58,7 +59,7 @@ impl Backend for GpuBackend {
 
 impl GpuBackend {
     /// The count pass over left slots `0..slots`, in launches of at most MAX_PASS_ROWS slots:
-    /// result pairs (kNN: rows within the radius) per left slot.
+    /// result pairs (kNN: rows within the radius) per left slot. `kind` Count or CountAndCollect.
     #[allow(clippy::too_many_arguments)]
     fn count_pass(
         &self,
@@ -69,6 +70,7 @@ impl GpuBackend {
         right: &SideBuffers,
         grid: Option<&GridBuffers>,
         pass: &mut PassBuffers,
+        kind: PassKind,
         stats: &mut RunStats,
     ) -> Result<Vec<u32>, String> {
         let stream = &self.device.stream;
@@ -79,7 +81,7 @@ impl GpuBackend {
             let end = (begin + MAX_PASS_ROWS).min(slots);
             stream.memset_zeros(&mut pass.counts).map_err(copy)?;
             let counting = Instant::now();
-            join_pass(&self.device, params, begin as u32..end as u32, right_len, left, right, grid, pass, false)?;
+            join_pass(&self.device, params, begin as u32..end as u32, right_len, left, right, grid, pass, kind)?;
             stats.kernel_time += counting.elapsed();
             let downloading = Instant::now();
             counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
@@ -170,7 +172,7 @@ impl GpuBackend {
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
             let side = subset_buffers.as_ref().unwrap_or(&query_buffers);
-            let pending_counts = self.count_pass(&params, pending.len(), n as u32, side, &base_buffers, None, &mut pass, &mut stats)?;
+            let pending_counts = self.count_pass(&params, pending.len(), n as u32, side, &base_buffers, None, &mut pass, PassKind::Count, &mut stats)?;
             let mut short = Vec::new();
             for (&q, &c) in pending.iter().zip(&pending_counts) {
                 counts[q as usize] = c;
@@ -199,6 +201,7 @@ impl GpuBackend {
         pass.size_outputs(&self.device, capacity)?;
         let mut results = host_results(&self.device, capacity)?;
         sink.start(batches.len() as u64);
+        stats.write_passes = batches.len() as u64;
         let (mut transfer, mut kernel, mut emit) = Default::default();
         let outcome = (|| -> Result<()> {
             let exec = |e: String| DataFusionError::Execution(e);
@@ -209,12 +212,12 @@ impl GpuBackend {
                 pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(d2h)?;
                 transfer += copying.elapsed();
                 let writing = Instant::now();
-                join_pass(&self.device, &params, begin as u32..end as u32, n as u32, &query_buffers, &base_buffers, None, &mut pass, true)
+                join_pass(&self.device, &params, begin as u32..end as u32, n as u32, &query_buffers, &base_buffers, None, &mut pass, PassKind::Write)
                     .map_err(exec)?;
                 kernel += writing.elapsed();
                 let copying = Instant::now();
                 let rows = total as usize;
-                let (_, positions, distances) = results.download(stream, None, &pass.out_right, &pass.out_distance, rows).map_err(exec)?;
+                let (_, positions, distances) = results.download(stream, None, &pass.out_right, &pass.out_distance, 0..rows).map_err(exec)?;
                 transfer += copying.elapsed();
                 let emitting = Instant::now();
                 // Each query's rows lie in its own [offset, next offset) range, in no set order:
@@ -418,36 +421,68 @@ impl GpuBackend {
         stats.transfer_time += uploading.elapsed();
         stats.build_time = start.elapsed();
 
-        // Count pass over every left slot, then write passes in batches of at most
-        // MAX_BATCH_PAIRS pairs (a single slot with more gets a batch of its own).
+        // One count pass over every left slot that also collects the pairs into buffers sized for
+        // COLLECT_PAIRS_PER_ROW per left row. When they all fit, that pass is the whole result,
+        // downloaded in batches of at most MAX_BATCH_PAIRS; otherwise write passes follow, in
+        // batches of at most MAX_BATCH_PAIRS pairs (a single slot with more gets a batch of its
+        // own), each from offsets the counts give.
         let probe = Instant::now();
         let n_left = left_host.order.len();
         let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
-        let counts = self.count_pass(&params, n_left, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, &mut stats)?;
-        let (batches, capacity) = write_batches(&counts);
-        pass.size_outputs(&self.device, capacity)?;
-        let mut results = host_results(&self.device, capacity)?;
+        let collect_capacity = self.collect_capacity(n_left)?;
+        pass.size_outputs(&self.device, collect_capacity)?;
+        let counts = self.count_pass(
+            &params,
+            n_left,
+            right_len,
+            &left_buffers,
+            right_buffers_ref,
+            grid.as_ref(),
+            &mut pass,
+            PassKind::CountAndCollect,
+            &mut stats,
+        )?;
+        let collected = stream.clone_dtoh(&pass.collected).map_err(copy)?[0];
+        let batches: Vec<ResultBatch> = if collected <= collect_capacity as u64 {
+            collected_batches(collected)
+        } else {
+            let (batches, capacity) = write_batches(&counts);
+            pass.size_outputs(&self.device, capacity)?;
+            batches.into_iter().map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs }).collect()
+        };
+        let largest = batches.iter().map(ResultBatch::pairs).max().unwrap_or(0).max(1) as usize;
+        let mut results = host_results(&self.device, largest)?;
         sink.start(batches.len() as u64);
 
         let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
         let exact = ExactCheck::new(metric, threshold, left, right);
         let (mut transfer, mut kernel, mut emit) = Default::default();
         let outcome = (|| -> Result<()> {
-            for &(begin, end, total) in &batches {
-                if total > 0 {
-                    let offsets = exclusive_offsets(&counts[begin..end]);
+            let exec = |e: String| DataFusionError::Execution(e);
+            for batch in &batches {
+                let n = batch.pairs() as usize;
+                let stored = match batch {
+                    ResultBatch::Collected(pairs) => pairs.start as usize..pairs.end as usize,
+                    ResultBatch::Written { slots, .. } => {
+                        if n > 0 {
+                            let offsets = exclusive_offsets(&counts[slots.clone()]);
+                            let copying = Instant::now();
+                            pass.offsets = stream.clone_htod(&offsets[..slots.len()]).map_err(|e| exec(copy(e)))?;
+                            transfer += copying.elapsed();
+                            let writing = Instant::now();
+                            let slots = slots.start as u32..slots.end as u32;
+                            join_pass(&self.device, &params, slots, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, PassKind::Write)
+                                .map_err(exec)?;
+                            stats.write_passes += 1;
+                            kernel += writing.elapsed();
+                        }
+                        0..n
+                    }
+                };
+                if n > 0 {
                     let copying = Instant::now();
-                    pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(|e| DataFusionError::Execution(copy(e)))?;
-                    transfer += copying.elapsed();
-                    let writing = Instant::now();
-                    join_pass(&self.device, &params, begin as u32..end as u32, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, true)
-                        .map_err(DataFusionError::Execution)?;
-                    kernel += writing.elapsed();
-                    let copying = Instant::now();
-                    let n = total as usize;
-                    let (lefts, rights, distances) = results
-                        .download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, n)
-                        .map_err(DataFusionError::Execution)?;
+                    let (lefts, rights, distances) =
+                        results.download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, stored).map_err(exec)?;
                     transfer += copying.elapsed();
                     let emitting = Instant::now();
                     // Chunks on every core: each builds and sends its own result chunks.
@@ -477,6 +512,45 @@ impl GpuBackend {
         stats.kernel_time += kernel;
         stats.emit_time += emit;
         Ok(outcome.map(|()| stats))
+    }
+}
+
+/// Result pairs a join's count pass collects per left row at most (the size of its output
+/// buffers, 16 bytes a pair on the device): ε-joins are usually asked for tens to a few hundred
+/// neighbours per row (the seeds calibrate ε to 64–256), and then the count pass alone produces the
+/// result. A join with more per row gets write passes, as one too large for device memory does.
+const COLLECT_PAIRS_PER_ROW: usize = 256;
+
+/// One downloaded and emitted batch of a join's pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ResultBatch {
+    /// Pairs the count pass collected, at these indices of the output buffers.
+    Collected(std::ops::Range<u64>),
+    /// A write pass over these left slots, producing this many pairs.
+    Written { slots: std::ops::Range<usize>, pairs: u64 },
+}
+
+impl ResultBatch {
+    fn pairs(&self) -> u64 {
+        match self {
+            ResultBatch::Collected(at) => at.end - at.start,
+            ResultBatch::Written { pairs, .. } => *pairs,
+        }
+    }
+}
+
+/// Download batches of `collected` pairs of a count pass: MAX_BATCH_PAIRS each, the last fewer.
+fn collected_batches(collected: u64) -> Vec<ResultBatch> {
+    (0..collected).step_by(MAX_BATCH_PAIRS as usize).map(|at| ResultBatch::Collected(at..(at + MAX_BATCH_PAIRS).min(collected))).collect()
+}
+
+impl GpuBackend {
+    /// Pairs a count pass over `left_rows` rows may collect: COLLECT_PAIRS_PER_ROW per row, within
+    /// a quarter of the device's free memory.
+    fn collect_capacity(&self, left_rows: usize) -> Result<usize, String> {
+        let (free, _) = self.device.ctx.mem_get_info().map_err(|e| format!("GPU memory query failed: {e}"))?;
+        let pair_bytes = 2 * size_of::<u32>() + size_of::<f64>();
+        Ok(left_rows.saturating_mul(COLLECT_PAIRS_PER_ROW).min(free / 4 / pair_bytes).max(1))
     }
 }
 
@@ -640,6 +714,17 @@ mod tests {
         assert_eq!(batches, vec![(0, MAX_PASS_ROWS, MAX_PASS_ROWS as u64), (MAX_PASS_ROWS, MAX_PASS_ROWS + 3, 3)]);
         assert_eq!(write_batches(&[]), (vec![(0, 0, 0)], 1));
         assert_eq!(exclusive_offsets(&[3, 0, 2]), vec![0, 3, 3, 5]);
+    }
+
+    #[test]
+    fn collected_pairs_download_in_batches_within_the_limit() {
+        let big = MAX_BATCH_PAIRS;
+        assert_eq!(collected_batches(0), vec![]);
+        assert_eq!(collected_batches(5), vec![ResultBatch::Collected(0..5)]);
+        assert_eq!(collected_batches(big), vec![ResultBatch::Collected(0..big)]);
+        let batches = collected_batches(2 * big + 1);
+        assert_eq!(batches, vec![ResultBatch::Collected(0..big), ResultBatch::Collected(big..2 * big), ResultBatch::Collected(2 * big..2 * big + 1)]);
+        assert_eq!(batches.iter().map(ResultBatch::pairs).sum::<u64>(), 2 * big + 1);
     }
 
     #[test]

@@ -120,6 +120,8 @@ pub struct RunStats {
     pub candidates: u64,
     /// GPU: count passes over the left rows (kNN: one more for each radius some query outgrew).
     pub count_passes: u64,
+    /// GPU: write passes (0 when the count pass collected every pair).
+    pub write_passes: u64,
     /// Time spent choosing the strategy and building indexes.
     pub build_time: Duration,
     /// Time spent finding and sending results.

@@ -33,6 +33,7 @@ struct SimilarityMetrics {
     skipped_rows: Count,
     candidate_pairs: Count,
     count_passes: Count,
+    write_passes: Count,
     indexed_dims: Gauge,
     /// Concatenating each input's batches and converting them to f64 vectors (before the backend).
     convert_time: Time,
@@ -51,6 +52,7 @@ impl SimilarityMetrics {
             skipped_rows: MetricBuilder::new(set).counter("skipped_rows", 0),
             candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
             count_passes: MetricBuilder::new(set).counter("count_passes", 0),
+            write_passes: MetricBuilder::new(set).counter("write_passes", 0),
             indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
             convert_time: MetricBuilder::new(set).subset_time("convert_time", 0),
             build_time: MetricBuilder::new(set).subset_time("build_time", 0),
@@ -70,6 +72,7 @@ impl SimilarityMetrics {
     fn record_run(&self, stats: &RunStats) {
         self.candidate_pairs.add(stats.candidates as usize);
         self.count_passes.add(stats.count_passes as usize);
+        self.write_passes.add(stats.write_passes as usize);
         self.indexed_dims.set(stats.indexed_dims);
         self.build_time.add_duration(stats.build_time);
         self.probe_time.add_duration(stats.probe_time);

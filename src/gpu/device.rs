@@ -43,6 +43,7 @@ impl GpuDevice {
         let arch = arch_for(info.compute_capability)?;
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
+        super::launch::keep_freed_device_memory(&ctx)?;
         Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None) })
     }
 

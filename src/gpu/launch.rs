@@ -11,6 +11,8 @@ use super::kernels::KernelModule;
 const BLOCK: u32 = 256;
 /// Rows per side of one brute_join block's tile (`TILE` in kernels/sim_join.cu).
 const BRUTE_TILE: usize = 128;
+/// Right tiles per brute_join_tc block (`TC_RUN` in kernels/sim_join.cu).
+const TC_RUN: usize = 8;
 
 /// The launch parameters of the join kernels: `struct JoinParams` of kernels/common.cuh, field
 /// for field (same order, sizes and padding).
@@ -76,12 +78,14 @@ pub struct PassBuffers {
     /// Write pass: first output index of each left slot of the batch (brute_join advances these
     /// as cursors, so they are uploaded again before each write pass).
     pub offsets: CudaSlice<u64>,
-    /// Write pass: left vector positions.
+    /// Collecting count pass and write pass: left vector positions.
     pub out_left: CudaSlice<u32>,
-    /// Write pass: right vector positions.
+    /// Collecting count pass and write pass: right vector positions.
     pub out_right: CudaSlice<u32>,
-    /// Write pass: exact distances.
+    /// Collecting count pass and write pass: exact distances.
     pub out_distance: CudaSlice<f64>,
+    /// Collecting count pass: the pairs found so far (stored or not), one value.
+    pub collected: CudaSlice<u64>,
     /// brute_join with `per_row`: each left slot's exact threshold (else one unused value).
     pub row_threshold: CudaSlice<f64>,
     /// brute_join with `per_row`: each left slot's f32 filter limit (else one unused value).
@@ -100,12 +104,14 @@ impl PassBuffers {
             out_left: s.alloc_zeros::<u32>(1).map_err(alloc)?,
             out_right: s.alloc_zeros::<u32>(1).map_err(alloc)?,
             out_distance: s.alloc_zeros::<f64>(1).map_err(alloc)?,
+            collected: s.alloc_zeros::<u64>(1).map_err(alloc)?,
             row_threshold: s.alloc_zeros::<f64>(row_values.max(1)).map_err(alloc)?,
             row_limit: s.alloc_zeros::<f32>(row_values.max(1)).map_err(alloc)?,
         })
     }
 
-    /// Output buffers for `pairs` pairs (the largest batch's count).
+    /// Output buffers for `pairs` pairs (what a collecting count pass may store, or the largest
+    /// write batch's count).
     pub fn size_outputs(&mut self, device: &GpuDevice, pairs: usize) -> Result<(), String> {
         let s = &device.stream;
         let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation of {pairs} result pairs failed: {e}");
@@ -116,8 +122,19 @@ impl PassBuffers {
     }
 }
 
-/// Runs the count (`write = false`) or write pass of a join over left slots `slots`; `grid` is
-/// `None` for brute force over all `right_len` right rows.
+/// What a pass of the join kernels does (kernels/sim_join.cu, top).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassKind {
+    /// Counts each left slot's pairs.
+    Count,
+    /// Counts, and collects the pairs into the output buffers while they have room.
+    CountAndCollect,
+    /// Writes each left slot's pairs from its uploaded offset.
+    Write,
+}
+
+/// Runs a pass of a join over left slots `slots`; `grid` is `None` for brute force over all
+/// `right_len` right rows.
 #[allow(clippy::too_many_arguments)]
 pub fn join_pass(
     device: &GpuDevice,
@@ -128,7 +145,7 @@ pub fn join_pass(
     right: &SideBuffers,
     grid: Option<&GridBuffers>,
     pass: &mut PassBuffers,
-    write: bool,
+    kind: PassKind,
 ) -> Result<(), String> {
     if slots.is_empty() {
         return Ok(());
@@ -139,20 +156,26 @@ pub fn join_pass(
         None => "brute_join",
     };
     let function = device.function(KernelModule::SimJoin, kernel)?;
-    let write_flag: i32 = write.into();
+    let write_flag: i32 = (kind == PassKind::Write).into();
+    let capacity = match kind {
+        PassKind::CountAndCollect => pass.out_left.len().min(pass.out_right.len()).min(pass.out_distance.len()) as u64,
+        _ => 0,
+    };
     let (begin, end) = (slots.start, slots.end);
     // Launches as (first right row, blocks): the grid join one block per BLOCK left slots; brute
-    // force one block per 128 × 128 tile, left tiles fastest (brute_tile in sim_join.cu), in as
-    // many launches over consecutive right tiles as the 2³¹ − 1 blocks of a grid require.
+    // force one block per left tile of 128 rows and run of right tiles (brute_join one tile,
+    // brute_join_tc TC_RUN), left tiles fastest (brute_tile in sim_join.cu), in as many launches
+    // over consecutive runs as the 2³¹ − 1 blocks of a grid require.
     let launches: Vec<(u32, u32)> = match grid {
         Some(_) => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
         None => {
+            let run_rows = BRUTE_TILE * if kernel == "brute_join_tc" { TC_RUN } else { 1 };
             let left_tiles = slots.len().div_ceil(BRUTE_TILE);
-            let right_tiles = (right_len as usize).div_ceil(BRUTE_TILE);
-            let per_launch = (i32::MAX as usize / left_tiles).min(right_tiles).max(1);
-            (0..right_tiles)
+            let runs = (right_len as usize).div_ceil(run_rows);
+            let per_launch = (i32::MAX as usize / left_tiles).min(runs).max(1);
+            (0..runs)
                 .step_by(per_launch)
-                .map(|first| ((first * BRUTE_TILE) as u32, (left_tiles * per_launch.min(right_tiles - first)) as u32))
+                .map(|first| ((first * run_rows) as u32, (left_tiles * per_launch.min(runs - first)) as u32))
                 .collect()
         }
     };
@@ -188,6 +211,8 @@ pub fn join_pass(
             .arg(&mut pass.out_left)
             .arg(&mut pass.out_right)
             .arg(&mut pass.out_distance)
+            .arg(&mut pass.collected)
+            .arg(&capacity)
             .arg(&write_flag);
         // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for
         // one (types and order). Every row buffer holds `dim` values per slot for all slots the
@@ -195,10 +220,12 @@ pub fn join_pass(
         // `right_cell_start`; with `params.per_row`, `row_threshold` and `row_limit` hold a value
         // for every left slot; with the GEMM filter, `filter_norms` and `filter_sq_norms` hold one
         // per row of their side. `counts` and `offsets` hold at least `end - begin` entries (counts
-        // zeroed before the count pass), and the output buffers at least the batch's total count,
-        // which the write pass never exceeds because it re-finds exactly the pairs the count pass
-        // counted (same inputs, same deterministic arithmetic), each row within its own
-        // [offset, offset + count) range, whatever launches the right rows are split into.
+        // zeroed before the count pass). A collecting count pass stores a pair only at an index
+        // below `capacity`, the length of all three output buffers. A write pass's output buffers
+        // hold at least the batch's total count, which it never exceeds because it re-finds
+        // exactly the pairs the count pass counted (same inputs, same deterministic arithmetic),
+        // each row within its own [offset, offset + count) range, whatever launches the right rows
+        // are split into.
         unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
     }
     device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
@@ -266,6 +293,30 @@ pub fn sample_radius_pass(
 pub const KNN_SAMPLE: usize = 4096;
 /// Radii per query knn_sample_radius writes (`LEVELS` in kernels/knn.cu): ranks r, 4r, 16r, 64r.
 pub const KNN_LEVELS: usize = 4;
+
+/// Makes the device's default memory pool, which cudarc's stream-ordered allocations come from,
+/// keep the memory freed to it for the next allocation instead of returning it to the driver at
+/// every synchronisation (a release threshold of 0, the default). Each run allocates its inputs and
+/// result buffers anew, up to several GB (P3 collects 4 GB of pairs); mapping them again in every
+/// run cost more than some whole joins. The pool holds at most the largest run's peak, as
+/// PyTorch's caching allocator does; `mem_get_info` counts it as used. Devices without
+/// stream-ordered allocation allocate synchronously and are left as they are.
+pub fn keep_freed_device_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<(), String> {
+    use cudarc::driver::{result::mem_pool, sys};
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    let failed = |e: cudarc::driver::DriverError| format!("GPU memory pool setup failed: {e}");
+    ctx.bind_to_thread().map_err(failed)?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the device ordinal comes from an open context; RELEASE_THRESHOLD takes a cuuint64_t,
+    // which `threshold` is, and the driver only reads it during the call.
+    unsafe {
+        let pool = cudarc::driver::result::device::get_default_mem_pool(ctx.cu_device()).map_err(failed)?;
+        mem_pool::set_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&raw mut threshold).cast())
+            .map_err(failed)
+    }
+}
 
 /// Bytes per staging buffer of [`upload`].
 const STAGE_BYTES: usize = 32 << 20;
@@ -343,15 +394,15 @@ pub struct HostResults<'a> {
 }
 
 impl HostResults<'_> {
-    /// Copies the first `n` pairs of a write pass from the device (left positions only where
-    /// `left` is given) and returns them.
+    /// Copies the pairs at indices `pairs` of a pass's output buffers from the device (left
+    /// positions only where `left` is given) and returns them; at most the buffers' capacity.
     pub fn download(
         &mut self,
         stream: &Arc<CudaStream>,
         left: Option<&CudaSlice<u32>>,
         right: &CudaSlice<u32>,
         distance: &CudaSlice<f64>,
-        n: usize,
+        pairs: std::ops::Range<usize>,
     ) -> Result<DownloadedPairs<'_>, String> {
         let buffers = match &mut self.kept {
             Some(kept) => kept.as_mut().expect("filled by host_results"),
@@ -362,16 +413,20 @@ impl HostResults<'_> {
         let host_left = buffers.left.as_mut_slice().map_err(pinned)?;
         let host_right = buffers.right.as_mut_slice().map_err(pinned)?;
         let host_distance = buffers.distance.as_mut_slice().map_err(pinned)?;
+        let n = pairs.len();
+        if n > host_right.len() {
+            return Err(format!("{n} pairs do not fit result buffers of {}", host_right.len()));
+        }
         if n > 0 {
             // Into the page-locked memory as plain slices, synchronised below: with the buffers
             // kept across runs, copies through cudarc's pinned-slice path (which waits on and
             // records the buffer's event) failed in every run after the first with
             // CUDA_ERROR_INVALID_VALUE (NOTES.md v14).
             if let Some(left) = left {
-                stream.memcpy_dtoh(&left.slice(0..n), &mut host_left[..n]).map_err(copy)?;
+                stream.memcpy_dtoh(&left.slice(pairs.clone()), &mut host_left[..n]).map_err(copy)?;
             }
-            stream.memcpy_dtoh(&right.slice(0..n), &mut host_right[..n]).map_err(copy)?;
-            stream.memcpy_dtoh(&distance.slice(0..n), &mut host_distance[..n]).map_err(copy)?;
+            stream.memcpy_dtoh(&right.slice(pairs.clone()), &mut host_right[..n]).map_err(copy)?;
+            stream.memcpy_dtoh(&distance.slice(pairs), &mut host_distance[..n]).map_err(copy)?;
             stream.synchronize().map_err(copy)?;
         }
         let lefts: &[u32] = if left.is_some() { &host_left[..n] } else { &[] };
