@@ -58,16 +58,77 @@ __device__ __forceinline__ long long find_cell(const JoinParams& p, const u64* c
     return (lo < p.right_cells && cell_ids[lo] == id) ? (long long)lo : -1;
 }
 
+// Row `row` of `rows` (`DIM` wide) into registers, with the widest loads its alignment allows
+// (device buffers start 256-byte aligned, so a row of 4k floats is 16-byte aligned).
+template <u32 DIM>
+__device__ __forceinline__ void load_row(const float* rows, u32 row, float (&v)[DIM]) {
+    const float* from = rows + (u64)row * DIM;
+    if (DIM % 4 == 0) {
+#pragma unroll
+        for (u32 i = 0; i < DIM / 4; ++i) {
+            float4 q = reinterpret_cast<const float4*>(from)[i];
+            v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+        }
+    } else if (DIM % 2 == 0) {
+#pragma unroll
+        for (u32 i = 0; i < DIM / 2; ++i) {
+            float2 q = reinterpret_cast<const float2*>(from)[i];
+            v[2 * i] = q.x, v[2 * i + 1] = q.y;
+        }
+    } else {
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) v[i] = from[i];
+    }
+}
+
+// filter_score with the dimension fixed at compile time: the same operations in the same order
+// (so the same proved margins hold), on rows in registers.
+template <u32 DIM>
+__device__ __forceinline__ float fixed_filter_score(u32 filter, const float (&x)[DIM], const float (&y)[DIM]) {
+    float acc = 0.0f;
+    switch (filter) {
+    case FILTER_SQUARED_L2:
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) {
+            float t = y[i] - x[i];
+            acc = acc + t * t;
+        }
+        return acc;
+    case FILTER_L1:
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) acc = acc + fabsf(y[i] - x[i]);
+        return acc;
+    case FILTER_LINF:
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) acc = fmaxf(acc, fabsf(y[i] - x[i]));
+        return acc;
+    default:
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) acc = acc + x[i] * y[i];
+        return -acc;
+    }
+}
+
 // Tests left slot `s` against right slots [begin, end); counts or writes the qualifying pairs.
-__device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin, u32 end,
+// DIM > 0: the dimension, with `x` the left row in registers (loaded once per left slot) and each
+// right row read in vector loads; the general path (DIM = 0) reads both rows per candidate, twice
+// the load instructions per dimension (P4's grid kernel was bound by them: NOTES.md v17).
+template <u32 DIM>
+__device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin, u32 end, const float (&x)[DIM ? DIM : 1],
         const float* lf, const float* rf, const double* lx, const double* rx,
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
         const u32* left_order, const u32* right_order,
         u32& found, int write, u64 offset, u32* out_left, u32* out_right, double* out_distance,
         u64* collected, u64 capacity) {
-    const float* x = lf + (u64)s * p.dim;
     for (u32 t = begin; t < end; ++t) {
-        float score = filter_score(p, x, rf + (u64)t * p.dim);
+        float score;
+        if constexpr (DIM > 0) {
+            float y[DIM];
+            load_row<DIM>(rf, t, y);
+            score = fixed_filter_score<DIM>(p.filter, x, y);
+        } else {
+            score = filter_score(p, lf + (u64)s * p.dim, rf + (u64)t * p.dim);
+        }
         float nx = p.filter == FILTER_NEG_DOT ? lfnorm[s] : 0.0f;
         float ny = p.filter == FILTER_NEG_DOT ? rfnorm[t] : 0.0f;
         if (!filter_passes(p, score, nx, ny, p.limit)) continue;
@@ -88,15 +149,20 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
     }
 }
 
-extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
-        const float* lf, const float* rf, const double* lx, const double* rx,
-        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
-        const u32* left_order, const u32* right_order,
-        const u64* left_slot_cell, const u64* right_cell_ids, const u32* right_cell_start, const u32* cell_table,
-        u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance,
-        u64* collected, u64 capacity, int write) {
+#define GRID_JOIN_PARAMS                                                                                          \
+    JoinParams p, u32 slot_begin, u32 slot_end, const float* lf, const float* rf, const double* lx, const double* rx, \
+        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm, const u32* left_order,   \
+        const u32* right_order, const u64* left_slot_cell, const u64* right_cell_ids, const u32* right_cell_start,  \
+        const u32* cell_table, u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, \
+        u64* collected, u64 capacity, int write
+
+// grid_join for dimension DIM (0: any).
+template <u32 DIM>
+__device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
     u32 s = slot_begin + blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= slot_end) return;
+    float x[DIM ? DIM : 1];
+    if constexpr (DIM > 0) load_row<DIM>(lf, s, x);
     u64 id = left_slot_cell[s];
     u64 lo[MAX_GRID_DIMS], hi[MAX_GRID_DIMS], cur[MAX_GRID_DIMS];
     for (u32 j = 0; j < p.k; ++j) {
@@ -115,8 +181,8 @@ extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
             if (c >= 0) {
                 u32 begin = right_cell_start[c], end = right_cell_start[c + 1];
                 if (p.self_join && nid == id) begin = s + 1;  // later slots of its own cell
-                scan_range(p, s, begin, end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order,
-                           found, write, offset, out_left, out_right, out_distance, collected, capacity);
+                scan_range<DIM>(p, s, begin, end, x, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order,
+                                right_order, found, write, offset, out_left, out_right, out_distance, collected, capacity);
             }
         }
         u32 j = 0;
@@ -125,6 +191,22 @@ extern "C" __global__ void grid_join(JoinParams p, u32 slot_begin, u32 slot_end,
         ++cur[j];
     }
     if (!write) counts[s - slot_begin] = found;
+}
+
+extern "C" __global__ void grid_join(GRID_JOIN_PARAMS) {
+#define GRID_JOIN_ARGS                                                                                              \
+    p, slot_begin, slot_end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order, left_slot_cell, \
+        right_cell_ids, right_cell_start, cell_table, counts, offsets, out_left, out_right, out_distance, collected, \
+        capacity, write
+    switch (p.dim) {
+    case 2: grid_join_rows<2>(GRID_JOIN_ARGS); break;
+    case 3: grid_join_rows<3>(GRID_JOIN_ARGS); break;
+    case 4: grid_join_rows<4>(GRID_JOIN_ARGS); break;
+    case 8: grid_join_rows<8>(GRID_JOIN_ARGS); break;
+    case 16: grid_join_rows<16>(GRID_JOIN_ARGS); break;
+    default: grid_join_rows<0>(GRID_JOIN_ARGS); break;
+    }
+#undef GRID_JOIN_ARGS
 }
 
 // kNN's infinite radius (`per_row` with a +∞ threshold, the last level): left slot s takes every
