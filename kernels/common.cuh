@@ -47,9 +47,14 @@ struct JoinParams {
     u32 dense;          // 1: `cell_table[id]` maps a linear id to its cell (u32 max: empty)
     u32 right_cells;    // number of non-empty right cells
     u32 tensor_cores;   // brute force: the host launched brute_join_tc (the margins above are its own)
+    u32 slot_capacity;  // brute force, count pass: each left slot's pairs are also stored at
+                        // (slot − slot_begin)·slot_capacity + i while i < slot_capacity (kNN's
+                        // candidates, grouped by query without a write pass); 0: not stored so
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
 };
+// The host's mirror (`JoinParams` in src/gpu/launch.rs) asserts the same size.
+static_assert(sizeof(JoinParams) == 192, "JoinParams layout changed: update src/gpu/launch.rs");
 
 // The exact distance of the contract: sums in dimension order, one term at a time. `b`'s
 // coordinates are `b_stride` apart (kNN's sample is stored dimension-major, so that the threads of a

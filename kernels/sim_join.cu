@@ -276,8 +276,16 @@ __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u3
         out_right[at] = right_order[t];
         out_distance[at] = dist;
     } else {
-        atomicAdd(&counts[s - slot_begin], 1u);
-        if (capacity) collect_pair(collected, capacity, left_order[s], right_order[t], dist, out_left, out_right, out_distance);
+        u32 found = atomicAdd(&counts[s - slot_begin], 1u);
+        if (p.slot_capacity) {
+            if (found < p.slot_capacity) {
+                u64 at = (u64)(s - slot_begin) * p.slot_capacity + found;
+                out_right[at] = right_order[t];
+                out_distance[at] = dist;
+            }
+        } else if (capacity) {
+            collect_pair(collected, capacity, left_order[s], right_order[t], dist, out_left, out_right, out_distance);
+        }
     }
 }
 

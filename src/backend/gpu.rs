@@ -1,7 +1,7 @@
 //! The GPU backend: ε-joins and range queries with the same strategy choice, grid and f32 filter
-//! margins as the CPU backend, run by the kernels of kernels/sim_join.cu with a count pass and a
-//! write pass, in batches sized so the pairs of one batch fit the device; kNN as a range query
-//! with a sampled radius per query (kernels/knn.cu). Exact distances are the f64 formulas of
+//! margins as the CPU backend, run by the kernels of kernels/sim_join.cu with a count pass that
+//! collects the pairs and, when they do not fit, write passes in batches sized so the pairs of one
+//! batch fit the device; kNN as a range query with a sampled radius per query (kernels/knn.cu). Exact distances are the f64 formulas of
 //! common.cuh, compiled without FMA contraction, so answers equal the CPU's.
 
 use std::borrow::Cow;
@@ -91,9 +91,11 @@ impl GpuBackend {
     }
 
     /// kNN as a range query with a radius per query: radii from the sampled distances
-    /// (knn_sample_radius), a count pass of brute_join with those radii, the next radius for any
-    /// query short of k rows (the last level, +∞, takes every row), then write passes and an exact
-    /// top-k of each query's rows on the host. See kernels/knn.cu for why no neighbour is lost.
+    /// (knn_sample_radius), a count pass of brute_join with those radii that also keeps each
+    /// query's candidates in a slot when slots are small, the next radius for any query short of
+    /// k rows (the last level, +∞, takes every row), write passes for the queries whose candidates
+    /// are not all in their slot, and an exact top-k of each query's rows on the host. See
+    /// kernels/knn.cu for why no neighbour is lost.
     fn gpu_knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
         let KnnRequest { base, queries, metric, k } = *request;
         let k = k.min(base.len());
@@ -151,6 +153,11 @@ impl GpuBackend {
 
         let probe = Instant::now();
         let mut pass = PassBuffers::new(&self.device, nq.min(MAX_PASS_ROWS), nq)?;
+        // The first count pass also stores each query's candidates in a slot of its own when the
+        // slots are small (knn_slot_capacity): a query found with at least k and at most a slot of
+        // candidates is then ranked from its slot, and only the others need a write pass.
+        let slot_capacity = knn_slot_capacity(k, n, sample_len, rank, nq);
+        pass.size_outputs(&self.device, nq * slot_capacity as usize)?;
         // Count passes until every query has at least k rows within its radius: the first over
         // every query, each later one over only the queries still short of k (uploaded as a side
         // of their own: a pass costs the whole base per query row, and on P1 a few dozen of 10,000
@@ -167,12 +174,14 @@ impl GpuBackend {
         let mut counts = vec![0u32; nq];
         let mut pending: Vec<u32> = identity(nq);
         let mut subset_buffers = None;
+        let mut pass_params = JoinParams { slot_capacity, ..params };
         while !pending.is_empty() {
             let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
             let side = subset_buffers.as_ref().unwrap_or(&query_buffers);
-            let pending_counts = self.count_pass(&params, pending.len(), n as u32, side, &base_buffers, None, &mut pass, PassKind::Count, &mut stats)?;
+            let pending_counts = self.count_pass(&pass_params, pending.len(), n as u32, side, &base_buffers, None, &mut pass, PassKind::Count, &mut stats)?;
+            pass_params.slot_capacity = 0;
             let mut short = Vec::new();
             for (&q, &c) in pending.iter().zip(&pending_counts) {
                 counts[q as usize] = c;
@@ -191,28 +200,86 @@ impl GpuBackend {
             }
             pending = short;
         }
-        // The write pass covers every query, each with its final radius.
-        let (thresholds, limits) = row_radii(&mut (0..nq), &levels);
-        stream.memcpy_htod(&thresholds, &mut pass.row_threshold).map_err(copy)?;
-        stream.memcpy_htod(&limits, &mut pass.row_limit).map_err(copy)?;
         stats.candidates = counts.iter().map(|&c| c as u64).sum();
-
-        let (batches, capacity) = write_batches(&counts);
-        pass.size_outputs(&self.device, capacity)?;
-        let mut results = host_results(&self.device, capacity)?;
-        sink.start(batches.len() as u64);
-        stats.write_passes = batches.len() as u64;
+        // Queries whose candidates are all in their slots, ranked now: the exact top-k by
+        // (distance, base position), the CPU backend's order; the rest get write passes.
+        let mut results = host_results(&self.device, nq * slot_capacity as usize)?;
         let (mut transfer, mut kernel, mut emit) = Default::default();
+        let slotted = |q: usize| slot_capacity > 0 && levels[q] == 0 && counts[q] <= slot_capacity;
+        let mut ranked: Vec<Vec<Neighbour>> = Vec::new();
+        if slot_capacity > 0 {
+            let copying = Instant::now();
+            let stored = 0..nq * slot_capacity as usize;
+            let (_, positions, distances) = results.download(stream, None, &pass.out_right, &pass.out_distance, stored)?;
+            transfer += copying.elapsed();
+            let ranking = Instant::now();
+            let cap = slot_capacity as usize;
+            ranked = (0..nq)
+                .into_par_iter()
+                .map(|q| {
+                    if !slotted(q) {
+                        return Vec::new();
+                    }
+                    let range = q * cap..q * cap + counts[q] as usize;
+                    let all = range.map(|i| Neighbour { distance: distances[i], position: positions[i] }).collect();
+                    k_smallest(all, k)
+                })
+                .collect();
+            emit += ranking.elapsed();
+        }
+        let rest: Vec<u32> = (0..nq as u32).filter(|&q| !slotted(q as usize)).collect();
+        // The write passes cover the rest, each query with its final radius: all queries (the
+        // query side as uploaded) or a side of their own.
+        drop(subset_buffers);
+        let rest_buffers = if rest.len() == nq || rest.is_empty() {
+            None
+        } else {
+            let uploading = Instant::now();
+            let side = self.upload(&host_side(queries, &query_filter, rest.clone(), &origin, metric, gemm), tf32)?;
+            transfer += uploading.elapsed();
+            Some(side)
+        };
+        let rest_side = rest_buffers.as_ref().unwrap_or(&query_buffers);
+        if !rest.is_empty() {
+            let (thresholds, limits) = row_radii(&mut rest.iter().map(|&q| q as usize), &levels);
+            stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..rest.len())).map_err(copy)?;
+            stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..rest.len())).map_err(copy)?;
+        }
+        let rest_counts: Vec<u32> = rest.iter().map(|&q| counts[q as usize]).collect();
+        let (batches, capacity) = if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts) };
+        if capacity > pass.out_right.len() {
+            pass.size_outputs(&self.device, capacity)?;
+        }
+        drop(results);
+        let mut results = host_results(&self.device, capacity)?;
+        // Progress: the slotted queries as one unit, each write batch as one.
+        sink.start(batches.len() as u64 + u64::from(slot_capacity > 0));
+        stats.write_passes = batches.len() as u64;
         let outcome = (|| -> Result<()> {
             let exec = |e: String| DataFusionError::Execution(e);
             let d2h = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
+            let mut chunk = ResultChunk::default();
+            let send = |q: usize, list: Vec<Neighbour>, chunk: &mut ResultChunk| -> Result<()> {
+                for (rank, neighbour) in list.into_iter().enumerate() {
+                    chunk.left.push(q as u32);
+                    chunk.right.push(neighbour.position);
+                    chunk.distance.push(neighbour.distance);
+                    chunk.rank.push(rank as u32 + 1);
+                }
+                if chunk.len() >= sink.chunk_rows() {
+                    sink.send(std::mem::take(chunk))?;
+                }
+                Ok(())
+            };
+            // Queries in order: the slotted ones up to each write batch's first query, then the batch's.
+            let mut next = 0usize;
             for &(begin, end, total) in &batches {
-                let offsets = exclusive_offsets(&counts[begin..end]);
+                let offsets = exclusive_offsets(&rest_counts[begin..end]);
                 let copying = Instant::now();
                 pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(d2h)?;
                 transfer += copying.elapsed();
                 let writing = Instant::now();
-                join_pass(&self.device, &params, begin as u32..end as u32, n as u32, &query_buffers, &base_buffers, None, &mut pass, PassKind::Write)
+                join_pass(&self.device, &params, begin as u32..end as u32, n as u32, rest_side, &base_buffers, None, &mut pass, PassKind::Write)
                     .map_err(exec)?;
                 kernel += writing.elapsed();
                 let copying = Instant::now();
@@ -220,34 +287,37 @@ impl GpuBackend {
                 let (_, positions, distances) = results.download(stream, None, &pass.out_right, &pass.out_distance, 0..rows).map_err(exec)?;
                 transfer += copying.elapsed();
                 let emitting = Instant::now();
-                // Each query's rows lie in its own [offset, next offset) range, in no set order:
-                // the exact top-k by (distance, base position), the CPU backend's order.
+                // Each query's rows lie in its own [offset, next offset) range, in no set order.
                 let nearest: Vec<Vec<Neighbour>> = (begin..end)
                     .into_par_iter()
-                    .map(|q| {
-                        let range = offsets[q - begin] as usize..offsets[q - begin + 1] as usize;
-                        let all = range.map(|i| Neighbour { distance: distances[i], position: positions[i] }).collect();
+                    .map(|i| {
+                        let range = offsets[i - begin] as usize..offsets[i - begin + 1] as usize;
+                        let all = range.map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
                         k_smallest(all, k)
                     })
                     .collect();
-                let mut chunk = ResultChunk::default();
-                for (q, list) in (begin..end).zip(nearest) {
-                    for (rank, neighbour) in list.into_iter().enumerate() {
-                        chunk.left.push(q as u32);
-                        chunk.right.push(neighbour.position);
-                        chunk.distance.push(neighbour.distance);
-                        chunk.rank.push(rank as u32 + 1);
+                for (i, list) in (begin..end).zip(nearest) {
+                    let q = rest[i] as usize;
+                    for (slotted_query, list) in ranked.iter_mut().enumerate().take(q).skip(next) {
+                        send(slotted_query, std::mem::take(list), &mut chunk)?;
                     }
-                    if chunk.len() >= sink.chunk_rows() {
-                        sink.send(std::mem::take(&mut chunk))?;
-                    }
-                }
-                if !chunk.is_empty() {
-                    sink.send(chunk)?;
+                    send(q, list, &mut chunk)?;
+                    next = q + 1;
                 }
                 emit += emitting.elapsed();
                 sink.advance(1);
             }
+            let emitting = Instant::now();
+            for (slotted_query, list) in ranked.iter_mut().enumerate().skip(next) {
+                send(slotted_query, std::mem::take(list), &mut chunk)?;
+            }
+            if !chunk.is_empty() {
+                sink.send(chunk)?;
+            }
+            if slot_capacity > 0 {
+                sink.advance(1);
+            }
+            emit += emitting.elapsed();
             Ok(())
         })();
         stats.probe_time = probe.elapsed();
@@ -678,6 +748,25 @@ fn filter_extent(sides: &[&HostSide]) -> f64 {
     sides.iter().flat_map(|h| h.filter.iter()).fold(0f64, |m, v| m.max(v.abs() as f64))
 }
 
+/// Most values kNN's candidate slots take on the device (12 bytes each, as many copied back): for
+/// larger k the slots would cost more to copy than the write pass they save.
+const KNN_SLOT_VALUES: usize = 1 << 24;
+
+/// Candidates kept per query in the first count pass (0: none, every query gets a write pass).
+/// The first radius is the sample's `rank`-th smallest distance, so a query's count is about
+/// Gamma(rank)·n/sample_len (exactly k when the sample is the whole base, ties aside): the mean
+/// plus 4 of its standard deviations (mean/√rank) and 64 leave the slot too small for about one
+/// query in 60 at rank 1 (e⁻⁴·⁰⁶ for the exponential count), fewer at larger ranks; those queries
+/// get a write pass instead. 0 when `queries` slots exceed KNN_SLOT_VALUES or one count pass.
+fn knn_slot_capacity(k: usize, n: usize, sample_len: usize, rank: u32, queries: usize) -> u32 {
+    let expected = if sample_len >= n { k as f64 } else { rank as f64 * n as f64 / sample_len as f64 };
+    let capacity = (expected * (1.0 + 4.0 / (rank.max(1) as f64).sqrt()) + 64.0).ceil() as usize;
+    if queries > MAX_PASS_ROWS || queries.saturating_mul(capacity) > KNN_SLOT_VALUES {
+        return 0;
+    }
+    capacity as u32
+}
+
 /// The sample rank of kNN's first radius. With the whole base as the sample it is k itself (the
 /// radius is then the exact k-th distance). Otherwise about `c·k` base rows fall within the
 /// (c·k·s/n)-th smallest of s evenly spread sample distances; `c = 2 + 6/√k` keeps a shortfall
@@ -725,6 +814,17 @@ mod tests {
         let batches = collected_batches(2 * big + 1);
         assert_eq!(batches, vec![ResultBatch::Collected(0..big), ResultBatch::Collected(big..2 * big), ResultBatch::Collected(2 * big..2 * big + 1)]);
         assert_eq!(batches.iter().map(ResultBatch::pairs).sum::<u64>(), 2 * big + 1);
+    }
+
+    #[test]
+    fn knn_slots_fit_the_expected_count_with_room() {
+        // P1, k = 10: rank 1 of 4,096 over 10⁶ rows, ~244 candidates per query → 5·244 + 64.
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000), 1285);
+        // The whole base as the sample: k itself, plus room for ties.
+        assert_eq!(knn_slot_capacity(10, 3000, 3000, 10, 100), 87);
+        // Large k (P1, k = 1,000: rank 9) or too many queries: no slots, write passes instead.
+        assert_eq!(knn_slot_capacity(1000, 1_000_000, 4096, 9, 10_000), 0);
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, MAX_PASS_ROWS + 1), 0);
     }
 
     #[test]

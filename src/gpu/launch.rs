@@ -33,12 +33,16 @@ pub struct JoinParams {
     pub right_cells: u32,
     /// Brute force: 1 launches brute_join_tc (TF32 tensor cores, the dot-product filters only).
     pub tensor_cores: u32,
+    /// Brute-force count pass: store each left slot's pairs in a slot of this many (kNN); 0: no.
+    pub slot_capacity: u32,
     pub cells: [u64; 8],
     pub strides: [u64; 8],
 }
 
-// SAFETY: `JoinParams` is `repr(C)` plain data laid out exactly as the CUDA struct it mirrors.
+// SAFETY: `JoinParams` is `repr(C)` plain data laid out exactly as the CUDA struct it mirrors
+// (kernels/common.cuh asserts the same size).
 unsafe impl DeviceRepr for JoinParams {}
+const _: () = assert!(std::mem::size_of::<JoinParams>() == 192, "JoinParams layout changed: update kernels/common.cuh");
 
 /// The rows of one join side on the device, in slot order.
 #[derive(Debug)]
@@ -157,6 +161,12 @@ pub fn join_pass(
     };
     let function = device.function(KernelModule::SimJoin, kernel)?;
     let write_flag: i32 = (kind == PassKind::Write).into();
+    if params.slot_capacity > 0 && kind != PassKind::Write {
+        let needed = slots.len() as u64 * params.slot_capacity as u64;
+        if grid.is_some() || (pass.out_right.len().min(pass.out_distance.len()) as u64) < needed {
+            return Err(format!("{kernel}: slots of {} pairs for {} left rows need {needed} outputs", params.slot_capacity, slots.len()));
+        }
+    }
     let capacity = match kind {
         PassKind::CountAndCollect => pass.out_left.len().min(pass.out_right.len()).min(pass.out_distance.len()) as u64,
         _ => 0,
@@ -221,7 +231,9 @@ pub fn join_pass(
         // for every left slot; with the GEMM filter, `filter_norms` and `filter_sq_norms` hold one
         // per row of their side. `counts` and `offsets` hold at least `end - begin` entries (counts
         // zeroed before the count pass). A collecting count pass stores a pair only at an index
-        // below `capacity`, the length of all three output buffers. A write pass's output buffers
+        // below `capacity`, the length of all three output buffers; one with `slot_capacity`
+        // only below (end − begin)·slot_capacity, which `out_right` and `out_distance` hold
+        // (checked above). A write pass's output buffers
         // hold at least the batch's total count, which it never exceeds because it re-finds
         // exactly the pairs the count pass counted (same inputs, same deterministic arithmetic),
         // each row within its own [offset, offset + count) range, whatever launches the right rows
