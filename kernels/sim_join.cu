@@ -530,6 +530,13 @@ __device__ __forceinline__ float tc_col_offset(const JoinParams& p, u32 t, u32 r
     return p.filter == FILTER_GEMM_L2 ? __fsub_rd(rfsq[t], widening) : -widening;
 }
 
+// ldmatrix.x4 from shared memory (rows of 16 bytes, 16-byte aligned: TC_STRIDE is 80 bytes).
+__device__ __forceinline__ void load_matrix_x4(const u32* row, u32& r0, u32& r1, u32& r2, u32& r3) {
+    u32 at = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at));
+}
+
 // brute_join_tc's epilogue for the tile (row0, col0), from the warp's accumulators `acc`.
 __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 warp_col, u32 group,
         u32 quad, const float (&acc)[4][4][4], u32 slot_begin, u32 slot_end, u32 right_len,
@@ -623,20 +630,21 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #pragma unroll
         for (u32 k = 0; k < TC_CHUNK; k += 8) {
             if (k >= width) break;
+            // The fragments by ldmatrix: one .x4 loads four 8-row × 4-word blocks, lane i giving
+            // the address of row i % 8 of block i / 8 and receiving word `quad` of row `group` of
+            // each, which is exactly the m16n8k8 TF32 fragment layout (a: rows +0/+8 × words
+            // +0/+4; b: two n tiles × words +0/+4). Six loads per step instead of 24.
             u32 a[4][4], b[4][2];
+            u32 block = lane / 8, block_row = lane % 8;
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
-                u32 row = warp_row + m * 16 + group;
-                a[m][0] = xs[stage][row][k + quad];
-                a[m][1] = xs[stage][row + 8][k + quad];
-                a[m][2] = xs[stage][row][k + quad + 4];
-                a[m][3] = xs[stage][row + 8][k + quad + 4];
+                u32 row = warp_row + m * 16 + block_row + 8 * (block % 2);
+                load_matrix_x4(&xs[stage][row][k + 4 * (block / 2)], a[m][0], a[m][1], a[m][2], a[m][3]);
             }
 #pragma unroll
-            for (int n = 0; n < 4; ++n) {
-                u32 col = warp_col + n * 8 + group;
-                b[n][0] = ys[stage][col][k + quad];
-                b[n][1] = ys[stage][col][k + quad + 4];
+            for (int n = 0; n < 4; n += 2) {
+                u32 col = warp_col + (n + block / 2) * 8 + block_row;
+                load_matrix_x4(&ys[stage][col][k + 4 * (block % 2)], b[n][0], b[n][1], b[n + 1][0], b[n + 1][1]);
             }
 #pragma unroll
             for (int m = 0; m < 4; ++m)

@@ -46,7 +46,7 @@ impl Backend for CpuBackend {
         let start = Instant::now();
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let exact = ExactCheck::new(metric, threshold, left, right);
-        let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
+        let mut stats = RunStats::default();
         if left.is_empty() || right.is_empty() {
             return Ok(stats);
         }
@@ -56,7 +56,6 @@ impl Backend for CpuBackend {
         let (left_filter, right_filter, strategy) = plan_join(request);
         match strategy {
             JoinStrategy::Grid(geometry) => {
-                stats.strategy = "grid";
                 stats.indexed_dims = geometry.dims.len();
                 let left_index = GridIndex::build(&geometry, &left_filter, left.dim);
                 let right_index = match self_join {
@@ -87,7 +86,7 @@ impl Backend for CpuBackend {
         let start = Instant::now();
         let KnnRequest { base, queries, metric, k } = *request;
         let k = k.min(base.len());
-        let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
+        let mut stats = RunStats::default();
         if k == 0 || queries.is_empty() {
             return Ok(stats);
         }

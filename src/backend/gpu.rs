@@ -99,7 +99,7 @@ impl GpuBackend {
     fn gpu_knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
         let KnnRequest { base, queries, metric, k } = *request;
         let k = k.min(base.len());
-        let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
+        let mut stats = RunStats::default();
         if k == 0 || queries.is_empty() {
             return Ok(Ok(stats));
         }
@@ -401,7 +401,7 @@ impl GpuBackend {
 
     fn gpu_join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
-        let mut stats = RunStats { strategy: "brute_force", ..Default::default() };
+        let mut stats = RunStats::default();
         if left.is_empty() || right.is_empty() {
             return Ok(Ok(stats));
         }
@@ -463,7 +463,6 @@ impl GpuBackend {
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let grid = match (&strategy, &left_index) {
             (JoinStrategy::Grid(g), Some(li)) => {
-                stats.strategy = "grid";
                 stats.indexed_dims = g.dims.len();
                 let ri = right_index.as_ref().unwrap_or(li);
                 let mut slot_cell = vec![0u64; li.order.len()];

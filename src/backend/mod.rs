@@ -112,9 +112,7 @@ pub trait ResultSink: Sync {
 /// What a run did, for EXPLAIN ANALYZE.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunStats {
-    /// `grid` or `brute_force`.
-    pub strategy: &'static str,
-    /// Dimensions the grid indexes (0 for brute force).
+    /// Dimensions the grid indexes (0: brute force).
     pub indexed_dims: usize,
     /// Pairs whose exact distance was computed.
     pub candidates: u64,
