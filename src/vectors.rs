@@ -8,8 +8,8 @@
 //! A row never matches (and is counted as skipped) when its vector is NULL, contains a NULL, NaN or
 //! ±Inf, or — under the cosine metric — is the zero vector, whose cosine distance is undefined.
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_empty_array};
+use datafusion::arrow::compute::{cast, concat};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema, SchemaRef};
 use rayon::prelude::*;
 use datafusion::common::{Result, exec_err, plan_err};
@@ -161,29 +161,13 @@ impl Vectors {
         reject_zero: bool,
         describe: &str,
     ) -> Result<Self> {
-        if batch.num_rows() > u32::MAX as usize {
-            return exec_err!("{describe}: {} rows exceed the limit of 2^32 - 1", batch.num_rows());
-        }
-        let mut vectors = match source {
-            VectorSource::List { index, .. } => from_list(batch.column(*index), describe)?,
-            VectorSource::Columns(indices) => {
-                let columns = indices
-                    .iter()
-                    .map(|&i| cast(batch.column(i), &DataType::Float64))
-                    .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
-                from_columns(&columns, batch.num_rows())
-            }
-        };
-        if reject_zero {
-            vectors.retain(|v| v.iter().any(|x| *x != 0.0));
-        }
-        Ok(vectors)
+        Self::from_source(batch.num_rows(), |i| Ok(batch.column(i).clone()), source, reject_zero, describe)
     }
 
     /// Builds vectors from the collected `batches` of one input, rows numbered across them in
     /// order. The common case, a dense list column (see [`dense_fixed_size_lists`]), is widened
-    /// batch by batch straight into the result; anything else goes through one concatenated
-    /// batch and [`Vectors::from_batch`].
+    /// batch by batch straight into the result; anything else concatenates the source's columns
+    /// (only those) first.
     pub fn from_batches(
         schema: &SchemaRef,
         batches: &[RecordBatch],
@@ -192,19 +176,53 @@ impl Vectors {
         describe: &str,
     ) -> Result<Self> {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        if rows > u32::MAX as usize {
-            return exec_err!("{describe}: {rows} rows exceed the limit of 2^32 - 1");
-        }
         if let VectorSource::List { index, .. } = source {
             let columns: Vec<ArrayRef> = batches.iter().map(|b| b.column(*index).clone()).collect();
-            if let Some(mut vectors) = dense_fixed_size_lists(&columns)? {
+            if rows <= u32::MAX as usize
+                && let Some(mut vectors) = dense_fixed_size_lists(&columns)?
+            {
                 if reject_zero {
-                    vectors.retain(|v| v.iter().any(|x| *x != 0.0));
+                    vectors.skip_zero_vectors();
                 }
                 return Ok(vectors);
             }
         }
-        Self::from_batch(&concat_batches(schema, batches)?, source, reject_zero, describe)
+        let column = |i: usize| -> Result<ArrayRef> {
+            Ok(match batches {
+                [] => new_empty_array(schema.field(i).data_type()),
+                _ => concat(&batches.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>())?,
+            })
+        };
+        Self::from_source(rows, column, source, reject_zero, describe)
+    }
+
+    /// Vectors of `rows` rows from the input columns `column(i)` that `source` names.
+    fn from_source(
+        rows: usize,
+        column: impl Fn(usize) -> Result<ArrayRef>,
+        source: &VectorSource,
+        reject_zero: bool,
+        describe: &str,
+    ) -> Result<Self> {
+        if rows > u32::MAX as usize {
+            return exec_err!("{describe}: {rows} rows exceed the limit of 2^32 - 1");
+        }
+        let mut vectors = match source {
+            VectorSource::List { index, .. } => from_list(&column(*index)?, describe)?,
+            VectorSource::Columns(indices) => {
+                let columns = indices.iter().map(|&i| Ok(cast(&column(i)?, &DataType::Float64)?)).collect::<Result<Vec<ArrayRef>>>()?;
+                from_columns(&columns, rows)
+            }
+        };
+        if reject_zero {
+            vectors.skip_zero_vectors();
+        }
+        Ok(vectors)
+    }
+
+    /// Skips zero vectors (cosine has no direction for them).
+    fn skip_zero_vectors(&mut self) {
+        self.retain(|v| v.iter().any(|x| *x != 0.0));
     }
 
     /// Keeps the vectors for which `keep` holds; the others count as skipped.
@@ -431,6 +449,12 @@ mod tests {
         assert_eq!(source, VectorSource::Columns(vec![1, 2]));
         let v = Vectors::from_batch(&batch, &source, true, "sim_join: argument 't'").unwrap();
         assert_eq!((v.rows.clone(), v.skipped, v.values.clone()), (vec![1], 1, vec![1.5, 2.5]));
+        // The same rows in two batches (only the source's columns are concatenated), and none.
+        let parts = [batch.slice(0, 1), batch.slice(1, 1)];
+        let split = Vectors::from_batches(&batch.schema(), &parts, &source, true, "sim_join: argument 't'").unwrap();
+        assert_eq!((split.rows, split.skipped, split.values), (vec![1], 1, vec![1.5, 2.5]));
+        let empty = Vectors::from_batches(&batch.schema(), &[], &source, true, "sim_join: argument 't'").unwrap();
+        assert!(empty.is_empty() && empty.skipped == 0);
     }
 
     #[test]
