@@ -17,8 +17,8 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSin
 use crate::gpu::GpuDevice;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, host_results, join_pass, round_to_tf32, sample_radius_pass,
-    upload,
+    DownloadedPairs, GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, host_results, join_pass, round_to_tf32,
+    sample_radius_pass, upload,
 };
 use rayon::prelude::*;
 use crate::index::{GridIndex, JoinStrategy};
@@ -492,7 +492,7 @@ impl GpuBackend {
 
         // One count pass over every left slot that also collects the pairs into buffers sized for
         // COLLECT_PAIRS_PER_ROW per left row. When they all fit, that pass is the whole result,
-        // downloaded in batches of at most MAX_BATCH_PAIRS; otherwise write passes follow, in
+        // downloaded in batches of COLLECTED_BATCH_PAIRS; otherwise write passes follow, in
         // batches of at most MAX_BATCH_PAIRS pairs (a single slot with more gets a batch of its
         // own), each from offsets the counts give.
         let probe = Instant::now();
@@ -520,62 +520,90 @@ impl GpuBackend {
             batches.into_iter().map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs }).collect()
         };
         let largest = batches.iter().map(ResultBatch::pairs).max().unwrap_or(0).max(1) as usize;
-        let mut results = host_results(&self.device, largest)?;
+        // Collected pairs come back through two halves of the host buffers, each batch's copy
+        // overlapping the emission of the one before; write batches one at a time.
+        let collected_path = matches!(batches.first(), Some(ResultBatch::Collected(_)));
+        let mut results = host_results(&self.device, if collected_path { 2 * largest } else { largest })?;
         sink.start(batches.len() as u64);
 
         let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
         let exact = ExactCheck::new(metric, threshold, left, right);
         let (mut transfer, mut kernel, mut emit) = Default::default();
+        // Downloaded pairs into result chunks, on every core: each piece builds and sends its own.
+        let emit_pairs = |(lefts, rights, distances): DownloadedPairs| -> Result<()> {
+            let n = rights.len();
+            let piece = (1 << 16).max(n.div_ceil(rayon::current_num_threads() * 4));
+            (0..n.div_ceil(piece)).into_par_iter().try_for_each(|p| -> Result<()> {
+                let range = p * piece..((p + 1) * piece).min(n);
+                let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
+                for i in range {
+                    let (a, b, d) = (lefts[i], rights[i], distances[i]);
+                    // Self-joins report the smaller position first (the mirror adds (b, a)).
+                    let (a, b) = if self_join.is_some() && a > b { (b, a) } else { (a, b) };
+                    writer.push(a, b, d)?;
+                }
+                writer.flush()
+            })
+        };
         let outcome = (|| -> Result<()> {
             let exec = |e: String| DataFusionError::Execution(e);
-            for batch in &batches {
-                let n = batch.pairs() as usize;
-                let stored = match batch {
-                    ResultBatch::Collected(pairs) => pairs.start as usize..pairs.end as usize,
-                    ResultBatch::Written { slots, .. } => {
-                        if n > 0 {
-                            let offsets = exclusive_offsets(&counts[slots.clone()]);
-                            let copying = Instant::now();
-                            pass.offsets = stream.clone_htod(&offsets[..slots.len()]).map_err(|e| exec(copy(e)))?;
-                            transfer += copying.elapsed();
-                            let writing = Instant::now();
-                            let slots = slots.start as u32..slots.end as u32;
-                            join_pass(&self.device, &params, slots, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, PassKind::Write)
-                                .map_err(exec)?;
-                            stats.write_passes += 1;
-                            kernel += writing.elapsed();
-                        }
-                        0..n
-                    }
+            let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
+            if collected_path {
+                let stored = |batch: &ResultBatch| match batch {
+                    ResultBatch::Collected(pairs) => Some(pairs.start as usize..pairs.end as usize),
+                    ResultBatch::Written { .. } => None,
                 };
-                if n > 0 {
-                    let copying = Instant::now();
-                    let (lefts, rights, distances) =
-                        results.download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, stored).map_err(exec)?;
-                    transfer += copying.elapsed();
-                    let emitting = Instant::now();
-                    // Chunks on every core: each builds and sends its own result chunks.
-                    let piece = (1 << 16).max(n.div_ceil(rayon::current_num_threads() * 4));
-                    (0..n.div_ceil(piece)).into_par_iter().try_for_each(|p| -> Result<()> {
-                        let range = p * piece..((p + 1) * piece).min(n);
-                        let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
-                        for i in range {
-                            let (a, b, d) = (lefts[i], rights[i], distances[i]);
-                            // Self-joins report the smaller position first (the mirror adds (b, a)).
-                            let (a, b) = if self_join.is_some() && a > b { (b, a) } else { (a, b) };
-                            writer.push(a, b, d)?;
-                        }
-                        writer.flush()
-                    })?;
-                    emit += emitting.elapsed();
+                let mut halves = results.halves().map_err(exec)?;
+                if let Some(pairs) = batches.first().and_then(stored) {
+                    halves[0].start_download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, pairs).map_err(exec)?;
                 }
-                sink.advance(1);
+                for (i, batch) in batches.iter().enumerate() {
+                    let copying = Instant::now();
+                    stream.synchronize().map_err(sync)?; // batch i is in half i % 2
+                    transfer += copying.elapsed();
+                    let [even, odd] = &mut halves;
+                    let (current, next) = if i % 2 == 0 { (even, odd) } else { (odd, even) };
+                    if let Some(pairs) = batches.get(i + 1).and_then(stored) {
+                        next.start_download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, pairs).map_err(exec)?;
+                    }
+                    let emitting = Instant::now();
+                    emit_pairs(current.pairs(batch.pairs() as usize, true))?;
+                    emit += emitting.elapsed();
+                    sink.advance(1);
+                }
+            } else {
+                for batch in &batches {
+                    let ResultBatch::Written { slots, pairs } = batch else { continue };
+                    let n = *pairs as usize;
+                    if n > 0 {
+                        let offsets = exclusive_offsets(&counts[slots.clone()]);
+                        let copying = Instant::now();
+                        pass.offsets = stream.clone_htod(&offsets[..slots.len()]).map_err(sync)?;
+                        transfer += copying.elapsed();
+                        let writing = Instant::now();
+                        let slots = slots.start as u32..slots.end as u32;
+                        join_pass(&self.device, &params, slots, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, PassKind::Write)
+                            .map_err(exec)?;
+                        stats.write_passes += 1;
+                        kernel += writing.elapsed();
+                        let copying = Instant::now();
+                        let downloaded = results.download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, 0..n).map_err(exec)?;
+                        transfer += copying.elapsed();
+                        let emitting = Instant::now();
+                        emit_pairs(downloaded)?;
+                        emit += emitting.elapsed();
+                    }
+                    sink.advance(1);
+                }
             }
             if self_join.is_some_and(|s| s.include_self) {
                 write_self_pairs(&exact, left, 0..left.len(), &mut writer)?;
             }
             writer.flush()
         })();
+        // No copy may still be writing into the host buffers when they are released (an early
+        // return above, e.g. a cancelled query, can leave one in flight).
+        stream.synchronize().map_err(copy)?;
         stats.probe_time = probe.elapsed();
         stats.transfer_time += transfer;
         stats.kernel_time += kernel;
@@ -608,9 +636,18 @@ impl ResultBatch {
     }
 }
 
-/// Download batches of `collected` pairs of a count pass: MAX_BATCH_PAIRS each, the last fewer.
+/// Pairs per download batch of a count pass's collected pairs (64 MiB on the host; two batches'
+/// worth of page-locked memory per run): small enough that copying one overlaps the emission of
+/// the previous one for most of a large result, and that a process's first query page-locks
+/// 128 MiB rather than the 1 GiB of two MAX_BATCH_PAIRS halves.
+const COLLECTED_BATCH_PAIRS: u64 = 1 << 22;
+
+/// Download batches of `collected` pairs of a count pass: COLLECTED_BATCH_PAIRS each, the last fewer.
 fn collected_batches(collected: u64) -> Vec<ResultBatch> {
-    (0..collected).step_by(MAX_BATCH_PAIRS as usize).map(|at| ResultBatch::Collected(at..(at + MAX_BATCH_PAIRS).min(collected))).collect()
+    (0..collected)
+        .step_by(COLLECTED_BATCH_PAIRS as usize)
+        .map(|at| ResultBatch::Collected(at..(at + COLLECTED_BATCH_PAIRS).min(collected)))
+        .collect()
 }
 
 impl GpuBackend {
@@ -806,7 +843,7 @@ mod tests {
 
     #[test]
     fn collected_pairs_download_in_batches_within_the_limit() {
-        let big = MAX_BATCH_PAIRS;
+        let big = COLLECTED_BATCH_PAIRS;
         assert_eq!(collected_batches(0), vec![]);
         assert_eq!(collected_batches(5), vec![ResultBatch::Collected(0..5)]);
         assert_eq!(collected_batches(big), vec![ResultBatch::Collected(0..big)]);

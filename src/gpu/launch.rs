@@ -446,6 +446,75 @@ impl HostResults<'_> {
     }
 }
 
+/// One half of a run's result buffers: a batch of pairs is copied into one half while the host
+/// reads the previous batch from the other (seed 003 §3.2.2: transfers overlapping the host's use
+/// of the results).
+#[derive(Debug)]
+pub struct HostHalf<'a> {
+    left: &'a mut [u32],
+    right: &'a mut [u32],
+    distance: &'a mut [f64],
+}
+
+impl HostHalf<'_> {
+    /// Pairs a half holds.
+    pub fn capacity(&self) -> usize {
+        self.right.len()
+    }
+
+    /// Starts copying the pairs at indices `pairs` of a pass's output buffers (left positions
+    /// only where `left` is given) into this half, without waiting: the copies are ordered on
+    /// `stream`, which must be synchronised before [`HostHalf::pairs`] reads them and before the
+    /// buffers are dropped (the memory is page-locked, so the copy runs while the host works).
+    pub fn start_download(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        left: Option<&CudaSlice<u32>>,
+        right: &CudaSlice<u32>,
+        distance: &CudaSlice<f64>,
+        pairs: std::ops::Range<usize>,
+    ) -> Result<(), String> {
+        let n = pairs.len();
+        if n > self.capacity() {
+            return Err(format!("{n} pairs do not fit half result buffers of {}", self.capacity()));
+        }
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        if n > 0 {
+            if let Some(left) = left {
+                stream.memcpy_dtoh(&left.slice(pairs.clone()), &mut self.left[..n]).map_err(copy)?;
+            }
+            stream.memcpy_dtoh(&right.slice(pairs.clone()), &mut self.right[..n]).map_err(copy)?;
+            stream.memcpy_dtoh(&distance.slice(pairs), &mut self.distance[..n]).map_err(copy)?;
+        }
+        Ok(())
+    }
+
+    /// The first `n` pairs of this half (left positions empty unless `with_left`), once the
+    /// stream that copied them has been synchronised.
+    pub fn pairs(&self, n: usize, with_left: bool) -> DownloadedPairs<'_> {
+        (if with_left { &self.left[..n] } else { &[] }, &self.right[..n], &self.distance[..n])
+    }
+}
+
+impl HostResults<'_> {
+    /// The buffers as two halves, each of half the capacity.
+    pub fn halves(&mut self) -> Result<[HostHalf<'_>; 2], String> {
+        let buffers = match &mut self.kept {
+            Some(kept) => kept.as_mut().expect("filled by host_results"),
+            None => self.own.as_mut().expect("filled by host_results"),
+        };
+        let pinned = |e: cudarc::driver::DriverError| format!("pinned buffer: {e}");
+        let half = buffers.right.len() / 2;
+        let (left_a, left_b) = buffers.left.as_mut_slice().map_err(pinned)?.split_at_mut(half);
+        let (right_a, right_b) = buffers.right.as_mut_slice().map_err(pinned)?.split_at_mut(half);
+        let (distance_a, distance_b) = buffers.distance.as_mut_slice().map_err(pinned)?.split_at_mut(half);
+        Ok([
+            HostHalf { left: left_a, right: right_a, distance: distance_a },
+            HostHalf { left: &mut left_b[..half], right: &mut right_b[..half], distance: &mut distance_b[..half] },
+        ])
+    }
+}
+
 /// Result buffers for at most `capacity` pairs. The device keeps one set between runs and grows
 /// it when a run needs more: page-locking and zeroing ~0.5 GB anew took ~0.3 s of every P3–P5 run
 /// (NOTES.md v14). A run that finds the set held by another (which may be blocked on a slow

@@ -54,6 +54,29 @@ fn special(n: usize, dim: usize) -> Vec<f64> {
     values
 }
 
+/// Runs `sql` (its options string last) on the CPU and on the GPU and adds a row to `table`;
+/// 1 when the answers differ or the GPU failed, else 0.
+async fn compare(ctx: &SessionContext, sql: &str, data: &str, table: &mut String) -> Result<usize> {
+    let started = Instant::now();
+    let cpu = rows(ctx, &format!("{}, device=cpu')", sql.trim_end_matches("')"))).await?;
+    let cpu_ms = started.elapsed().as_secs_f64() * 1e3;
+    let started = Instant::now();
+    let gpu = rows(ctx, &format!("{}, device=gpu')", sql.trim_end_matches("')"))).await;
+    let gpu_ms = started.elapsed().as_secs_f64() * 1e3;
+    let (verdict, failed) = match &gpu {
+        Ok(g) if *g == cpu => ("ok".to_string(), 0),
+        Ok(g) => {
+            let missing = cpu.iter().filter(|r| g.binary_search(r).is_err()).count();
+            let extra = g.iter().filter(|r| cpu.binary_search(r).is_err()).count();
+            (format!("MISMATCH: gpu {} rows, {missing} missing, {extra} extra", g.len()), 1)
+        }
+        Err(e) => (format!("GPU ERROR: {}", e.strip_backtrace()), 1),
+    };
+    let query = sql.split(" FROM ").nth(1).unwrap_or_default();
+    table.push_str(&format!("| {data} | {query} | {} | {cpu_ms:.1} | {gpu_ms:.1} | {verdict} |\n", cpu.len()));
+    Ok(failed)
+}
+
 pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let gpu = simjoin::gpu::GpuDevice::shared();
     match &gpu {
@@ -105,31 +128,18 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
                     format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered')")
                 });
                 for sql in queries.into_iter().chain(wide).chain(knn.into_iter().flatten()) {
-                    let started = Instant::now();
-                    let cpu = rows(&ctx, &format!("{}, device=cpu')", sql.trim_end_matches("')"))).await?;
-                    let cpu_ms = started.elapsed().as_secs_f64() * 1e3;
-                    let started = Instant::now();
-                    let gpu = rows(&ctx, &format!("{}, device=gpu')", sql.trim_end_matches("')"))).await;
-                    let gpu_ms = started.elapsed().as_secs_f64() * 1e3;
-                    let verdict = match &gpu {
-                        Ok(g) if *g == cpu => "ok".to_string(),
-                        Ok(g) => {
-                            failures += 1;
-                            let missing = cpu.iter().filter(|r| g.binary_search(r).is_err()).count();
-                            let extra = g.iter().filter(|r| cpu.binary_search(r).is_err()).count();
-                            format!("MISMATCH: gpu {} rows, {missing} missing, {extra} extra", g.len())
-                        }
-                        Err(e) => {
-                            failures += 1;
-                            format!("GPU ERROR: {}", e.strip_backtrace())
-                        }
-                    };
-                    let query = sql.split(" FROM ").nth(1).unwrap_or_default().to_string();
-                    table.push_str(&format!("| {name} | {n} × {dim} | {query} | {} | {cpu_ms:.1} | {gpu_ms:.1} | {verdict} |\n", cpu.len()));
+                    failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim}"), &mut table).await?;
                 }
             }
         }
     }
+    // More collected pairs (~5·10⁶) than one download batch (2²²): the batches alternate between
+    // the two halves of the host buffers, each copied while the one before is emitted.
+    let values = datagen::generate(Distribution::Uniform, 50_000, 2, 7);
+    register(&ctx, "a", &values, 2)?;
+    let eps = datagen::calibrate_threshold(&values, 2, 200.0, Metric::L2, 9);
+    let sql = format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, 'pairs=unordered')");
+    failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut table).await?;
     println!("{table}");
     if let Ok(device) = &gpu {
         // Inputs of 64 MB and more pass through the pinned staging buffers, which the small sets
