@@ -416,55 +416,59 @@ impl HostResults<'_> {
         distance: &CudaSlice<f64>,
         pairs: std::ops::Range<usize>,
     ) -> Result<DownloadedPairs<'_>, String> {
+        let (n, with_left) = (pairs.len(), left.is_some());
+        let [mut all, _] = self.split(|capacity| capacity)?;
+        all.start_download(stream, left, right, distance, pairs)?;
+        stream.synchronize().map_err(|e| format!("GPU copy failed: {e}"))?;
+        Ok(all.into_pairs(n, with_left))
+    }
+
+    /// The buffers as two halves of (about) half the capacity each.
+    pub fn halves(&mut self) -> Result<[HostPairs<'_>; 2], String> {
+        self.split(|capacity| capacity / 2)
+    }
+
+    /// The buffers cut into two views at the pair `at(capacity)`.
+    fn split(&mut self, at: impl FnOnce(usize) -> usize) -> Result<[HostPairs<'_>; 2], String> {
         let buffers = match &mut self.kept {
             Some(kept) => kept.as_mut().expect("filled by host_results"),
             None => self.own.as_mut().expect("filled by host_results"),
         };
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let pinned = |e: cudarc::driver::DriverError| format!("pinned buffer: {e}");
-        let host_left = buffers.left.as_mut_slice().map_err(pinned)?;
-        let host_right = buffers.right.as_mut_slice().map_err(pinned)?;
-        let host_distance = buffers.distance.as_mut_slice().map_err(pinned)?;
-        let n = pairs.len();
-        if n > host_right.len() {
-            return Err(format!("{n} pairs do not fit result buffers of {}", host_right.len()));
-        }
-        if n > 0 {
-            // Into the page-locked memory as plain slices, synchronised below: with the buffers
-            // kept across runs, copies through cudarc's pinned-slice path (which waits on and
-            // records the buffer's event) failed in every run after the first with
-            // CUDA_ERROR_INVALID_VALUE (NOTES.md v14).
-            if let Some(left) = left {
-                stream.memcpy_dtoh(&left.slice(pairs.clone()), &mut host_left[..n]).map_err(copy)?;
-            }
-            stream.memcpy_dtoh(&right.slice(pairs.clone()), &mut host_right[..n]).map_err(copy)?;
-            stream.memcpy_dtoh(&distance.slice(pairs), &mut host_distance[..n]).map_err(copy)?;
-            stream.synchronize().map_err(copy)?;
-        }
-        let lefts: &[u32] = if left.is_some() { &host_left[..n] } else { &[] };
-        Ok((lefts, &host_right[..n], &host_distance[..n]))
+        let left = buffers.left.as_mut_slice().map_err(pinned)?;
+        let right = buffers.right.as_mut_slice().map_err(pinned)?;
+        let distance = buffers.distance.as_mut_slice().map_err(pinned)?;
+        let at = at(right.len()).min(right.len());
+        let (left_a, left_b) = left.split_at_mut(at.min(left.len()));
+        let (right_a, right_b) = right.split_at_mut(at);
+        let (distance_a, distance_b) = distance.split_at_mut(at.min(distance.len()));
+        Ok([
+            HostPairs { left: left_a, right: right_a, distance: distance_a },
+            HostPairs { left: left_b, right: right_b, distance: distance_b },
+        ])
     }
 }
 
-/// One half of a run's result buffers: a batch of pairs is copied into one half while the host
-/// reads the previous batch from the other (seed 003 §3.2.2: transfers overlapping the host's use
+/// A view of a run's page-locked result buffers: all of them ([`HostResults::download`]) or one
+/// of two halves ([`HostResults::halves`]: a batch of pairs is copied into one half while the host
+/// reads the previous batch from the other, seed 003 §3.2.2's transfers overlapping the host's use
 /// of the results).
 #[derive(Debug)]
-pub struct HostHalf<'a> {
+pub struct HostPairs<'a> {
     left: &'a mut [u32],
     right: &'a mut [u32],
     distance: &'a mut [f64],
 }
 
-impl HostHalf<'_> {
-    /// Pairs a half holds.
+impl<'a> HostPairs<'a> {
+    /// Pairs the view holds.
     pub fn capacity(&self) -> usize {
         self.right.len()
     }
 
     /// Starts copying the pairs at indices `pairs` of a pass's output buffers (left positions
-    /// only where `left` is given) into this half, without waiting: the copies are ordered on
-    /// `stream`, which must be synchronised before [`HostHalf::pairs`] reads them and before the
+    /// only where `left` is given) into this view, without waiting: the copies are ordered on
+    /// `stream`, which must be synchronised before [`HostPairs::pairs`] reads them and before the
     /// buffers are dropped (the memory is page-locked, so the copy runs while the host works).
     pub fn start_download(
         &mut self,
@@ -476,7 +480,7 @@ impl HostHalf<'_> {
     ) -> Result<(), String> {
         let n = pairs.len();
         if n > self.capacity() {
-            return Err(format!("{n} pairs do not fit half result buffers of {}", self.capacity()));
+            return Err(format!("{n} pairs do not fit result buffers of {}", self.capacity()));
         }
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         if n > 0 {
@@ -489,29 +493,15 @@ impl HostHalf<'_> {
         Ok(())
     }
 
-    /// The first `n` pairs of this half (left positions empty unless `with_left`), once the
+    /// The first `n` pairs of this view (left positions empty unless `with_left`), once the
     /// stream that copied them has been synchronised.
     pub fn pairs(&self, n: usize, with_left: bool) -> DownloadedPairs<'_> {
         (if with_left { &self.left[..n] } else { &[] }, &self.right[..n], &self.distance[..n])
     }
-}
 
-impl HostResults<'_> {
-    /// The buffers as two halves, each of half the capacity.
-    pub fn halves(&mut self) -> Result<[HostHalf<'_>; 2], String> {
-        let buffers = match &mut self.kept {
-            Some(kept) => kept.as_mut().expect("filled by host_results"),
-            None => self.own.as_mut().expect("filled by host_results"),
-        };
-        let pinned = |e: cudarc::driver::DriverError| format!("pinned buffer: {e}");
-        let half = buffers.right.len() / 2;
-        let (left_a, left_b) = buffers.left.as_mut_slice().map_err(pinned)?.split_at_mut(half);
-        let (right_a, right_b) = buffers.right.as_mut_slice().map_err(pinned)?.split_at_mut(half);
-        let (distance_a, distance_b) = buffers.distance.as_mut_slice().map_err(pinned)?.split_at_mut(half);
-        Ok([
-            HostHalf { left: left_a, right: right_a, distance: distance_a },
-            HostHalf { left: &mut left_b[..half], right: &mut right_b[..half], distance: &mut distance_b[..half] },
-        ])
+    /// [`HostPairs::pairs`], keeping the buffers' lifetime.
+    fn into_pairs(self, n: usize, with_left: bool) -> DownloadedPairs<'a> {
+        (if with_left { &self.left[..n] } else { &[] }, &self.right[..n], &self.distance[..n])
     }
 }
 
