@@ -1,8 +1,9 @@
 //! The GPU backend: ε-joins and range queries with the same strategy choice, grid and f32 filter
 //! margins as the CPU backend, run by the kernels of kernels/sim_join.cu with a count pass that
 //! collects the pairs and, when they do not fit, write passes in batches sized so the pairs of one
-//! batch fit the device; kNN as a range query with a sampled radius per query (kernels/knn.cu). Exact distances are the f64 formulas of
-//! common.cuh, compiled without FMA contraction, so answers equal the CPU's.
+//! batch fit the device; kNN as a range query with a sampled radius per query (kernels/knn.cu).
+//! Exact distances are the f64 formulas of common.cuh, compiled without FMA contraction, so
+//! answers equal the CPU's.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -203,14 +204,14 @@ impl GpuBackend {
         stats.candidates = counts.iter().map(|&c| c as u64).sum();
         // Queries whose candidates are all in their slots, ranked now: the exact top-k by
         // (distance, base position), the CPU backend's order; the rest get write passes.
-        let mut results = host_results(&self.device, nq * slot_capacity as usize)?;
         let (mut transfer, mut kernel, mut emit) = Default::default();
         let slotted = |q: usize| slot_capacity > 0 && levels[q] == 0 && counts[q] <= slot_capacity;
         let mut ranked: Vec<Vec<Neighbour>> = Vec::new();
         if slot_capacity > 0 {
             let copying = Instant::now();
             let stored = 0..nq * slot_capacity as usize;
-            let (_, positions, distances) = results.download(stream, None, &pass.out_right, &pass.out_distance, stored)?;
+            let mut results = host_results(&self.device, stored.len())?;
+            let (_, positions, distances) = results.download(stream, &pass, false, stored)?;
             transfer += copying.elapsed();
             let ranking = Instant::now();
             let cap = slot_capacity as usize;
@@ -250,7 +251,6 @@ impl GpuBackend {
         if capacity > pass.out_right.len() {
             pass.size_outputs(&self.device, capacity)?;
         }
-        drop(results);
         let mut results = host_results(&self.device, capacity)?;
         // Progress: the slotted queries as one unit, each write batch as one.
         sink.start(batches.len() as u64 + u64::from(slot_capacity > 0));
@@ -284,7 +284,7 @@ impl GpuBackend {
                 kernel += writing.elapsed();
                 let copying = Instant::now();
                 let rows = total as usize;
-                let (_, positions, distances) = results.download(stream, None, &pass.out_right, &pass.out_distance, 0..rows).map_err(exec)?;
+                let (_, positions, distances) = results.download(stream, &pass, false, 0..rows).map_err(exec)?;
                 transfer += copying.elapsed();
                 let emitting = Instant::now();
                 // Each query's rows lie in its own [offset, next offset) range, in no set order.
@@ -555,7 +555,7 @@ impl GpuBackend {
                 };
                 let mut halves = results.halves().map_err(exec)?;
                 if let Some(pairs) = batches.first().and_then(stored) {
-                    halves[0].start_download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, pairs).map_err(exec)?;
+                    halves[0].start_download(stream, &pass, true, pairs).map_err(exec)?;
                 }
                 for (i, batch) in batches.iter().enumerate() {
                     let copying = Instant::now();
@@ -564,7 +564,7 @@ impl GpuBackend {
                     let [even, odd] = &mut halves;
                     let (current, next) = if i % 2 == 0 { (even, odd) } else { (odd, even) };
                     if let Some(pairs) = batches.get(i + 1).and_then(stored) {
-                        next.start_download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, pairs).map_err(exec)?;
+                        next.start_download(stream, &pass, true, pairs).map_err(exec)?;
                     }
                     let emitting = Instant::now();
                     emit_pairs(current.pairs(batch.pairs() as usize, true))?;
@@ -587,7 +587,7 @@ impl GpuBackend {
                         stats.write_passes += 1;
                         kernel += writing.elapsed();
                         let copying = Instant::now();
-                        let downloaded = results.download(stream, Some(&pass.out_left), &pass.out_right, &pass.out_distance, 0..n).map_err(exec)?;
+                        let downloaded = results.download(stream, &pass, true, 0..n).map_err(exec)?;
                         transfer += copying.elapsed();
                         let emitting = Instant::now();
                         emit_pairs(downloaded)?;

@@ -406,19 +406,12 @@ pub struct HostResults<'a> {
 }
 
 impl HostResults<'_> {
-    /// Copies the pairs at indices `pairs` of a pass's output buffers from the device (left
-    /// positions only where `left` is given) and returns them; at most the buffers' capacity.
-    pub fn download(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        left: Option<&CudaSlice<u32>>,
-        right: &CudaSlice<u32>,
-        distance: &CudaSlice<f64>,
-        pairs: std::ops::Range<usize>,
-    ) -> Result<DownloadedPairs<'_>, String> {
-        let (n, with_left) = (pairs.len(), left.is_some());
+    /// Copies the pairs at indices `pairs` of `pass`'s output buffers from the device (left
+    /// positions only `with_left`) and returns them; at most the buffers' capacity.
+    pub fn download(&mut self, stream: &Arc<CudaStream>, pass: &PassBuffers, with_left: bool, pairs: std::ops::Range<usize>) -> Result<DownloadedPairs<'_>, String> {
+        let n = pairs.len();
         let [mut all, _] = self.split(|capacity| capacity)?;
-        all.start_download(stream, left, right, distance, pairs)?;
+        all.start_download(stream, pass, with_left, pairs)?;
         stream.synchronize().map_err(|e| format!("GPU copy failed: {e}"))?;
         Ok(all.into_pairs(n, with_left))
     }
@@ -466,29 +459,22 @@ impl<'a> HostPairs<'a> {
         self.right.len()
     }
 
-    /// Starts copying the pairs at indices `pairs` of a pass's output buffers (left positions
-    /// only where `left` is given) into this view, without waiting: the copies are ordered on
-    /// `stream`, which must be synchronised before [`HostPairs::pairs`] reads them and before the
-    /// buffers are dropped (the memory is page-locked, so the copy runs while the host works).
-    pub fn start_download(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        left: Option<&CudaSlice<u32>>,
-        right: &CudaSlice<u32>,
-        distance: &CudaSlice<f64>,
-        pairs: std::ops::Range<usize>,
-    ) -> Result<(), String> {
+    /// Starts copying the pairs at indices `pairs` of `pass`'s output buffers (left positions
+    /// only `with_left`) into this view, without waiting: the copies are ordered on `stream`,
+    /// which must be synchronised before [`HostPairs::pairs`] reads them and before the buffers
+    /// are dropped (the memory is page-locked, so the copy runs while the host works).
+    pub fn start_download(&mut self, stream: &Arc<CudaStream>, pass: &PassBuffers, with_left: bool, pairs: std::ops::Range<usize>) -> Result<(), String> {
         let n = pairs.len();
         if n > self.capacity() {
             return Err(format!("{n} pairs do not fit result buffers of {}", self.capacity()));
         }
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         if n > 0 {
-            if let Some(left) = left {
-                stream.memcpy_dtoh(&left.slice(pairs.clone()), &mut self.left[..n]).map_err(copy)?;
+            if with_left {
+                stream.memcpy_dtoh(&pass.out_left.slice(pairs.clone()), &mut self.left[..n]).map_err(copy)?;
             }
-            stream.memcpy_dtoh(&right.slice(pairs.clone()), &mut self.right[..n]).map_err(copy)?;
-            stream.memcpy_dtoh(&distance.slice(pairs), &mut self.distance[..n]).map_err(copy)?;
+            stream.memcpy_dtoh(&pass.out_right.slice(pairs.clone()), &mut self.right[..n]).map_err(copy)?;
+            stream.memcpy_dtoh(&pass.out_distance.slice(pairs), &mut self.distance[..n]).map_err(copy)?;
         }
         Ok(())
     }
