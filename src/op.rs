@@ -280,6 +280,8 @@ pub struct SimilarityOp {
     pub index: IndexChoice,
     /// Joins and range queries with the grid: dimensions to index (0: the cost model decides).
     pub grid_dims: usize,
+    /// GPU: bytes of device memory a run may use (0: all that is free).
+    pub gpu_memory_limit: usize,
 }
 
 impl SimilarityOp {

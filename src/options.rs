@@ -23,9 +23,11 @@ pub struct SimJoinOptions {
     pub index: IndexChoice,
     /// Joins and range queries with the grid: dimensions to index, 1..=8 (0: the cost model decides).
     pub grid_dims: usize,
+    /// GPU: bytes of device memory a run may use (0: all that is free); larger inputs are tiled.
+    pub gpu_memory_limit: usize,
 }
 
-const KEYS: [(&str, &str); 7] = [
+const KEYS: [(&str, &str); 8] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf"),
     ("device", "Where to run: auto (GPU when usable, else CPU), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -33,6 +35,7 @@ const KEYS: [(&str, &str); 7] = [
     ("column", "Vector column; empty: the only list column, else every floating-point column"),
     ("index", "Joins and range queries: auto (sampled cost model), grid, brute_force"),
     ("grid_dims", "With the grid: dimensions to index, 1..=8 (0: the cost model decides)"),
+    ("gpu_memory_limit", "GPU: device memory a run may use, such as 512M or 4G (0: all that is free); larger inputs are tiled"),
 ];
 
 impl SimJoinOptions {
@@ -51,6 +54,7 @@ impl SimJoinOptions {
             }
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
+            "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size(value)?,
             "index" => self.index = value.parse()?,
             "grid_dims" => {
                 self.grid_dims = match value.trim().parse::<usize>() {
@@ -74,6 +78,7 @@ impl SimJoinOptions {
             "pairs" => self.pairs.to_string(),
             "index" => self.index.to_string(),
             "grid_dims" => self.grid_dims.to_string(),
+            "gpu_memory_limit" => self.gpu_memory_limit.to_string(),
             _ => self.column.clone(),
         }
     }
@@ -100,6 +105,16 @@ impl SimJoinOptions {
     pub fn column(&self) -> Option<&str> {
         (!self.column.is_empty()).then_some(self.column.as_str())
     }
+}
+
+/// A size in bytes as DataFusion's `datafusion.runtime.memory_limit` takes it (`512K`, `64M`,
+/// `1.5G`: binary units), or a plain number of bytes.
+fn parse_memory_size(value: &str) -> std::result::Result<usize, String> {
+    let value = value.trim();
+    value.parse::<usize>().or_else(|_| {
+        datafusion::execution::context::SessionContext::parse_capacity_limit("gpu_memory_limit", value)
+            .map_err(|_| format!("gpu_memory_limit must be a size such as 512M or 4G (units K, M, G), or 0 for no limit, got '{value}'"))
+    })
 }
 
 impl ConfigExtension for SimJoinOptions {
@@ -166,9 +181,22 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, index, grid_dims)"
+             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");
+    }
+
+    #[test]
+    fn gpu_memory_limits_take_units_or_bytes() {
+        let o = SimJoinOptions::default().with_call_options("sim_join", "gpu_memory_limit=64M").unwrap();
+        assert_eq!(o.gpu_memory_limit, 64 << 20);
+        let o = SimJoinOptions::default().with_call_options("sim_join", "gpu_memory_limit=1.5G").unwrap();
+        assert_eq!(o.gpu_memory_limit, 3 << 29);
+        assert_eq!(SimJoinOptions::default().with_call_options("knn", "gpu_memory_limit=4096").unwrap().gpu_memory_limit, 4096);
+        let err = SimJoinOptions::default().with_call_options("knn", "gpu_memory_limit=lots").unwrap_err();
+        assert!(err.to_string().contains("knn: options string 'gpu_memory_limit=lots': gpu_memory_limit must be a size"), "{err}");
+        let err = SimJoinOptions::default().with_call_options("knn", "gpu_memory_limit=-1G").unwrap_err();
+        assert!(err.to_string().contains("got '-1G'"), "{err}");
     }
 }

@@ -152,6 +152,16 @@ impl Vectors {
         &self.values[i * self.dim..(i + 1) * self.dim]
     }
 
+    /// A copy of the vectors at `positions` (a tile; its position 0 is `positions.start` here).
+    pub fn slice(&self, positions: std::ops::Range<usize>) -> Vectors {
+        Vectors {
+            dim: self.dim,
+            values: self.values[positions.start * self.dim..positions.end * self.dim].to_vec(),
+            rows: self.rows[positions].to_vec(),
+            skipped: 0,
+        }
+    }
+
     /// Builds vectors from rows of already collected `batch` (one concatenated batch of the input),
     /// with `source` resolved against that batch's schema. `describe` names the input in errors,
     /// e.g. "sim_join: argument 'left'".

@@ -14,11 +14,12 @@ use datafusion::common::{DataFusionError, Result};
 use super::cpu::{FilterLimit, filter_space, gather, lower_corner, mean, plan_join, score_threshold};
 use super::exact::{ExactCheck, write_self_pairs};
 use super::topk::{Neighbour, k_smallest};
-use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
+use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats, tiles};
 use crate::gpu::GpuDevice;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    DownloadedPairs, GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, host_results, join_pass, round_to_tf32,
+    DownloadedPairs, GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, host_results, join_pass,
+    round_to_tf32,
     sample_radius_pass, upload,
 };
 use rayon::prelude::*;
@@ -35,26 +36,82 @@ const MAX_PASS_ROWS: usize = 65_535 * 128;
 #[derive(Debug)]
 pub struct GpuBackend {
     device: Arc<GpuDevice>,
+    /// Bytes of device memory a run may use (0: all that is available).
+    memory_limit: usize,
 }
 
 impl GpuBackend {
-    /// The backend on the process's shared device.
-    pub fn new(device: Arc<GpuDevice>) -> Self {
-        Self { device }
+    /// The backend on the process's shared device, using at most `memory_limit` bytes of its
+    /// memory (0: all that is available).
+    pub fn new(device: Arc<GpuDevice>, memory_limit: usize) -> Self {
+        Self { device, memory_limit }
     }
+
+    /// Device memory this run may use: what is free (with what the memory pool keeps for reuse),
+    /// within the limit.
+    fn memory_budget(&self) -> Result<usize> {
+        let available = available_memory(&self.device).map_err(DataFusionError::Execution)?;
+        Ok(if self.memory_limit > 0 { available.min(self.memory_limit) } else { available })
+    }
+}
+
+/// Device bytes per input row at most, on either side: its f32 filter row and f64 exact row
+/// (12 bytes a dimension), and 64 for its position, norms, per-row pass buffers (counts, offsets,
+/// radii) and grid cell. When both sides take more than half of the memory budget, the inputs
+/// run as tiles of a quarter of it each; the other half holds the result buffers (a quarter for
+/// the pairs a pass collects or writes, [`output_pairs`]) and the grid.
+fn device_row_bytes(dim: usize) -> usize {
+    12 * dim + 64
 }
 
 impl Backend for GpuBackend {
     fn name(&self) -> String {
-        format!("gpu({})", self.device.arch)
+        match self.memory_limit {
+            0 => format!("gpu({})", self.device.arch),
+            limit => format!("gpu({}, memory_limit={})", self.device.arch, format_size(limit)),
+        }
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        self.gpu_join(request, sink).map_err(|e| DataFusionError::Execution(format!("GPU join: {e}")))?
+        let budget = self.memory_budget()?;
+        let run = |tile: &JoinRequest, sink: &dyn ResultSink| {
+            self.gpu_join(tile, sink, budget).map_err(|e| DataFusionError::Execution(format!("GPU join: {e}")))?
+        };
+        let rows = request.left.len() + if request.self_join.is_some() { 0 } else { request.right.len() };
+        let row_bytes = device_row_bytes(request.left.dim);
+        if rows.saturating_mul(row_bytes) <= budget / 2 {
+            return run(request, sink);
+        }
+        tiles::tiled_join(request, sink, budget / 4 / row_bytes, run)
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        self.gpu_knn(request, sink).map_err(|e| DataFusionError::Execution(format!("GPU kNN: {e}")))?
+        let budget = self.memory_budget()?;
+        let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
+            self.gpu_knn(tile, sink, budget).map_err(|e| DataFusionError::Execution(format!("GPU kNN: {e}")))?
+        };
+        let row_bytes = device_row_bytes(request.base.dim);
+        if (request.base.len() + request.queries.len()).saturating_mul(row_bytes) <= budget / 2 {
+            return run(request, sink);
+        }
+        let tile_rows = budget / 4 / row_bytes;
+        tiles::tiled_knn(request, sink, tile_rows, tile_rows, run)
+    }
+}
+
+/// Most result pairs (16 bytes each on the device) one pass may collect or write: a quarter of
+/// the memory budget (write passes: at most MAX_BATCH_PAIRS of them).
+fn output_pairs(budget: usize) -> u64 {
+    (budget / 4 / 16).max(1) as u64
+}
+
+/// `bytes` as the gpu_memory_limit option takes it: `64M`, `2G`, or a number of bytes.
+fn format_size(bytes: usize) -> String {
+    match bytes {
+        b if b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => b.to_string(),
     }
 }
 
@@ -97,10 +154,10 @@ impl GpuBackend {
     /// k rows (the last level, +∞, takes every row), write passes for the queries whose candidates
     /// are not all in their slot, and an exact top-k of each query's rows on the host. See
     /// kernels/knn.cu for why no neighbour is lost.
-    fn gpu_knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
+    fn gpu_knn(&self, request: &KnnRequest, sink: &dyn ResultSink, budget: usize) -> Result<Result<RunStats>, String> {
         let KnnRequest { base, queries, metric, k } = *request;
         let k = k.min(base.len());
-        let mut stats = RunStats::default();
+        let mut stats = RunStats { tiles: 1, ..Default::default() };
         if k == 0 || queries.is_empty() {
             return Ok(Ok(stats));
         }
@@ -157,7 +214,7 @@ impl GpuBackend {
         // The first count pass also stores each query's candidates in a slot of its own when the
         // slots are small (knn_slot_capacity): a query found with at least k and at most a slot of
         // candidates is then ranked from its slot, and only the others need a write pass.
-        let slot_capacity = knn_slot_capacity(k, n, sample_len, rank, nq);
+        let slot_capacity = knn_slot_capacity(k, n, sample_len, rank, nq, budget);
         pass.size_outputs(&self.device, nq * slot_capacity as usize)?;
         // Count passes until every query has at least k rows within its radius: the first over
         // every query, each later one over only the queries still short of k (uploaded as a side
@@ -247,7 +304,7 @@ impl GpuBackend {
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..rest.len())).map_err(copy)?;
         }
         let rest_counts: Vec<u32> = rest.iter().map(|&q| counts[q as usize]).collect();
-        let (batches, capacity) = if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts) };
+        let (batches, capacity) = if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts, output_pairs(budget).min(MAX_BATCH_PAIRS)) };
         if capacity > pass.out_right.len() {
             pass.size_outputs(&self.device, capacity)?;
         }
@@ -399,9 +456,9 @@ impl GpuBackend {
         })
     }
 
-    fn gpu_join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<Result<RunStats>, String> {
+    fn gpu_join(&self, request: &JoinRequest, sink: &dyn ResultSink, budget: usize) -> Result<Result<RunStats>, String> {
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
-        let mut stats = RunStats::default();
+        let mut stats = RunStats { tiles: 1, ..Default::default() };
         if left.is_empty() || right.is_empty() {
             return Ok(Ok(stats));
         }
@@ -498,7 +555,7 @@ impl GpuBackend {
         let probe = Instant::now();
         let n_left = left_host.order.len();
         let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
-        let collect_capacity = self.collect_capacity(n_left)?;
+        let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         pass.size_outputs(&self.device, collect_capacity)?;
         let counts = self.count_pass(
             &params,
@@ -515,7 +572,7 @@ impl GpuBackend {
         let batches: Vec<ResultBatch> = if collected <= collect_capacity as u64 {
             collected_batches(collected)
         } else {
-            let (batches, capacity) = write_batches(&counts);
+            let (batches, capacity) = write_batches(&counts, output_pairs(budget).min(MAX_BATCH_PAIRS));
             pass.size_outputs(&self.device, capacity)?;
             batches.into_iter().map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs }).collect()
         };
@@ -650,24 +707,14 @@ fn collected_batches(collected: u64) -> Vec<ResultBatch> {
         .collect()
 }
 
-impl GpuBackend {
-    /// Pairs a count pass over `left_rows` rows may collect: COLLECT_PAIRS_PER_ROW per row, within
-    /// a quarter of the device's free memory.
-    fn collect_capacity(&self, left_rows: usize) -> Result<usize, String> {
-        let (free, _) = self.device.ctx.mem_get_info().map_err(|e| format!("GPU memory query failed: {e}"))?;
-        let pair_bytes = 2 * size_of::<u32>() + size_of::<f64>();
-        Ok(left_rows.saturating_mul(COLLECT_PAIRS_PER_ROW).min(free / 4 / pair_bytes).max(1))
-    }
-}
-
 /// Write-pass batches `(first slot, end slot, pairs)` over consecutive left slots, each at most
-/// MAX_BATCH_PAIRS pairs and MAX_PASS_ROWS slots (a slot with more pairs gets a batch of its own),
+/// `max_pairs` pairs and MAX_PASS_ROWS slots (a slot with more pairs gets a batch of its own),
 /// and the output capacity the largest batch needs.
-fn write_batches(counts: &[u32]) -> (Vec<(usize, usize, u64)>, usize) {
+fn write_batches(counts: &[u32], max_pairs: u64) -> (Vec<(usize, usize, u64)>, usize) {
     let mut batches = Vec::new();
     let (mut begin, mut total) = (0usize, 0u64);
     for (slot, &c) in counts.iter().enumerate() {
-        if (total + c as u64 > MAX_BATCH_PAIRS || slot - begin == MAX_PASS_ROWS) && slot > begin {
+        if (total + c as u64 > max_pairs || slot - begin == MAX_PASS_ROWS) && slot > begin {
             batches.push((begin, slot, total));
             begin = slot;
             total = 0;
@@ -793,11 +840,12 @@ const KNN_SLOT_VALUES: usize = 1 << 24;
 /// Gamma(rank)·n/sample_len (exactly k when the sample is the whole base, ties aside): the mean
 /// plus 4 of its standard deviations (mean/√rank) and 64 leave the slot too small for about one
 /// query in 60 at rank 1 (e⁻⁴·⁰⁶ for the exponential count), fewer at larger ranks; those queries
-/// get a write pass instead. 0 when `queries` slots exceed KNN_SLOT_VALUES or one count pass.
-fn knn_slot_capacity(k: usize, n: usize, sample_len: usize, rank: u32, queries: usize) -> u32 {
+/// get a write pass instead. 0 when `queries` slots exceed KNN_SLOT_VALUES, a quarter of the
+/// memory `budget` (12 bytes a value), or one count pass.
+fn knn_slot_capacity(k: usize, n: usize, sample_len: usize, rank: u32, queries: usize, budget: usize) -> u32 {
     let expected = if sample_len >= n { k as f64 } else { rank as f64 * n as f64 / sample_len as f64 };
     let capacity = (expected * (1.0 + 4.0 / (rank.max(1) as f64).sqrt()) + 64.0).ceil() as usize;
-    if queries > MAX_PASS_ROWS || queries.saturating_mul(capacity) > KNN_SLOT_VALUES {
+    if queries > MAX_PASS_ROWS || queries.saturating_mul(capacity) > KNN_SLOT_VALUES.min(budget / 4 / 12) {
         return 0;
     }
     capacity as u32
@@ -831,13 +879,16 @@ mod tests {
     fn write_batches_cover_every_slot_once_within_the_limits() {
         let big = MAX_BATCH_PAIRS as u32;
         let counts = [3, big - 2, 1, 1, big + 5, 0, 7];
-        let (batches, capacity) = write_batches(&counts);
+        let (batches, capacity) = write_batches(&counts, MAX_BATCH_PAIRS);
         assert_eq!(batches, vec![(0, 1, 3), (1, 4, big as u64), (4, 5, big as u64 + 5), (5, 7, 7)]);
         assert_eq!(capacity, big as usize + 5, "a slot over the limit gets a batch of its own");
         let many = vec![1u32; MAX_PASS_ROWS + 3];
-        let (batches, _) = write_batches(&many);
+        let (batches, _) = write_batches(&many, MAX_BATCH_PAIRS);
         assert_eq!(batches, vec![(0, MAX_PASS_ROWS, MAX_PASS_ROWS as u64), (MAX_PASS_ROWS, MAX_PASS_ROWS + 3, 3)]);
-        assert_eq!(write_batches(&[]), (vec![(0, 0, 0)], 1));
+        assert_eq!(write_batches(&[], MAX_BATCH_PAIRS), (vec![(0, 0, 0)], 1));
+        // A small memory budget: batches of its quarter's worth of pairs.
+        assert_eq!(output_pairs(64 * 4 * 16), 64);
+        assert_eq!(write_batches(&[40, 30, 20, 15], output_pairs(64 * 4 * 16)).0, vec![(0, 1, 40), (1, 3, 50), (3, 4, 15)]);
         assert_eq!(exclusive_offsets(&[3, 0, 2]), vec![0, 3, 3, 5]);
     }
 
@@ -855,12 +906,14 @@ mod tests {
     #[test]
     fn knn_slots_fit_the_expected_count_with_room() {
         // P1, k = 10: rank 1 of 4,096 over 10⁶ rows, ~244 candidates per query → 5·244 + 64.
-        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000), 1285);
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000, 80 << 30), 1285);
         // The whole base as the sample: k itself, plus room for ties.
-        assert_eq!(knn_slot_capacity(10, 3000, 3000, 10, 100), 87);
+        assert_eq!(knn_slot_capacity(10, 3000, 3000, 10, 100, 80 << 30), 87);
         // Large k (P1, k = 1,000: rank 9) or too many queries: no slots, write passes instead.
-        assert_eq!(knn_slot_capacity(1000, 1_000_000, 4096, 9, 10_000), 0);
-        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, MAX_PASS_ROWS + 1), 0);
+        assert_eq!(knn_slot_capacity(1000, 1_000_000, 4096, 9, 10_000, 80 << 30), 0);
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, MAX_PASS_ROWS + 1, 80 << 30), 0);
+        // P1's 1.3·10⁷ slot values take 154 MB: not within a quarter of a 256 MiB budget.
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000, 256 << 20), 0);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod cpu;
 mod exact;
 pub mod gpu;
 mod simd;
+mod tiles;
 mod topk;
 
 pub use cpu::CpuBackend;
@@ -120,6 +121,8 @@ pub struct RunStats {
     pub count_passes: u64,
     /// GPU: write passes (0 when the count pass collected every pair).
     pub write_passes: u64,
+    /// GPU: pieces of the inputs run one after another (1 when both fit the device at once).
+    pub tiles: u64,
     /// Time spent choosing the strategy and building indexes.
     pub build_time: Duration,
     /// Time spent finding and sending results.
@@ -130,6 +133,22 @@ pub struct RunStats {
     pub kernel_time: Duration,
     /// GPU: turning downloaded pairs into result chunks and sending them, within probe time.
     pub emit_time: Duration,
+}
+
+impl RunStats {
+    /// Adds another run's work (a tile of the same operation) to this one's.
+    pub fn add(&mut self, other: &RunStats) {
+        self.indexed_dims = self.indexed_dims.max(other.indexed_dims);
+        self.candidates += other.candidates;
+        self.count_passes += other.count_passes;
+        self.write_passes += other.write_passes;
+        self.tiles += other.tiles;
+        self.build_time += other.build_time;
+        self.probe_time += other.probe_time;
+        self.transfer_time += other.transfer_time;
+        self.kernel_time += other.kernel_time;
+        self.emit_time += other.emit_time;
+    }
 }
 
 /// A way to compute the operations.
@@ -149,11 +168,11 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     match op.device {
         Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
         Device::Auto => Ok(match crate::gpu::GpuDevice::shared() {
-            Ok(device) => std::sync::Arc::new(GpuBackend::new(device)),
+            Ok(device) => std::sync::Arc::new(GpuBackend::new(device, op.gpu_memory_limit)),
             Err(_) => std::sync::Arc::new(CpuBackend),
         }),
         Device::Gpu => match crate::gpu::GpuDevice::shared() {
-            Ok(device) => Ok(std::sync::Arc::new(GpuBackend::new(device))),
+            Ok(device) => Ok(std::sync::Arc::new(GpuBackend::new(device, op.gpu_memory_limit))),
             Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),
         },
     }

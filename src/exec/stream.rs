@@ -34,6 +34,7 @@ struct SimilarityMetrics {
     candidate_pairs: Count,
     count_passes: Count,
     write_passes: Count,
+    tiles: Count,
     indexed_dims: Gauge,
     /// Concatenating each input's batches and converting them to f64 vectors (before the backend).
     convert_time: Time,
@@ -53,6 +54,7 @@ impl SimilarityMetrics {
             candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
             count_passes: MetricBuilder::new(set).counter("count_passes", 0),
             write_passes: MetricBuilder::new(set).counter("write_passes", 0),
+            tiles: MetricBuilder::new(set).counter("tiles", 0),
             indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
             convert_time: MetricBuilder::new(set).subset_time("convert_time", 0),
             build_time: MetricBuilder::new(set).subset_time("build_time", 0),
@@ -73,6 +75,7 @@ impl SimilarityMetrics {
         self.candidate_pairs.add(stats.candidates as usize);
         self.count_passes.add(stats.count_passes as usize);
         self.write_passes.add(stats.write_passes as usize);
+        self.tiles.add(stats.tiles as usize);
         self.indexed_dims.set(stats.indexed_dims);
         self.build_time.add_duration(stats.build_time);
         self.probe_time.add_duration(stats.probe_time);

@@ -7,7 +7,7 @@ use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::{Result, plan_err};
 
 use super::args;
-use crate::op::{Operation, SimilarityOp};
+use crate::op::Operation;
 
 /// The k-nearest-neighbour table function.
 #[derive(Debug, Default)]
@@ -21,7 +21,7 @@ impl TableFunctionImpl for KnnFunc {
         };
         let options = args::options(call.session(), F, rest)?;
         let k = args::count_arg(F, "k", k)?;
-        let op = SimilarityOp { operation: Operation::Knn { k }, metric: options.metric, device: options.device, index: options.index, grid_dims: options.grid_dims };
+        let op = super::similarity_op(Operation::Knn { k }, &options);
         let (base, query) = super::query_and_base(call.session(), F, base, query, &options)?;
         Ok(super::table(op, query, Some(base), ["query", "base"])?)
     }

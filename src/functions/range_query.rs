@@ -7,7 +7,7 @@ use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::{Result, plan_err};
 
 use super::args;
-use crate::op::{Operation, SimilarityOp, validate_threshold};
+use crate::op::{Operation, validate_threshold};
 
 /// The range-query table function.
 #[derive(Debug, Default)]
@@ -24,7 +24,7 @@ impl TableFunctionImpl for RangeQueryFunc {
         };
         let options = args::options(call.session(), F, rest)?;
         let radius = validate_threshold(F, "r", args::number_arg(F, "r", r)?, options.metric)?;
-        let op = SimilarityOp { operation: Operation::RangeQuery { radius }, metric: options.metric, device: options.device, index: options.index, grid_dims: options.grid_dims };
+        let op = super::similarity_op(Operation::RangeQuery { radius }, &options);
         let (base, query) = super::query_and_base(call.session(), F, base, query, &options)?;
         Ok(super::table(op, query, Some(base), ["query", "base"])?)
     }

@@ -7,7 +7,7 @@ use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::{Result, internal_err, plan_err};
 
 use super::args::{self, is_number};
-use crate::op::{Operation, SimilarityOp, validate_threshold};
+use crate::op::{Operation, validate_threshold};
 
 /// The ε-join table function.
 #[derive(Debug, Default)]
@@ -31,18 +31,8 @@ impl TableFunctionImpl for SimJoinFunc {
         };
         let options = args::options(call.session(), F, rest)?;
         let eps = validate_threshold(F, "eps", args::number_arg(F, "eps", eps)?, options.metric)?;
-        let op = SimilarityOp {
-            operation: Operation::SimJoin {
-                eps,
-                self_join,
-                include_self: options.include_self,
-                pairs: options.pairs,
-            },
-            metric: options.metric,
-            device: options.device,
-            index: options.index,
-            grid_dims: options.grid_dims,
-        };
+        let operation = Operation::SimJoin { eps, self_join, include_self: options.include_self, pairs: options.pairs };
+        let op = super::similarity_op(operation, &options);
         let mut inputs = tables
             .iter()
             .map(|(name, expr)| {

@@ -330,6 +330,28 @@ pub fn keep_freed_device_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Resul
     }
 }
 
+/// Device memory a run can have: what the driver reports free plus what the default memory pool
+/// holds for reuse (reserved, not in use; [`keep_freed_device_memory`] makes it keep freed memory,
+/// which the driver then counts as used).
+pub fn available_memory(device: &GpuDevice) -> Result<usize, String> {
+    use cudarc::driver::{result::mem_pool, sys};
+    let failed = |e: cudarc::driver::DriverError| format!("GPU memory query failed: {e}");
+    let (free, _) = device.ctx.mem_get_info().map_err(failed)?;
+    if !device.ctx.has_async_alloc() {
+        return Ok(free);
+    }
+    let (mut reserved, mut used) = (0u64, 0u64);
+    // SAFETY: the device ordinal comes from an open context (bound to this thread by
+    // mem_get_info); RESERVED_MEM_CURRENT and USED_MEM_CURRENT write a cuuint64_t, which both
+    // targets are, and the driver writes them only during the call.
+    unsafe {
+        let pool = cudarc::driver::result::device::get_default_mem_pool(device.ctx.cu_device()).map_err(failed)?;
+        mem_pool::get_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, (&raw mut reserved).cast()).map_err(failed)?;
+        mem_pool::get_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&raw mut used).cast()).map_err(failed)?;
+    }
+    Ok(free + reserved.saturating_sub(used) as usize)
+}
+
 /// Bytes per staging buffer of [`upload`].
 const STAGE_BYTES: usize = 32 << 20;
 

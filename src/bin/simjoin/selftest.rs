@@ -77,6 +77,35 @@ async fn compare(ctx: &SessionContext, sql: &str, data: &str, table: &mut String
     Ok(failed)
 }
 
+/// The joins of table `a` and range queries of `b` run with `options`: a self-join with ordered
+/// pairs, one with unordered pairs and each row with itself, `a` against `b`, and `a`'s rows as
+/// range queries over `b`.
+fn join_queries(eps: f64, options: &str) -> [String; 4] {
+    [
+        format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}')"),
+        format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered, include_self=true')"),
+        format!("SELECT left_id, right_id, distance FROM sim_join(a, b, {eps:?}, '{options}')"),
+        format!("SELECT query_id, base_id, distance FROM range_query(a, b, {eps:?}, '{options}')"),
+    ]
+}
+
+/// Registers `values` as table `a` and the reverse of its first half as table `b`; `a`'s rows.
+fn register_pair(ctx: &SessionContext, values: &[f64], dim: usize) -> Result<usize> {
+    let n = values.len() / dim;
+    register(ctx, "a", values, dim)?;
+    let second: Vec<f64> = values.iter().rev().copied().take((n / 2) * dim).collect();
+    register(ctx, "b", &second, dim)?;
+    Ok(n)
+}
+
+/// The value of the operator's metric `name` in the EXPLAIN ANALYZE of `sql` (0 when absent).
+async fn explained_metric(ctx: &SessionContext, sql: &str, name: &str) -> Result<u64> {
+    let batches = ctx.sql(sql).await?.collect().await?;
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string();
+    let value = text.split(&format!(" {name}=")).nth(1).map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>());
+    Ok(value.and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
 pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let gpu = simjoin::gpu::GpuDevice::shared();
     match &gpu {
@@ -98,22 +127,14 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         ("gaussian", datagen::generate(Distribution::Gaussian, 9000, 16, 5), 16),
     ];
     for (name, values, dim) in &datasets {
-        let n = values.len() / dim;
-        register(&ctx, "a", values, *dim)?;
-        let second: Vec<f64> = values.iter().rev().copied().take((n / 2) * dim).collect();
-        register(&ctx, "b", &second, *dim)?;
+        let n = register_pair(&ctx, values, *dim)?;
         for metric in Metric::ALL {
             let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
             let eps = if *name == "lattice" && metric != Metric::InnerProduct { eps.round().max(1.0) } else { eps };
             let indexes: &[&str] = if metric == Metric::InnerProduct { &["auto"] } else { &["auto", "grid", "brute_force"] };
             for index in indexes {
                 let options = format!("metric={metric}, index={index}");
-                let queries = [
-                    format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}')"),
-                    format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered, include_self=true')"),
-                    format!("SELECT left_id, right_id, distance FROM sim_join(a, b, {eps:?}, '{options}')"),
-                    format!("SELECT query_id, base_id, distance FROM range_query(a, b, {eps:?}, '{options}')"),
-                ];
+                let queries = join_queries(eps, &options);
                 // k = n and k > n where the result stays small; k beyond the sample's rank range
                 // (radii of several levels) on the large set.
                 let ks = if n <= 4000 { vec![1, 10, 64, n, n + 7] } else { vec![1, 10, 64, 700] };
@@ -140,6 +161,29 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let eps = datagen::calibrate_threshold(&values, 2, 200.0, Metric::L2, 9);
     let sql = format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, 'pairs=unordered')");
     failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut table).await?;
+    // Inputs larger than the device memory a run may use (gpu_memory_limit): tiles of ~1,000 rows
+    // (a quarter of the limit at 12·d + 64 bytes a row), with result buffers small enough that
+    // most tiles take write passes too.
+    for (dataset, limit) in [(&datasets[0], "344K"), (&datasets[6], "1M")] {
+        let (name, values, dim) = dataset;
+        let n = register_pair(&ctx, values, *dim)?;
+        for metric in [Metric::L2, Metric::Cosine, Metric::InnerProduct, Metric::L1] {
+            let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
+            let options = format!("metric={metric}, gpu_memory_limit={limit}");
+            let knn = [10, 1500].map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
+            for sql in join_queries(eps, &options).into_iter().chain(knn) {
+                failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} tiled"), &mut table).await?;
+            }
+        }
+        // The limit did split the inputs: EXPLAIN ANALYZE counts the tiles run.
+        let explain = format!("EXPLAIN ANALYZE SELECT count(*) FROM sim_join(a, 1.0, 'gpu_memory_limit={limit}, device=gpu')");
+        let tiles = explained_metric(&ctx, &explain, "tiles").await?;
+        println!("selftest: {name} {n} × {dim} under gpu_memory_limit={limit}: a self-join ran as {tiles} tiles");
+        if tiles < 3 {
+            failures += 1;
+            println!("selftest: MISMATCH: gpu_memory_limit={limit} should split {n} × {dim} into at least 3 tiles, got {tiles}");
+        }
+    }
     println!("{table}");
     if let Ok(device) = &gpu {
         // Inputs of 64 MB and more pass through the pinned staging buffers, which the small sets

@@ -1,0 +1,239 @@
+//! Inputs larger than a device's memory, run as tiles: contiguous ranges of vector positions, each
+//! pair of tiles an operation of its own on the backend, its results mapped back to the whole
+//! inputs' positions. The answer is the same set of pairs (and, for kNN, the same neighbours in
+//! the same order) as one run over everything:
+//! - a join's pair (a, b) lies in exactly one (left tile, right tile) pair;
+//! - a self-join runs each tile against itself as a self-join (its own pairs once, or both ways,
+//!   and each row with itself when asked) and each tile against every later tile as a plain join,
+//!   whose pairs already have the smaller position first (the tiles are ordered ranges);
+//! - kNN keeps, per query, the k smallest of the running top-k and the next base tile's top-k,
+//!   by (distance, position): the k smallest of a union are among the k smallest of its parts.
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use datafusion::common::Result;
+use rayon::prelude::*;
+
+use super::topk::{Neighbour, k_smallest};
+use super::{JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
+
+/// `0..len` in consecutive ranges of at most `tile_rows` positions.
+pub(crate) fn tile_ranges(len: usize, tile_rows: usize) -> Vec<Range<usize>> {
+    let tile_rows = tile_rows.max(1);
+    (0..len).step_by(tile_rows).map(|start| start..(start + tile_rows).min(len)).collect()
+}
+
+/// The join `request` as tiles of at most `tile_rows` positions per side, each (left tile, right
+/// tile) pair run by `run` and its pairs sent on to `sink` with the whole inputs' positions.
+pub(crate) fn tiled_join(
+    request: &JoinRequest,
+    sink: &dyn ResultSink,
+    tile_rows: usize,
+    run: impl Fn(&JoinRequest, &dyn ResultSink) -> Result<RunStats>,
+) -> Result<RunStats> {
+    let left_tiles = tile_ranges(request.left.len(), tile_rows);
+    let right_tiles = tile_ranges(request.right.len(), tile_rows);
+    // (left tile, right tile, whether the pair is a tile against itself of a self-join).
+    let pairs: Vec<(usize, usize, bool)> = match request.self_join {
+        Some(_) => (0..left_tiles.len()).flat_map(|i| (i..left_tiles.len()).map(move |j| (i, j, i == j))).collect(),
+        None => (0..left_tiles.len()).flat_map(|i| (0..right_tiles.len()).map(move |j| (i, j, false))).collect(),
+    };
+    sink.start(pairs.len() as u64);
+    let mut stats = RunStats::default();
+    let mut left_tile: Option<(usize, crate::vectors::Vectors)> = None;
+    for (i, j, diagonal) in pairs {
+        let (left_range, right_range) = (left_tiles[i].clone(), if request.self_join.is_some() { left_tiles[j].clone() } else { right_tiles[j].clone() });
+        // The left tile is copied once for all its right tiles.
+        if left_tile.as_ref().is_none_or(|(at, _)| *at != i) {
+            left_tile = Some((i, request.left.slice(left_range.clone())));
+        }
+        let left = &left_tile.as_ref().expect("set above").1;
+        let right_copy = (!diagonal).then(|| request.right.slice(right_range.clone()));
+        let right = right_copy.as_ref().unwrap_or(left);
+        let self_join = if diagonal { request.self_join } else { None };
+        let tile = JoinRequest { left, right, self_join, ..*request };
+        // Off the diagonal of an ordered self-join, each pair is also reported the other way.
+        let mirror = !diagonal && request.self_join.is_some_and(|s| s.ordered);
+        let offsets = OffsetSink { inner: sink, left: left_range.start as u32, right: right_range.start as u32, mirror };
+        stats.add(&run(&tile, &offsets)?);
+        sink.advance(1);
+    }
+    Ok(stats)
+}
+
+/// kNN `request` as tiles: queries in tiles of at most `query_rows`, the base in tiles of at most
+/// `base_rows`; `run` finds each query tile's top-k in each base tile, the tiles' lists are merged
+/// per query, and each query tile's neighbours are sent on in query order, ranked.
+pub(crate) fn tiled_knn(
+    request: &KnnRequest,
+    sink: &dyn ResultSink,
+    query_rows: usize,
+    base_rows: usize,
+    run: impl Fn(&KnnRequest, &dyn ResultSink) -> Result<RunStats>,
+) -> Result<RunStats> {
+    let query_tiles = tile_ranges(request.queries.len(), query_rows);
+    let base_tiles = tile_ranges(request.base.len(), base_rows);
+    sink.start((query_tiles.len() * base_tiles.len()) as u64);
+    let mut stats = RunStats::default();
+    let base_copies: Option<Vec<crate::vectors::Vectors>> =
+        (query_tiles.len() > 1).then(|| base_tiles.iter().map(|r| request.base.slice(r.clone())).collect());
+    for query_range in query_tiles {
+        let queries = request.queries.slice(query_range.clone());
+        let mut nearest: Vec<Vec<Neighbour>> = vec![Vec::new(); queries.len()];
+        for (b, base_range) in base_tiles.iter().enumerate() {
+            let sliced;
+            let base = match &base_copies {
+                Some(copies) => &copies[b],
+                None => {
+                    sliced = request.base.slice(base_range.clone());
+                    &sliced
+                }
+            };
+            let collected = Collector { chunks: Mutex::new(Vec::new()), chunk_rows: sink.chunk_rows() };
+            stats.add(&run(&KnnRequest { base, queries: &queries, ..*request }, &collected)?);
+            for chunk in collected.chunks.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                for i in 0..chunk.len() {
+                    let position = chunk.right[i] + base_range.start as u32;
+                    nearest[chunk.left[i] as usize].push(Neighbour { distance: chunk.distance[i], position });
+                }
+            }
+            nearest.par_iter_mut().for_each(|list| *list = k_smallest(std::mem::take(list), request.k));
+            sink.advance(1);
+        }
+        let mut chunk = ResultChunk::default();
+        for (q, list) in nearest.into_iter().enumerate() {
+            for (rank, neighbour) in list.into_iter().enumerate() {
+                chunk.left.push((query_range.start + q) as u32);
+                chunk.right.push(neighbour.position);
+                chunk.distance.push(neighbour.distance);
+                chunk.rank.push(rank as u32 + 1);
+            }
+            if chunk.len() >= sink.chunk_rows() {
+                sink.send(std::mem::take(&mut chunk))?;
+            }
+        }
+        if !chunk.is_empty() {
+            sink.send(chunk)?;
+        }
+    }
+    Ok(stats)
+}
+
+/// Passes a tile's chunks on with the whole inputs' positions (and, `mirror`, each pair also the
+/// other way round). The tile's own progress is not passed on: the tiles are the units.
+struct OffsetSink<'s> {
+    inner: &'s dyn ResultSink,
+    left: u32,
+    right: u32,
+    mirror: bool,
+}
+
+impl ResultSink for OffsetSink<'_> {
+    fn send(&self, mut chunk: ResultChunk) -> Result<()> {
+        chunk.left.iter_mut().for_each(|p| *p += self.left);
+        chunk.right.iter_mut().for_each(|p| *p += self.right);
+        if self.mirror {
+            let (lefts, rights, distances) = (chunk.right.clone(), chunk.left.clone(), chunk.distance.clone());
+            chunk.left.extend(lefts);
+            chunk.right.extend(rights);
+            chunk.distance.extend(distances);
+        }
+        self.inner.send(chunk)
+    }
+
+    fn chunk_rows(&self) -> usize {
+        if self.mirror { (self.inner.chunk_rows() / 2).max(1) } else { self.inner.chunk_rows() }
+    }
+}
+
+/// Keeps one base tile's kNN chunks for merging.
+struct Collector {
+    chunks: Mutex<Vec<ResultChunk>>,
+    chunk_rows: usize,
+}
+
+impl ResultSink for Collector {
+    fn send(&self, chunk: ResultChunk) -> Result<()> {
+        self.chunks.lock().unwrap_or_else(|e| e.into_inner()).push(chunk);
+        Ok(())
+    }
+
+    fn chunk_rows(&self) -> usize {
+        self.chunk_rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Backend, CpuBackend, SelfJoin};
+    use crate::datagen::{self, Distribution};
+    use crate::op::{IndexChoice, Metric};
+    use crate::vectors::Vectors;
+
+    #[test]
+    fn tiles_cover_every_position_once() {
+        assert_eq!(tile_ranges(10, 4), vec![0..4, 4..8, 8..10]);
+        assert_eq!(tile_ranges(8, 4), vec![0..4, 4..8]);
+        assert_eq!(tile_ranges(0, 4), Vec::<Range<usize>>::new());
+        assert_eq!(tile_ranges(3, 0), vec![0..1, 1..2, 2..3]);
+    }
+
+    /// Collects everything a run sends.
+    #[derive(Default)]
+    struct Rows(Mutex<Vec<(u32, u32, u64, u32)>>);
+
+    impl ResultSink for Rows {
+        fn send(&self, chunk: ResultChunk) -> Result<()> {
+            let mut rows = self.0.lock().unwrap();
+            for i in 0..chunk.len() {
+                rows.push((chunk.left[i], chunk.right[i], chunk.distance[i].to_bits(), chunk.rank.get(i).copied().unwrap_or(0)));
+            }
+            Ok(())
+        }
+
+        fn chunk_rows(&self) -> usize {
+            100
+        }
+    }
+
+    fn vectors(n: usize, dim: usize, seed: u64) -> Vectors {
+        let values = datagen::generate(Distribution::Blobs, n, dim, seed);
+        Vectors { dim, values, rows: (0..n as u32).collect(), skipped: 0 }
+    }
+
+    /// The tiled run on the CPU backend equals the untiled one: every self-join form, plain joins,
+    /// and kNN with ties (a lattice) and k beyond a tile's size.
+    #[test]
+    fn tiled_runs_equal_one_run() {
+        let a = vectors(230, 3, 1);
+        let b = vectors(170, 3, 2);
+        let eps = datagen::calibrate_threshold(&a.values, 3, 12.0, Metric::L2, 1);
+        let run = |r: &JoinRequest, s: &dyn ResultSink| CpuBackend.join(r, s);
+        let self_joins = [None, Some(SelfJoin { include_self: false, ordered: true }), Some(SelfJoin { include_self: true, ordered: false })];
+        for self_join in self_joins {
+            let right = if self_join.is_some() { &a } else { &b };
+            let request = JoinRequest { left: &a, right, metric: Metric::L2, threshold: eps, self_join, index: IndexChoice::Auto, grid_dims: 0 };
+            let (whole, tiled) = (Rows::default(), Rows::default());
+            CpuBackend.join(&request, &whole).unwrap();
+            let stats = tiled_join(&request, &tiled, 64, run).unwrap();
+            let (mut whole, mut tiled) = (whole.0.into_inner().unwrap(), tiled.0.into_inner().unwrap());
+            whole.sort_unstable();
+            tiled.sort_unstable();
+            assert!(whole.len() > 200, "{self_join:?}: only {} pairs", whole.len());
+            assert_eq!(tiled, whole, "{self_join:?}");
+            assert!(stats.candidates > 0);
+        }
+        let lattice: Vec<f64> = (0..300 * 2).map(|i| ((i * 7919) % 5) as f64).collect();
+        let base = Vectors { dim: 2, values: lattice, rows: (0..300).collect(), skipped: 0 };
+        let queries = vectors(40, 2, 3);
+        for k in [1, 10, 90, 300, 301] {
+            let request = KnnRequest { base: &base, queries: &queries, metric: Metric::L1, k };
+            let (whole, tiled) = (Rows::default(), Rows::default());
+            CpuBackend.knn(&request, &whole).unwrap();
+            tiled_knn(&request, &tiled, 16, 70, |r, s| CpuBackend.knn(r, s)).unwrap();
+            assert_eq!(tiled.0.into_inner().unwrap(), whole.0.into_inner().unwrap(), "k = {k}");
+        }
+    }
+}
