@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use datafusion::common::{DataFusionError, Result};
 
@@ -15,11 +15,12 @@ use super::cpu::{FilterLimit, filter_space, gather, lower_corner, mean, plan_joi
 use super::exact::{ExactCheck, write_self_pairs};
 use super::topk::{Neighbour, k_smallest};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats, tiles};
-use crate::gpu::GpuDevice;
+use crate::gpu::{GpuDevice, PIPELINE_STREAMS};
+use cudarc::driver::CudaEvent;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    DownloadedPairs, GridBuffers, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, host_results, join_pass,
-    round_to_tf32,
+    DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, host_results, join_pass,
+    launch_join_pass, round_to_tf32,
     sample_radius_pass, upload,
 };
 use rayon::prelude::*;
@@ -118,19 +119,7 @@ fn format_size(bytes: usize) -> String {
 impl GpuBackend {
     /// The count pass over left slots `0..slots`, in launches of at most MAX_PASS_ROWS slots:
     /// result pairs (kNN: rows within the radius) per left slot. `kind` Count or CountAndCollect.
-    #[allow(clippy::too_many_arguments)]
-    fn count_pass(
-        &self,
-        params: &JoinParams,
-        slots: usize,
-        right_len: u32,
-        left: &SideBuffers,
-        right: &SideBuffers,
-        grid: Option<&GridBuffers>,
-        pass: &mut PassBuffers,
-        kind: PassKind,
-        stats: &mut RunStats,
-    ) -> Result<Vec<u32>, String> {
+    fn count_pass(&self, params: &JoinParams, slots: usize, inputs: JoinInputs, pass: &mut PassBuffers, kind: PassKind, stats: &mut RunStats) -> Result<Vec<u32>, String> {
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let mut counts = Vec::with_capacity(slots);
@@ -139,7 +128,7 @@ impl GpuBackend {
             let end = (begin + MAX_PASS_ROWS).min(slots);
             stream.memset_zeros(&mut pass.counts).map_err(copy)?;
             let counting = Instant::now();
-            join_pass(&self.device, params, begin as u32..end as u32, right_len, left, right, grid, pass, kind)?;
+            join_pass(&self.device, params, begin as u32..end as u32, inputs, pass, kind)?;
             stats.kernel_time += counting.elapsed();
             let downloading = Instant::now();
             counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
@@ -238,7 +227,8 @@ impl GpuBackend {
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
             let side = subset_buffers.as_ref().unwrap_or(&query_buffers);
-            let pending_counts = self.count_pass(&pass_params, pending.len(), n as u32, side, &base_buffers, None, &mut pass, PassKind::Count, &mut stats)?;
+            let inputs = JoinInputs { left: side, right: &base_buffers, right_len: n as u32, grid: None };
+            let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, PassKind::Count, &mut stats)?;
             pass_params.slot_capacity = 0;
             let mut short = Vec::new();
             for (&q, &c) in pending.iter().zip(&pending_counts) {
@@ -336,7 +326,8 @@ impl GpuBackend {
                 pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(d2h)?;
                 transfer += copying.elapsed();
                 let writing = Instant::now();
-                join_pass(&self.device, &params, begin as u32..end as u32, n as u32, rest_side, &base_buffers, None, &mut pass, PassKind::Write)
+                let inputs = JoinInputs { left: rest_side, right: &base_buffers, right_len: n as u32, grid: None };
+                join_pass(&self.device, &params, begin as u32..end as u32, inputs, &mut pass, PassKind::Write)
                     .map_err(exec)?;
                 kernel += writing.elapsed();
                 let copying = Instant::now();
@@ -549,7 +540,7 @@ impl GpuBackend {
 
         // One count pass over every left slot that also collects the pairs into buffers sized for
         // COLLECT_PAIRS_PER_ROW per left row. When they all fit, that pass is the whole result,
-        // downloaded in batches of COLLECTED_BATCH_PAIRS; otherwise write passes follow, in
+        // downloaded in batches of RESULT_BATCH_PAIRS; otherwise write passes follow, in
         // batches of at most MAX_BATCH_PAIRS pairs (a single slot with more gets a batch of its
         // own), each from offsets the counts give.
         let probe = Instant::now();
@@ -557,30 +548,22 @@ impl GpuBackend {
         let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
         let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         pass.size_outputs(&self.device, collect_capacity)?;
-        let counts = self.count_pass(
-            &params,
-            n_left,
-            right_len,
-            &left_buffers,
-            right_buffers_ref,
-            grid.as_ref(),
-            &mut pass,
-            PassKind::CountAndCollect,
-            &mut stats,
-        )?;
+        let inputs = JoinInputs { left: &left_buffers, right: right_buffers_ref, right_len, grid: grid.as_ref() };
+        let counts = self.count_pass(&params, n_left, inputs, &mut pass, PassKind::CountAndCollect, &mut stats)?;
         let collected = stream.clone_dtoh(&pass.collected).map_err(copy)?[0];
         let batches: Vec<ResultBatch> = if collected <= collect_capacity as u64 {
             collected_batches(collected)
         } else {
-            let (batches, capacity) = write_batches(&counts, output_pairs(budget).min(MAX_BATCH_PAIRS));
-            pass.size_outputs(&self.device, capacity)?;
-            batches.into_iter().map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs }).collect()
+            // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
+            let most = (output_pairs(budget) / PIPELINE_STREAMS as u64).min(RESULT_BATCH_PAIRS);
+            pass.size_outputs(&self.device, 0)?;
+            write_batches(&counts, most).0.into_iter().map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs }).collect()
         };
         let largest = batches.iter().map(ResultBatch::pairs).max().unwrap_or(0).max(1) as usize;
         // Collected pairs come back through two halves of the host buffers, each batch's copy
-        // overlapping the emission of the one before; write batches one at a time.
+        // overlapping the emission of the one before; write batches through a part per stream.
         let collected_path = matches!(batches.first(), Some(ResultBatch::Collected(_)));
-        let mut results = host_results(&self.device, if collected_path { 2 * largest } else { largest })?;
+        let mut results = host_results(&self.device, largest * if collected_path { 2 } else { PIPELINE_STREAMS })?;
         sink.start(batches.len() as u64);
 
         let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
@@ -610,7 +593,7 @@ impl GpuBackend {
                     ResultBatch::Collected(pairs) => Some(pairs.start as usize..pairs.end as usize),
                     ResultBatch::Written { .. } => None,
                 };
-                let mut halves = results.halves().map_err(exec)?;
+                let mut halves = results.parts::<2>().map_err(exec)?;
                 if let Some(pairs) = batches.first().and_then(stored) {
                     halves[0].start_download(stream, &pass, true, pairs).map_err(exec)?;
                 }
@@ -629,28 +612,56 @@ impl GpuBackend {
                     sink.advance(1);
                 }
             } else {
-                for batch in &batches {
-                    let ResultBatch::Written { slots, pairs } = batch else { continue };
-                    let n = *pairs as usize;
-                    if n > 0 {
-                        let offsets = exclusive_offsets(&counts[slots.clone()]);
-                        let copying = Instant::now();
-                        pass.offsets = stream.clone_htod(&offsets[..slots.len()]).map_err(sync)?;
-                        transfer += copying.elapsed();
-                        let writing = Instant::now();
-                        let slots = slots.start as u32..slots.end as u32;
-                        join_pass(&self.device, &params, slots, right_len, &left_buffers, right_buffers_ref, grid.as_ref(), &mut pass, PassKind::Write)
-                            .map_err(exec)?;
-                        stats.write_passes += 1;
-                        kernel += writing.elapsed();
-                        let copying = Instant::now();
-                        let downloaded = results.download(stream, &pass, true, 0..n).map_err(exec)?;
-                        transfer += copying.elapsed();
-                        let emitting = Instant::now();
-                        emit_pairs(downloaded)?;
-                        emit += emitting.elapsed();
-                    }
+                // Write passes take turns on PIPELINE_STREAMS streams, each with output buffers
+                // and a part of the host buffers of its own: batch i is queued (offsets, kernel,
+                // copy to the host) on stream i mod 3 as soon as the host has emitted batch
+                // i − 3 from that stream's part, so while the host emits one batch the next
+                // one's copy and the one after's kernel run (seed 003 §3.2.2). Emission stays in
+                // batch order.
+                let streams = self.device.pipeline_streams().map_err(exec)?;
+                let slots_most = batches.iter().map(|b| if let ResultBatch::Written { slots, .. } = b { slots.len() } else { 0 }).max().unwrap_or(1);
+                let mut lanes = Vec::with_capacity(PIPELINE_STREAMS);
+                for _ in 0..PIPELINE_STREAMS {
+                    let mut lane = PassBuffers::new(&self.device, slots_most, 0).map_err(exec)?;
+                    lane.size_outputs(&self.device, largest).map_err(exec)?;
+                    lane.offsets = stream.alloc_zeros::<u64>(slots_most.max(1)).map_err(sync)?;
+                    lanes.push(lane);
+                }
+                let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;
+                // Queues batch `i` on its stream; the events around its kernel time it.
+                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let queue = |i: usize, lane: &mut PassBuffers, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
+                    let ResultBatch::Written { slots, pairs } = &batches[i] else { unreachable!("write batches only") };
+                    let stream = &streams[i % PIPELINE_STREAMS];
+                    let offsets = exclusive_offsets(&counts[slots.clone()]);
+                    stream.memcpy_htod(&offsets[..slots.len()], &mut lane.offsets.slice_mut(0..slots.len())).map_err(sync)?;
+                    let started = stream.record_event(timing).map_err(sync)?;
+                    let slots = slots.start as u32..slots.end as u32;
+                    launch_join_pass(&self.device, stream, &params, slots, inputs, lane, PassKind::Write)
+                        .map_err(exec)?;
+                    let written = stream.record_event(timing).map_err(sync)?;
+                    part.start_download(stream, lane, true, 0..*pairs as usize).map_err(exec)?;
+                    Ok([started, written])
+                };
+                let mut in_flight = Vec::with_capacity(batches.len());
+                for i in 0..batches.len().min(PIPELINE_STREAMS) {
+                    in_flight.push(queue(i, &mut lanes[i], &mut parts[i])?);
+                }
+                for i in 0..batches.len() {
+                    let lane = i % PIPELINE_STREAMS;
+                    let waiting = Instant::now();
+                    streams[lane].synchronize().map_err(sync)?;
+                    transfer += waiting.elapsed();
+                    let [started, written] = &in_flight[i];
+                    kernel += Duration::from_secs_f32(started.elapsed_ms(written).map_err(sync)? / 1e3);
+                    stats.write_passes += 1;
+                    let emitting = Instant::now();
+                    emit_pairs(parts[lane].pairs(batches[i].pairs() as usize, true))?;
+                    emit += emitting.elapsed();
                     sink.advance(1);
+                    if i + PIPELINE_STREAMS < batches.len() {
+                        in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], &mut parts[lane])?);
+                    }
                 }
             }
             if self_join.is_some_and(|s| s.include_self) {
@@ -658,9 +669,15 @@ impl GpuBackend {
             }
             writer.flush()
         })();
-        // No copy may still be writing into the host buffers when they are released (an early
-        // return above, e.g. a cancelled query, can leave one in flight).
+        // No copy may still be writing into the host buffers when they are released, nor a pass
+        // reading the inputs when they are freed (an early return above, e.g. a cancelled query,
+        // can leave some in flight).
         stream.synchronize().map_err(copy)?;
+        if !collected_path {
+            for lane in self.device.pipeline_streams()? {
+                lane.synchronize().map_err(copy)?;
+            }
+        }
         stats.probe_time = probe.elapsed();
         stats.transfer_time += transfer;
         stats.kernel_time += kernel;
@@ -697,13 +714,13 @@ impl ResultBatch {
 /// worth of page-locked memory per run): small enough that copying one overlaps the emission of
 /// the previous one for most of a large result, and that a process's first query page-locks
 /// 128 MiB rather than the 1 GiB of two MAX_BATCH_PAIRS halves.
-const COLLECTED_BATCH_PAIRS: u64 = 1 << 22;
+const RESULT_BATCH_PAIRS: u64 = 1 << 22;
 
-/// Download batches of `collected` pairs of a count pass: COLLECTED_BATCH_PAIRS each, the last fewer.
+/// Download batches of `collected` pairs of a count pass: RESULT_BATCH_PAIRS each, the last fewer.
 fn collected_batches(collected: u64) -> Vec<ResultBatch> {
     (0..collected)
-        .step_by(COLLECTED_BATCH_PAIRS as usize)
-        .map(|at| ResultBatch::Collected(at..(at + COLLECTED_BATCH_PAIRS).min(collected)))
+        .step_by(RESULT_BATCH_PAIRS as usize)
+        .map(|at| ResultBatch::Collected(at..(at + RESULT_BATCH_PAIRS).min(collected)))
         .collect()
 }
 
@@ -894,7 +911,7 @@ mod tests {
 
     #[test]
     fn collected_pairs_download_in_batches_within_the_limit() {
-        let big = COLLECTED_BATCH_PAIRS;
+        let big = RESULT_BATCH_PAIRS;
         assert_eq!(collected_batches(0), vec![]);
         assert_eq!(collected_batches(5), vec![ResultBatch::Collected(0..5)]);
         assert_eq!(collected_batches(big), vec![ResultBatch::Collected(0..big)]);

@@ -28,7 +28,14 @@ pub struct GpuDevice {
     /// Page-locked buffers that write passes copy their pairs into (`launch::host_results`),
     /// kept for the next run.
     pub(super) results: Mutex<Option<ResultBuffers>>,
+    /// The streams of pipelined write passes, created on first use (from then on cudarc orders
+    /// every buffer's uses across streams with events).
+    pipeline: OnceLock<Result<[Arc<CudaStream>; PIPELINE_STREAMS], String>>,
 }
+
+/// Streams that write passes take turns on: while the host emits one batch, the next batch's
+/// copy to the host and the one after's kernel run on the other two (seed 003 §3.2.2).
+pub const PIPELINE_STREAMS: usize = 3;
 
 static SHARED: OnceLock<Result<Arc<GpuDevice>, String>> = OnceLock::new();
 
@@ -44,12 +51,21 @@ impl GpuDevice {
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
         super::launch::keep_freed_device_memory(&ctx)?;
-        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None) })
+        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new() })
     }
 
     /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).
     pub fn has_tf32_tensor_cores(&self) -> bool {
         self.info.compute_capability.0 >= 8
+    }
+
+    /// The streams of pipelined write passes.
+    pub fn pipeline_streams(&self) -> Result<&[Arc<CudaStream>; PIPELINE_STREAMS], String> {
+        let streams = self.pipeline.get_or_init(|| {
+            let streams: Result<Vec<_>, _> = (0..PIPELINE_STREAMS).map(|_| self.ctx.new_stream()).collect();
+            streams.map_err(|e| format!("GPU stream creation failed: {e}")).map(|s| s.try_into().expect("PIPELINE_STREAMS streams"))
+        });
+        streams.as_ref().map_err(Clone::clone)
     }
 
     /// A kernel of `module`, compiling the module on first use.

@@ -74,6 +74,20 @@ pub struct GridBuffers {
     pub cell_table: CudaSlice<u32>,
 }
 
+/// What a pass of a join reads: both sides, and the grid (`None`: brute force over all
+/// `right_len` right rows).
+#[derive(Debug, Clone, Copy)]
+pub struct JoinInputs<'a> {
+    /// The left side's rows, in slot order.
+    pub left: &'a SideBuffers,
+    /// The right side's rows (the left side's for a self-join).
+    pub right: &'a SideBuffers,
+    /// Right rows.
+    pub right_len: u32,
+    /// The grid over the right side, or `None` for brute force.
+    pub grid: Option<&'a GridBuffers>,
+}
+
 /// Where a pass puts its results.
 #[derive(Debug)]
 pub struct PassBuffers {
@@ -137,28 +151,32 @@ pub enum PassKind {
     Write,
 }
 
-/// Runs a pass of a join over left slots `slots`; `grid` is `None` for brute force over all
-/// `right_len` right rows.
-#[allow(clippy::too_many_arguments)]
-pub fn join_pass(
+/// Runs a pass of a join over left slots `slots` on the device's stream and waits for it.
+pub fn join_pass(device: &GpuDevice, params: &JoinParams, slots: std::ops::Range<u32>, inputs: JoinInputs, pass: &mut PassBuffers, kind: PassKind) -> Result<(), String> {
+    let kernel = launch_join_pass(device, &device.stream, params, slots, inputs, pass, kind)?;
+    device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
+}
+
+/// Queues a pass of a join over left slots `slots` on `stream` without waiting for it; the
+/// kernel's name.
+pub fn launch_join_pass(
     device: &GpuDevice,
+    stream: &Arc<CudaStream>,
     params: &JoinParams,
     slots: std::ops::Range<u32>,
-    right_len: u32,
-    left: &SideBuffers,
-    right: &SideBuffers,
-    grid: Option<&GridBuffers>,
+    inputs: JoinInputs,
     pass: &mut PassBuffers,
     kind: PassKind,
-) -> Result<(), String> {
-    if slots.is_empty() {
-        return Ok(());
-    }
+) -> Result<&'static str, String> {
+    let JoinInputs { left, right, right_len, grid } = inputs;
     let kernel = match grid {
         Some(_) => "grid_join",
         None if params.tensor_cores != 0 => "brute_join_tc",
         None => "brute_join",
     };
+    if slots.is_empty() {
+        return Ok(kernel);
+    }
     let function = device.function(KernelModule::SimJoin, kernel)?;
     let write_flag: i32 = (kind == PassKind::Write).into();
     if params.slot_capacity > 0 && kind != PassKind::Write {
@@ -191,7 +209,7 @@ pub fn join_pass(
     };
     for (right_begin, blocks) in launches {
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-        let mut builder = device.stream.launch_builder(&function);
+        let mut builder = stream.launch_builder(&function);
         builder.arg(params).arg(&begin).arg(&end);
         if grid.is_none() {
             builder.arg(&right_begin).arg(&right_len);
@@ -240,7 +258,7 @@ pub fn join_pass(
         // are split into.
         unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
     }
-    device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
+    Ok(kernel)
 }
 
 /// Rounds a side's f32 filter rows in place to TF32, the input brute_join_tc takes (its margin
@@ -432,42 +450,39 @@ impl HostResults<'_> {
     /// positions only `with_left`) and returns them; at most the buffers' capacity.
     pub fn download(&mut self, stream: &Arc<CudaStream>, pass: &PassBuffers, with_left: bool, pairs: std::ops::Range<usize>) -> Result<DownloadedPairs<'_>, String> {
         let n = pairs.len();
-        let [mut all, _] = self.split(|capacity| capacity)?;
+        let [mut all] = self.parts()?;
         all.start_download(stream, pass, with_left, pairs)?;
         stream.synchronize().map_err(|e| format!("GPU copy failed: {e}"))?;
         Ok(all.into_pairs(n, with_left))
     }
 
-    /// The buffers as two halves of (about) half the capacity each.
-    pub fn halves(&mut self) -> Result<[HostPairs<'_>; 2], String> {
-        self.split(|capacity| capacity / 2)
-    }
-
-    /// The buffers cut into two views at the pair `at(capacity)`.
-    fn split(&mut self, at: impl FnOnce(usize) -> usize) -> Result<[HostPairs<'_>; 2], String> {
+    /// The buffers cut into `N` views of an `N`th of the capacity each.
+    pub fn parts<const N: usize>(&mut self) -> Result<[HostPairs<'_>; N], String> {
         let buffers = match &mut self.kept {
             Some(kept) => kept.as_mut().expect("filled by host_results"),
             None => self.own.as_mut().expect("filled by host_results"),
         };
         let pinned = |e: cudarc::driver::DriverError| format!("pinned buffer: {e}");
-        let left = buffers.left.as_mut_slice().map_err(pinned)?;
-        let right = buffers.right.as_mut_slice().map_err(pinned)?;
-        let distance = buffers.distance.as_mut_slice().map_err(pinned)?;
-        let at = at(right.len()).min(right.len());
-        let (left_a, left_b) = left.split_at_mut(at.min(left.len()));
-        let (right_a, right_b) = right.split_at_mut(at);
-        let (distance_a, distance_b) = distance.split_at_mut(at.min(distance.len()));
-        Ok([
-            HostPairs { left: left_a, right: right_a, distance: distance_a },
-            HostPairs { left: left_b, right: right_b, distance: distance_b },
-        ])
+        let (mut left, mut right, mut distance) = (
+            buffers.left.as_mut_slice().map_err(pinned)?,
+            buffers.right.as_mut_slice().map_err(pinned)?,
+            buffers.distance.as_mut_slice().map_err(pinned)?,
+        );
+        let part = right.len() / N;
+        Ok(std::array::from_fn(|_| {
+            let (l, r, d) = (std::mem::take(&mut left), std::mem::take(&mut right), std::mem::take(&mut distance));
+            let ((left_part, left_rest), (right_part, right_rest), (distance_part, distance_rest)) =
+                (l.split_at_mut(part), r.split_at_mut(part), d.split_at_mut(part));
+            (left, right, distance) = (left_rest, right_rest, distance_rest);
+            HostPairs { left: left_part, right: right_part, distance: distance_part }
+        }))
     }
 }
 
 /// A view of a run's page-locked result buffers: all of them ([`HostResults::download`]) or one
-/// of two halves ([`HostResults::halves`]: a batch of pairs is copied into one half while the host
-/// reads the previous batch from the other, seed 003 §3.2.2's transfers overlapping the host's use
-/// of the results).
+/// of several parts ([`HostResults::parts`]: a batch of pairs is copied into one part while the
+/// host reads the previous batch from another, seed 003 §3.2.2's transfers overlapping the host's
+/// use of the results).
 #[derive(Debug)]
 pub struct HostPairs<'a> {
     left: &'a mut [u32],

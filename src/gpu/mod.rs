@@ -9,7 +9,7 @@ mod device;
 pub mod kernels;
 pub mod launch;
 
-pub use device::GpuDevice;
+pub use device::{GpuDevice, PIPELINE_STREAMS};
 
 /// A CUDA device that answered.
 #[derive(Debug, Clone, PartialEq)]

@@ -161,6 +161,11 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let eps = datagen::calibrate_threshold(&values, 2, 200.0, Metric::L2, 9);
     let sql = format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, 'pairs=unordered')");
     failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut table).await?;
+    // More pairs (~1.5·10⁷) than the count pass collects (256 per row): write passes in batches of
+    // 2²², more batches than pipeline streams, so each stream's buffers are used again.
+    let eps = datagen::calibrate_threshold(&values, 2, 600.0, Metric::L2, 9);
+    let sql = format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, 'pairs=unordered')");
+    failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut table).await?;
     // Inputs larger than the device memory a run may use (gpu_memory_limit): tiles of ~1,000 rows
     // (a quarter of the limit at 12·d + 64 bytes a row), with result buffers small enough that
     // most tiles take write passes too.
