@@ -116,3 +116,54 @@ __device__ __forceinline__ bool filter_passes(const JoinParams& p, float score, 
     }
     return score <= limit;
 }
+
+// Row `row` of `rows` (`DIM` wide) into registers, with the widest loads its alignment allows
+// (device buffers start 256-byte aligned, so a row of 4k floats is 16-byte aligned).
+template <u32 DIM>
+__device__ __forceinline__ void load_row(const float* rows, u32 row, float (&v)[DIM]) {
+    const float* from = rows + (u64)row * DIM;
+    if (DIM % 4 == 0) {
+#pragma unroll
+        for (u32 i = 0; i < DIM / 4; ++i) {
+            float4 q = reinterpret_cast<const float4*>(from)[i];
+            v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+        }
+    } else if (DIM % 2 == 0) {
+#pragma unroll
+        for (u32 i = 0; i < DIM / 2; ++i) {
+            float2 q = reinterpret_cast<const float2*>(from)[i];
+            v[2 * i] = q.x, v[2 * i + 1] = q.y;
+        }
+    } else {
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) v[i] = from[i];
+    }
+}
+
+// filter_score with the dimension fixed at compile time: the same operations in the same order
+// (so the same proved margins hold), on rows in registers.
+template <u32 DIM>
+__device__ __forceinline__ float fixed_filter_score(u32 filter, const float (&x)[DIM], const float (&y)[DIM]) {
+    float acc = 0.0f;
+    switch (filter) {
+    case FILTER_SQUARED_L2:
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) {
+            float t = y[i] - x[i];
+            acc = acc + t * t;
+        }
+        return acc;
+    case FILTER_L1:
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) acc = acc + fabsf(y[i] - x[i]);
+        return acc;
+    case FILTER_LINF:
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) acc = fmaxf(acc, fabsf(y[i] - x[i]));
+        return acc;
+    default:
+#pragma unroll
+        for (u32 i = 0; i < DIM; ++i) acc = acc + x[i] * y[i];
+        return -acc;
+    }
+}

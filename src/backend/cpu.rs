@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use super::exact::{ExactCheck, write_self_pairs};
 use super::simd::{Columns, FilterKind, LANES, gemm_lower_bounds, tile_hits};
-use super::topk::{KSmallest, Neighbour, k_smallest};
+use super::topk::{KSmallest, Neighbour, k_smallest, push_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
 use crate::index::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy};
 use crate::op::{Metric, dot};
@@ -128,12 +128,7 @@ impl Backend for CpuBackend {
                 for i in 0..block_len {
                     let all: Vec<Neighbour> =
                         unit_results.iter().flat_map(|u| u[i].iter().copied()).collect();
-                    for (rank, n) in k_smallest(all, k).into_iter().enumerate() {
-                        chunk.left.push((first_query + i) as u32);
-                        chunk.right.push(n.position);
-                        chunk.distance.push(n.distance);
-                        chunk.rank.push(rank as u32 + 1);
-                    }
+                    push_ranked(&mut chunk, first_query + i, k_smallest(all, k));
                 }
                 if chunk.len() >= sink.chunk_rows() {
                     sink.send(std::mem::take(&mut chunk))?;

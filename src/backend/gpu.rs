@@ -13,14 +13,14 @@ use datafusion::common::{DataFusionError, Result};
 
 use super::cpu::{FilterLimit, filter_space, gather, lower_corner, mean, plan_join, score_threshold};
 use super::exact::{ExactCheck, write_self_pairs};
-use super::topk::{Neighbour, k_smallest};
+use super::topk::{Neighbour, k_smallest, push_ranked, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats, tiles};
 use crate::gpu::{GpuDevice, PIPELINE_STREAMS};
 use cudarc::driver::CudaEvent;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, host_results, join_pass,
-    launch_join_pass, round_to_tf32,
+    DownloadedPairs, FUSED_DIMS, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, host_results, join_pass,
+    knn_fused_pass, launch_join_pass, round_to_tf32,
     sample_radius_pass, upload,
 };
 use rayon::prelude::*;
@@ -169,6 +169,12 @@ impl GpuBackend {
             gemm = false;
             (query_host, base_host, origin) = sides(false);
         }
+        if fused_knn_applies(metric, gemm, k, dim) {
+            let params = JoinParams { dim: dim as u32, metric: metric_code(metric), ..filter_params(metric, dim, gemm, false) };
+            if let Some(stats) = self.fused_knn(&params, k, &query_host, &base_host, sink, budget, start)? {
+                return Ok(stats);
+            }
+        }
         let sample_len = n.min(KNN_SAMPLE);
         let sample_host = sample_side(base, metric, sample_len);
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
@@ -307,12 +313,7 @@ impl GpuBackend {
             let d2h = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
             let mut chunk = ResultChunk::default();
             let send = |q: usize, list: Vec<Neighbour>, chunk: &mut ResultChunk| -> Result<()> {
-                for (rank, neighbour) in list.into_iter().enumerate() {
-                    chunk.left.push(q as u32);
-                    chunk.right.push(neighbour.position);
-                    chunk.distance.push(neighbour.distance);
-                    chunk.rank.push(rank as u32 + 1);
-                }
+                push_ranked(chunk, q, list);
                 if chunk.len() >= sink.chunk_rows() {
                     sink.send(std::mem::take(chunk))?;
                 }
@@ -373,6 +374,102 @@ impl GpuBackend {
         stats.kernel_time += kernel;
         stats.emit_time += emit;
         Ok(outcome.map(|()| stats))
+    }
+}
+
+/// Whether kNN runs as knn_fused: k ≤ FUSED_MAX_K, a dimension it is compiled for (≤ 32), and a
+/// dot-product filter (the GEMM form of L2, L2², cosine, or the inner product); L1 and L∞, larger
+/// k and other dimensions take the radius path.
+///
+/// Measured on an H100 (NOTES.md v24; 10⁶ Gaussian base rows, 10⁴ queries, operator time of the
+/// fused path against the radius path, alternating, two rounds): d = 8: 110/120 against 222/172 ms
+/// at k = 10, 203/157 against 275/178 at k = 32; d = 16: 202/164 against 300/264 (k = 10),
+/// 246/218 against 264/252 (k = 32); d = 32: 230/187 against 289/263 (k = 10), 309/271 against
+/// 361/284 (k = 32); blobs at d = 16, k = 10: 200/150 against 300/243. The fused kernel itself is
+/// slower (36–132 ms against 15–23 ms of tensor-core count passes) but the whole run is faster: no
+/// sample, no second radius, no candidate slots to copy back. At d = 128 (P1) its f32 loop would
+/// need 128 registers of query row alone; the radius path's tensor cores serve it.
+fn fused_knn_applies(metric: Metric, gemm: bool, k: usize, dim: usize) -> bool {
+    k <= FUSED_MAX_K && FUSED_DIMS.contains(&dim) && (gemm || metric == Metric::InnerProduct)
+}
+
+/// Threads knn_fused aims for (queries × base chunks). Each chunk costs each query about
+/// k·(1 + ln(rows/k)) exact distances (rows entering its running top-k) and k entries to merge;
+/// 2¹⁵ and 2¹⁷ gave the same kernel time for 10⁴ queries (36 ms at d = 8) but 2¹⁵ a third of
+/// the exact distances and merging (operator time 95 against 100–123 ms, NOTES.md v24).
+const FUSED_THREADS: usize = 1 << 15;
+
+/// Base chunks of knn_fused for `queries` queries over `n` base rows: FUSED_THREADS threads in
+/// all, chunks of whole tiles, outputs (12 bytes per entry, `k` per query and chunk) within a
+/// quarter of the memory budget, at most a grid's 65,535 rows of blocks. (chunks, rows per chunk).
+fn fused_chunks(queries: usize, n: usize, k: usize, budget: usize) -> (usize, usize) {
+    let by_outputs = (budget / 4 / 12 / (queries * k).max(1)).max(1);
+    let wanted = FUSED_THREADS.div_ceil(queries.max(1)).min(n.div_ceil(FUSED_TILE)).min(by_outputs).clamp(1, 65_535);
+    let chunk = n.div_ceil(wanted).next_multiple_of(FUSED_TILE);
+    (n.div_ceil(chunk).max(1), chunk)
+}
+
+impl GpuBackend {
+    /// kNN by knn_fused: each query's k nearest of every base chunk, merged on the host (ties by
+    /// base position). `None` when some exact distance was NaN (cosine of a zero vector, which
+    /// the input conversion skips; the radius path orders NaN as the host does).
+    #[allow(clippy::too_many_arguments)]
+    fn fused_knn(
+        &self,
+        params: &JoinParams,
+        k: usize,
+        query_host: &HostSide,
+        base_host: &HostSide,
+        sink: &dyn ResultSink,
+        budget: usize,
+        start: Instant,
+    ) -> Result<Option<Result<RunStats>>, String> {
+        let mut stats = RunStats { tiles: 1, count_passes: 1, ..Default::default() };
+        let (nq, n) = (query_host.order.len(), base_host.order.len());
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let uploading = Instant::now();
+        let query_buffers = self.upload(query_host, false)?;
+        let base_buffers = self.upload(base_host, false)?;
+        let (chunks, chunk) = fused_chunks(nq, n, k, budget);
+        let stream = &self.device.stream;
+        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
+        let entries = nq * chunks * k;
+        let mut outputs = FusedOutputs {
+            distance: stream.alloc_zeros::<f64>(entries.max(1)).map_err(alloc)?,
+            position: stream.alloc_zeros::<u32>(entries.max(1)).map_err(alloc)?,
+            counters: stream.alloc_zeros::<u64>(2).map_err(alloc)?,
+        };
+        stats.transfer_time += uploading.elapsed();
+        stats.build_time = start.elapsed();
+        let probe = Instant::now();
+        sink.start(1);
+        let selecting = Instant::now();
+        knn_fused_pass(&self.device, params, k, &query_buffers, nq as u32, &base_buffers, n as u32, chunk as u32, &mut outputs)?;
+        stats.kernel_time += selecting.elapsed();
+        let downloading = Instant::now();
+        let counters = stream.clone_dtoh(&outputs.counters).map_err(copy)?;
+        if counters[0] != 0 {
+            return Ok(None);
+        }
+        let distances = stream.clone_dtoh(&outputs.distance.slice(0..entries)).map_err(copy)?;
+        let positions = stream.clone_dtoh(&outputs.position.slice(0..entries)).map_err(copy)?;
+        stats.transfer_time += downloading.elapsed();
+        stats.candidates = counters[1];
+        let emitting = Instant::now();
+        let per_query = chunks * k;
+        let nearest: Vec<Vec<Neighbour>> = (0..nq)
+            .into_par_iter()
+            .map(|q| {
+                let range = q * per_query..(q + 1) * per_query;
+                let all = range.filter(|&i| positions[i] != u32::MAX).map(|i| Neighbour { distance: distances[i], position: positions[i] }).collect();
+                k_smallest(all, k)
+            })
+            .collect();
+        let sent = send_ranked(sink, 0, nearest);
+        sink.advance(1);
+        stats.emit_time += emitting.elapsed();
+        stats.probe_time = probe.elapsed();
+        Ok(Some(sent.map(|()| stats)))
     }
 }
 
@@ -931,6 +1028,21 @@ mod tests {
         assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, MAX_PASS_ROWS + 1, 80 << 30), 0);
         // P1's 1.3·10⁷ slot values take 154 MB: not within a quarter of a 256 MiB budget.
         assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000, 256 << 20), 0);
+    }
+
+    #[test]
+    fn fused_chunks_cover_the_base_in_whole_tiles() {
+        // 10,000 queries over 10⁶ rows: ~2¹⁵ threads, 4 chunks of 977 tiles.
+        assert_eq!(fused_chunks(10_000, 1_000_000, 10, 80 << 30), (4, 250_112));
+        // 1,000 queries: 33 chunks wanted, but outputs within a quarter of 8 MiB allow 17.
+        assert_eq!(fused_chunks(1000, 1_000_000, 10, 8 << 20).0, 17);
+        // Small bases: no more chunks than tiles; many queries: one chunk.
+        assert_eq!(fused_chunks(100, 300, 10, 80 << 30), (2, 256));
+        assert_eq!(fused_chunks(1 << 20, 5000, 32, 80 << 30), (1, 5120));
+        for (queries, n, k) in [(1, 1, 1), (7, 100_000, 32), (3000, 4500, 16)] {
+            let (chunks, chunk) = fused_chunks(queries, n, k, 1 << 30);
+            assert!(chunk % FUSED_TILE == 0 && chunks * chunk >= n && (chunks - 1) * chunk < n, "{queries} {n} {k}");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use datafusion::common::Result;
 use rayon::prelude::*;
 
-use super::topk::{Neighbour, k_smallest};
+use super::topk::{Neighbour, k_smallest, send_ranked};
 use super::{JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
 
 /// `0..len` in consecutive ranges of at most `tile_rows` positions.
@@ -101,21 +101,7 @@ pub(crate) fn tiled_knn(
             nearest.par_iter_mut().for_each(|list| *list = k_smallest(std::mem::take(list), request.k));
             sink.advance(1);
         }
-        let mut chunk = ResultChunk::default();
-        for (q, list) in nearest.into_iter().enumerate() {
-            for (rank, neighbour) in list.into_iter().enumerate() {
-                chunk.left.push((query_range.start + q) as u32);
-                chunk.right.push(neighbour.position);
-                chunk.distance.push(neighbour.distance);
-                chunk.rank.push(rank as u32 + 1);
-            }
-            if chunk.len() >= sink.chunk_rows() {
-                sink.send(std::mem::take(&mut chunk))?;
-            }
-        }
-        if !chunk.is_empty() {
-            sink.send(chunk)?;
-        }
+        send_ranked(sink, query_range.start, nearest)?;
     }
     Ok(stats)
 }

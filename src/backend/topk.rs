@@ -63,6 +63,29 @@ impl KSmallest {
     }
 }
 
+/// Sends the neighbour lists of queries `first..` in query order, each ranked from 1 (the order
+/// [`super::Backend::knn`] promises), in chunks of the sink's size.
+pub(crate) fn send_ranked(sink: &dyn super::ResultSink, first: usize, lists: Vec<Vec<Neighbour>>) -> datafusion::common::Result<()> {
+    let mut chunk = super::ResultChunk::default();
+    for (q, list) in lists.into_iter().enumerate() {
+        push_ranked(&mut chunk, first + q, list);
+        if chunk.len() >= sink.chunk_rows() {
+            sink.send(std::mem::take(&mut chunk))?;
+        }
+    }
+    if chunk.is_empty() { Ok(()) } else { sink.send(chunk) }
+}
+
+/// Appends `query`'s neighbours, nearest first, to `chunk` with ranks from 1.
+pub(crate) fn push_ranked(chunk: &mut super::ResultChunk, query: usize, list: Vec<Neighbour>) {
+    for (rank, neighbour) in list.into_iter().enumerate() {
+        chunk.left.push(query as u32);
+        chunk.right.push(neighbour.position);
+        chunk.distance.push(neighbour.distance);
+        chunk.rank.push(rank as u32 + 1);
+    }
+}
+
 /// Keeps the `k` smallest of `all`, nearest first.
 pub fn k_smallest(mut all: Vec<Neighbour>, k: usize) -> Vec<Neighbour> {
     if all.len() > k && k > 0 {

@@ -7,7 +7,8 @@ include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 pub enum KernelModule {
     /// `kernels/sim_join.cu`: ε-join and range-query kernels.
     SimJoin,
-    /// `kernels/knn.cu`: kNN's sampled radii (the candidates come from `brute_join`).
+    /// `kernels/knn.cu`: kNN's sampled radii (the candidates come from `brute_join`), and the
+    /// fused kNN of small k at low d.
     Knn,
 }
 
@@ -35,7 +36,7 @@ impl KernelModule {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             KernelModule::SimJoin => &["grid_join", "brute_join", "brute_join_tc", "round_to_tf32"],
-            KernelModule::Knn => &["knn_sample_radius"],
+            KernelModule::Knn => &["knn_sample_radius", "knn_fused_16", "knn_fused_32"],
         }
     }
 }

@@ -319,6 +319,85 @@ pub fn sample_radius_pass(
     device.stream.synchronize().map_err(|e| format!("knn_sample_radius failed: {e}"))
 }
 
+/// Queries per block of knn_fused (`FUSED_QUERIES` in kernels/knn.cu).
+const FUSED_QUERIES: u32 = 128;
+/// Base rows per shared-memory tile of knn_fused (`FUSED_TILE`): chunks are multiples of it.
+pub const FUSED_TILE: usize = 256;
+/// The dimensions knn_fused is compiled for (its `switch` in kernels/knn.cu).
+pub const FUSED_DIMS: [usize; 6] = [2, 3, 4, 8, 16, 32];
+/// The largest k knn_fused keeps (its lists of 16 or 32 entries).
+pub const FUSED_MAX_K: usize = 32;
+
+/// Where knn_fused puts each (query, base chunk)'s k nearest.
+#[derive(Debug)]
+pub struct FusedOutputs {
+    /// `queries · chunks · k` exact distances, each list nearest first.
+    pub distance: CudaSlice<f64>,
+    /// Their base positions (`u32::MAX`: none, in a chunk of fewer than k rows).
+    pub position: CudaSlice<u32>,
+    /// [1 when some exact distance was NaN, exact distances computed].
+    pub counters: CudaSlice<u64>,
+}
+
+/// Runs knn_fused: for every query, the `k` nearest base rows of each of `chunks` consecutive
+/// base chunks of `chunk` rows (a multiple of FUSED_TILE), and waits for it.
+#[allow(clippy::too_many_arguments)]
+pub fn knn_fused_pass(
+    device: &GpuDevice,
+    params: &JoinParams,
+    k: usize,
+    queries: &SideBuffers,
+    query_len: u32,
+    base: &SideBuffers,
+    base_len: u32,
+    chunk: u32,
+    outputs: &mut FusedOutputs,
+) -> Result<(), String> {
+    let chunks = base_len.div_ceil(chunk.max(1));
+    let needed = query_len as usize * chunks as usize * k;
+    let dim = params.dim as usize;
+    if k == 0 || k > FUSED_MAX_K || !FUSED_DIMS.contains(&dim) || chunks > 65_535 || outputs.distance.len().min(outputs.position.len()) < needed {
+        return Err(format!("knn_fused: k = {k}, d = {dim}, {chunks} chunks, outputs for {needed} entries"));
+    }
+    if query_len == 0 || base_len == 0 {
+        return Ok(());
+    }
+    let kernel = if k <= 16 { "knn_fused_16" } else { "knn_fused_32" };
+    let function = device.function(KernelModule::Knn, kernel)?;
+    let config = LaunchConfig { grid_dim: (query_len.div_ceil(FUSED_QUERIES), chunks, 1), block_dim: (FUSED_QUERIES, 1, 1), shared_mem_bytes: 0 };
+    let k = k as u32;
+    let mut builder = device.stream.launch_builder(&function);
+    builder
+        .arg(params)
+        .arg(&k)
+        .arg(&query_len)
+        .arg(&base_len)
+        .arg(&chunk)
+        .arg(&queries.filter)
+        .arg(&base.filter)
+        .arg(&queries.exact)
+        .arg(&base.exact)
+        .arg(&queries.norms)
+        .arg(&base.norms)
+        .arg(&queries.filter_norms)
+        .arg(&base.filter_norms)
+        .arg(&queries.filter_sq_norms)
+        .arg(&base.filter_sq_norms)
+        .arg(&mut outputs.distance)
+        .arg(&mut outputs.position)
+        .arg(&mut outputs.counters);
+    // SAFETY: the arguments match knn_fused_16/32's parameter list one for one. Both sides hold
+    // `dim` ∈ FUSED_DIMS filter values (f32, 16-byte aligned rows when dim is a multiple of 4) and
+    // exact values (f64) per row for `query_len` and `base_len` rows; the filter norms hold one per
+    // row (the host builds them for the dot-product filters, the only ones this runs) and so do the
+    // squared norms with the GEMM filter and the exact norms under cosine, the only cases the kernel
+    // reads them. Blocks cover queries < query_len (others stay idle) and base rows < base_len of
+    // chunk blockIdx.y; each writes k entries per (query, chunk) at (q · chunks + chunk) · k, below
+    // `needed` ≤ the outputs' length (checked above); `counters` holds two values.
+    unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
+    device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
+}
+
 /// Most sample rows knn_sample_radius sorts (`SAMPLE` in kernels/knn.cu).
 pub const KNN_SAMPLE: usize = 4096;
 /// Radii per query knn_sample_radius writes (`LEVELS` in kernels/knn.cu): ranks r, 4r, 16r, 64r.
