@@ -50,11 +50,13 @@ struct JoinParams {
     u32 slot_capacity;  // brute force, count pass: each left slot's pairs are also stored at
                         // (slot − slot_begin)·slot_capacity + i while i < slot_capacity (kNN's
                         // candidates, grouped by query without a write pass); 0: not stored so
+    u32 windowed;       // grid: 1 = scan only the ±window range of the sort dimension in each cell
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
+    double window;      // grid, windowed: half-width of that range (sortidu, seed 003 §4.3)
 };
 // The host's mirror (`JoinParams` in src/gpu/launch.rs) asserts the same size.
-static_assert(sizeof(JoinParams) == 192, "JoinParams layout changed: update src/gpu/launch.rs");
+static_assert(sizeof(JoinParams) == 200, "JoinParams layout changed: update src/gpu/launch.rs");
 
 // The exact distance of the contract: sums in dimension order, one term at a time. `b`'s
 // coordinates are `b_stride` apart (kNN's sample is stored dimension-major, so that the threads of a
@@ -85,21 +87,32 @@ __device__ __forceinline__ double exact_distance(const JoinParams& p, const doub
     }
 }
 
-// The f32 filter score of two filter-space rows (see FilterLimit / GemmSide on the host).
-__device__ __forceinline__ float filter_score(const JoinParams& p, const float* x, const float* y) {
+// The f32 filter score of two filter-space rows (see FilterLimit / GemmSide on the host). The
+// direct scores stop early once they exceed `limit` (shortc, seed 003 §4.4), checked every 8
+// dimensions: their terms are non-negative and each rounded addition (or maximum) of one never
+// decreases the sum, so a partial score above the limit means the whole score, summed in the same
+// order, fails the filter too; the early return is such a failing score.
+__device__ __forceinline__ float filter_score(const JoinParams& p, const float* x, const float* y, float limit) {
     float acc = 0.0f;
     switch (p.filter) {
     case FILTER_SQUARED_L2:
         for (u32 i = 0; i < p.dim; ++i) {
             float t = y[i] - x[i];
             acc = acc + t * t;
+            if ((i & 7) == 7 && acc > limit) return acc;
         }
         return acc;
     case FILTER_L1:
-        for (u32 i = 0; i < p.dim; ++i) acc = acc + fabsf(y[i] - x[i]);
+        for (u32 i = 0; i < p.dim; ++i) {
+            acc = acc + fabsf(y[i] - x[i]);
+            if ((i & 7) == 7 && acc > limit) return acc;
+        }
         return acc;
     case FILTER_LINF:
-        for (u32 i = 0; i < p.dim; ++i) acc = fmaxf(acc, fabsf(y[i] - x[i]));
+        for (u32 i = 0; i < p.dim; ++i) {
+            acc = fmaxf(acc, fabsf(y[i] - x[i]));
+            if ((i & 7) == 7 && acc > limit) return acc;
+        }
         return acc;
     default:
         for (u32 i = 0; i < p.dim; ++i) acc = acc + x[i] * y[i];

@@ -76,7 +76,7 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
             load_row<DIM>(rf, t, y);
             score = fixed_filter_score<DIM>(p.filter, x, y);
         } else {
-            score = filter_score(p, lf + (u64)s * p.dim, rf + (u64)t * p.dim);
+            score = filter_score(p, lf + (u64)s * p.dim, rf + (u64)t * p.dim, p.limit);
         }
         float nx = p.filter == FILTER_NEG_DOT ? lfnorm[s] : 0.0f;
         float ny = p.filter == FILTER_NEG_DOT ? rfnorm[t] : 0.0f;
@@ -102,7 +102,7 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
     JoinParams p, u32 slot_begin, u32 slot_end, const float* lf, const float* rf, const double* lx, const double* rx, \
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm, const u32* left_order,   \
         const u32* right_order, const u64* left_slot_cell, const u64* right_cell_ids, const u32* right_cell_start,  \
-        const u32* cell_table, u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, \
+        const u32* cell_table, const double* left_keys, const double* right_keys, u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, \
         u64* collected, u64 capacity, int write
 
 // grid_join for dimension DIM (0: any).
@@ -129,7 +129,27 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
             long long c = find_cell(p, right_cell_ids, cell_table, nid);
             if (c >= 0) {
                 u32 begin = right_cell_start[c], end = right_cell_start[c + 1];
-                if (p.self_join && nid == id) begin = s + 1;  // later slots of its own cell
+                if (p.windowed) {
+                    // sortidu: a cell's slots are sorted by the sort dimension's key, and partners
+                    // differ by at most the window there; the host's partition points (grid_join
+                    // in src/backend/cpu.rs, whose proof covers the rounding), by the same f64
+                    // subtractions: the first slot with key − u ≥ −window, then the first beyond
+                    // it with key − u > window.
+                    double u = left_keys[s];
+                    u32 a = begin, b = end;
+                    while (a < b) {
+                        u32 m = a + (b - a) / 2;
+                        if (right_keys[m] - u < -p.window) a = m + 1; else b = m;
+                    }
+                    begin = a;
+                    b = end;
+                    while (a < b) {
+                        u32 m = a + (b - a) / 2;
+                        if (right_keys[m] - u <= p.window) a = m + 1; else b = m;
+                    }
+                    end = a;
+                }
+                if (p.self_join && nid == id) begin = max(begin, s + 1);  // later slots of its own cell
                 scan_range<DIM>(p, s, begin, end, x, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order,
                                 right_order, found, write, offset, out_left, out_right, out_distance, collected, capacity);
             }
@@ -142,10 +162,12 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
     if (!write) counts[s - slot_begin] = found;
 }
 
-extern "C" __global__ void grid_join(GRID_JOIN_PARAMS) {
+// At most 64 registers (4 blocks of 256 per SM): the sortidu window took it to 68 and 3 blocks, and
+// P4's kernel from 231 to 250 ms; capped, it needs no spills (scripts/kernel-check.py).
+extern "C" __global__ void __launch_bounds__(256, 4) grid_join(GRID_JOIN_PARAMS) {
 #define GRID_JOIN_ARGS                                                                                              \
     p, slot_begin, slot_end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order, left_slot_cell, \
-        right_cell_ids, right_cell_start, cell_table, counts, offsets, out_left, out_right, out_distance, collected, \
+        right_cell_ids, right_cell_start, cell_table, left_keys, right_keys, counts, offsets, out_left, out_right, out_distance, collected, \
         capacity, write
     switch (p.dim) {
     case 2: grid_join_rows<2>(GRID_JOIN_ARGS); break;

@@ -307,10 +307,7 @@ fn grid_join(
     let right_slots = if same { None } else { Some(SlotFilter::new(right_filter, right, dim, &origin)) };
     let right_slots = right_slots.as_ref().unwrap_or(&left_slots);
     let limit = FilterLimit::new(request.metric, request.threshold, dim, left_slots.extent.max(right_slots.extent));
-    // Window half-width on the sort dimension: partners differ by at most r there up to a few ulps
-    // of rounding, which this widening by 2⁻³⁰ covers; fl(key - u) is monotone, so the window
-    // test `|fl(key - u)| ≤ r'` keeps every pair whose exact difference is ≤ r'.
-    let window = g.radius * (1.0 + 1.0 / (1u64 << 30) as f64);
+    let window = g.window();
     let windowed = g.window_prunes();
 
     let ranges = balanced_ranges(left.num_cells(), rayon::current_num_threads() * 32, |c| left.slots(c).len());

@@ -619,6 +619,8 @@ impl GpuBackend {
                 params.k = g.dims.len() as u32;
                 params.dense = ri.dense_table().is_some().into();
                 params.right_cells = ri.num_cells() as u32;
+                params.windowed = g.window_prunes().into();
+                params.window = g.window();
                 for j in 0..g.dims.len() {
                     params.cells[j] = g.cells[j];
                     params.strides[j] = g.strides[j];
@@ -628,6 +630,8 @@ impl GpuBackend {
                     right_cell_ids: stream.clone_htod(&ri.cell_ids).map_err(copy)?,
                     right_cell_start: stream.clone_htod(&starts).map_err(copy)?,
                     cell_table: stream.clone_htod(&table).map_err(copy)?,
+                    left_sort_keys: stream.clone_htod(&li.sort_keys).map_err(copy)?,
+                    right_sort_keys: stream.clone_htod(&ri.sort_keys).map_err(copy)?,
                 })
             }
             _ => None,

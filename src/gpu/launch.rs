@@ -35,14 +35,18 @@ pub struct JoinParams {
     pub tensor_cores: u32,
     /// Brute-force count pass: store each left slot's pairs in a slot of this many (kNN); 0: no.
     pub slot_capacity: u32,
+    /// Grid: 1 scans only the ±`window` range of the sort dimension in each cell (sortidu).
+    pub windowed: u32,
     pub cells: [u64; 8],
     pub strides: [u64; 8],
+    /// Grid, windowed: the half-width of that range.
+    pub window: f64,
 }
 
 // SAFETY: `JoinParams` is `repr(C)` plain data laid out exactly as the CUDA struct it mirrors
 // (kernels/common.cuh asserts the same size).
 unsafe impl DeviceRepr for JoinParams {}
-const _: () = assert!(std::mem::size_of::<JoinParams>() == 192, "JoinParams layout changed: update kernels/common.cuh");
+const _: () = assert!(std::mem::size_of::<JoinParams>() == 200, "JoinParams layout changed: update kernels/common.cuh");
 
 /// The rows of one join side on the device, in slot order.
 #[derive(Debug)]
@@ -72,6 +76,10 @@ pub struct GridBuffers {
     pub right_cell_start: CudaSlice<u32>,
     /// Linear id → right cell (dense grids; else one unused value).
     pub cell_table: CudaSlice<u32>,
+    /// Each left slot's key on the sort dimension (sortidu).
+    pub left_sort_keys: CudaSlice<f64>,
+    /// Each right slot's key on the sort dimension, ascending within each cell.
+    pub right_sort_keys: CudaSlice<f64>,
 }
 
 /// What a pass of a join reads: both sides, and the grid (`None`: brute force over all
@@ -226,7 +234,13 @@ pub fn launch_join_pass(
             .arg(&left.order)
             .arg(&right.order);
         match grid {
-            Some(g) => builder.arg(&g.left_slot_cell).arg(&g.right_cell_ids).arg(&g.right_cell_start).arg(&g.cell_table),
+            Some(g) => builder
+                .arg(&g.left_slot_cell)
+                .arg(&g.right_cell_ids)
+                .arg(&g.right_cell_start)
+                .arg(&g.cell_table)
+                .arg(&g.left_sort_keys)
+                .arg(&g.right_sort_keys),
             None => builder
                 .arg(&left.filter_sq_norms)
                 .arg(&right.filter_sq_norms)

@@ -60,6 +60,13 @@ impl GridGeometry {
     pub fn window_prunes(&self) -> bool {
         !self.dims.contains(&self.sort_dim)
     }
+
+    /// Half-width of the window on the sort dimension: partners differ by at most `r` there up to
+    /// a few ulps of rounding, which this widening by 2⁻³⁰ covers; fl(key − u) is monotone, so the
+    /// window test `|fl(key − u)| ≤ r'` keeps every pair whose exact difference is ≤ r'.
+    pub fn window(&self) -> f64 {
+        self.radius * (1.0 + 1.0 / (1u64 << 30) as f64)
+    }
 }
 
 impl GridGeometry {
