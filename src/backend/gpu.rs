@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::{DataFusionError, Result, resources_err};
 
 use super::cpu::{FilterLimit, filter_space, gather, lower_corner, mean, plan_join, score_threshold};
 use super::exact::{ExactCheck, write_self_pairs};
@@ -83,7 +83,7 @@ impl Backend for GpuBackend {
         if rows.saturating_mul(row_bytes) <= budget / 2 {
             return run(request, sink);
         }
-        tiles::tiled_join(request, sink, budget / 4 / row_bytes, run)
+        tiles::tiled_join(request, sink, tile_rows(budget, request.left.dim, self.memory_limit, "GPU join")?, run)
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
@@ -95,8 +95,30 @@ impl Backend for GpuBackend {
         if (request.base.len() + request.queries.len()).saturating_mul(row_bytes) <= budget / 2 {
             return run(request, sink);
         }
-        let tile_rows = budget / 4 / row_bytes;
+        let tile_rows = tile_rows(budget, request.base.dim, self.memory_limit, "GPU kNN")?;
         tiles::tiled_knn(request, sink, tile_rows, tile_rows, run)
+    }
+}
+
+/// Fewest rows per tile a run accepts: smaller tiles would turn a join into more tile pairs (each a
+/// join with its own uploads and launches) than any result is worth waiting for.
+const MIN_TILE_ROWS: usize = 256;
+
+/// Rows of `dim` dimensions per input tile within `budget` (a quarter of it per tile), or the
+/// error that names the limit (`memory_limit`, 0: none) when that is fewer than MIN_TILE_ROWS.
+fn tile_rows(budget: usize, dim: usize, memory_limit: usize, what: &str) -> Result<usize> {
+    let row_bytes = device_row_bytes(dim);
+    let rows = budget / 4 / row_bytes;
+    if rows >= MIN_TILE_ROWS {
+        return Ok(rows);
+    }
+    let needed = format_size((MIN_TILE_ROWS * row_bytes * 4).next_multiple_of(1 << 10));
+    match memory_limit {
+        0 => resources_err!("{what}: the device has {budget} bytes available, room for {rows} rows of {dim} dimensions per input tile; at least {MIN_TILE_ROWS} need {needed}"),
+        limit => resources_err!(
+            "{what}: option gpu_memory_limit={} leaves room for {rows} rows of {dim} dimensions per input tile ({row_bytes} bytes a row, a quarter of the limit per tile); at least {MIN_TILE_ROWS} rows need gpu_memory_limit={needed}",
+            format_size(limit)
+        ),
     }
 }
 
@@ -1032,6 +1054,20 @@ mod tests {
         assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, MAX_PASS_ROWS + 1, 80 << 30), 0);
         // P1's 1.3·10⁷ slot values take 154 MB: not within a quarter of a 256 MiB budget.
         assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000, 256 << 20), 0);
+    }
+
+    #[test]
+    fn tiles_below_the_minimum_are_an_error_that_names_the_limit() {
+        // 2-D rows take 88 bytes: 344K gives tiles of 1,000 rows (the selftest's case).
+        assert_eq!(tile_rows(344 << 10, 2, 344 << 10, "GPU join").unwrap(), 1000);
+        let err = tile_rows(64 << 10, 2, 64 << 10, "GPU join").unwrap_err().strip_backtrace();
+        assert_eq!(
+            err,
+            "Resources exhausted: GPU join: option gpu_memory_limit=64K leaves room for 186 rows of 2 dimensions per input tile \
+             (88 bytes a row, a quarter of the limit per tile); at least 256 rows need gpu_memory_limit=88K"
+        );
+        let err = tile_rows(1000, 128, 0, "GPU kNN").unwrap_err().strip_backtrace();
+        assert!(err.contains("GPU kNN: the device has 1000 bytes available, room for 0 rows of 128 dimensions"), "{err}");
     }
 
     #[test]
