@@ -15,14 +15,14 @@ use super::cpu::{FilterLimit, filter_space, gather, lower_corner, mean, plan_joi
 use super::exact::{ExactCheck, write_self_pairs};
 use super::topk::{Neighbour, k_smallest, push_ranked, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats, tiles};
-use crate::gpu::{GpuDevice, PIPELINE_STREAMS};
-use cudarc::driver::CudaEvent;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    DownloadedPairs, FUSED_DIMS, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, host_results, join_pass,
-    knn_fused_pass, launch_join_pass, round_to_tf32,
-    sample_radius_pass, upload,
+    DownloadedPairs, FUSED_DIMS, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS,
+    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, host_results, join_pass, knn_fused_pass, launch_join_pass,
+    round_to_tf32, sample_radius_pass, upload,
 };
+use crate::gpu::{GpuDevice, PIPELINE_STREAMS};
+use cudarc::driver::CudaEvent;
 use rayon::prelude::*;
 use crate::index::{GridIndex, JoinStrategy};
 use crate::op::{Metric, dot};
@@ -464,7 +464,6 @@ impl GpuBackend {
         stats.transfer_time += uploading.elapsed();
         stats.build_time = start.elapsed();
         let probe = Instant::now();
-        sink.start(1);
         let selecting = Instant::now();
         knn_fused_pass(&self.device, params, k, &query_buffers, nq as u32, &base_buffers, n as u32, chunk as u32, &mut outputs)?;
         stats.kernel_time += selecting.elapsed();
@@ -477,6 +476,7 @@ impl GpuBackend {
         let positions = stream.clone_dtoh(&outputs.position.slice(0..entries)).map_err(copy)?;
         stats.transfer_time += downloading.elapsed();
         stats.candidates = counters[1];
+        sink.start(1);
         let emitting = Instant::now();
         let per_query = chunks * k;
         let nearest: Vec<Vec<Neighbour>> = (0..nq)
@@ -664,8 +664,8 @@ impl GpuBackend {
         // One count pass over every left slot that also collects the pairs into buffers sized for
         // COLLECT_PAIRS_PER_ROW per left row. When they all fit, that pass is the whole result,
         // downloaded in batches of RESULT_BATCH_PAIRS; otherwise write passes follow, in
-        // batches of at most MAX_BATCH_PAIRS pairs (a single slot with more gets a batch of its
-        // own), each from offsets the counts give.
+        // batches of at most RESULT_BATCH_PAIRS pairs (a single slot with more gets a batch of
+        // its own), each from offsets the counts give, pipelined over PIPELINE_STREAMS streams.
         let probe = Instant::now();
         let n_left = left_host.order.len();
         let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;

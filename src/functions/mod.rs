@@ -50,13 +50,13 @@ fn input(
     Ok(TableInput { provider, source, describe: format!("argument '{argument}'") })
 }
 
-/// The table of a call: checks what the schemas alone can (dimensions) and picks the backend.
 /// `operation` with the options that say how and where it runs.
 fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp {
     let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, .. } = *options;
     SimilarityOp { operation, metric, device, index, grid_dims, gpu_memory_limit }
 }
 
+/// The table of a call: checks what the schemas alone can (dimensions) and picks the backend.
 fn table(op: SimilarityOp, first: TableInput, second: Option<TableInput>, names: [&str; 2]) -> Result<Arc<SimilarityTable>> {
     if let Some(second) = &second
         && let (Some(a), Some(b)) = (first.source.static_dim(), second.source.static_dim())
