@@ -18,13 +18,14 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSin
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     DownloadedPairs, FUSED_DIMS, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS,
-    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, host_results, join_pass, knn_fused_pass, launch_join_pass,
+    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, gather_rows, host_results, join_pass, knn_fused_pass, launch_join_pass,
     round_to_tf32, sample_radius_pass, upload,
 };
+use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{GpuDevice, PIPELINE_STREAMS};
 use cudarc::driver::CudaEvent;
 use rayon::prelude::*;
-use crate::index::{GridIndex, JoinStrategy};
+use crate::index::JoinStrategy;
 use crate::op::{Metric, dot};
 use crate::vectors::Vectors;
 
@@ -530,6 +531,23 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
     HostSide { filter, exact, norms, filter_norms, filter_sq_norms, order }
 }
 
+/// A side's buffers, uploaded in input order, in the slot order of its grid (`order`, slot →
+/// position), each freed once gathered. The per-row buffers are gathered where they hold a value
+/// per row (an unused one holds a single value, which a one-row side gathers harmlessly).
+fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::CudaSlice<u32>, dim: usize) -> Result<SideBuffers, String> {
+    let n = order.len();
+    let SideBuffers { filter, exact, norms, filter_norms, filter_sq_norms, order: _ } = side;
+    let per_row = |buffer: cudarc::driver::CudaSlice<f32>| if buffer.len() == n { gather_rows(device, buffer, &order, n, 1) } else { Ok(buffer) };
+    Ok(SideBuffers {
+        filter: gather_rows(device, filter, &order, n, dim)?,
+        exact: gather_rows(device, exact, &order, n, dim)?,
+        norms: if norms.len() == n { gather_rows(device, norms, &order, n, 1)? } else { norms },
+        filter_norms: per_row(filter_norms)?,
+        filter_sq_norms: per_row(filter_sq_norms)?,
+        order,
+    })
+}
+
 /// kNN's radius sample: `sample_len` evenly spread base rows, the only thing knn_sample_radius
 /// reads being their exact values (and cosine norms). Dimension-major, so that its threads (one
 /// sample row each) read adjacent values: row-major made each warp load touch 32 cache lines,
@@ -572,36 +590,29 @@ impl GpuBackend {
         if left.is_empty() || right.is_empty() {
             return Ok(Ok(stats));
         }
-        // Compile the module now (once per process) so NVRTC stays out of the run's times.
+        // Compile the modules now (once per process) so NVRTC stays out of the run's times.
         self.device.function(KernelModule::SimJoin, "grid_join")?;
+        self.device.function(KernelModule::Grid, "radix_scatter")?;
         let start = Instant::now();
         let dim = left.dim;
         let (left_filter, right_filter, strategy) = plan_join(request);
 
-        // Slot orders (grid order, or input order for brute force) and the f32 filter.
-        let (left_index, right_index) = match &strategy {
-            JoinStrategy::Grid(g) => {
-                let l = GridIndex::build(g, &left_filter, dim);
-                let r = if self_join.is_some() { None } else { Some(GridIndex::build(g, &right_filter, dim)) };
-                (Some(l), r)
-            }
-            JoinStrategy::BruteForce => (None, None),
+        // The host's rows go up in input order; a grid then orders them on the device.
+        let geometry = match &strategy {
+            JoinStrategy::Grid(g) => Some(g),
+            JoinStrategy::BruteForce => None,
         };
         let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
         let sides = |gemm: bool| {
             let origin = filter_origin(metric, gemm, &left_filter, &right_filter, right);
-            let left_order = left_index.as_ref().map_or_else(|| identity(left.len()), |i| i.order.clone());
-            let left_host = host_side(left, &left_filter, left_order, &origin, metric, gemm);
+            let left_host = host_side(left, &left_filter, identity(left.len()), &origin, metric, gemm);
             let right_host = match self_join {
                 Some(_) => None,
-                None => {
-                    let order = right_index.as_ref().map_or_else(|| identity(right.len()), |i| i.order.clone());
-                    Some(host_side(right, &right_filter, order, &origin, metric, gemm))
-                }
+                None => Some(host_side(right, &right_filter, identity(right.len()), &origin, metric, gemm)),
             };
             (left_host, right_host)
         };
-        let mut gemm = left_index.is_none() && gemm_metric(metric);
+        let mut gemm = geometry.is_none() && gemm_metric(metric);
         let (mut left_host, mut right_host) = sides(gemm);
         if gemm && !gemm_fits(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) {
             gemm = false;
@@ -613,52 +624,63 @@ impl GpuBackend {
             metric: metric_code(metric),
             self_join: self_join.is_some().into(),
             threshold,
-            ..filter_params(metric, dim, gemm, left_index.is_none() && self.device.has_tf32_tensor_cores())
+            ..filter_params(metric, dim, gemm, geometry.is_none() && self.device.has_tf32_tensor_cores())
         };
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
 
         let uploading = Instant::now();
         let tf32 = params.tensor_cores != 0;
-        let left_buffers = self.upload(&left_host, tf32)?;
-        let right_buffers = match &right_host {
+        let mut left_buffers = self.upload(&left_host, tf32)?;
+        let mut right_buffers = match &right_host {
             Some(h) => Some(self.upload(h, tf32)?),
             None => None,
         };
-        let right_buffers_ref = right_buffers.as_ref().unwrap_or(&left_buffers);
+        stats.transfer_time += uploading.elapsed();
         let right_len = right_host.as_ref().map_or(left_host.order.len(), |h| h.order.len()) as u32;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
-        let grid = match (&strategy, &left_index) {
-            (JoinStrategy::Grid(g), Some(li)) => {
+        let grid = match geometry {
+            Some(g) => {
                 stats.indexed_dims = g.dims.len();
-                let ri = right_index.as_ref().unwrap_or(li);
-                let mut slot_cell = vec![0u64; li.order.len()];
-                for c in 0..li.num_cells() {
-                    slot_cell[li.slots(c)].fill(li.cell_ids[c]);
-                }
-                let starts: Vec<u32> = ri.cell_start.iter().map(|&s| s as u32).collect();
-                let table = ri.dense_table().map_or_else(|| vec![u32::MAX], |t| t.to_vec());
+                let windowed = g.window_prunes();
+                let build = |filter: &[f64]| {
+                    let (cells, values) = g.keys(filter, dim, windowed);
+                    build_grid(&self.device, &cells, values.as_deref(), g.id_bits(), g.table_len(cells.len()))
+                };
+                let DeviceGrid { order, slot_cell, sort_keys: left_sort_keys, bounds } = build(&left_filter)?;
+                left_buffers = in_slot_order(&self.device, left_buffers, order, dim)?;
+                // A self-join probes its own cells.
+                let (right_bounds, right_sort_keys) = match right_buffers.take() {
+                    Some(side) => {
+                        let DeviceGrid { order, sort_keys, bounds: right_bounds, .. } = build(&right_filter)?;
+                        right_buffers = Some(in_slot_order(&self.device, side, order, dim)?);
+                        (right_bounds, sort_keys)
+                    }
+                    None => (bounds, stream.clone_dtod(&left_sort_keys).map_err(copy)?),
+                };
                 params.k = g.dims.len() as u32;
-                params.dense = ri.dense_table().is_some().into();
-                params.right_cells = ri.num_cells() as u32;
-                params.windowed = g.window_prunes().into();
+                params.dense = right_bounds.dense.into();
+                params.right_cells = right_bounds.cells as u32;
+                params.windowed = windowed.into();
                 params.window = g.window();
                 for j in 0..g.dims.len() {
                     params.cells[j] = g.cells[j];
                     params.strides[j] = g.strides[j];
                 }
                 Some(GridBuffers {
-                    left_slot_cell: stream.clone_htod(&slot_cell).map_err(copy)?,
-                    right_cell_ids: stream.clone_htod(&ri.cell_ids).map_err(copy)?,
-                    right_cell_start: stream.clone_htod(&starts).map_err(copy)?,
-                    cell_table: stream.clone_htod(&table).map_err(copy)?,
-                    left_sort_keys: stream.clone_htod(&li.sort_keys).map_err(copy)?,
-                    right_sort_keys: stream.clone_htod(&ri.sort_keys).map_err(copy)?,
+                    left_slot_cell: slot_cell,
+                    right_cell_ids: right_bounds.cell_ids,
+                    right_cell_start: right_bounds.cell_start,
+                    cell_table: right_bounds.table,
+                    left_sort_keys,
+                    right_sort_keys,
                 })
             }
-            _ => None,
+            None => None,
         };
-        stats.transfer_time += uploading.elapsed();
+        let right_buffers_ref = right_buffers.as_ref().unwrap_or(&left_buffers);
+        // The build's last gathers are queued, not done: they count as build time.
+        stream.synchronize().map_err(copy)?;
         stats.build_time = start.elapsed();
 
         // One count pass over every left slot that also collects the pairs into buffers sized for

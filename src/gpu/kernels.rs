@@ -10,17 +10,21 @@ pub enum KernelModule {
     /// `kernels/knn.cu`: kNN's sampled radii (the candidates come from `brute_join`), and the
     /// fused kNN of small k at low d.
     Knn,
+    /// `kernels/grid.cu`: the ε-grid built on the device (radix sort of the points by cell, the
+    /// cells' bounds, rows gathered into slot order).
+    Grid,
 }
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 2] = [KernelModule::SimJoin, KernelModule::Knn];
+    pub const ALL: [KernelModule; 3] = [KernelModule::SimJoin, KernelModule::Knn, KernelModule::Grid];
 
     /// The flattened source.
     pub fn source(self) -> &'static str {
         match self {
             KernelModule::SimJoin => SIM_JOIN,
             KernelModule::Knn => KNN,
+            KernelModule::Grid => GRID,
         }
     }
 
@@ -29,6 +33,7 @@ impl KernelModule {
         match self {
             KernelModule::SimJoin => "sim_join.cu",
             KernelModule::Knn => "knn.cu",
+            KernelModule::Grid => "grid.cu",
         }
     }
 
@@ -37,6 +42,17 @@ impl KernelModule {
         match self {
             KernelModule::SimJoin => &["grid_join", "brute_join", "brute_join_tc", "round_to_tf32"],
             KernelModule::Knn => &["knn_sample_radius", "knn_fused_16", "knn_fused_32"],
+            KernelModule::Grid => &[
+                "radix_identity",
+                "radix_histogram",
+                "radix_scatter",
+                "scan_blocks",
+                "add_block_offsets",
+                "cell_starts",
+                "cell_bounds",
+                "fill_u32",
+                "gather_rows",
+            ],
         }
     }
 }

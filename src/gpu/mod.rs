@@ -6,6 +6,7 @@ use std::fmt;
 use cudarc::driver::CudaContext;
 
 mod device;
+pub mod grid;
 pub mod kernels;
 pub mod launch;
 

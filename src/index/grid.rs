@@ -83,6 +83,27 @@ impl GridGeometry {
         self.dims.iter().enumerate().map(|(j, &d)| self.coord(j, point[d]) * self.strides[j]).sum()
     }
 
+    /// Each point's linear cell id and, when `windowed`, its sort-dimension value, in input order.
+    pub fn keys(&self, points: &[f64], dim: usize, windowed: bool) -> (Vec<u64>, Option<Vec<f64>>) {
+        let cells = points.par_chunks(dim).map(|p| self.cell_id(p)).collect();
+        let values = windowed.then(|| points.par_chunks(dim).map(|p| p[self.sort_dim]).collect());
+        (cells, values)
+    }
+
+    /// Bits of the largest linear id.
+    pub fn id_bits(&self) -> u32 {
+        let possible: u128 = self.cells.iter().map(|&c| c as u128).product();
+        128 - (possible - 1).leading_zeros()
+    }
+
+    /// Entries of the linear id → cell table of an index over `n` points, when the grid has few
+    /// enough cells for one (at most max(4n, 2²⁰)); lookups then cost one load instead of a
+    /// binary search.
+    pub fn table_len(&self, n: usize) -> Option<usize> {
+        let possible: u128 = self.cells.iter().map(|&c| c as u128).product();
+        (possible <= (4 * n as u128).max(1 << 20) && n < u32::MAX as usize).then_some(possible as usize)
+    }
+
     /// Calls `f` with the id of every cell of the 3^k neighbourhood of `cell` that lies in the grid.
     pub fn for_each_neighbour(&self, cell: u64, mut f: impl FnMut(u64)) {
         let k = self.dims.len();
@@ -312,8 +333,7 @@ pub struct GridIndex {
     pub order: Vec<u32>,
     /// Slot → the point's sort-dimension value.
     pub sort_keys: Vec<f64>,
-    /// Linear id → cell index (`u32::MAX`: empty), when the grid has few enough cells for a
-    /// table (at most max(4n, 2²⁰)); lookups then cost one load instead of a binary search.
+    /// Linear id → cell index (`u32::MAX`: empty), where [`GridGeometry::table_len`] allows one.
     dense: Option<Vec<u32>>,
 }
 
@@ -341,9 +361,8 @@ impl GridIndex {
             }
         }
         index.cell_start.push(n);
-        let possible: u128 = geometry.cells.iter().map(|&c| c as u128).product();
-        if possible <= (4 * n as u128).max(1 << 20) && index.cell_ids.len() < u32::MAX as usize {
-            let mut table = vec![u32::MAX; possible as usize];
+        if let Some(entries) = geometry.table_len(n) {
+            let mut table = vec![u32::MAX; entries];
             for (c, &id) in index.cell_ids.iter().enumerate() {
                 table[id as usize] = c as u32;
             }
@@ -418,6 +437,30 @@ mod tests {
             }
             assert!(index.sort_keys[slots].is_sorted());
         }
+    }
+
+    #[test]
+    fn device_build_keys_match_the_host_index() {
+        let points = uniform(2000, 3, 11);
+        let g = geometry(&[0, 1], &[0, 1, 2], &[0.0; 3], &[1.0; 3], 0.1, 3);
+        let (cells, values) = g.keys(&points, 3, true);
+        let index = GridIndex::build(&g, &points, 3);
+        // Sorting positions by (cell, sort value, position), as the device's radix passes do,
+        // gives the host index's slot order.
+        let mut order: Vec<u32> = (0..2000).collect();
+        let values = values.expect("windowed keys");
+        order.sort_by(|&a, &b| cells[a as usize].cmp(&cells[b as usize]).then(values[a as usize].total_cmp(&values[b as usize])));
+        assert_eq!(order, index.order);
+        // 10 × 10 cells: the largest id, 99, needs 7 bits, and the table has every id.
+        assert_eq!(g.cells, vec![10, 10]);
+        assert_eq!(g.id_bits(), 7);
+        assert_eq!(g.table_len(2000), Some(100));
+        assert_eq!(index.dense_table().map(<[u32]>::len), Some(100));
+        assert!(g.keys(&points, 3, false).1.is_none());
+        let one_cell = geometry(&[0], &[0], &[0.0], &[0.0], 1.0, 1);
+        assert_eq!(one_cell.id_bits(), 0);
+        let sparse = geometry(&[0, 1, 2, 3, 4, 5, 6, 7], &[0, 1, 2, 3, 4, 5, 6, 7], &[0.0; 8], &[1.0; 8], 0.01, 8);
+        assert_eq!(sparse.table_len(1000), None);
     }
 
     #[test]
