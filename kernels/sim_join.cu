@@ -406,6 +406,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 #define TC_STRIDE (TC_CHUNK + 4)
 #define TC_RUN 8
 
+// The GEMM form's f32 filter rows of a side's exact rows, bit for bit as the host's `host_side`
+// computes them: x̃ = f32(x − c) rounded to nearest, ‖x̃‖² summed in f64 in dimension order (no FMA
+// contraction: --fmad=false) and rounded to f32, ‖x̃‖ its correctly rounded f32 square root. One
+// thread per row; so the rows need not be built on the host and cross the bus twice.
+extern "C" __global__ void filter_rows(const double* exact, u32 n, u32 dim, const double* origin, float* filter, float* norms, float* sq_norms) {
+    for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < n; r += (u64)gridDim.x * blockDim.x) {
+        const double* row = exact + r * dim;
+        float* out = filter + r * dim;
+        double sq = 0.0;
+        for (u32 d = 0; d < dim; ++d) {
+            float v = __double2float_rn(row[d] - origin[d]);
+            out[d] = v;
+            sq += (double)v * (double)v;
+        }
+        float s = __double2float_rn(sq);
+        sq_norms[r] = s;
+        norms[r] = __fsqrt_rn(s);
+    }
+}
+
 // Rounds `len` f32 values in place to TF32 (cvt.rna: to nearest, ties away from zero), the input
 // brute_join_tc's mma instructions take: once per uploaded side instead of once per tile.
 extern "C" __global__ void round_to_tf32(float* values, u64 len) {

@@ -18,7 +18,7 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSin
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     DownloadedPairs, FUSED_DIMS, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS,
-    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, gather_rows, host_results, join_pass, knn_fused_pass, launch_join_pass,
+    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, knn_fused_pass, launch_join_pass,
     round_to_tf32, sample_radius_pass, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
@@ -180,22 +180,34 @@ impl GpuBackend {
         let (dim, n, nq) = (base.dim, base.len(), queries.len());
         let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
         let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
+        // The GEMM form's filter rows of L2 and L2² are built on the device from the exact rows
+        // (device_side); the other filters' here (host_side).
         let sides = |gemm: bool| {
             let origin = filter_origin(metric, gemm, &query_filter, &base_filter, base);
-            let query_host = host_side(queries, &query_filter, identity(nq), &origin, metric, gemm);
-            let base_host = host_side(base, &base_filter, identity(n), &origin, metric, gemm);
+            let (query_host, base_host) = if gemm && metric != Metric::Cosine {
+                (device_side(queries, &origin), device_side(base, &origin))
+            } else {
+                (host_side(queries, &query_filter, identity(nq), &origin, metric, gemm), host_side(base, &base_filter, identity(n), &origin, metric, gemm))
+            };
             (query_host, base_host, origin)
         };
         let mut gemm = gemm_metric(metric);
         let (mut query_host, mut base_host, mut origin) = sides(gemm);
-        if gemm && !gemm_fits(&[&query_host, &base_host]) {
+        // Uploaded once for either path: the fused kernel reads the f32 rows as they are, the
+        // tensor cores round them to TF32 below.
+        let uploading = Instant::now();
+        let mut query_buffers = self.upload(&query_host, false)?;
+        let mut base_buffers = self.upload(&base_host, false)?;
+        if gemm && !(self.gemm_fits(&query_host, &query_buffers)? && self.gemm_fits(&base_host, &base_buffers)?) {
             gemm = false;
             (query_host, base_host, origin) = sides(false);
+            (query_buffers, base_buffers) = (self.upload(&query_host, false)?, self.upload(&base_host, false)?);
         }
+        stats.transfer_time += uploading.elapsed();
         if fused_knn_applies(metric, gemm, k, dim) {
             let params = JoinParams { dim: dim as u32, metric: metric_code(metric), ..filter_params(metric, dim, gemm, false) };
-            if let Some(stats) = self.fused_knn(&params, k, &query_host, &base_host, sink, budget, start)? {
-                return Ok(stats);
+            if let Some(fused) = self.fused_knn(&params, k, &query_buffers, nq, &base_buffers, n, sink, budget, start)? {
+                return Ok(fused.map(|fused| RunStats { transfer_time: fused.transfer_time + stats.transfer_time, ..fused }));
             }
         }
         let sample_len = n.min(KNN_SAMPLE);
@@ -206,8 +218,10 @@ impl GpuBackend {
 
         let uploading = Instant::now();
         let tf32 = params.tensor_cores != 0;
-        let query_buffers = self.upload(&query_host, tf32)?;
-        let base_buffers = self.upload(&base_host, tf32)?;
+        if tf32 {
+            round_to_tf32(&self.device, &mut query_buffers.filter)?;
+            round_to_tf32(&self.device, &mut base_buffers.filter)?;
+        }
         let sample_buffers = self.upload(&sample_host, false)?;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
@@ -441,18 +455,16 @@ impl GpuBackend {
         &self,
         params: &JoinParams,
         k: usize,
-        query_host: &HostSide,
-        base_host: &HostSide,
+        query_buffers: &SideBuffers,
+        nq: usize,
+        base_buffers: &SideBuffers,
+        n: usize,
         sink: &dyn ResultSink,
         budget: usize,
         start: Instant,
     ) -> Result<Option<Result<RunStats>>, String> {
         let mut stats = RunStats { tiles: 1, count_passes: 1, ..Default::default() };
-        let (nq, n) = (query_host.order.len(), base_host.order.len());
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
-        let uploading = Instant::now();
-        let query_buffers = self.upload(query_host, false)?;
-        let base_buffers = self.upload(base_host, false)?;
         let (chunks, chunk) = fused_chunks(nq, n, k, budget);
         let stream = &self.device.stream;
         let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
@@ -462,11 +474,10 @@ impl GpuBackend {
             position: stream.alloc_zeros::<u32>(entries.max(1)).map_err(alloc)?,
             counters: stream.alloc_zeros::<u64>(2).map_err(alloc)?,
         };
-        stats.transfer_time += uploading.elapsed();
         stats.build_time = start.elapsed();
         let probe = Instant::now();
         let selecting = Instant::now();
-        knn_fused_pass(&self.device, params, k, &query_buffers, nq as u32, &base_buffers, n as u32, chunk as u32, &mut outputs)?;
+        knn_fused_pass(&self.device, params, k, query_buffers, nq as u32, base_buffers, n as u32, chunk as u32, &mut outputs)?;
         stats.kernel_time += selecting.elapsed();
         let downloading = Instant::now();
         let counters = stream.clone_dtoh(&outputs.counters).map_err(copy)?;
@@ -504,6 +515,9 @@ struct HostSide<'a> {
     filter_norms: Vec<f32>,
     filter_sq_norms: Vec<f32>,
     order: Vec<u32>,
+    /// The origin the device builds the filter rows from (`filter`, `filter_norms` and
+    /// `filter_sq_norms` are then empty), or `None`: they were built here.
+    device_filter: Option<Vec<f64>>,
 }
 
 fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin: &[f64], metric: Metric, gemm: bool) -> HostSide<'a> {
@@ -528,7 +542,23 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
     } else {
         (vec![0.0], vec![0.0])
     };
-    HostSide { filter, exact, norms, filter_norms, filter_sq_norms, order }
+    HostSide { filter, exact, norms, filter_norms, filter_sq_norms, order, device_filter: None }
+}
+
+/// The rows of `v` in input order, their GEMM-form filter rows (centred on `origin`) left to the
+/// device (`filter_rows`), which computes them bit for bit as [`host_side`] would: the f32 rows then
+/// need neither a pass over the data here nor a copy over the bus. Only where the filter space is
+/// the vectors themselves (L2, L2²; cosine's unit vectors are computed here).
+fn device_side<'a>(v: &'a Vectors, origin: &[f64]) -> HostSide<'a> {
+    HostSide {
+        filter: Vec::new(),
+        exact: Cow::Borrowed(v.values.as_slice()),
+        norms: vec![0.0],
+        filter_norms: Vec::new(),
+        filter_sq_norms: Vec::new(),
+        order: (0..v.len() as u32).collect(),
+        device_filter: Some(origin.to_vec()),
+    }
 }
 
 /// A side's buffers, uploaded in input order, in the slot order of its grid (`order`, slot →
@@ -562,7 +592,7 @@ fn sample_side(base: &Vectors, metric: Metric, sample_len: usize) -> HostSide<'s
         }
     }
     let norms = if metric == Metric::Cosine { order.iter().map(|&p| dot(base.row(p as usize), base.row(p as usize))).collect() } else { vec![0.0] };
-    HostSide { filter: vec![0.0], exact: Cow::Owned(exact), norms, filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order }
+    HostSide { filter: vec![0.0], exact: Cow::Owned(exact), norms, filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order, device_filter: None }
 }
 
 impl GpuBackend {
@@ -570,18 +600,28 @@ impl GpuBackend {
     /// brute_join_tc.
     fn upload(&self, side: &HostSide, tf32: bool) -> Result<SideBuffers, String> {
         let device = &self.device;
-        let mut filter = upload(device, &side.filter)?;
+        let exact = upload(device, side.exact.as_ref())?;
+        let (mut filter, filter_norms, filter_sq_norms) = match &side.device_filter {
+            Some(origin) => {
+                let rows = filter_rows(device, &exact, side.order.len(), origin)?;
+                (rows.filter, rows.norms, rows.sq_norms)
+            }
+            None => (upload(device, &side.filter)?, upload(device, &side.filter_norms)?, upload(device, &side.filter_sq_norms)?),
+        };
         if tf32 {
             round_to_tf32(device, &mut filter)?;
         }
-        Ok(SideBuffers {
-            filter,
-            exact: upload(device, side.exact.as_ref())?,
-            norms: upload(device, &side.norms)?,
-            filter_norms: upload(device, &side.filter_norms)?,
-            filter_sq_norms: upload(device, &side.filter_sq_norms)?,
-            order: upload(device, &side.order)?,
-        })
+        Ok(SideBuffers { filter, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order: upload(device, &side.order)? })
+    }
+
+    /// Whether the side's GEMM-form squared norms stay where f32 scores are meaningful
+    /// ([`gemm_fits`]), read back from the device when it built them.
+    fn gemm_fits(&self, host: &HostSide, buffers: &SideBuffers) -> Result<bool, String> {
+        if host.device_filter.is_none() {
+            return Ok(gemm_fits(&[host]));
+        }
+        let sq_norms = self.device.stream.clone_dtoh(&buffers.filter_sq_norms).map_err(|e| format!("GPU copy failed: {e}"))?;
+        Ok(sq_norms.iter().all(|s| *s <= GEMM_MAX_SQ_NORM))
     }
 
     fn gpu_join(&self, request: &JoinRequest, sink: &dyn ResultSink, budget: usize) -> Result<Result<RunStats>, String> {
@@ -603,21 +643,32 @@ impl GpuBackend {
             JoinStrategy::BruteForce => None,
         };
         let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
+        // The GEMM form's filter rows of L2 and L2² (brute force) are built on the device from
+        // the exact rows (device_side); the other filters' here (host_side).
         let sides = |gemm: bool| {
             let origin = filter_origin(metric, gemm, &left_filter, &right_filter, right);
-            let left_host = host_side(left, &left_filter, identity(left.len()), &origin, metric, gemm);
-            let right_host = match self_join {
-                Some(_) => None,
-                None => Some(host_side(right, &right_filter, identity(right.len()), &origin, metric, gemm)),
+            let side = |v, filter: &[f64]| {
+                if gemm && metric != Metric::Cosine { device_side(v, &origin) } else { host_side(v, filter, identity(v.len()), &origin, metric, gemm) }
             };
-            (left_host, right_host)
+            (side(left, &left_filter), self_join.is_none().then(|| side(right, &right_filter)))
+        };
+        let upload_sides = |left_host: &HostSide, right_host: &Option<HostSide>| -> Result<(SideBuffers, Option<SideBuffers>), String> {
+            Ok((self.upload(left_host, false)?, right_host.as_ref().map(|h| self.upload(h, false)).transpose()?))
         };
         let mut gemm = geometry.is_none() && gemm_metric(metric);
         let (mut left_host, mut right_host) = sides(gemm);
-        if gemm && !gemm_fits(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) {
+        let uploading = Instant::now();
+        let (mut left_buffers, mut right_buffers) = upload_sides(&left_host, &right_host)?;
+        let right_fits = match (&right_host, &right_buffers) {
+            (Some(h), Some(b)) => self.gemm_fits(h, b)?,
+            _ => true,
+        };
+        if gemm && !(self.gemm_fits(&left_host, &left_buffers)? && right_fits) {
             gemm = false;
             (left_host, right_host) = sides(false);
+            (left_buffers, right_buffers) = upload_sides(&left_host, &right_host)?;
         }
+        stats.transfer_time += uploading.elapsed();
         let extent = if gemm { 0.0 } else { filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) };
         let mut params = JoinParams {
             dim: dim as u32,
@@ -627,15 +678,11 @@ impl GpuBackend {
             ..filter_params(metric, dim, gemm, geometry.is_none() && self.device.has_tf32_tensor_cores())
         };
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
-
-        let uploading = Instant::now();
-        let tf32 = params.tensor_cores != 0;
-        let mut left_buffers = self.upload(&left_host, tf32)?;
-        let mut right_buffers = match &right_host {
-            Some(h) => Some(self.upload(h, tf32)?),
-            None => None,
-        };
-        stats.transfer_time += uploading.elapsed();
+        if params.tensor_cores != 0 {
+            for side in std::iter::once(&mut left_buffers).chain(right_buffers.as_mut()) {
+                round_to_tf32(&self.device, &mut side.filter)?;
+            }
+        }
         let right_len = right_host.as_ref().map_or(left_host.order.len(), |h| h.order.len()) as u32;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
@@ -985,8 +1032,11 @@ fn filter_limit(metric: Metric, threshold: f64, dim: usize, extent: f64, gemm: b
 
 /// Whether the GEMM form's squared norms stay where f32 scores are meaningful (GemmSide's 10³⁶).
 fn gemm_fits(sides: &[&HostSide]) -> bool {
-    sides.iter().all(|h| h.filter_sq_norms.iter().all(|s| *s <= 1e36))
+    sides.iter().all(|h| h.filter_sq_norms.iter().all(|s| *s <= GEMM_MAX_SQ_NORM))
 }
+
+/// The largest squared filter norm of the GEMM form (GemmSide's 10³⁶).
+const GEMM_MAX_SQ_NORM: f32 = 1e36;
 
 /// The largest |coordinate| of the f32 filter rows of both sides (the filter margins scale with it).
 fn filter_extent(sides: &[&HostSide]) -> f64 {

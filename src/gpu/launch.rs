@@ -290,6 +290,43 @@ pub fn round_to_tf32(device: &GpuDevice, values: &mut CudaSlice<f32>) -> Result<
     Ok(())
 }
 
+/// The GEMM form's f32 filter rows of a side, built on the device.
+#[derive(Debug)]
+pub struct FilterRows {
+    /// The rows, centred on the origin.
+    pub filter: CudaSlice<f32>,
+    /// ‖x̃‖ per row.
+    pub norms: CudaSlice<f32>,
+    /// ‖x̃‖² per row.
+    pub sq_norms: CudaSlice<f32>,
+}
+
+/// The GEMM form's f32 filter rows of `n` exact rows (`origin.len()` wide) centred on `origin`,
+/// computed on the device exactly as the host computes them (filter_rows in kernels/sim_join.cu).
+pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin: &[f64]) -> Result<FilterRows, String> {
+    let dim = origin.len();
+    if exact.len() < n * dim || n >= u32::MAX as usize || dim == 0 {
+        return Err(format!("filter rows of {n} rows of {dim} values from {} values", exact.len()));
+    }
+    let stream = &device.stream;
+    let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
+    let origin = stream.clone_htod(origin).map_err(|e| format!("GPU copy failed: {e}"))?;
+    let mut filter = stream.alloc_zeros::<f32>((n * dim).max(1)).map_err(alloc)?;
+    let mut norms = stream.alloc_zeros::<f32>(n.max(1)).map_err(alloc)?;
+    let mut sq_norms = stream.alloc_zeros::<f32>(n.max(1)).map_err(alloc)?;
+    let function = device.function(KernelModule::SimJoin, "filter_rows")?;
+    let (rows, width) = (n as u32, dim as u32);
+    let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
+    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let mut builder = stream.launch_builder(&function);
+    builder.arg(exact).arg(&rows).arg(&width).arg(&origin).arg(&mut filter).arg(&mut norms).arg(&mut sq_norms);
+    // SAFETY: filter_rows(const double*, u32, u32, const double*, float*, float*, float*): rows
+    // below n (grid-stride) of `dim` values, within `exact` (checked above) and `filter` (n · dim);
+    // `origin` holds dim values; `norms` and `sq_norms` one per row.
+    unsafe { builder.launch(config) }.map_err(|e| format!("filter_rows launch failed: {e}"))?;
+    Ok(FilterRows { filter, norms, sq_norms })
+}
+
 /// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
 /// (indexed by query position), from the exact distances to the sample rows.
 #[allow(clippy::too_many_arguments)]
