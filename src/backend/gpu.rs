@@ -585,13 +585,19 @@ fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::C
 fn sample_side(base: &Vectors, metric: Metric, sample_len: usize) -> HostSide<'static> {
     let n = base.len();
     let order: Vec<u32> = (0..sample_len).map(|i| (i * n / sample_len) as u32).collect();
+    // Transposed on every core, 8 dimensions (one cache line of a row) per task: P2's 4,096 × 784
+    // scattered writes had run on one core (NOTES.md v30).
+    const DIMS_PER_TASK: usize = 8;
     let mut exact = vec![0.0; sample_len * base.dim];
-    for (i, &p) in order.iter().enumerate() {
-        for (d, &x) in base.row(p as usize).iter().enumerate() {
-            exact[d * sample_len + i] = x;
+    exact.par_chunks_mut(sample_len * DIMS_PER_TASK).enumerate().for_each(|(task, columns)| {
+        for (i, &p) in order.iter().enumerate() {
+            let row = &base.row(p as usize)[task * DIMS_PER_TASK..];
+            for (column, &x) in columns.chunks_mut(sample_len).zip(row) {
+                column[i] = x;
+            }
         }
-    }
-    let norms = if metric == Metric::Cosine { order.iter().map(|&p| dot(base.row(p as usize), base.row(p as usize))).collect() } else { vec![0.0] };
+    });
+    let norms = if metric == Metric::Cosine { order.par_iter().map(|&p| dot(base.row(p as usize), base.row(p as usize))).collect() } else { vec![0.0] };
     HostSide { filter: vec![0.0], exact: Cow::Owned(exact), norms, filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order, device_filter: None }
 }
 
@@ -1154,6 +1160,22 @@ mod tests {
         for (queries, n, k) in [(1, 1, 1), (7, 100_000, 32), (3000, 4500, 16)] {
             let (chunks, chunk) = fused_chunks(queries, n, k, 1 << 30);
             assert!(chunk % FUSED_TILE == 0 && chunks * chunk >= n && (chunks - 1) * chunk < n, "{queries} {n} {k}");
+        }
+    }
+
+    #[test]
+    fn the_radius_sample_is_its_rows_dimension_major() {
+        // 11 dimensions: a task of 8 and a task of 3; 4 of 10 rows sampled (0, 2, 5, 7).
+        let values: Vec<f64> = (0..110).map(|v| v as f64 * 0.5 - 7.0).collect();
+        let base = Vectors { dim: 11, values, rows: (0..10).collect(), skipped: 0 };
+        let sample = sample_side(&base, Metric::Cosine, 4);
+        assert_eq!(sample.order, vec![0, 2, 5, 7]);
+        for (i, &p) in sample.order.iter().enumerate() {
+            let row = base.row(p as usize);
+            for d in 0..11 {
+                assert_eq!(sample.exact[d * 4 + i], row[d], "row {p}, dimension {d}");
+            }
+            assert_eq!(sample.norms[i], dot(row, row));
         }
     }
 

@@ -440,9 +440,9 @@ pub fn knn_fused_pass(
     // SAFETY: the arguments match knn_fused_16/32's parameter list one for one. Both sides hold
     // `dim` ∈ FUSED_DIMS filter values (f32, 16-byte aligned rows when dim is a multiple of 4) and
     // exact values (f64) per row for `query_len` and `base_len` rows; the filter norms hold one per
-    // row (the host builds them for the dot-product filters, the only ones this runs) and so do the
-    // squared norms with the GEMM filter and the exact norms under cosine, the only cases the kernel
-    // reads them. Blocks cover queries < query_len (others stay idle) and base rows < base_len of
+    // row (built, on the host or by filter_rows, for the dot-product filters, the only ones this
+    // runs) and so do the squared norms with the GEMM filter and the exact norms under cosine, the
+    // only cases the kernel reads them. Blocks cover queries < query_len (others stay idle) and base rows < base_len of
     // chunk blockIdx.y; each writes k entries per (query, chunk) at (q · chunks + chunk) · k, below
     // `needed` ≤ the outputs' length (checked above); `counters` holds two values.
     unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
