@@ -1172,8 +1172,8 @@ mod tests {
         assert_eq!(sample.order, vec![0, 2, 5, 7]);
         for (i, &p) in sample.order.iter().enumerate() {
             let row = base.row(p as usize);
-            for d in 0..11 {
-                assert_eq!(sample.exact[d * 4 + i], row[d], "row {p}, dimension {d}");
+            for (d, &x) in row.iter().enumerate() {
+                assert_eq!(sample.exact[d * 4 + i], x, "row {p}, dimension {d}");
             }
             assert_eq!(sample.norms[i], dot(row, row));
         }
