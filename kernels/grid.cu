@@ -1,9 +1,11 @@
 // The ε-grid built on the device (seed 003 §3.2.1): the host computes each point's linear cell id
-// and sort-dimension value (the f64 arithmetic of `GridGeometry::cell_id`, so both backends place
-// every point in the same cell); here the points are ordered by (cell, sort value, position) with
-// a stable LSD radix sort of the position permutation, the non-empty cells are found, and the
-// rows are gathered into that slot order. The result is the host's `GridIndex::build`, slot for
-// slot: a stable sort of positions in input order breaks every tie by position, as the host does.
+// and, where the window prunes, its sort-dimension value (the f64 arithmetic of
+// `GridGeometry::cell_id`, so both backends place every point in the same cell); here the points
+// are ordered by (cell, sort value, position) with a stable LSD radix sort of the position
+// permutation, the non-empty cells are found, and the rows are gathered into that slot order.
+// Windowed, the result is the host's `GridIndex::build` slot for slot: a stable sort of positions
+// in input order breaks every tie by position, as the host does (unwindowed, a cell's points stay
+// in position order, which no pass reads).
 #include "common.cuh"
 
 #define RADIX 256

@@ -13,7 +13,8 @@ use super::launch::{CellBounds, RadixKeys, cell_bounds, gather_rows, radix_ident
 /// One side's grid on the device.
 #[derive(Debug)]
 pub struct DeviceGrid {
-    /// Slot → point position: the points ordered by cell, then sort value, then position.
+    /// Slot → point position: the points ordered by cell, then (windowed grids) sort value, then
+    /// position.
     pub order: CudaSlice<u32>,
     /// Each slot's linear cell id.
     pub slot_cell: CudaSlice<u64>,
