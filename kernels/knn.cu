@@ -13,6 +13,22 @@
 #define SAMPLE 4096
 #define LEVELS 4
 
+// Bitonic sort of `size` (a power of two) shared-memory entries by the block: `exchange(i, j,
+// ascending)` orders entries i < j (ascending or not) and is called for each pair of a step by one
+// thread; every step ends with __syncthreads, so the block must call this together.
+template <class Exchange>
+__device__ __forceinline__ void bitonic_sort(u32 size, Exchange exchange) {
+    for (u32 width = 2; width <= size; width <<= 1) {
+        for (u32 stride = width >> 1; stride > 0; stride >>= 1) {
+            for (u32 i = threadIdx.x; i < size; i += blockDim.x) {
+                u32 j = i ^ stride;
+                if (j > i) exchange(i, j, (i & width) == 0);
+            }
+            __syncthreads();
+        }
+    }
+}
+
 // One block per query of [query_begin, query_begin + gridDim.x).
 extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(JoinParams p, u32 query_begin,
         const double* qx, const double* qnorm, const double* sx, const double* snorm, u32 sample_len, u32 rank,
@@ -32,26 +48,67 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(JoinParams p
         }
     }
     __syncthreads();
-    // Bitonic sort, ascending, in shared memory.
-    for (u32 size = 2; size <= SAMPLE; size <<= 1) {
-        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
-            for (u32 i = threadIdx.x; i < SAMPLE; i += blockDim.x) {
-                u32 j = i ^ stride;
-                if (j > i) {
-                    bool ascending = (i & size) == 0;
-                    double a = d[i], b = d[j];
-                    if ((a > b) == ascending) {
-                        d[i] = b;
-                        d[j] = a;
-                    }
-                }
-            }
-            __syncthreads();
+    bitonic_sort(SAMPLE, [&](u32 i, u32 j, bool ascending) {
+        double a = d[i], b = d[j];
+        if ((a > b) == ascending) {
+            d[i] = b;
+            d[j] = a;
         }
-    }
+    });
     if (threadIdx.x < LEVELS) {
         u64 r = (u64)rank << (2 * threadIdx.x);
         radii[(u64)q * LEVELS + threadIdx.x] = r <= sample_len ? d[r - 1] : F64_INFINITY;
+    }
+}
+
+// The k nearest of each slotted query's candidates, ranked where they are (knn_rank_slots): the
+// first count pass stored query q's candidates at [q·capacity, q·capacity + slot_len[q]) of
+// `distance` and `position`; slot_len[q] = 0 for a query ranked from a write pass instead. One
+// block per query sorts its entries in shared memory (bitonic, the next power of two ≥ its count,
+// padded with entries that sort last) by (distance in f64 total order, base position) — the
+// host's Neighbour order, `f64::total_cmp` then position, so −0.0 sorts before +0.0 as there —
+// and writes its first k (slot_len[q] ≥ k for every slotted query) to out[q·k, q·k + k).
+#define RANK_SLOTS 4096
+
+// The bits of `d` as an unsigned key in f64::total_cmp's order.
+__device__ __forceinline__ u64 total_order_key(double d) {
+    u64 bits = (u64)__double_as_longlong(d);
+    return (bits >> 63) ? ~bits : bits | 0x8000000000000000ull;
+}
+
+__device__ __forceinline__ double from_total_order_key(u64 key) {
+    return __longlong_as_double((long long)((key >> 63) ? key & 0x7fffffffffffffffull : ~key));
+}
+
+extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u32 k, const u32* slot_len,
+        const double* distance, const u32* position, double* out_distance, u32* out_position) {
+    __shared__ u64 key[RANK_SLOTS];
+    __shared__ u32 at[RANK_SLOTS];
+    u32 q = blockIdx.x;
+    u32 len = slot_len[q];
+    if (len == 0) return;
+    u32 size = 1;
+    while (size < len) size <<= 1;
+    u64 first = (u64)q * capacity;
+    for (u32 i = threadIdx.x; i < size; i += blockDim.x) {
+        key[i] = i < len ? total_order_key(distance[first + i]) : ~0ull;
+        at[i] = i < len ? position[first + i] : 0xffffffffu;
+    }
+    __syncthreads();
+    bitonic_sort(size, [&](u32 i, u32 j, bool ascending) {
+        u64 a = key[i], b = key[j];
+        bool greater = a > b || (a == b && at[i] > at[j]);
+        if (greater == ascending) {
+            key[i] = b;
+            key[j] = a;
+            u32 t = at[i];
+            at[i] = at[j];
+            at[j] = t;
+        }
+    });
+    for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
+        out_distance[(u64)q * k + i] = from_total_order_key(key[i]);
+        out_position[(u64)q * k + i] = at[i];
     }
 }
 

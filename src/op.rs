@@ -282,6 +282,8 @@ pub struct SimilarityOp {
     pub grid_dims: usize,
     /// GPU: bytes of device memory a run may use (0: all that is free).
     pub gpu_memory_limit: usize,
+    /// Bytes of converted vectors kept across queries for inputs held in memory (0: none).
+    pub cache_size: usize,
 }
 
 impl SimilarityOp {

@@ -7,7 +7,7 @@ use datafusion::common::{Result, config_err, plan_err};
 use crate::op::{Device, IndexChoice, Metric, PairOrder};
 
 /// Session-wide defaults of every simjoin function, settable with `SET simjoin.<name> = <value>`.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SimJoinOptions {
     /// Distance function: l2, l2sq, cosine, inner_product, l1, linf.
     pub metric: Metric,
@@ -25,9 +25,31 @@ pub struct SimJoinOptions {
     pub grid_dims: usize,
     /// GPU: bytes of device memory a run may use (0: all that is free); larger inputs are tiled.
     pub gpu_memory_limit: usize,
+    /// Bytes of converted vectors kept across queries for inputs held in memory (an in-memory
+    /// table's), their rows resident on the GPU too; 0 keeps none.
+    pub cache_size: usize,
 }
 
-const KEYS: [(&str, &str); 8] = [
+/// `cache_size`'s default: room for a 1M × 128 base (1 GiB as f64) a few times over.
+pub const DEFAULT_CACHE_SIZE: usize = 4 << 30;
+
+impl Default for SimJoinOptions {
+    fn default() -> Self {
+        Self {
+            metric: Metric::default(),
+            device: Device::default(),
+            include_self: false,
+            pairs: PairOrder::default(),
+            column: String::new(),
+            index: IndexChoice::default(),
+            grid_dims: 0,
+            gpu_memory_limit: 0,
+            cache_size: DEFAULT_CACHE_SIZE,
+        }
+    }
+}
+
+const KEYS: [(&str, &str); 9] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf"),
     ("device", "Where to run: auto (GPU when usable, else CPU), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -36,6 +58,7 @@ const KEYS: [(&str, &str); 8] = [
     ("index", "Joins and range queries: auto (sampled cost model), grid, brute_force"),
     ("grid_dims", "With the grid: dimensions to index, 1..=8 (0: the cost model decides)"),
     ("gpu_memory_limit", "GPU: device memory a run may use, such as 512M or 4G (0: all that is free); larger inputs are tiled"),
+    ("cache_size", "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none)"),
 ];
 
 impl SimJoinOptions {
@@ -54,7 +77,8 @@ impl SimJoinOptions {
             }
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
-            "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size(value)?,
+            "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size("gpu_memory_limit", value)?,
+            "cache_size" => self.cache_size = parse_memory_size("cache_size", value)?,
             "index" => self.index = value.parse()?,
             "grid_dims" => {
                 self.grid_dims = match value.trim().parse::<usize>() {
@@ -79,6 +103,7 @@ impl SimJoinOptions {
             "index" => self.index.to_string(),
             "grid_dims" => self.grid_dims.to_string(),
             "gpu_memory_limit" => self.gpu_memory_limit.to_string(),
+            "cache_size" => self.cache_size.to_string(),
             _ => self.column.clone(),
         }
     }
@@ -109,11 +134,12 @@ impl SimJoinOptions {
 
 /// A size in bytes as DataFusion's `datafusion.runtime.memory_limit` takes it (`512K`, `64M`,
 /// `1.5G`: binary units), or a plain number of bytes.
-fn parse_memory_size(value: &str) -> std::result::Result<usize, String> {
+fn parse_memory_size(key: &str, value: &str) -> std::result::Result<usize, String> {
     let value = value.trim();
+    let zero = if key == "cache_size" { "none" } else { "no limit" };
     value.parse::<usize>().or_else(|_| {
-        datafusion::execution::context::SessionContext::parse_capacity_limit("gpu_memory_limit", value)
-            .map_err(|_| format!("gpu_memory_limit must be a size such as 512M or 4G (units K, M, G), or 0 for no limit, got '{value}'"))
+        datafusion::execution::context::SessionContext::parse_capacity_limit(key, value)
+            .map_err(|_| format!("{key} must be a size such as 512M or 4G (units K, M, G), or 0 for {zero}, got '{value}'"))
     })
 }
 
@@ -181,7 +207,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit)"
+             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

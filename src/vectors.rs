@@ -8,11 +8,13 @@
 //! A row never matches (and is counted as skipped) when its vector is NULL, contains a NULL, NaN or
 //! ±Inf, or — under the cosine metric — is the zero vector, whose cosine distance is undefined.
 
+use std::sync::{Arc, OnceLock};
+
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_empty_array};
 use datafusion::arrow::compute::{cast, concat};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema, SchemaRef};
-use rayon::prelude::*;
 use datafusion::common::{Result, exec_err, plan_err};
+use rayon::prelude::*;
 
 /// Where a table's vectors come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +125,7 @@ fn is_list(t: &DataType) -> bool {
 }
 
 /// The usable vectors of one input, dense and row-major.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Vectors {
     /// Dimension of every vector.
     pub dim: usize,
@@ -133,7 +135,25 @@ pub struct Vectors {
     pub rows: Vec<u32>,
     /// Input rows that never match (NULL/NaN/±Inf, or zero vectors under cosine).
     pub skipped: usize,
+    /// Set on vectors the conversion cache keeps across queries (exec/cache.rs), which nobody
+    /// changes while it lives: the GPU keeps their rows resident under it.
+    resident: Option<Arc<ResidentMark>>,
+    /// [`Vectors::mean`], computed on first use (kept vectors keep it across queries).
+    mean: OnceLock<Vec<f64>>,
 }
+
+/// A clone is a new value that its owner may change: it carries no resident mark.
+impl Clone for Vectors {
+    fn clone(&self) -> Self {
+        Vectors { dim: self.dim, values: self.values.clone(), rows: self.rows.clone(), skipped: self.skipped, ..Default::default() }
+    }
+}
+
+/// The mark of vectors kept across queries: while one lives, the values of the vectors that carry
+/// it stay as they are (they are shared, behind an `Arc`, and never written), so the GPU's copy of
+/// their rows stays valid (gpu::GpuDevice::resident_rows, which holds it weakly).
+#[derive(Debug, Default)]
+pub struct ResidentMark;
 
 impl Vectors {
     /// Number of usable vectors.
@@ -159,7 +179,51 @@ impl Vectors {
             values: self.values[positions.start * self.dim..positions.end * self.dim].to_vec(),
             rows: self.rows[positions].to_vec(),
             skipped: 0,
+            ..Default::default()
         }
+    }
+
+    /// `dim`-dimensional vectors of `values` (row-major), numbered 0.. in input order.
+    pub fn new(dim: usize, values: Vec<f64>) -> Vectors {
+        let rows = (0..values.len().checked_div(dim).unwrap_or(0) as u32).collect();
+        Vectors { dim, values, rows, ..Default::default() }
+    }
+
+    /// The mark these vectors are kept across queries under, if they are.
+    pub fn resident(&self) -> Option<&Arc<ResidentMark>> {
+        self.resident.as_ref()
+    }
+
+    /// The mean of the vectors, per dimension (the GEMM-form filter's centre), computed once.
+    pub fn mean(&self) -> &[f64] {
+        self.mean.get_or_init(|| {
+            if self.dim == 0 {
+                return Vec::new();
+            }
+            // Sums of 4096-row blocks in parallel, added in block order: the same mean on any
+            // number of threads.
+            let blocks: Vec<Vec<f64>> = self
+                .values
+                .par_chunks(self.dim * 4096)
+                .map(|block| {
+                    let mut sum = vec![0.0; self.dim];
+                    for row in block.chunks_exact(self.dim) {
+                        sum.iter_mut().zip(row).for_each(|(s, x)| *s += x);
+                    }
+                    sum
+                })
+                .collect();
+            let mut sum = vec![0.0; self.dim];
+            for block in blocks {
+                sum.iter_mut().zip(block).for_each(|(s, b)| *s += b);
+            }
+            sum.iter().map(|s| s / self.len().max(1) as f64).collect()
+        })
+    }
+
+    /// Marks these vectors as kept across queries: their values must not change from now on.
+    pub(crate) fn mark_resident(&mut self) {
+        self.resident = Some(Arc::new(ResidentMark));
     }
 
     /// Builds vectors from rows of already collected `batch` (one concatenated batch of the input),
@@ -237,6 +301,7 @@ impl Vectors {
 
     /// Keeps the vectors for which `keep` holds; the others count as skipped.
     fn retain(&mut self, mut keep: impl FnMut(&[f64]) -> bool) {
+        self.mean = OnceLock::new();
         let dim = self.dim;
         let mut kept = 0;
         for i in 0..self.len() {
@@ -354,7 +419,7 @@ fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
     if !values.par_chunks(1 << 16).all(|c| c.iter().all(|x| x.is_finite())) {
         return Ok(None);
     }
-    Ok(Some(Vectors { dim, values, rows: (0..rows as u32).collect(), skipped: 0 }))
+    Ok(Some(Vectors::new(dim, values)))
 }
 
 fn from_columns(columns: &[ArrayRef], num_rows: usize) -> Vectors {

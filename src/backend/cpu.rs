@@ -192,35 +192,10 @@ fn gemm_sides(left: &Vectors, right: &Vectors, metric: Metric, same: bool) -> Op
     if !gemm_form(metric) {
         return None;
     }
-    let center = mean(right);
-    let left_side = GemmSide::new(left, metric, &center)?;
-    let right_side = if same { None } else { Some(GemmSide::new(right, metric, &center)?) };
+    let center = right.mean();
+    let left_side = GemmSide::new(left, metric, center)?;
+    let right_side = if same { None } else { Some(GemmSide::new(right, metric, center)?) };
     Some((left_side, right_side))
-}
-
-/// The mean of the vectors, per dimension.
-pub(super) fn mean(v: &Vectors) -> Vec<f64> {
-    if v.dim == 0 {
-        return Vec::new();
-    }
-    // Sums of 4096-row blocks in parallel, added in block order: the same mean on any number of
-    // threads.
-    let blocks: Vec<Vec<f64>> = v
-        .values
-        .par_chunks(v.dim * 4096)
-        .map(|block| {
-            let mut sum = vec![0.0; v.dim];
-            for row in block.chunks_exact(v.dim) {
-                sum.iter_mut().zip(row).for_each(|(s, x)| *s += x);
-            }
-            sum
-        })
-        .collect();
-    let mut sum = vec![0.0; v.dim];
-    for block in blocks {
-        sum.iter_mut().zip(block).for_each(|(s, b)| *s += b);
-    }
-    sum.iter().map(|s| s / v.len().max(1) as f64).collect()
 }
 
 /// Everything a join worker needs.

@@ -116,8 +116,7 @@ mod tests {
     use super::*;
 
     fn vectors(values: Vec<f64>, dim: usize) -> Vectors {
-        let n = values.len() / dim;
-        Vectors { dim, values, rows: (0..n as u32).collect(), skipped: 0 }
+        Vectors::new(dim, values)
     }
 
     #[test]

@@ -11,18 +11,18 @@ use std::time::{Duration, Instant};
 
 use datafusion::common::{DataFusionError, Result, resources_err};
 
-use super::cpu::{FilterLimit, filter_space, gather, lower_corner, mean, plan_join, score_threshold};
+use super::cpu::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
 use super::exact::{ExactCheck, write_self_pairs};
 use super::topk::{Neighbour, k_smallest, push_ranked, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats, tiles};
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    DownloadedPairs, FUSED_DIMS, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS,
+    DownloadedPairs, FUSED_DIMS, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
     KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, knn_fused_pass, launch_join_pass,
-    round_to_tf32, sample_radius_pass, upload,
+    rank_slots, round_to_tf32, sample_radius_pass, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
-use crate::gpu::{GpuDevice, PIPELINE_STREAMS};
+use crate::gpu::{GpuDevice, PIPELINE_STREAMS, ResidentKey};
 use cudarc::driver::CudaEvent;
 use rayon::prelude::*;
 use crate::index::JoinStrategy;
@@ -204,10 +204,11 @@ impl GpuBackend {
             (query_buffers, base_buffers) = (self.upload(&query_host, false)?, self.upload(&base_host, false)?);
         }
         stats.transfer_time += uploading.elapsed();
+        stats.resident_inputs = [&query_buffers, &base_buffers].iter().filter(|b| b.resident).count();
         if fused_knn_applies(metric, gemm, k, dim) {
             let params = JoinParams { dim: dim as u32, metric: metric_code(metric), ..filter_params(metric, dim, gemm, false) };
             if let Some(fused) = self.fused_knn(&params, k, &query_buffers, nq, &base_buffers, n, sink, budget, start)? {
-                return Ok(fused.map(|fused| RunStats { transfer_time: fused.transfer_time + stats.transfer_time, ..fused }));
+                return Ok(fused.map(|fused| RunStats { transfer_time: fused.transfer_time + stats.transfer_time, resident_inputs: stats.resident_inputs, ..fused }));
             }
         }
         let sample_len = n.min(KNN_SAMPLE);
@@ -297,7 +298,20 @@ impl GpuBackend {
         let (mut transfer, mut kernel, mut emit) = Default::default();
         let slotted = |q: usize| slot_capacity > 0 && levels[q] == 0 && counts[q] <= slot_capacity;
         let mut ranked: Vec<Vec<Neighbour>> = Vec::new();
-        if slot_capacity > 0 {
+        if slot_capacity > 0 && slot_capacity as usize <= KNN_RANK_SLOTS {
+            // Ranked on the device: k entries a query come back instead of whole slots (P1
+            // k = 10: 1.2 MB instead of 154 MB, NOTES.md v32).
+            let ranking = Instant::now();
+            let slot_len: Vec<u32> = (0..nq).map(|q| if slotted(q) { counts[q] } else { 0 }).collect();
+            let (distances, positions) = rank_slots(&self.device, &pass, slot_capacity as usize, k, &slot_len)?;
+            kernel += ranking.elapsed();
+            ranked = (0..nq)
+                .map(|q| match slotted(q) {
+                    true => (q * k..(q + 1) * k).map(|i| Neighbour { distance: distances[i], position: positions[i] }).collect(),
+                    false => Vec::new(),
+                })
+                .collect();
+        } else if slot_capacity > 0 {
             let copying = Instant::now();
             let stored = 0..nq * slot_capacity as usize;
             let mut results = host_results(&self.device, stored.len())?;
@@ -518,6 +532,15 @@ struct HostSide<'a> {
     /// The origin the device builds the filter rows from (`filter`, `filter_norms` and
     /// `filter_sq_norms` are then empty), or `None`: they were built here.
     device_filter: Option<Vec<f64>>,
+    /// Set when `exact` is the values of vectors kept across queries, in input order: their
+    /// rows stay on the device under it.
+    resident: Option<ResidentKey>,
+}
+
+/// The key `v`'s rows stay on the device under, when it has one and `order` is its input order.
+fn resident_key(v: &Vectors, order: &[u32]) -> Option<ResidentKey> {
+    let in_input_order = order.len() == v.len() && order.iter().enumerate().all(|(i, &p)| p as usize == i);
+    v.resident().filter(|_| in_input_order).map(|mark| mark.clone() as ResidentKey)
 }
 
 fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin: &[f64], metric: Metric, gemm: bool) -> HostSide<'a> {
@@ -528,6 +551,7 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
         out.iter_mut().zip(row).zip(origin).for_each(|((o, x), c)| *o = (x - c) as f32);
     });
     // Input order (brute force, kNN): the vectors as they are, no copy.
+    let resident = resident_key(v, &order);
     let in_input_order = order.len() == v.len() && order.iter().enumerate().all(|(i, &p)| p as usize == i);
     let exact = if in_input_order { Cow::Borrowed(v.values.as_slice()) } else { Cow::Owned(gather(v, &order)) };
     let norms = if metric == Metric::Cosine {
@@ -542,7 +566,7 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
     } else {
         (vec![0.0], vec![0.0])
     };
-    HostSide { filter, exact, norms, filter_norms, filter_sq_norms, order, device_filter: None }
+    HostSide { filter, exact, norms, filter_norms, filter_sq_norms, order, device_filter: None, resident }
 }
 
 /// The rows of `v` in input order, their GEMM-form filter rows (centred on `origin`) left to the
@@ -558,23 +582,25 @@ fn device_side<'a>(v: &'a Vectors, origin: &[f64]) -> HostSide<'a> {
         filter_sq_norms: Vec::new(),
         order: (0..v.len() as u32).collect(),
         device_filter: Some(origin.to_vec()),
+        resident: v.resident().map(|mark| mark.clone() as ResidentKey),
     }
 }
 
 /// A side's buffers, uploaded in input order, in the slot order of its grid (`order`, slot →
-/// position), each freed once gathered. The per-row buffers are gathered where they hold a value
+/// position), each freed once gathered (the exact rows unless resident, whose kept copy stays). The per-row buffers are gathered where they hold a value
 /// per row (an unused one holds a single value, which a one-row side gathers harmlessly).
 fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::CudaSlice<u32>, dim: usize) -> Result<SideBuffers, String> {
     let n = order.len();
-    let SideBuffers { filter, exact, norms, filter_norms, filter_sq_norms, order: _ } = side;
-    let per_row = |buffer: cudarc::driver::CudaSlice<f32>| if buffer.len() == n { gather_rows(device, buffer, &order, n, 1) } else { Ok(buffer) };
+    let SideBuffers { filter, exact, norms, filter_norms, filter_sq_norms, order: _, resident } = side;
+    let per_row = |buffer: cudarc::driver::CudaSlice<f32>| if buffer.len() == n { gather_rows(device, &buffer, &order, n, 1) } else { Ok(buffer) };
     Ok(SideBuffers {
-        filter: gather_rows(device, filter, &order, n, dim)?,
-        exact: gather_rows(device, exact, &order, n, dim)?,
-        norms: if norms.len() == n { gather_rows(device, norms, &order, n, 1)? } else { norms },
+        filter: gather_rows(device, &filter, &order, n, dim)?,
+        exact: Arc::new(gather_rows(device, &exact, &order, n, dim)?),
+        norms: if norms.len() == n { gather_rows(device, &norms, &order, n, 1)? } else { norms },
         filter_norms: per_row(filter_norms)?,
         filter_sq_norms: per_row(filter_sq_norms)?,
         order,
+        resident,
     })
 }
 
@@ -598,7 +624,7 @@ fn sample_side(base: &Vectors, metric: Metric, sample_len: usize) -> HostSide<'s
         }
     });
     let norms = if metric == Metric::Cosine { order.par_iter().map(|&p| dot(base.row(p as usize), base.row(p as usize))).collect() } else { vec![0.0] };
-    HostSide { filter: vec![0.0], exact: Cow::Owned(exact), norms, filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order, device_filter: None }
+    HostSide { filter: vec![0.0], exact: Cow::Owned(exact), norms, filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order, device_filter: None, resident: None }
 }
 
 impl GpuBackend {
@@ -606,7 +632,10 @@ impl GpuBackend {
     /// brute_join_tc.
     fn upload(&self, side: &HostSide, tf32: bool) -> Result<SideBuffers, String> {
         let device = &self.device;
-        let exact = upload(device, side.exact.as_ref())?;
+        let (exact, resident) = match &side.resident {
+            Some(key) => device.resident_rows(key, side.exact.as_ref())?,
+            None => (Arc::new(upload(device, side.exact.as_ref())?), false),
+        };
         let (mut filter, filter_norms, filter_sq_norms) = match &side.device_filter {
             Some(origin) => {
                 let rows = filter_rows(device, &exact, side.order.len(), origin)?;
@@ -617,7 +646,7 @@ impl GpuBackend {
         if tf32 {
             round_to_tf32(device, &mut filter)?;
         }
-        Ok(SideBuffers { filter, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order: upload(device, &side.order)? })
+        Ok(SideBuffers { filter, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order: upload(device, &side.order)?, resident })
     }
 
     /// Whether the sides' GEMM-form squared norms stay where f32 scores are meaningful
@@ -688,6 +717,7 @@ impl GpuBackend {
             (left_buffers, right_buffers) = upload_sides(&left_host, &right_host)?;
         }
         stats.transfer_time += uploading.elapsed();
+        stats.resident_inputs = std::iter::once(&left_buffers).chain(right_buffers.as_ref()).filter(|b| b.resident).count();
         let extent = if gemm { 0.0 } else { filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) };
         let mut params = JoinParams {
             dim: dim as u32,
@@ -1031,7 +1061,7 @@ fn filter_origin(metric: Metric, gemm: bool, left_filter: &[f64], right_filter: 
     match metric {
         Metric::InnerProduct => vec![0.0; right.dim],
         Metric::Cosine if gemm => vec![0.0; right.dim],
-        _ if gemm => mean(right),
+        _ if gemm => right.mean().to_vec(),
         _ => lower_corner(left_filter, right_filter, right.dim),
     }
 }
@@ -1172,7 +1202,7 @@ mod tests {
     fn the_radius_sample_is_its_rows_dimension_major() {
         // 11 dimensions: a task of 8 and a task of 3; 4 of 10 rows sampled (0, 2, 5, 7).
         let values: Vec<f64> = (0..110).map(|v| v as f64 * 0.5 - 7.0).collect();
-        let base = Vectors { dim: 11, values, rows: (0..10).collect(), skipped: 0 };
+        let base = Vectors::new(11, values);
         let sample = sample_side(&base, Metric::Cosine, 4);
         assert_eq!(sample.order, vec![0, 2, 5, 7]);
         for (i, &p) in sample.order.iter().enumerate() {

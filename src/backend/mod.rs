@@ -123,6 +123,8 @@ pub struct RunStats {
     pub write_passes: u64,
     /// GPU: pieces of the inputs run one after another (1 when both fit the device at once).
     pub tiles: u64,
+    /// GPU: inputs whose rows were already on the device (kept from an earlier query).
+    pub resident_inputs: usize,
     /// Time spent choosing the strategy and building indexes.
     pub build_time: Duration,
     /// Time spent finding and sending results.
@@ -143,6 +145,7 @@ impl RunStats {
         self.count_passes += other.count_passes;
         self.write_passes += other.write_passes;
         self.tiles += other.tiles;
+        self.resident_inputs += other.resident_inputs;
         self.build_time += other.build_time;
         self.probe_time += other.probe_time;
         self.transfer_time += other.transfer_time;

@@ -186,7 +186,7 @@ mod tests {
 
     fn vectors(n: usize, dim: usize, seed: u64) -> Vectors {
         let values = datagen::generate(Distribution::Blobs, n, dim, seed);
-        Vectors { dim, values, rows: (0..n as u32).collect(), skipped: 0 }
+        Vectors::new(dim, values)
     }
 
     /// The tiled run on the CPU backend equals the untiled one: every self-join form, plain joins,
@@ -212,7 +212,7 @@ mod tests {
             assert!(stats.candidates > 0);
         }
         let lattice: Vec<f64> = (0..300 * 2).map(|i| ((i * 7919) % 5) as f64).collect();
-        let base = Vectors { dim: 2, values: lattice, rows: (0..300).collect(), skipped: 0 };
+        let base = Vectors::new(2, lattice);
         let queries = vectors(40, 2, 3);
         for k in [1, 10, 90, 300, 301] {
             let request = KnnRequest { base: &base, queries: &queries, metric: Metric::L1, k };

@@ -25,6 +25,7 @@ use crate::op::{IndexChoice, Metric, Operation, SimilarityOp};
 use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
 
+mod cache;
 mod progress;
 mod stream;
 

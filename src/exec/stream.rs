@@ -19,6 +19,7 @@ use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStre
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
+use super::cache;
 use super::progress::{Progress, ProgressListener};
 use super::{InputSide, SimilarityExec};
 use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, SelfJoin};
@@ -36,6 +37,10 @@ struct SimilarityMetrics {
     write_passes: Count,
     tiles: Count,
     indexed_dims: Gauge,
+    /// Inputs whose vectors came from the conversion cache (exec/cache.rs).
+    cached_inputs: Count,
+    /// GPU: inputs whose rows were already on the device.
+    resident_inputs: Count,
     /// Concatenating each input's batches and converting them to f64 vectors (before the backend).
     convert_time: Time,
     build_time: Time,
@@ -56,6 +61,8 @@ impl SimilarityMetrics {
             write_passes: MetricBuilder::new(set).counter("write_passes", 0),
             tiles: MetricBuilder::new(set).counter("tiles", 0),
             indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
+            cached_inputs: MetricBuilder::new(set).counter("cached_inputs", 0),
+            resident_inputs: MetricBuilder::new(set).counter("resident_inputs", 0),
             convert_time: MetricBuilder::new(set).subset_time("convert_time", 0),
             build_time: MetricBuilder::new(set).subset_time("build_time", 0),
             probe_time: MetricBuilder::new(set).subset_time("probe_time", 0),
@@ -76,6 +83,7 @@ impl SimilarityMetrics {
         self.count_passes.add(stats.count_passes as usize);
         self.write_passes.add(stats.write_passes as usize);
         self.tiles.add(stats.tiles as usize);
+        self.resident_inputs.add(stats.resident_inputs);
         self.indexed_dims.set(stats.indexed_dims);
         self.build_time.add_duration(stats.build_time);
         self.probe_time.add_duration(stats.probe_time);
@@ -153,12 +161,12 @@ impl Run {
         let (left_side, right_side) = (self.left.clone(), self.right.clone());
         let output_columns = self.builder.columns.clone();
         let converting = Instant::now();
-        let (left, right) = tokio::task::spawn_blocking(move || -> Result<(SideData, SideData)> {
+        let ((left, left_cached), (right, right_cached)) = tokio::task::spawn_blocking(move || -> Result<((SideData, bool), (SideData, bool))> {
             let reject_zero = op.metric == Metric::Cosine;
-            let side = |input: &InputSide| -> Result<SideData> {
+            let side = |input: &InputSide| -> Result<(SideData, bool)> {
                 let (schema, parts) = &collected[input.child];
                 let describe = format!("{}: {}", op.function_name(), input.describe);
-                let vectors = Vectors::from_batches(schema, parts, &input.source, reject_zero, &describe)?;
+                let (vectors, cached) = cache::vectors(schema, parts, &input.source, reject_zero, &describe, op.cache_size)?;
                 let projected = |i: usize| {
                     output_columns.iter().any(|c| match *c {
                         OutputColumn::Left(j) => j == i && left_side.child == input.child,
@@ -176,15 +184,16 @@ impl Run {
                 };
                 let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
                 let num_rows = parts.iter().map(|b| b.num_rows()).sum();
-                Ok(SideData { columns, num_rows, vectors: Arc::new(vectors) })
+                Ok((SideData { columns, num_rows, vectors }, cached))
             };
             let left = side(&left_side)?;
-            let right = if right_side.child == left_side.child { left.clone() } else { side(&right_side)? };
+            let right = if right_side.child == left_side.child { (left.0.clone(), false) } else { side(&right_side)? };
             Ok((left, right))
         })
         .await
         .map_err(|e| exec_datafusion_err!("{}: building vectors failed: {e}", self.op.function_name()))??;
         self.metrics.record_conversion(converting.elapsed());
+        self.metrics.cached_inputs.add(usize::from(left_cached) + usize::from(right_cached));
         // The collected batches are gone; the output columns taken from them stay.
         let same_input = self.left.child == self.right.child;
         let kept: usize = [&left, &right][..if same_input { 1 } else { 2 }]

@@ -52,8 +52,8 @@ fn input(
 
 /// `operation` with the options that say how and where it runs.
 fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp {
-    let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, .. } = *options;
-    SimilarityOp { operation, metric, device, index, grid_dims, gpu_memory_limit }
+    let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, cache_size, .. } = *options;
+    SimilarityOp { operation, metric, device, index, grid_dims, gpu_memory_limit, cache_size }
 }
 
 /// The table of a call: checks what the schemas alone can (dimensions) and picks the backend.

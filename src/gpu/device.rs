@@ -1,9 +1,10 @@
 //! One CUDA device: its context, its stream and its NVRTC-compiled modules (compiled once per
 //! process, for the device's own `sm_XY`).
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::any::Any;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::kernels::KernelModule;
@@ -31,7 +32,30 @@ pub struct GpuDevice {
     /// The streams of pipelined write passes, created on first use (from then on cudarc orders
     /// every buffer's uses across streams with events).
     pipeline: OnceLock<Result<[Arc<CudaStream>; PIPELINE_STREAMS], String>>,
+    /// Exact rows kept on the device between queries ([`GpuDevice::resident_rows`]).
+    resident: Mutex<ResidentRows>,
 }
+
+/// The key rows stay resident under: the mark of host vectors whose values never change while it
+/// lives (the conversion cache's, `crate::vectors::ResidentMark`), held here weakly.
+pub type ResidentKey = Arc<dyn Any + Send + Sync>;
+
+#[derive(Debug, Default)]
+struct ResidentRows {
+    entries: Vec<ResidentEntry>,
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct ResidentEntry {
+    key: Weak<dyn Any + Send + Sync>,
+    rows: Arc<CudaSlice<f64>>,
+    last_used: u64,
+}
+
+/// The share of the device's memory that resident rows may take: the rest stays for the runs,
+/// whose buffers (candidate slots, result pairs) scale with the work rather than the inputs.
+const RESIDENT_SHARE: usize = 4;
 
 /// Streams that write passes take turns on: while the host emits one batch, the next batch's
 /// copy to the host and the one after's kernel run on the other two (seed 003 §3.2.2).
@@ -51,12 +75,46 @@ impl GpuDevice {
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
         super::launch::keep_freed_device_memory(&ctx)?;
-        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new() })
+        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
     }
 
     /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).
     pub fn has_tf32_tensor_cores(&self) -> bool {
         self.info.compute_capability.0 >= 8
+    }
+
+    /// `values` (exact rows) on the device under `key`, and whether they were there already: the
+    /// copy uploaded at the key's first use is kept, and returned, while the key lives and the
+    /// kept rows take at most a quarter of the device's memory (the least recently used leave
+    /// first). The caller vouches that `values` are the key's, unchanged.
+    pub fn resident_rows(&self, key: &ResidentKey, values: &[f64]) -> Result<(Arc<CudaSlice<f64>>, bool), String> {
+        let lock = || self.resident.lock().map_err(|_| "the GPU's resident rows are poisoned".to_string());
+        {
+            let mut resident = lock()?;
+            resident.clock += 1;
+            let now = resident.clock;
+            // Rows whose vectors are gone can never be asked for again.
+            resident.entries.retain(|e| e.key.strong_count() > 0);
+            if let Some(entry) = resident.entries.iter_mut().find(|e| std::ptr::addr_eq(e.key.as_ptr(), Arc::as_ptr(key))) {
+                entry.last_used = now;
+                return Ok((entry.rows.clone(), true));
+            }
+        }
+        let rows = Arc::new(super::launch::upload(self, values)?);
+        let capacity = self.info.total_memory / RESIDENT_SHARE;
+        let bytes = |rows: &CudaSlice<f64>| rows.len() * std::mem::size_of::<f64>();
+        if bytes(&rows) <= capacity {
+            let mut resident = lock()?;
+            let last_used = resident.clock;
+            resident.entries.push(ResidentEntry { key: Arc::downgrade(key), rows: rows.clone(), last_used });
+            while resident.entries.iter().map(|e| bytes(&e.rows)).sum::<usize>() > capacity {
+                let oldest = resident.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i);
+                if let Some(i) = oldest {
+                    resident.entries.swap_remove(i);
+                }
+            }
+        }
+        Ok((rows, false))
     }
 
     /// The streams of pipelined write passes.

@@ -53,8 +53,8 @@ const _: () = assert!(std::mem::size_of::<JoinParams>() == 200, "JoinParams layo
 pub struct SideBuffers {
     /// f32 filter-space rows.
     pub filter: CudaSlice<f32>,
-    /// f64 exact rows.
-    pub exact: CudaSlice<f64>,
+    /// f64 exact rows (shared with the device's resident rows when kept across queries).
+    pub exact: Arc<CudaSlice<f64>>,
     /// Cosine: Σx² per row (else one unused value).
     pub norms: CudaSlice<f64>,
     /// Dot-product filters (inner product, GEMM form): ‖x̃‖ per row (else one unused value).
@@ -63,6 +63,8 @@ pub struct SideBuffers {
     pub filter_sq_norms: CudaSlice<f32>,
     /// Slot → vector position.
     pub order: CudaSlice<u32>,
+    /// Whether the exact rows were on the device before this run (kept from an earlier query).
+    pub resident: bool,
 }
 
 /// The grid of a join on the device.
@@ -225,8 +227,8 @@ pub fn launch_join_pass(
         builder
             .arg(&left.filter)
             .arg(&right.filter)
-            .arg(&left.exact)
-            .arg(&right.exact)
+            .arg(left.exact.as_ref())
+            .arg(right.exact.as_ref())
             .arg(&left.norms)
             .arg(&right.norms)
             .arg(&left.filter_norms)
@@ -353,9 +355,9 @@ pub fn sample_radius_pass(
     builder
         .arg(params)
         .arg(&begin)
-        .arg(&query_side.exact)
+        .arg(query_side.exact.as_ref())
         .arg(&query_side.norms)
-        .arg(&sample.exact)
+        .arg(sample.exact.as_ref())
         .arg(&sample.norms)
         .arg(&sample_len)
         .arg(&rank)
@@ -368,6 +370,48 @@ pub fn sample_radius_pass(
     // within `radii`, which holds LEVELS values for every query.
     unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_radius launch failed: {e}"))?;
     device.stream.synchronize().map_err(|e| format!("knn_sample_radius failed: {e}"))
+}
+
+/// Most candidates knn_rank_slots sorts per query (`RANK_SLOTS` in kernels/knn.cu).
+pub const KNN_RANK_SLOTS: usize = 4096;
+
+/// The `k` nearest candidates of each query whose slot (of `capacity` entries in `pass`'s
+/// outputs, as the first count pass stored them) holds `slot_len[q]` ≥ k of them, ranked on the
+/// device by (distance, base position) as the host ranks them (knn_rank_slots in kernels/knn.cu);
+/// queries with `slot_len[q] = 0` are left out. `k` (distances, positions) per query, nearest
+/// first, in query order (a left-out query's entries are meaningless).
+pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: usize, slot_len: &[u32]) -> Result<(Vec<f64>, Vec<u32>), String> {
+    let queries = slot_len.len();
+    if capacity > KNN_RANK_SLOTS || queries == 0 || k == 0 || queries * capacity > pass.out_right.len().min(pass.out_distance.len()) {
+        return Err(format!("knn_rank_slots: {queries} slots of {capacity} (at most {KNN_RANK_SLOTS}) for k = {k}"));
+    }
+    if let Some(q) = slot_len.iter().position(|&len| (len != 0 && (len as usize) < k) || len as usize > capacity) {
+        return Err(format!("knn_rank_slots: query {q} has {} candidates, outside [{k}, {capacity}]", slot_len[q]));
+    }
+    let stream = &device.stream;
+    let failed = |e: cudarc::driver::DriverError| format!("knn_rank_slots: {e}");
+    let lengths = stream.clone_htod(slot_len).map_err(failed)?;
+    let mut out_distance = stream.alloc_zeros::<f64>(queries * k).map_err(failed)?;
+    let mut out_position = stream.alloc_zeros::<u32>(queries * k).map_err(failed)?;
+    let function = device.function(KernelModule::Knn, "knn_rank_slots")?;
+    let config = LaunchConfig { grid_dim: (queries as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let (capacity_arg, k_arg) = (capacity as u32, k as u32);
+    let mut builder = stream.launch_builder(&function);
+    builder
+        .arg(&capacity_arg)
+        .arg(&k_arg)
+        .arg(&lengths)
+        .arg(&pass.out_distance)
+        .arg(&pass.out_right)
+        .arg(&mut out_distance)
+        .arg(&mut out_position);
+    // SAFETY: the arguments match knn_rank_slots's parameter list one for one. Block q reads
+    // slot_len[q] (q < `queries`, its length) and, when it is not 0, entries [q·capacity,
+    // q·capacity + slot_len[q]) of the distances and positions, within both (checked above:
+    // slot_len[q] ≤ capacity ≤ RANK_SLOTS, and queries · capacity entries fit), and writes k
+    // values at [q·k, q·k + k) of the outputs, which hold queries · k.
+    unsafe { builder.launch(config) }.map_err(|e| format!("knn_rank_slots launch failed: {e}"))?;
+    Ok((stream.clone_dtoh(&out_distance).map_err(failed)?, stream.clone_dtoh(&out_position).map_err(failed)?))
 }
 
 /// Queries per block of knn_fused (`FUSED_QUERIES` in kernels/knn.cu).
@@ -426,8 +470,8 @@ pub fn knn_fused_pass(
         .arg(&chunk)
         .arg(&queries.filter)
         .arg(&base.filter)
-        .arg(&queries.exact)
-        .arg(&base.exact)
+        .arg(queries.exact.as_ref())
+        .arg(base.exact.as_ref())
         .arg(&queries.norms)
         .arg(&base.norms)
         .arg(&queries.filter_norms)
@@ -870,8 +914,9 @@ pub struct CellBounds {
 }
 
 /// `rows` (n rows of `width` values) in slot order: row s of the result is row `order[s]`. The
-/// input is freed once the gather is queued (stream-ordered, so after it has run).
-pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: CudaSlice<T>, order: &CudaSlice<u32>, n: usize, width: usize) -> Result<CudaSlice<T>, String> {
+/// caller may free the input once the gather is queued (frees are stream-ordered, so after it
+/// has run).
+pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: &CudaSlice<T>, order: &CudaSlice<u32>, n: usize, width: usize) -> Result<CudaSlice<T>, String> {
     let stream = &device.stream;
     let mut out = stream.alloc_zeros::<T>((n * width).max(1)).map_err(alloc_failed)?;
     let words = width * std::mem::size_of::<T>() / 4;
@@ -884,7 +929,7 @@ pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: Cu
     let gather = device.function(KernelModule::Grid, "gather_rows")?;
     let (len, words_arg) = (n as u32, words as u32);
     let mut builder = stream.launch_builder(&gather);
-    builder.arg(&rows).arg(order).arg(&len).arg(&words_arg).arg(&mut out);
+    builder.arg(rows).arg(order).arg(&len).arg(&words_arg).arg(&mut out);
     // SAFETY: gather_rows(const u32*, const u32*, u32, u32, u32*) reads `order` below n and rows
     // order[s] < n (a permutation of the positions) of `words` 4-byte words, within `rows` (n ·
     // width values of T, a multiple of 4 bytes each), and writes n · words words, `out`'s size.

@@ -20,7 +20,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ("SELECT * FROM sim_join(t)", "Error during planning: sim_join: expected sim_join(table, eps [, options]) or sim_join(left, right, eps [, options]), got 1 arguments"),
         ("SELECT * FROM sim_join(t, t, 'x')", "Error during planning: sim_join: argument 'eps' must be a number, got Utf8(\"x\")"),
         ("SELECT * FROM sim_join(t, 0.1, 'metric=hamming')", "Error during planning: sim_join: options string 'metric=hamming': unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf)"),
-        ("SELECT * FROM sim_join(t, 0.1, 'metrc=l1')", "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit)"),
+        ("SELECT * FROM sim_join(t, 0.1, 'metrc=l1')", "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size)"),
         ("SELECT * FROM sim_join(t, 0.1, 'gpu_memory_limit=2X')", "Error during planning: sim_join: options string 'gpu_memory_limit=2X': gpu_memory_limit must be a size such as 512M or 4G (units K, M, G), or 0 for no limit, got '2X'"),
         ("SELECT * FROM sim_join(t, 0.1, 'pairs=some')", "Error during planning: sim_join: options string 'pairs=some': unknown pairs 'some' (expected ordered or unordered)"),
         ("SELECT * FROM sim_join(t, 0.1, 'include_self=maybe')", "Error during planning: sim_join: options string 'include_self=maybe': include_self must be true or false, got 'maybe'"),

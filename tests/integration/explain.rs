@@ -43,3 +43,43 @@ async fn explain_analyze_reports_the_index_chosen_and_both_strategies_are_exact(
         check(&ctx, &sql, &oracle_join("l2", &data, &data, eps, Some((false, true)))).await;
     }
 }
+
+/// An in-memory table's vectors are converted once and kept across queries (on a GPU, their rows
+/// stay on the device): later queries take them from the cache with the same answers. A file's
+/// arrays are decoded for one query, so they are converted every time; `cache_size = 0` keeps
+/// nothing; a table replaced under the same name is converted afresh.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_memory_inputs_are_converted_once_and_files_every_time() {
+    let ctx = ctx();
+    let (base, queries) = (vectors(900, 4, 11), vectors(60, 4, 12));
+    register(&ctx, "cached_base", &base, 4, Shape::FixedF32);
+    register(&ctx, "cached_queries", &queries, 4, Shape::FixedF32);
+    let sql = "SELECT query_id, base_id, distance, rank FROM knn(cached_base, cached_queries, 4)";
+    let count = "SELECT count(*) FROM knn(cached_base, cached_queries, 4)";
+    assert_eq!(operator_metrics(&ctx, count).await["cached_inputs"], 0);
+    for _ in 0..2 {
+        assert_eq!(operator_metrics(&ctx, count).await["cached_inputs"], 2);
+        check(&ctx, sql, &crate::common::oracle_knn("l2", &base, &queries, 4)).await;
+    }
+
+    // Different vectors under the old name: converted, never the old ones' answers.
+    let replaced = vectors(900, 4, 13);
+    register(&ctx, "cached_base", &replaced, 4, Shape::FixedF32);
+    assert_eq!(operator_metrics(&ctx, count).await["cached_inputs"], 1);
+    check(&ctx, sql, &crate::common::oracle_knn("l2", &replaced, &queries, 4)).await;
+
+    let dir = std::env::temp_dir().join(format!("simjoin-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("base.parquet");
+    let flat: Vec<f64> = replaced.iter().flatten().flatten().copied().collect();
+    simjoin::datagen::write(&flat, 4, &file).unwrap();
+    let from_file = format!("SELECT count(*) FROM knn('{}', cached_queries, 4)", file.display());
+    for _ in 0..2 {
+        assert_eq!(operator_metrics(&ctx, &from_file).await["cached_inputs"], 1, "only the in-memory queries");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    ctx.sql("SET simjoin.cache_size = 0").await.unwrap();
+    assert_eq!(operator_metrics(&ctx, count).await["cached_inputs"], 0);
+    check(&ctx, sql, &crate::common::oracle_knn("l2", &replaced, &queries, 4)).await;
+}

@@ -1,7 +1,8 @@
 //! `simjoin bench`: the benchmark workloads, on files that peers (benches/peers.py) read too.
 //! Datasets are generated once with fixed seeds into `--dir`, with `workloads.json` describing them
 //! (thresholds calibrated there, so every system answers the same question); inputs are loaded into
-//! memory before timing, and each query runs `--repeat` times (the best time is reported).
+//! memory before timing, and each query runs `--repeat` times (the best time is reported, and the
+//! first, which converts the inputs and on a GPU uploads them).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -234,7 +235,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
     let ctx = super::sql::session(&args.session).await?;
     let mut records = Vec::new();
-    let mut table = String::from("| workload | n | d | queries | threshold / k | result rows | simjoin (s) |\n|---|---|---|---|---|---|---|\n");
+    let mut table = String::from("| workload | n | d | queries | threshold / k | result rows | simjoin (s) | first run (s) |\n|---|---|---|---|---|---|---|---|\n");
     let all = if args.tiny {
         tiny_workloads()
     } else if args.curves {
@@ -289,17 +290,22 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             "range" => format!("SELECT count(*) FROM range_query(base, queries, {threshold:?})"),
             _ => format!("SELECT count(*) FROM knn(base, queries, {})", w.k),
         };
-        let mut best = f64::INFINITY;
+        // The first run converts the in-memory inputs (and uploads them to a GPU); later runs find
+        // them kept (README: vectors kept across queries), as a service's repeated queries would.
+        let (mut best, mut first) = (f64::INFINITY, None);
         let mut rows = 0;
         for _ in 0..args.repeat.max(1) {
             let started = Instant::now();
             let batches = ctx.sql(&sql).await?.collect().await?;
-            best = best.min(started.elapsed().as_secs_f64());
+            let seconds = started.elapsed().as_secs_f64();
+            best = best.min(seconds);
+            first.get_or_insert(seconds);
             rows = batches[0].column(0).as_primitive::<Int64Type>().value(0);
         }
+        let first = first.unwrap_or(best);
         let param = if w.kind == "knn" { format!("k={}", w.k) } else { format!("{threshold:.6}") };
         eprintln!("{}: {rows} rows in {best:.3} s", w.name);
-        writeln!(table, "| {} | {} | {} | {} | {param} | {rows} | {best:.3} |", w.name, w.n, w.dim, w.queries).ok();
+        writeln!(table, "| {} | {} | {} | {} | {param} | {rows} | {best:.3} | {first:.3} |", w.name, w.n, w.dim, w.queries).ok();
         records.push(serde_json::json!({
             "name": w.name,
             "kind": w.kind,
@@ -312,6 +318,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             "k": w.k,
             "rows": rows,
             "simjoin_s": best,
+            "simjoin_first_s": first,
         }));
     }
     let json = serde_json::to_string_pretty(&records).map_err(|e| DataFusionError::Execution(format!("results as JSON: {e}")))?;

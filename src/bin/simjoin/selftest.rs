@@ -189,6 +189,16 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
             println!("selftest: MISMATCH: gpu_memory_limit={limit} should split {n} × {dim} into at least 3 tiles, got {tiles}");
         }
     }
+    // In-memory inputs stay converted and, on the GPU, their rows stay on the device (README:
+    // vectors kept across queries): a repeated query uploads neither side again. Every case
+    // above after a table's first GPU query ran on such kept rows.
+    let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
+    let kept = [explained_metric(&ctx, explain, "resident_inputs").await?, explained_metric(&ctx, explain, "resident_inputs").await?];
+    println!("selftest: resident inputs of a repeated kNN: {kept:?}");
+    if kept[1] != 2 {
+        failures += 1;
+        println!("selftest: MISMATCH: a repeated kNN over in-memory tables should find both sides on the GPU, got {}", kept[1]);
+    }
     println!("{table}");
     if let Ok(device) = &gpu {
         // Inputs of 64 MB and more pass through the pinned staging buffers, which the small sets
