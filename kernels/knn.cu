@@ -1,7 +1,8 @@
 // Exact kNN as a range query with a radius per query (the GPU backend's kNN, src/backend/gpu.rs).
 //
-// knn_sample_radius gives each query candidate radii from a sample of the base: the exact f64
-// distances to `sample_len` ≤ SAMPLE base rows (stored dimension-major: `sx[d·sample_len + i]`), sorted, and radii[q·LEVELS + j] = the
+// knn_sample_distances and knn_sample_radius give each query candidate radii from a sample of the
+// base: the exact f64 distances to `sample_len` ≤ SAMPLE base rows (stored dimension-major:
+// `sx[d·sample_len + i]`), sorted, and radii[q·LEVELS + j] = the
 // (rank·4^j)-th smallest (+∞ once that rank is beyond the sample). brute_join then counts, per
 // query, the base rows within its radius (f32 filter with the proved margins, exact f64 check);
 // a query with fewer than k moves to its next level. A radius with at least k base rows within
@@ -29,24 +30,83 @@ __device__ __forceinline__ void bitonic_sort(u32 size, Exchange exchange) {
     }
 }
 
-// One block per query of [query_begin, query_begin + gridDim.x).
-extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(JoinParams p, u32 query_begin,
-        const double* qx, const double* qnorm, const double* sx, const double* snorm, u32 sample_len, u32 rank,
+// knn_sample_distances: the exact distances of a group of SAMPLE_QUERIES queries (blockIdx.x's, of
+// [query_begin, query_end)) to 256 sample rows (blockIdx.y's, one per thread), each sample value
+// read once for the whole group: with one query per block every query read the whole sample from
+// L2 (29 ms of a 10k × 60k × 784 kNN, NOTES.md v33). The arithmetic is exact_distance's, term by
+// term. Written to distances[(q − query_begin)·SAMPLE + i]; NaN (cosine of a zero vector) as +∞,
+// which sorts last like the host's total order.
+#define SAMPLE_QUERIES 16
+
+extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParams p, u32 query_begin, u32 query_end,
+        const double* qx, const double* qnorm, const double* sx, const double* snorm, u32 sample_len, double* distances) {
+    u32 i = blockIdx.y * blockDim.x + threadIdx.x;
+    u32 first = query_begin + blockIdx.x * SAMPLE_QUERIES;
+    if (i >= sample_len || first >= query_end) return;
+    u32 count = min((u32)SAMPLE_QUERIES, query_end - first);
+    // A group short of SAMPLE_QUERIES repeats its last query (computed, not written).
+    const double* x[SAMPLE_QUERIES];
+    double acc[SAMPLE_QUERIES];
+#pragma unroll
+    for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
+        x[q] = qx + (u64)(first + min(q, count - 1)) * p.dim;
+        acc[q] = 0.0;
+    }
+    const double* s = sx + i;
+    switch (p.metric) {
+    case METRIC_L2:
+    case METRIC_L2SQ:
+        for (u32 d = 0; d < p.dim; ++d) {
+            double v = s[(u64)d * sample_len];
+#pragma unroll
+            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
+                double t = x[q][d] - v;
+                acc[q] = acc[q] + t * t;
+            }
+        }
+        break;
+    case METRIC_COSINE:
+    case METRIC_INNER_PRODUCT:
+        for (u32 d = 0; d < p.dim; ++d) {
+            double v = s[(u64)d * sample_len];
+#pragma unroll
+            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = acc[q] + x[q][d] * v;
+        }
+        break;
+    case METRIC_L1:
+        for (u32 d = 0; d < p.dim; ++d) {
+            double v = s[(u64)d * sample_len];
+#pragma unroll
+            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = acc[q] + fabs(x[q][d] - v);
+        }
+        break;
+    default:
+        for (u32 d = 0; d < p.dim; ++d) {
+            double v = s[(u64)d * sample_len];
+#pragma unroll
+            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = fmax(acc[q], fabs(x[q][d] - v));
+        }
+        break;
+    }
+#pragma unroll
+    for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
+        if (q >= count) break;
+        double v = acc[q];
+        if (p.metric == METRIC_L2) v = sqrt(v);
+        else if (p.metric == METRIC_COSINE) v = 1.0 - v / (sqrt(qnorm[first + q]) * sqrt(snorm[i]));
+        else if (p.metric == METRIC_INNER_PRODUCT) v = -v;
+        distances[(u64)(first + q - query_begin) * SAMPLE + i] = isnan(v) ? F64_INFINITY : v;
+    }
+}
+
+// knn_sample_radius: one block per query of [query_begin, query_begin + gridDim.x), its row of
+// `distances` (knn_sample_distances of the same query_begin) sorted in shared memory.
+extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(u32 query_begin, const double* distances, u32 sample_len, u32 rank,
         double* radii) {
     __shared__ double d[SAMPLE];
     u32 q = query_begin + blockIdx.x;
-    const double* x = qx + (u64)q * p.dim;
-    double nq = p.metric == METRIC_COSINE ? qnorm[q] : 0.0;
-    for (u32 i = threadIdx.x; i < SAMPLE; i += blockDim.x) {
-        if (i < sample_len) {
-            double ns = p.metric == METRIC_COSINE ? snorm[i] : 0.0;
-            double v = exact_distance(p, x, sx + i, nq, ns, sample_len);
-            // NaN (cosine of a zero vector) sorts last, like the host's total order.
-            d[i] = isnan(v) ? F64_INFINITY : v;
-        } else {
-            d[i] = F64_INFINITY;
-        }
-    }
+    const double* row = distances + (u64)blockIdx.x * SAMPLE;
+    for (u32 i = threadIdx.x; i < SAMPLE; i += blockDim.x) d[i] = i < sample_len ? row[i] : F64_INFINITY;
     __syncthreads();
     bitonic_sort(SAMPLE, [&](u32 i, u32 j, bool ascending) {
         double a = d[i], b = d[j];

@@ -408,21 +408,35 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 
 // The GEMM form's f32 filter rows of a side's exact rows, bit for bit as the host's `host_side`
 // computes them: x̃ = f32(x − c) rounded to nearest, ‖x̃‖² summed in f64 in dimension order (no FMA
-// contraction: --fmad=false) and rounded to f32, ‖x̃‖ its correctly rounded f32 square root. One
-// thread per row; so the rows need not be built on the host and cross the bus twice.
+// contraction: --fmad=false) and rounded to f32, ‖x̃‖ its correctly rounded f32 square root; so the
+// rows need not be built on the host and cross the bus twice. One warp per row: the lanes convert
+// and store 32 adjacent coordinates at a time, then every lane adds their squares to the row's sum
+// in dimension order, each taken from its lane by shuffle — the sequential sum above. (A thread
+// per row made every warp load touch 32 rows' cache lines: 9.3 ms for a 1M × 128 side, NOTES.md
+// v33.)
 extern "C" __global__ void filter_rows(const double* exact, u32 n, u32 dim, const double* origin, float* filter, float* norms, float* sq_norms) {
-    for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < n; r += (u64)gridDim.x * blockDim.x) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    // r is the same for the whole warp, so every lane takes part in each shuffle.
+    for (u64 r = blockIdx.x * (u64)(blockDim.x >> 5) + (threadIdx.x >> 5); r < n; r += warps) {
         const double* row = exact + r * dim;
         float* out = filter + r * dim;
         double sq = 0.0;
-        for (u32 d = 0; d < dim; ++d) {
-            float v = __double2float_rn(row[d] - origin[d]);
-            out[d] = v;
-            sq += (double)v * (double)v;
+        for (u32 d0 = 0; d0 < dim; d0 += 32) {
+            u32 d = d0 + lane;
+            float v = d < dim ? __double2float_rn(row[d] - origin[d]) : 0.0f;
+            if (d < dim) out[d] = v;
+            u32 chunk = min(32u, dim - d0);
+            for (u32 i = 0; i < chunk; ++i) {
+                double w = (double)__shfl_sync(0xffffffffu, v, i);
+                sq += w * w;
+            }
         }
-        float s = __double2float_rn(sq);
-        sq_norms[r] = s;
-        norms[r] = __fsqrt_rn(s);
+        if (lane == 0) {
+            float s = __double2float_rn(sq);
+            sq_norms[r] = s;
+            norms[r] = __fsqrt_rn(s);
+        }
     }
 }
 

@@ -41,7 +41,7 @@ impl KernelModule {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             KernelModule::SimJoin => &["grid_join", "brute_join", "brute_join_tc", "round_to_tf32", "filter_rows"],
-            KernelModule::Knn => &["knn_sample_radius", "knn_rank_slots", "knn_fused_16", "knn_fused_32"],
+            KernelModule::Knn => &["knn_sample_distances", "knn_sample_radius", "knn_rank_slots", "knn_fused_16", "knn_fused_32"],
             KernelModule::Grid => &[
                 "radix_identity",
                 "radix_histogram",

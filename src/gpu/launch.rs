@@ -318,19 +318,25 @@ pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin:
     let mut sq_norms = stream.alloc_zeros::<f32>(n.max(1)).map_err(alloc)?;
     let function = device.function(KernelModule::SimJoin, "filter_rows")?;
     let (rows, width) = (n as u32, dim as u32);
-    let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
+    // A warp per row.
+    let blocks = (n as u64).div_ceil(BLOCK as u64 / 32).clamp(1, 65_536) as u32;
     let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let mut builder = stream.launch_builder(&function);
     builder.arg(exact).arg(&rows).arg(&width).arg(&origin).arg(&mut filter).arg(&mut norms).arg(&mut sq_norms);
     // SAFETY: filter_rows(const double*, u32, u32, const double*, float*, float*, float*): rows
-    // below n (grid-stride) of `dim` values, within `exact` (checked above) and `filter` (n · dim);
+    // below n (grid-stride, a warp each) of `dim` values, within `exact` (checked above) and `filter` (n · dim);
     // `origin` holds dim values; `norms` and `sq_norms` one per row.
     unsafe { builder.launch(config) }.map_err(|e| format!("filter_rows launch failed: {e}"))?;
     Ok(FilterRows { filter, norms, sq_norms })
 }
 
+/// Queries per block of knn_sample_distances (`SAMPLE_QUERIES` in kernels/knn.cu).
+const SAMPLE_QUERIES: u32 = 16;
+
 /// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
-/// (indexed by query position), from the exact distances to the sample rows.
+/// (indexed by query position), from the exact distances to the sample rows: computed for groups
+/// of queries at a time (knn_sample_distances) into a scratch row per query, then sorted per query
+/// (knn_sample_radius), at most `chunk_queries` (≥ 1) queries a round, the scratch's rows.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_radius_pass(
     device: &GpuDevice,
@@ -340,36 +346,52 @@ pub fn sample_radius_pass(
     sample: &SideBuffers,
     sample_len: u32,
     rank: u32,
+    chunk_queries: usize,
     radii: &mut CudaSlice<f64>,
 ) -> Result<(), String> {
     if queries.is_empty() {
         return Ok(());
     }
-    if sample_len as usize > KNN_SAMPLE || rank == 0 {
-        return Err(format!("knn_sample_radius: a sample of {sample_len} rows (at most {KNN_SAMPLE}) at rank {rank}"));
+    if sample_len as usize > KNN_SAMPLE || sample_len == 0 || rank == 0 || chunk_queries == 0 {
+        return Err(format!("knn_sample_radius: a sample of {sample_len} rows (at most {KNN_SAMPLE}) at rank {rank}, {chunk_queries} queries a round"));
     }
-    let function = device.function(KernelModule::Knn, "knn_sample_radius")?;
-    let config = LaunchConfig { grid_dim: (queries.len() as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let begin = queries.start;
-    let mut builder = device.stream.launch_builder(&function);
-    builder
-        .arg(params)
-        .arg(&begin)
-        .arg(query_side.exact.as_ref())
-        .arg(&query_side.norms)
-        .arg(sample.exact.as_ref())
-        .arg(&sample.norms)
-        .arg(&sample_len)
-        .arg(&rank)
-        .arg(radii);
-    // SAFETY: the arguments match knn_sample_radius's parameter list one for one. The kernel reads
-    // `dim` values of query rows < `queries.end` (within the query side) and of sample rows
-    // < `sample_len` ≤ SAMPLE (dimension-major: `dim · sample_len` values, the sample side's
-    // length), cosine norms at the same indices (the
-    // norms buffers hold one per row for cosine), and writes LEVELS radii per query position,
-    // within `radii`, which holds LEVELS values for every query.
-    unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_radius launch failed: {e}"))?;
-    device.stream.synchronize().map_err(|e| format!("knn_sample_radius failed: {e}"))
+    let stream = &device.stream;
+    let distances_kernel = device.function(KernelModule::Knn, "knn_sample_distances")?;
+    let radius_kernel = device.function(KernelModule::Knn, "knn_sample_radius")?;
+    let chunk = chunk_queries.min(queries.len());
+    let mut distances = stream.alloc_zeros::<f64>(chunk * KNN_SAMPLE).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    for begin in queries.clone().step_by(chunk) {
+        let end = (begin as usize + chunk).min(queries.end as usize) as u32;
+        let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
+        let config = LaunchConfig { grid_dim: (groups, sample_len.div_ceil(BLOCK), 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let mut builder = stream.launch_builder(&distances_kernel);
+        builder
+            .arg(params)
+            .arg(&begin)
+            .arg(&end)
+            .arg(query_side.exact.as_ref())
+            .arg(&query_side.norms)
+            .arg(sample.exact.as_ref())
+            .arg(&sample.norms)
+            .arg(&sample_len)
+            .arg(&mut distances);
+        // SAFETY: the arguments match knn_sample_distances's parameter list one for one. A block
+        // reads `dim` values of query rows in [begin, end) (end ≤ queries.end, within the query
+        // side) and of sample rows < sample_len ≤ SAMPLE (dimension-major: `dim · sample_len`
+        // values, the sample side's length), cosine norms at the same indices (one per row under
+        // cosine), and writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
+        // `distances` (chunk ≥ end − begin rows of SAMPLE).
+        unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances launch failed: {e}"))?;
+        let config = LaunchConfig { grid_dim: (end - begin, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let mut builder = stream.launch_builder(&radius_kernel);
+        builder.arg(&begin).arg(&distances).arg(&sample_len).arg(&rank).arg(&mut *radii);
+        // SAFETY: the arguments match knn_sample_radius's parameter list one for one. Block b reads
+        // row b < end − begin ≤ chunk of `distances` (its first sample_len entries, written above)
+        // and writes LEVELS radii at query position begin + b < queries.end, within `radii`, which
+        // holds LEVELS values for every query.
+        unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_radius launch failed: {e}"))?;
+    }
+    stream.synchronize().map_err(|e| format!("knn_sample_radius failed: {e}"))
 }
 
 /// Most candidates knn_rank_slots sorts per query (`RANK_SLOTS` in kernels/knn.cu).
