@@ -1,8 +1,8 @@
 // Exact kNN as a range query with a radius per query (the GPU backend's kNN, src/backend/gpu.rs).
 //
 // knn_sample_distances and knn_sample_radius give each query candidate radii from a sample of the
-// base: the exact f64 distances to `sample_len` ≤ SAMPLE base rows (stored dimension-major:
-// `sx[d·sample_len + i]`), sorted, and radii[q·LEVELS + j] = the
+// base: its f32 distances to `sample_len` ≤ SAMPLE base rows (stored dimension-major:
+// `sf[d·sample_len + i]`), sorted, and radii[q·LEVELS + j] = the
 // (rank·4^j)-th smallest (+∞ once that rank is beyond the sample). brute_join then counts, per
 // query, the base rows within its radius (f32 filter with the proved margins, exact f64 check);
 // a query with fewer than k moves to its next level. A radius with at least k base rows within
@@ -30,61 +30,66 @@ __device__ __forceinline__ void bitonic_sort(u32 size, Exchange exchange) {
     }
 }
 
-// knn_sample_distances: the exact distances of a group of SAMPLE_QUERIES queries (blockIdx.x's, of
+// knn_sample_distances: the distances of a group of SAMPLE_QUERIES queries (blockIdx.x's, of
 // [query_begin, query_end)) to 256 sample rows (blockIdx.y's, one per thread), each sample value
-// read once for the whole group: with one query per block every query read the whole sample from
-// L2 (29 ms of a 10k × 60k × 784 kNN, NOTES.md v33). The arithmetic is exact_distance's, term by
-// term. Written to distances[(q − query_begin)·SAMPLE + i]; NaN (cosine of a zero vector) as +∞,
-// which sorts last like the host's total order.
+// read once for the whole group, in f32 from the filter rows: the queries' as uploaded (row-major,
+// TF32-rounded when the tensor cores filter), the sample's in the same filter space less the same
+// origin (dimension-major). A radius only decides how many candidates the count pass finds, and
+// any radius is correct: that pass tests every base row exactly against it, and a query with
+// fewer than k moves to its next level. So the sample needs no exact distances (in f64, at an
+// add, a multiply and an add per term, they took 17.6 ms of a 10k × 60k × 784 kNN, NOTES.md v34).
+// L2, L1 and L∞ are the filter rows' own (a common origin cancels); cosine is half the squared
+// L2 distance of unit vectors (with or without an origin); the inner product's origin is 0.
+// Written to distances[(q − query_begin)·SAMPLE + i]; NaN as +∞, which sorts last.
 #define SAMPLE_QUERIES 16
 
 extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParams p, u32 query_begin, u32 query_end,
-        const double* qx, const double* qnorm, const double* sx, const double* snorm, u32 sample_len, double* distances) {
+        const float* qf, const float* sf, u32 sample_len, double* distances) {
     u32 i = blockIdx.y * blockDim.x + threadIdx.x;
     u32 first = query_begin + blockIdx.x * SAMPLE_QUERIES;
     if (i >= sample_len || first >= query_end) return;
     u32 count = min((u32)SAMPLE_QUERIES, query_end - first);
     // A group short of SAMPLE_QUERIES repeats its last query (computed, not written).
-    const double* x[SAMPLE_QUERIES];
-    double acc[SAMPLE_QUERIES];
+    const float* x[SAMPLE_QUERIES];
+    float acc[SAMPLE_QUERIES];
 #pragma unroll
     for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
-        x[q] = qx + (u64)(first + min(q, count - 1)) * p.dim;
-        acc[q] = 0.0;
+        x[q] = qf + (u64)(first + min(q, count - 1)) * p.dim;
+        acc[q] = 0.0f;
     }
-    const double* s = sx + i;
+    const float* s = sf + i;
     switch (p.metric) {
     case METRIC_L2:
     case METRIC_L2SQ:
+    case METRIC_COSINE:
         for (u32 d = 0; d < p.dim; ++d) {
-            double v = s[(u64)d * sample_len];
+            float v = s[(u64)d * sample_len];
 #pragma unroll
             for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
-                double t = x[q][d] - v;
+                float t = x[q][d] - v;
                 acc[q] = acc[q] + t * t;
             }
         }
         break;
-    case METRIC_COSINE:
     case METRIC_INNER_PRODUCT:
         for (u32 d = 0; d < p.dim; ++d) {
-            double v = s[(u64)d * sample_len];
+            float v = s[(u64)d * sample_len];
 #pragma unroll
             for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = acc[q] + x[q][d] * v;
         }
         break;
     case METRIC_L1:
         for (u32 d = 0; d < p.dim; ++d) {
-            double v = s[(u64)d * sample_len];
+            float v = s[(u64)d * sample_len];
 #pragma unroll
-            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = acc[q] + fabs(x[q][d] - v);
+            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = acc[q] + fabsf(x[q][d] - v);
         }
         break;
     default:
         for (u32 d = 0; d < p.dim; ++d) {
-            double v = s[(u64)d * sample_len];
+            float v = s[(u64)d * sample_len];
 #pragma unroll
-            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = fmax(acc[q], fabs(x[q][d] - v));
+            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = fmaxf(acc[q], fabsf(x[q][d] - v));
         }
         break;
     }
@@ -93,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParam
         if (q >= count) break;
         double v = acc[q];
         if (p.metric == METRIC_L2) v = sqrt(v);
-        else if (p.metric == METRIC_COSINE) v = 1.0 - v / (sqrt(qnorm[first + q]) * sqrt(snorm[i]));
+        else if (p.metric == METRIC_COSINE) v = 0.5 * v;
         else if (p.metric == METRIC_INNER_PRODUCT) v = -v;
         distances[(u64)(first + q - query_begin) * SAMPLE + i] = isnan(v) ? F64_INFINITY : v;
     }

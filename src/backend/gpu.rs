@@ -212,7 +212,7 @@ impl GpuBackend {
             }
         }
         let sample_len = n.min(KNN_SAMPLE);
-        let sample_host = sample_side(base, metric, sample_len);
+        let sample_host = sample_side(&base_filter, dim, &origin, sample_len);
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
         let tensor_cores = self.device.has_tf32_tensor_cores();
         let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tensor_cores) };
@@ -607,27 +607,28 @@ fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::C
     })
 }
 
-/// kNN's radius sample: `sample_len` evenly spread base rows, the only thing knn_sample_radius
-/// reads being their exact values (and cosine norms). Dimension-major, so that its threads (one
-/// sample row each) read adjacent values: row-major made each warp load touch 32 cache lines,
-/// 0.3 s of P2's 784-D run.
-fn sample_side(base: &Vectors, metric: Metric, sample_len: usize) -> HostSide<'static> {
-    let n = base.len();
+/// kNN's radius sample: `sample_len` evenly spread base rows in the filter space (`base_filter`,
+/// the base's filter coordinates, less `origin`, as f32: the space of the f32 filter rows the
+/// query side has on the device), all knn_sample_distances reads. Dimension-major, so that its
+/// threads (one sample row each) read adjacent values: row-major made each warp load touch 32
+/// cache lines, 0.3 s of P2's 784-D run.
+fn sample_side(base_filter: &[f64], dim: usize, origin: &[f64], sample_len: usize) -> HostSide<'static> {
+    let n = base_filter.len().checked_div(dim).unwrap_or(0);
     let order: Vec<u32> = (0..sample_len).map(|i| (i * n / sample_len) as u32).collect();
     // Transposed on every core, 8 dimensions (one cache line of a row) per task: P2's 4,096 × 784
     // scattered writes had run on one core (NOTES.md v30).
     const DIMS_PER_TASK: usize = 8;
-    let mut exact = vec![0.0; sample_len * base.dim];
-    exact.par_chunks_mut(sample_len * DIMS_PER_TASK).enumerate().for_each(|(task, columns)| {
+    let mut filter = vec![0f32; sample_len * dim];
+    filter.par_chunks_mut(sample_len * DIMS_PER_TASK).enumerate().for_each(|(task, columns)| {
+        let dims = task * DIMS_PER_TASK..dim;
         for (i, &p) in order.iter().enumerate() {
-            let row = &base.row(p as usize)[task * DIMS_PER_TASK..];
-            for (column, &x) in columns.chunks_mut(sample_len).zip(row) {
-                column[i] = x;
+            let row = &base_filter[p as usize * dim..(p as usize + 1) * dim];
+            for ((column, &x), &c) in columns.chunks_mut(sample_len).zip(&row[dims.clone()]).zip(&origin[dims.clone()]) {
+                column[i] = (x - c) as f32;
             }
         }
     });
-    let norms = if metric == Metric::Cosine { order.par_iter().map(|&p| dot(base.row(p as usize), base.row(p as usize))).collect() } else { vec![0.0] };
-    HostSide { filter: vec![0.0], exact: Cow::Owned(exact), norms, filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order, device_filter: None, resident: None }
+    HostSide { filter, exact: Cow::Owned(vec![0.0]), norms: vec![0.0], filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order, device_filter: None, resident: None }
 }
 
 impl GpuBackend {
@@ -1202,18 +1203,17 @@ mod tests {
     }
 
     #[test]
-    fn the_radius_sample_is_its_rows_dimension_major() {
+    fn the_radius_sample_is_its_filter_rows_dimension_major() {
         // 11 dimensions: a task of 8 and a task of 3; 4 of 10 rows sampled (0, 2, 5, 7).
         let values: Vec<f64> = (0..110).map(|v| v as f64 * 0.5 - 7.0).collect();
-        let base = Vectors::new(11, values);
-        let sample = sample_side(&base, Metric::Cosine, 4);
+        let origin: Vec<f64> = (0..11).map(|d| d as f64 * 0.25).collect();
+        let sample = sample_side(&values, 11, &origin, 4);
         assert_eq!(sample.order, vec![0, 2, 5, 7]);
         for (i, &p) in sample.order.iter().enumerate() {
-            let row = base.row(p as usize);
+            let row = &values[p as usize * 11..(p as usize + 1) * 11];
             for (d, &x) in row.iter().enumerate() {
-                assert_eq!(sample.exact[d * 4 + i], x, "row {p}, dimension {d}");
+                assert_eq!(sample.filter[d * 4 + i], (x - origin[d]) as f32, "row {p}, dimension {d}");
             }
-            assert_eq!(sample.norms[i], dot(row, row));
         }
     }
 

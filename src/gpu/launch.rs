@@ -334,7 +334,8 @@ pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin:
 const SAMPLE_QUERIES: u32 = 16;
 
 /// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
-/// (indexed by query position), from the exact distances to the sample rows: computed for groups
+/// (indexed by query position), from the f32 distances of the filter rows to the sample's
+/// (`sample.filter`, dimension-major, in the query side's filter space): computed for groups
 /// of queries at a time (knn_sample_distances) into a scratch row per query, then sorted per query
 /// (knn_sample_radius), at most `chunk_queries` (≥ 1) queries a round, the scratch's rows.
 #[allow(clippy::too_many_arguments)]
@@ -369,17 +370,14 @@ pub fn sample_radius_pass(
             .arg(params)
             .arg(&begin)
             .arg(&end)
-            .arg(query_side.exact.as_ref())
-            .arg(&query_side.norms)
-            .arg(sample.exact.as_ref())
-            .arg(&sample.norms)
+            .arg(&query_side.filter)
+            .arg(&sample.filter)
             .arg(&sample_len)
             .arg(&mut distances);
         // SAFETY: the arguments match knn_sample_distances's parameter list one for one. A block
-        // reads `dim` values of query rows in [begin, end) (end ≤ queries.end, within the query
-        // side) and of sample rows < sample_len ≤ SAMPLE (dimension-major: `dim · sample_len`
-        // values, the sample side's length), cosine norms at the same indices (one per row under
-        // cosine), and writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
+        // reads `dim` filter values of query rows in [begin, end) (end ≤ queries.end, within the
+        // query side's filter rows) and of sample rows < sample_len ≤ SAMPLE (dimension-major:
+        // `dim · sample_len` values, the sample side's filter length), and writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
         // `distances` (chunk ≥ end − begin rows of SAMPLE).
         unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances launch failed: {e}"))?;
         let config = LaunchConfig { grid_dim: (end - begin, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
