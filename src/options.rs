@@ -77,8 +77,8 @@ impl SimJoinOptions {
             }
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
-            "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size("gpu_memory_limit", value)?,
-            "cache_size" => self.cache_size = parse_memory_size("cache_size", value)?,
+            "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size("gpu_memory_limit", value, "no limit")?,
+            "cache_size" => self.cache_size = parse_memory_size("cache_size", value, "none")?,
             "index" => self.index = value.parse()?,
             "grid_dims" => {
                 self.grid_dims = match value.trim().parse::<usize>() {
@@ -132,11 +132,10 @@ impl SimJoinOptions {
     }
 }
 
-/// A size in bytes as DataFusion's `datafusion.runtime.memory_limit` takes it (`512K`, `64M`,
-/// `1.5G`: binary units), or a plain number of bytes.
-fn parse_memory_size(key: &str, value: &str) -> std::result::Result<usize, String> {
+/// Option `key`'s size in bytes as DataFusion's `datafusion.runtime.memory_limit` takes it (`512K`,
+/// `64M`, `1.5G`: binary units), or a plain number of bytes; the error says what 0 means (`zero`).
+fn parse_memory_size(key: &str, value: &str, zero: &str) -> std::result::Result<usize, String> {
     let value = value.trim();
-    let zero = if key == "cache_size" { "none" } else { "no limit" };
     value.parse::<usize>().or_else(|_| {
         datafusion::execution::context::SessionContext::parse_capacity_limit(key, value)
             .map_err(|_| format!("{key} must be a size such as 512M or 4G (units K, M, G), or 0 for {zero}, got '{value}'"))

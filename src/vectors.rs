@@ -194,7 +194,8 @@ impl Vectors {
         self.resident.as_ref()
     }
 
-    /// The mean of the vectors, per dimension (the GEMM-form filter's centre), computed once.
+    /// The mean of the vectors, per dimension (the GEMM-form filter's centre), computed once: the
+    /// values must not change after the first call.
     pub fn mean(&self) -> &[f64] {
         self.mean.get_or_init(|| {
             if self.dim == 0 {

@@ -540,10 +540,9 @@ struct HostSide<'a> {
     resident: Option<ResidentKey>,
 }
 
-/// The key `v`'s rows stay on the device under, when it has one and `order` is its input order.
-fn resident_key(v: &Vectors, order: &[u32]) -> Option<ResidentKey> {
-    let in_input_order = order.len() == v.len() && order.iter().enumerate().all(|(i, &p)| p as usize == i);
-    v.resident().filter(|_| in_input_order).map(|mark| mark.clone() as ResidentKey)
+/// The key `v`'s rows stay on the device under, if it is kept across queries.
+fn resident_key(v: &Vectors) -> Option<ResidentKey> {
+    v.resident().map(|mark| mark.clone() as ResidentKey)
 }
 
 fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin: &[f64], metric: Metric, gemm: bool) -> HostSide<'a> {
@@ -553,9 +552,9 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
         let row = &filter_coords[p as usize * dim..(p as usize + 1) * dim];
         out.iter_mut().zip(row).zip(origin).for_each(|((o, x), c)| *o = (x - c) as f32);
     });
-    // Input order (brute force, kNN): the vectors as they are, no copy.
-    let resident = resident_key(v, &order);
+    // Input order (brute force, kNN): the vectors as they are, no copy, resident when kept.
     let in_input_order = order.len() == v.len() && order.iter().enumerate().all(|(i, &p)| p as usize == i);
+    let resident = resident_key(v).filter(|_| in_input_order);
     let exact = if in_input_order { Cow::Borrowed(v.values.as_slice()) } else { Cow::Owned(gather(v, &order)) };
     let norms = if metric == Metric::Cosine {
         order.par_iter().map(|&p| dot(v.row(p as usize), v.row(p as usize))).collect()
@@ -585,13 +584,14 @@ fn device_side<'a>(v: &'a Vectors, origin: &[f64]) -> HostSide<'a> {
         filter_sq_norms: Vec::new(),
         order: (0..v.len() as u32).collect(),
         device_filter: Some(origin.to_vec()),
-        resident: v.resident().map(|mark| mark.clone() as ResidentKey),
+        resident: resident_key(v),
     }
 }
 
 /// A side's buffers, uploaded in input order, in the slot order of its grid (`order`, slot →
-/// position), each freed once gathered (the exact rows unless resident, whose kept copy stays). The per-row buffers are gathered where they hold a value
-/// per row (an unused one holds a single value, which a one-row side gathers harmlessly).
+/// position), each freed once gathered (the exact rows unless resident, whose kept copy stays).
+/// The per-row buffers are gathered where they hold a value per row (an unused one holds a single
+/// value, which a one-row side gathers harmlessly).
 fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::CudaSlice<u32>, dim: usize) -> Result<SideBuffers, String> {
     let n = order.len();
     let SideBuffers { filter, exact, norms, filter_norms, filter_sq_norms, order: _, resident } = side;

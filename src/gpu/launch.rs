@@ -324,7 +324,8 @@ pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin:
     let mut builder = stream.launch_builder(&function);
     builder.arg(exact).arg(&rows).arg(&width).arg(&origin).arg(&mut filter).arg(&mut norms).arg(&mut sq_norms);
     // SAFETY: filter_rows(const double*, u32, u32, const double*, float*, float*, float*): rows
-    // below n (grid-stride, a warp each) of `dim` values, within `exact` (checked above) and `filter` (n · dim);
+    // below n (grid-stride, a warp each) of `dim` values, within `exact` (checked above) and
+    // `filter` (n · dim);
     // `origin` holds dim values; `norms` and `sq_norms` one per row.
     unsafe { builder.launch(config) }.map_err(|e| format!("filter_rows launch failed: {e}"))?;
     Ok(FilterRows { filter, norms, sq_norms })
@@ -377,8 +378,9 @@ pub fn sample_radius_pass(
         // SAFETY: the arguments match knn_sample_distances's parameter list one for one. A block
         // reads `dim` filter values of query rows in [begin, end) (end ≤ queries.end, within the
         // query side's filter rows) and of sample rows < sample_len ≤ SAMPLE (dimension-major:
-        // `dim · sample_len` values, the sample side's filter length), and writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
-        // `distances` (chunk ≥ end − begin rows of SAMPLE).
+        // `dim · sample_len` values, the sample side's filter length), and writes entry
+        // (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances` (chunk ≥
+        // end − begin rows of SAMPLE).
         unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances launch failed: {e}"))?;
         let config = LaunchConfig { grid_dim: (end - begin, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         let mut builder = stream.launch_builder(&radius_kernel);

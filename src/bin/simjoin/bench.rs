@@ -292,17 +292,14 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         };
         // The first run converts the in-memory inputs (and uploads them to a GPU); later runs find
         // them kept (README: vectors kept across queries), as a service's repeated queries would.
-        let (mut best, mut first) = (f64::INFINITY, None);
-        let mut rows = 0;
+        let (mut times, mut rows) = (Vec::new(), 0);
         for _ in 0..args.repeat.max(1) {
             let started = Instant::now();
             let batches = ctx.sql(&sql).await?.collect().await?;
-            let seconds = started.elapsed().as_secs_f64();
-            best = best.min(seconds);
-            first.get_or_insert(seconds);
+            times.push(started.elapsed().as_secs_f64());
             rows = batches[0].column(0).as_primitive::<Int64Type>().value(0);
         }
-        let first = first.unwrap_or(best);
+        let (first, best) = (times[0], times.iter().copied().fold(f64::INFINITY, f64::min));
         let param = if w.kind == "knn" { format!("k={}", w.k) } else { format!("{threshold:.6}") };
         eprintln!("{}: {rows} rows in {best:.3} s", w.name);
         writeln!(table, "| {} | {} | {} | {} | {param} | {rows} | {best:.3} | {first:.3} |", w.name, w.n, w.dim, w.queries).ok();
