@@ -393,18 +393,24 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 // each of its 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles) of the tile at hand.
 // The filter rows arrive already rounded to TF32 (round_to_tf32 below, run by the host on every
 // side this kernel reads: to nearest, so each coordinate errs by at most 2⁻¹¹ relative). They
-// enter shared memory 16 dimensions at a time through a two-stage cp.async pipeline that runs on
-// across the run's tiles — the next chunk, or the next tile's first, is in flight while the tensor
-// cores work on this one and while a finished tile's epilogue runs — stored row-major with a stride of
-// 20 words, so that the fragment loads (8 rows × 4 dimensions per warp) hit 32 distinct banks.
-// (One tile per block exposed the first chunk's load latency in every tile, and the epilogue
-// overlapped nothing: at d = 32 a tile has only two chunks. NOTES.md v16.)
+// enter shared memory 32 dimensions at a time through a cp.async pipeline of `stages` buffers (3
+// where the device's shared memory allows, else 2; the host sizes the dynamic shared memory) that
+// runs on across the run's tiles — the next chunks, or the next tile's first, are in flight while the
+// tensor cores work on this one and while a finished tile's epilogue runs — stored row-major with a
+// stride of 36 words, so that the fragment loads (8 rows × 4 dimensions per warp) hit 32 distinct
+// banks. One barrier per chunk: the stage a step refills is the one every warp finished at the
+// step before. (One tile per block exposed the first chunk's load latency in every tile, and the
+// epilogue overlapped nothing: at d = 32 a tile has only two chunks, NOTES.md v16. Chunks of 16
+// dimensions, two stages and two barriers each left the tensor pipe 23 % busy, warps waiting
+// mostly at the barriers, NOTES.md v35.)
 // The products of TF32 values are exact in f32; the error of this dot product is covered by the
 // wider margin the host sets for this kernel (`tensor_core_margin` in src/backend/gpu.rs, with the
 // proof). Needs sm_80 or later; the host launches it only there.
-#define TC_CHUNK 16
+#define TC_CHUNK 32
 #define TC_STRIDE (TC_CHUNK + 4)
 #define TC_RUN 8
+// Words of one pipeline stage: both sides' tiles (`TC_STAGE_BYTES` in src/gpu/launch.rs).
+#define TC_STAGE_WORDS (2 * TILE * TC_STRIDE)
 
 // The GEMM form's f32 filter rows of a side's exact rows, bit for bit as the host's `host_side`
 // computes them: x̃ = f32(x − c) rounded to nearest, ‖x̃‖² summed in f64 in dimension order (no FMA
@@ -453,26 +459,26 @@ extern "C" __global__ void round_to_tf32(float* values, u64 len) {
 }
 
 // What one thread copies of a tile's rows, chunk after chunk, when the dimension is divisible by
-// 4 (rows start 16-byte aligned): four coordinates from dimension d of rows r and r + 64, their
-// addresses computed once per tile rather than once per chunk (that arithmetic was about half of
-// the kernel's instructions: NOTES.md v11).
+// 4 (rows start 16-byte aligned): four coordinates from dimension d of rows r, r + 32, r + 64 and
+// r + 96, their address computed once per tile rather than once per chunk (that arithmetic was
+// about half of the kernel's instructions: NOTES.md v11).
 struct TileCopy {
-    const float* from[2];  // row r (+64) at dimension d; the buffer's start for a row outside
-    bool inside[2];        // the row exists
+    const float* from;  // row r at dimension d; the buffer's start when row r is outside
+    u32 stride;         // values between rows r and r + 32
+    u32 inside;         // bit i: row r + 32·i exists (rows run out at the end only)
     u32 r, d;
 };
-static_assert(TILE * TC_CHUNK / 4 == 2 * 256, "two groups of four coordinates per thread and chunk");
+static_assert(TILE * TC_CHUNK / 4 == 4 * 256, "four groups of four coordinates per thread and chunk");
 
 __device__ __forceinline__ TileCopy tile_copy(const JoinParams& p, const float* rows, u32 first, u32 end) {
     TileCopy c;
-    c.r = threadIdx.x / 4;
-    c.d = threadIdx.x % 4 * 4;
+    c.r = threadIdx.x / 8;
+    c.d = threadIdx.x % 8 * 4;
+    c.stride = 32 * p.dim;
+    c.inside = 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        u32 row = first + c.r + 64 * i;
-        c.inside[i] = row < end;
-        c.from[i] = c.inside[i] ? rows + (u64)row * p.dim + c.d : rows;
-    }
+    for (int i = 0; i < 4; ++i) c.inside |= (u32)(first + c.r + 32 * i < end) << i;
+    c.from = c.inside & 1 ? rows + (u64)(first + c.r) * p.dim + c.d : rows;
     return c;
 }
 
@@ -480,17 +486,17 @@ __device__ __forceinline__ TileCopy tile_copy(const JoinParams& p, const float* 
 // the data (which add nothing to a dot product). With a dimension divisible by 4, four coordinates
 // per cp.async (each group of four lies wholly inside or outside the data; a source size of 0
 // writes zeros and reads nothing); other dimensions one coordinate at a time through registers.
-// Ends the cp.async group either way.
+// The caller commits the cp.async group.
 __device__ __forceinline__ void copy_chunk(const JoinParams& p, const TileCopy& c, u32 (*tile)[TC_STRIDE],
                                            const float* rows, u32 first, u32 end, u32 d0) {
     if (p.dim % 4 == 0) {
         bool dims_inside = d0 + c.d < p.dim;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            bool inside = c.inside[i] && dims_inside;
-            u32 to = (u32)__cvta_generic_to_shared(&tile[c.r + 64 * i][c.d]);
+        for (int i = 0; i < 4; ++i) {
+            bool inside = (c.inside >> i & 1) && dims_inside;
+            u32 to = (u32)__cvta_generic_to_shared(&tile[c.r + 32 * i][c.d]);
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                         ::"r"(to), "l"(inside ? c.from[i] + d0 : c.from[i]), "r"(inside ? 16u : 0u));
+                         ::"r"(to), "l"(inside ? c.from + (u64)i * c.stride + d0 : c.from), "r"(inside ? 16u : 0u));
         }
     } else {
 #pragma unroll 4
@@ -501,7 +507,6 @@ __device__ __forceinline__ void copy_chunk(const JoinParams& p, const TileCopy& 
             tile[r][d] = __float_as_uint(inside ? rows[(u64)(first + r) * p.dim + d0 + d] : 0.0f);
         }
     }
-    asm volatile("cp.async.commit_group;");
 }
 
 // brute_join_tc's filter, separated into a bound per left row and an offset per right row so that
@@ -535,22 +540,36 @@ __device__ __forceinline__ float tc_col_offset(const JoinParams& p, u32 t, u32 r
     return p.filter == FILTER_GEMM_L2 ? __fsub_rd(rfsq[t], widening) : -widening;
 }
 
-// ldmatrix.x4 from shared memory (rows of 16 bytes, 16-byte aligned: TC_STRIDE is 80 bytes).
+// ldmatrix.x4 from shared memory (rows of 16 bytes, 16-byte aligned: TC_STRIDE is 144 bytes).
 __device__ __forceinline__ void load_matrix_x4(const u32* row, u32& r0, u32& r1, u32& r2, u32& r3) {
     u32 at = (u32)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at));
 }
 
-// brute_join_tc's epilogue for the tile (row0, col0), from the warp's accumulators `acc`.
+// The pairs of a brute_join_tc block that passed the filter, decided after its run of tiles:
+// `len` counts every pair pushed, the first TC_QUEUE of them stored (left slot, right row), in
+// dynamic shared memory ahead of the pipeline's stages (`TC_QUEUE_BYTES` in src/gpu/launch.rs).
+#define TC_QUEUE 512
+struct TcQueue {
+    u32& len;
+    uint2* pairs;
+};
+
+// brute_join_tc's epilogue for the tile (row0, col0), from the warp's accumulators `acc`: the
+// pairs that pass the filter go to the block's queue (each warp takes its places with one atomic),
+// decided at the end of the run by all threads at once. Deciding them here, one exact f64 distance
+// after another per thread (a chain of dependent f64 additions d long, with loads of both rows),
+// held up the whole block at its next barrier (NOTES.md v35). A pair beyond the queue's room is
+// decided here.
 __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 warp_col, u32 group,
-        u32 quad, const float (&acc)[4][4][4], u32 slot_begin, u32 slot_end, u32 right_len,
+        u32 quad, u32 lane, TcQueue& queue, const float (&acc)[4][4][4], u32 slot_begin, u32 slot_end, u32 right_len,
         const double* lx, const double* rx, const double* lnorm, const double* rnorm, const float* lfnorm,
         const float* rfnorm, const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,
         const double* row_threshold, const float* row_limit, u32* counts, u64* cursors, u32* out_left, u32* out_right,
         double* out_distance, u64* collected, u64 capacity, int write) {
     // In two steps, as in brute_join's epilogue: the filter marks the passing pairs in a 64-bit
-    // mask, then the marked pairs are decided one at a time. Accumulator r of mma tile (m, n) holds
+    // mask, then the marked pairs are queued. Accumulator r of mma tile (m, n) holds
     // row group (+8 for r ≥ 2), column 2·quad (+1 for odd r); its bit is 16m + 8h + 2n + c for row
     // half h = r / 2 and column c = r % 2. A pair costs one fused multiply-add and one comparison
     // (tc_row_bound); on the diagonal tiles of a self-join, right slot t must follow left slot s:
@@ -580,20 +599,42 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
                             marked |= 1ull << (16 * m + 8 * h + 2 * n + c);
             }
     }
+    u32 count = __popcll(marked), end = count;  // end: the warp's inclusive prefix sum of counts
+#pragma unroll
+    for (u32 d = 1; d < 32; d <<= 1) {
+        u32 before = __shfl_up_sync(0xffffffffu, end, d);
+        if (lane >= d) end += before;
+    }
+    u32 first = 0;
+    if (lane == 31 && end > 0) first = atomicAdd(&queue.len, end);
+    u32 at = __shfl_sync(0xffffffffu, first, 31) + end - count;
     while (marked) {
         u32 bit = __ffsll((long long)marked) - 1;
         marked &= marked - 1;
         u32 s = row0 + warp_row + (bit / 16) * 16 + group + 8 * ((bit / 8) % 2);
         u32 t = col0 + warp_col + ((bit / 2) % 4) * 8 + 2 * quad + bit % 2;
-        exact_pair(p, s, t, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order, row_threshold, counts, cursors,
-                   out_left, out_right, out_distance, collected, capacity, write);
+        if (at < TC_QUEUE) {
+            queue.pairs[at] = make_uint2(s, t);
+        } else {
+            exact_pair(p, s, t, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order, row_threshold, counts, cursors,
+                       out_left, out_right, out_distance, collected, capacity, write);
+        }
+        ++at;
     }
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) u32 xs[2][TILE][TC_STRIDE];
-    __shared__ __align__(16) u32 ys[2][TILE][TC_STRIDE];
+    // Dynamic shared memory: the queue's pairs, then the pipeline's stages (16-byte aligned).
+    extern __shared__ __align__(16) u32 tc_shared[];
+    __shared__ u32 queue_len;
+    u32 shared_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
+    const u32 stages = (shared_bytes - TC_QUEUE * 8) / (TC_STAGE_WORDS * 4);  // 2 or 3, as the host sized it
+    TcQueue queue = {queue_len, (uint2*)tc_shared};
+    u32* tc_stages = tc_shared + TC_QUEUE * 2;
+    auto xs = [&](u32 stage) { return (u32 (*)[TC_STRIDE])(tc_stages + stage * TC_STAGE_WORDS); };
+    auto ys = [&](u32 stage) { return (u32 (*)[TC_STRIDE])(tc_stages + stage * TC_STAGE_WORDS + TILE * TC_STRIDE); };
     u32 row0, run_col;
     if (!brute_tile(p, slot_begin, slot_end, right_begin, TC_RUN, row0, run_col)) return;
     // The run's tiles within the data, from the first not wholly before the diagonal (self-joins).
@@ -604,6 +645,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     u32 warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
     u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k8 layout
+    if (threadIdx.x == 0) queue.len = 0;  // before any push: the first step's barrier orders them
     float acc[4][4][4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -611,25 +653,38 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         for (int n = 0; n < 4; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
-    // Steps (tile, chunk) in order; step + 1 is loaded while step is computed.
+    // Steps (tile, chunk) in order. The loader runs stages − 1 steps ahead of the tensor cores,
+    // one cp.async group per step (empty past the last), so that a step's group is complete once
+    // at most stages − 2 younger ones are pending.
     u32 chunks = (p.dim + TC_CHUNK - 1) / TC_CHUNK, steps = tiles * chunks;
     TileCopy x_copy = tile_copy(p, lf, row0, slot_end), y_copy = tile_copy(p, rf, first_col, right_len);
-    copy_chunk(p, x_copy, xs[0], lf, row0, slot_end, 0);
-    copy_chunk(p, y_copy, ys[0], rf, first_col, right_len, 0);
+    u32 load = 0, load_chunk = 0, load_col = first_col;
+    auto load_next = [&]() {
+        if (load < steps) {
+            if (load_chunk == 0 && load > 0) y_copy = tile_copy(p, rf, load_col, right_len);
+            u32 stage = load % stages;
+            copy_chunk(p, x_copy, xs(stage), lf, row0, slot_end, load_chunk * TC_CHUNK);
+            copy_chunk(p, y_copy, ys(stage), rf, load_col, right_len, load_chunk * TC_CHUNK);
+            if (++load_chunk == chunks) {
+                load_chunk = 0;
+                load_col += TILE;
+            }
+        }
+        ++load;
+        asm volatile("cp.async.commit_group;");
+    };
+    for (u32 s = 0; s + 1 < stages; ++s) load_next();
     u32 col0 = first_col;  // the tile being computed
     for (u32 step = 0, c = 0; step < steps; ++step) {
-        u32 stage = step % 2;
-        if (step + 1 < steps) {
-            u32 next_chunk = c + 1 < chunks ? c + 1 : 0;
-            u32 load_col = next_chunk == 0 ? col0 + TILE : col0;
-            if (next_chunk == 0) y_copy = tile_copy(p, rf, load_col, right_len);
-            copy_chunk(p, x_copy, xs[stage ^ 1], lf, row0, slot_end, next_chunk * TC_CHUNK);
-            copy_chunk(p, y_copy, ys[stage ^ 1], rf, load_col, right_len, next_chunk * TC_CHUNK);
-            asm volatile("cp.async.wait_group 2;");  // this step's two groups are done, the next two may fly
-        } else {
-            asm volatile("cp.async.wait_group 0;");
-        }
+        if (stages == 3) asm volatile("cp.async.wait_group 1;");
+        else asm volatile("cp.async.wait_group 0;");
+        // Every thread's copies of this step are in, and every warp is done with the stage of the
+        // step before, which load_next now refills.
         __syncthreads();
+        load_next();
+        u32 stage = step % stages;
+        u32 (*x_tile)[TC_STRIDE] = xs(stage);
+        u32 (*y_tile)[TC_STRIDE] = ys(stage);
         // The mma steps cover this chunk's width rounded up to their 8.
         u32 width = min((u32)TC_CHUNK, (p.dim - c * TC_CHUNK + 7) & ~7u);
 #pragma unroll
@@ -644,12 +699,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
                 u32 row = warp_row + m * 16 + block_row + 8 * (block % 2);
-                load_matrix_x4(&xs[stage][row][k + 4 * (block / 2)], a[m][0], a[m][1], a[m][2], a[m][3]);
+                load_matrix_x4(&x_tile[row][k + 4 * (block / 2)], a[m][0], a[m][1], a[m][2], a[m][3]);
             }
 #pragma unroll
             for (int n = 0; n < 4; n += 2) {
                 u32 col = warp_col + (n + block / 2) * 8 + block_row;
-                load_matrix_x4(&ys[stage][col][k + 4 * (block % 2)], b[n][0], b[n][1], b[n + 1][0], b[n + 1][1]);
+                load_matrix_x4(&y_tile[col][k + 4 * (block % 2)], b[n][0], b[n][1], b[n + 1][0], b[n + 1][1]);
             }
 #pragma unroll
             for (int m = 0; m < 4; ++m)
@@ -660,10 +715,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
                                  : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
                                  : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));
         }
-        __syncthreads();  // the next iteration's loads overwrite this stage
         if (++c < chunks) continue;
         c = 0;
-        tc_epilogue(p, row0, col0, warp_row, warp_col, group, quad, acc, slot_begin, slot_end, right_len, lx, rx, lnorm,
+        tc_epilogue(p, row0, col0, warp_row, warp_col, group, quad, lane, queue, acc, slot_begin, slot_end, right_len, lx, rx, lnorm,
                     rnorm, lfnorm, rfnorm, left_order, right_order, lfsq, rfsq, row_threshold, row_limit, counts, cursors,
                     out_left, out_right, out_distance, collected, capacity, write);
 #pragma unroll
@@ -674,6 +728,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
                 for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
         col0 += TILE;
     }
+    // The queued pairs, a thread each: their exact distances computed side by side.
+    __syncthreads();
+    u32 queued = min(queue.len, (u32)TC_QUEUE);
+    for (u32 i = threadIdx.x; i < queued; i += blockDim.x)
+        exact_pair(p, queue.pairs[i].x, queue.pairs[i].y, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
+                   row_threshold, counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
 #endif
 }
 

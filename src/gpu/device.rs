@@ -22,6 +22,8 @@ pub struct GpuDevice {
     pub stream: Arc<CudaStream>,
     /// `sm_XY` for NVRTC.
     pub arch: &'static str,
+    /// The most shared memory a block may ask for (bytes, beyond the default 48 KB by opting in).
+    pub shared_memory_per_block: usize,
     modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
     /// Two page-locked buffers that large uploads pass through (`launch::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
@@ -75,7 +77,10 @@ impl GpuDevice {
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
         super::launch::keep_freed_device_memory(&ctx)?;
-        Ok(GpuDevice { info, ctx, stream, arch, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
+        let shared_memory_per_block = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| format!("GPU {} does not answer: {e}", info.ordinal))? as usize;
+        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
     }
 
     /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).

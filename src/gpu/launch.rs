@@ -13,6 +13,19 @@ const BLOCK: u32 = 256;
 const BRUTE_TILE: usize = 128;
 /// Right tiles per brute_join_tc block (`TC_RUN` in kernels/sim_join.cu).
 const TC_RUN: usize = 8;
+/// Bytes of one brute_join_tc pipeline stage (`TC_STAGE_WORDS` in kernels/sim_join.cu): both
+/// sides' 128 rows × 36 words.
+const TC_STAGE_BYTES: usize = 2 * BRUTE_TILE * 36 * 4;
+/// Bytes of brute_join_tc's queue of pairs to decide (`TC_QUEUE` pairs of two u32).
+const TC_QUEUE_BYTES: usize = 512 * 8;
+
+/// brute_join_tc's dynamic shared memory: its queue and three pipeline stages where a block may
+/// have them (sm_80, sm_90: 163 and 227 KB; two blocks of 112 KB fit an H100's SM), else two
+/// (sm_86, sm_89: 99 KB); the kernel reads the stage count off the size.
+fn tc_shared_bytes(device: &GpuDevice) -> u32 {
+    let stages = (device.shared_memory_per_block.saturating_sub(TC_QUEUE_BYTES) / TC_STAGE_BYTES).clamp(2, 3);
+    (TC_QUEUE_BYTES + stages * TC_STAGE_BYTES) as u32
+}
 
 /// The launch parameters of the join kernels: `struct JoinParams` of kernels/common.cuh, field
 /// for field (same order, sizes and padding).
@@ -188,6 +201,13 @@ pub fn launch_join_pass(
         return Ok(kernel);
     }
     let function = device.function(KernelModule::SimJoin, kernel)?;
+    let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device) } else { 0 };
+    if shared_mem_bytes > 0 {
+        // More than the 48 KB a block gets without asking.
+        function
+            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
+            .map_err(|e| format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
+    }
     let write_flag: i32 = (kind == PassKind::Write).into();
     if params.slot_capacity > 0 && kind != PassKind::Write {
         let needed = slots.len() as u64 * params.slot_capacity as u64;
@@ -218,7 +238,7 @@ pub fn launch_join_pass(
         }
     };
     for (right_begin, blocks) in launches {
-        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes };
         let mut builder = stream.launch_builder(&function);
         builder.arg(params).arg(&begin).arg(&end);
         if grid.is_none() {
@@ -267,7 +287,9 @@ pub fn launch_join_pass(
         // zeroed before the count pass). A collecting count pass stores a pair only at an index
         // below `capacity`, the length of all three output buffers; one with `slot_capacity`
         // only below (end − begin)·slot_capacity, which `out_right` and `out_distance` hold
-        // (checked above). A write pass's output buffers
+        // (checked above). brute_join_tc gets the dynamic shared memory of its queue and 2 or 3
+        // pipeline stages (tc_shared_bytes, allowed by the attribute set above) and uses no more
+        // than the stages that size holds. A write pass's output buffers
         // hold at least the batch's total count, which it never exceeds because it re-finds
         // exactly the pairs the count pass counted (same inputs, same deterministic arithmetic),
         // each row within its own [offset, offset + count) range, whatever launches the right rows
