@@ -125,10 +125,12 @@ impl Backend for CpuBackend {
             for (unit_results, b) in results.chunks(segments).zip(wave_blocks) {
                 let first_query = b * block;
                 let block_len = unit_results[0].len();
-                for i in 0..block_len {
-                    let all: Vec<Neighbour> =
-                        unit_results.iter().flat_map(|u| u[i].iter().copied()).collect();
-                    push_ranked(&mut chunk, first_query + i, k_smallest(all, k));
+                let merged: Vec<Vec<Neighbour>> = (0..block_len)
+                    .into_par_iter()
+                    .map(|i| k_smallest(unit_results.iter().flat_map(|u| u[i].iter().copied()).collect(), k))
+                    .collect();
+                for (i, list) in merged.into_iter().enumerate() {
+                    push_ranked(&mut chunk, first_query + i, list);
                 }
                 if chunk.len() >= sink.chunk_rows() {
                     sink.send(std::mem::take(&mut chunk))?;
@@ -691,8 +693,8 @@ fn knn_gemm_unit(
     let out = q
         .clone()
         .zip(uppers.into_iter().zip(lists))
-        .map(|(i, (upper, list))| {
-            let bound = upper.bound() as f32;
+        .map(|(i, (mut upper, list))| {
+            let bound = upper.kth() as f32;
             let mut best = KSmallest::new(k);
             for (lower, j) in list {
                 if lower <= bound {

@@ -155,6 +155,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
         },
         Workload { name: "knn-128d-gaussian-k100", k: 100, ..workload_knn(scale(100_000)) },
         Workload { name: "knn-128d-gaussian-k1", k: 1, ..workload_knn(scale(100_000)) },
+        Workload { name: "knn-128d-gaussian-k1000", k: 1000, ..workload_knn(scale(100_000)) },
         Workload {
             name: "knn-fashion-mnist-k10",
             source: Source::FashionMnist,
