@@ -17,8 +17,8 @@ use super::topk::{Neighbour, k_smallest, push_ranked, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats, tiles};
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    DownloadedPairs, FUSED_DIMS, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
-    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, knn_fused_pass, launch_join_pass,
+    DownloadedPairs, FUSED_MAX_DIM, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
+    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, knn_fused_function, knn_fused_pass, launch_join_pass,
     rank_slots, round_to_tf32, sample_radius_pass, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
@@ -173,9 +173,12 @@ impl GpuBackend {
         if k == 0 || queries.is_empty() {
             return Ok(Ok(stats));
         }
-        // Compile both modules now (once per process) so NVRTC stays out of the run's times.
+        // Compile the modules now (once per process) so NVRTC stays out of the run's times.
         self.device.function(KernelModule::Knn, "knn_sample_radius")?;
         self.device.function(KernelModule::SimJoin, "brute_join")?;
+        if fused_knn_applies(metric, gemm_metric(metric), k, base.dim) {
+            knn_fused_function(&self.device, k, base.dim)?;
+        }
         let start = Instant::now();
         let (dim, n, nq) = (base.dim, base.len(), queries.len());
         let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
@@ -431,9 +434,11 @@ impl GpuBackend {
     }
 }
 
-/// Whether kNN runs as knn_fused: k ≤ FUSED_MAX_K, a dimension it is compiled for (≤ 32), and a
-/// dot-product filter (the GEMM form of L2, L2², cosine, or the inner product); L1 and L∞, larger
-/// k and other dimensions take the radius path.
+/// Whether kNN runs as knn_fused: k ≤ FUSED_MAX_K, d ≤ FUSED_MAX_DIM (each d is an instance of
+/// its own, compiled on first use), and a dot-product filter (the GEMM form of L2, L2², cosine,
+/// or the inner product); L1 and L∞, larger k and larger d take the radius path. (Measured at
+/// d = 8, 16 and 32 below; the dimensions between, which took the radius path until the
+/// instances were compiled per dimension, not yet: NOTES.md v36.)
 ///
 /// Measured on an H100 (NOTES.md v24; 10⁶ Gaussian base rows, 10⁴ queries, operator time of the
 /// fused path against the radius path, alternating, two rounds): d = 8: 110/120 against 222/172 ms
@@ -444,7 +449,7 @@ impl GpuBackend {
 /// sample, no second radius, no candidate slots to copy back. At d = 128 (P1) its f32 loop would
 /// need 128 registers of query row alone; the radius path's tensor cores serve it.
 fn fused_knn_applies(metric: Metric, gemm: bool, k: usize, dim: usize) -> bool {
-    k <= FUSED_MAX_K && FUSED_DIMS.contains(&dim) && (gemm || metric == Metric::InnerProduct)
+    k <= FUSED_MAX_K && (1..=FUSED_MAX_DIM).contains(&dim) && (gemm || metric == Metric::InnerProduct)
 }
 
 /// Threads knn_fused aims for (queries × base chunks). Each chunk costs each query about

@@ -458,12 +458,13 @@ pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: us
     Ok((stream.clone_dtoh(&out_distance).map_err(failed)?, stream.clone_dtoh(&out_position).map_err(failed)?))
 }
 
-/// Queries per block of knn_fused (`FUSED_QUERIES` in kernels/knn.cu).
+/// Queries per block of knn_fused (`FUSED_QUERIES` in kernels/knn_fused.cu).
 const FUSED_QUERIES: u32 = 128;
 /// Base rows per shared-memory tile of knn_fused (`FUSED_TILE`): chunks are multiples of it.
 pub const FUSED_TILE: usize = 256;
-/// The dimensions knn_fused is compiled for (its `switch` in kernels/knn.cu).
-pub const FUSED_DIMS: [usize; 6] = [2, 3, 4, 8, 16, 32];
+/// The largest dimension knn_fused is compiled for (its tile of FUSED_TILE rows in shared memory,
+/// the query row in registers).
+pub const FUSED_MAX_DIM: usize = 32;
 /// The largest k knn_fused keeps (its lists of 16 or 32 entries).
 pub const FUSED_MAX_K: usize = 32;
 
@@ -476,6 +477,13 @@ pub struct FusedOutputs {
     pub position: CudaSlice<u32>,
     /// [1 when some exact distance was NaN, exact distances computed].
     pub counters: CudaSlice<u64>,
+}
+
+/// knn_fused compiled for `k` (lists of 16 or 32) at dimension `dim` (≤ FUSED_MAX_DIM),
+/// compiling that instance on first use.
+pub fn knn_fused_function(device: &GpuDevice, k: usize, dim: usize) -> Result<cudarc::driver::CudaFunction, String> {
+    let list = if k <= 16 { 16 } else { 32 };
+    device.specialized_function(KernelModule::KnnFused, &[("FUSED_K", list), ("FUSED_DIM", dim as u32)], "knn_fused")
 }
 
 /// Runs knn_fused: for every query, the `k` nearest base rows of each of `chunks` consecutive
@@ -495,14 +503,14 @@ pub fn knn_fused_pass(
     let chunks = base_len.div_ceil(chunk.max(1));
     let needed = query_len as usize * chunks as usize * k;
     let dim = params.dim as usize;
-    if k == 0 || k > FUSED_MAX_K || !FUSED_DIMS.contains(&dim) || chunks > 65_535 || outputs.distance.len().min(outputs.position.len()) < needed {
+    if k == 0 || k > FUSED_MAX_K || dim == 0 || dim > FUSED_MAX_DIM || chunks > 65_535 || outputs.distance.len().min(outputs.position.len()) < needed {
         return Err(format!("knn_fused: k = {k}, d = {dim}, {chunks} chunks, outputs for {needed} entries"));
     }
     if query_len == 0 || base_len == 0 {
         return Ok(());
     }
-    let kernel = if k <= 16 { "knn_fused_16" } else { "knn_fused_32" };
-    let function = device.function(KernelModule::Knn, kernel)?;
+    let kernel = "knn_fused";
+    let function = knn_fused_function(device, k, dim)?;
     let config = LaunchConfig { grid_dim: (query_len.div_ceil(FUSED_QUERIES), chunks, 1), block_dim: (FUSED_QUERIES, 1, 1), shared_mem_bytes: 0 };
     let k = k as u32;
     let mut builder = device.stream.launch_builder(&function);
@@ -525,8 +533,9 @@ pub fn knn_fused_pass(
         .arg(&mut outputs.distance)
         .arg(&mut outputs.position)
         .arg(&mut outputs.counters);
-    // SAFETY: the arguments match knn_fused_16/32's parameter list one for one. Both sides hold
-    // `dim` ∈ FUSED_DIMS filter values (f32, 16-byte aligned rows when dim is a multiple of 4) and
+    // SAFETY: the arguments match knn_fused's parameter list one for one, and the instance was
+    // compiled for this `dim` (FUSED_DIM) and a list of at least k (FUSED_K). Both sides hold
+    // `dim` ≤ FUSED_MAX_DIM filter values (f32, 16-byte aligned rows when dim is a multiple of 4) and
     // exact values (f64) per row for `query_len` and `base_len` rows; the filter norms hold one per
     // row (built, on the host or by filter_rows, for the dot-product filters, the only ones this
     // runs) and so do the squared norms with the GEMM filter and the exact norms under cosine, the
