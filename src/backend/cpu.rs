@@ -696,13 +696,19 @@ fn knn_gemm_unit(
         .map(|(i, (mut upper, list))| {
             let bound = upper.kth() as f32;
             let mut best = KSmallest::new(k);
-            for (lower, j) in list {
-                if lower <= bound {
-                    tested += 1;
-                    let j = j as usize;
-                    let distance = exact.distance(request.queries.row(i), request.base.row(j), i, j);
+            let passing: Vec<usize> = list.into_iter().filter(|&(lower, _)| lower <= bound).map(|(_, j)| j as usize).collect();
+            tested += passing.len() as u64;
+            let query = request.queries.row(i);
+            let mut groups = passing.chunks_exact(4);
+            for js in &mut groups {
+                let js = [js[0], js[1], js[2], js[3]];
+                let distances = exact.distances4(query, i, js.map(|j| request.base.row(j)), js);
+                for (distance, j) in distances.into_iter().zip(js) {
                     best.push(Neighbour { distance, position: j as u32 });
                 }
+            }
+            for &j in groups.remainder() {
+                best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
             }
             best.into_sorted()
         })
@@ -723,9 +729,17 @@ fn knn_direct_unit(
     candidates.fetch_add((q.len() * r.len()) as u64, Ordering::Relaxed);
     q.map(|i| {
         let mut best = KSmallest::new(k);
-        for j in r.clone() {
-            let distance = exact.distance(request.queries.row(i), request.base.row(j), i, j);
-            best.push(Neighbour { distance, position: j as u32 });
+        let query = request.queries.row(i);
+        let whole = r.start + r.len() / 4 * 4;
+        for j0 in (r.start..whole).step_by(4) {
+            let js = [j0, j0 + 1, j0 + 2, j0 + 3];
+            let distances = exact.distances4(query, i, js.map(|j| request.base.row(j)), js);
+            for (distance, j) in distances.into_iter().zip(js) {
+                best.push(Neighbour { distance, position: j as u32 });
+            }
+        }
+        for j in whole..r.end {
+            best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
         }
         best.into_sorted()
     })

@@ -92,6 +92,58 @@ impl ExactCheck {
             metric => metric.distance(a, b),
         }
     }
+
+    /// `distance(a, rows[l], ia, ibs[l])` for four rows at once, bit for bit: the same operations
+    /// in the same order per row, four independent chains in flight. One distance is a chain of d
+    /// dependent additions, each waiting out the latency of the one before; four interleaved fill
+    /// those waits (the exact re-rank of a kNN at large k is mostly such chains, NOTES.md v37).
+    #[inline]
+    pub fn distances4(&self, a: &[f64], ia: usize, rows: [&[f64]; 4], ibs: [usize; 4]) -> [f64; 4] {
+        let dim = a.len();
+        let rows = rows.map(|row| &row[..dim]);
+        let mut acc = [0.0f64; 4];
+        match self.metric {
+            Metric::L2 | Metric::L2Squared => {
+                for (d, &x) in a.iter().enumerate() {
+                    for (sum, row) in acc.iter_mut().zip(&rows) {
+                        let t = x - row[d];
+                        *sum += t * t;
+                    }
+                }
+            }
+            Metric::Cosine | Metric::InnerProduct => {
+                for (d, &x) in a.iter().enumerate() {
+                    for (sum, row) in acc.iter_mut().zip(&rows) {
+                        *sum += x * row[d];
+                    }
+                }
+            }
+            Metric::L1 => {
+                for (d, &x) in a.iter().enumerate() {
+                    for (sum, row) in acc.iter_mut().zip(&rows) {
+                        *sum += (x - row[d]).abs();
+                    }
+                }
+            }
+            Metric::LInf => {
+                for (d, &x) in a.iter().enumerate() {
+                    for (max, row) in acc.iter_mut().zip(&rows) {
+                        *max = max.max((x - row[d]).abs());
+                    }
+                }
+            }
+        }
+        let mut out = acc;
+        for (value, ib) in out.iter_mut().zip(ibs) {
+            *value = match self.metric {
+                Metric::L2 => value.sqrt(),
+                Metric::Cosine => cosine_from_parts(*value, self.left_norms[ia], self.right_norms[ib]),
+                Metric::InnerProduct => -*value,
+                Metric::L2Squared | Metric::L1 | Metric::LInf => *value,
+            };
+        }
+        out
+    }
 }
 
 /// Self-join with `include_self`: writes each vector at `positions` paired with itself when its own
@@ -114,6 +166,22 @@ pub(crate) fn write_self_pairs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn four_at_once_equal_one_at_a_time_bit_for_bit() {
+        // Values of mixed magnitude and sign, so that the order of the additions shows in the bits.
+        let dim = 37;
+        let values: Vec<f64> = (0..dim * 9).map(|i| ((i * 7919) % 1013) as f64 * 1.37e-3 - 0.61 + (i % 5) as f64 * 1e6).collect();
+        let v = Vectors::new(dim, values);
+        for metric in [Metric::L2, Metric::L2Squared, Metric::Cosine, Metric::InnerProduct, Metric::L1, Metric::LInf] {
+            let exact = ExactCheck::new(metric, f64::INFINITY, &v, &v);
+            let ibs = [3, 8, 1, 5];
+            let got = exact.distances4(v.row(0), 0, ibs.map(|j| v.row(j)), ibs);
+            for (g, j) in got.iter().zip(ibs) {
+                assert_eq!(g.to_bits(), exact.distance(v.row(0), v.row(j), 0, j).to_bits(), "{metric} row {j}");
+            }
+        }
+    }
 
     fn vectors(values: Vec<f64>, dim: usize) -> Vectors {
         Vectors::new(dim, values)

@@ -27,7 +27,7 @@ pub struct GpuDevice {
     pub shared_memory_per_block: usize,
     modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
     /// Modules compiled with macro definitions, one per module and set of definitions.
-    specialized: Mutex<HashMap<(KernelModule, Vec<(&'static str, u32)>), Arc<CudaModule>>>,
+    specialized: Mutex<SpecializedModules>,
     /// Two page-locked buffers that large uploads pass through (`launch::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
     pub(super) staging: Mutex<Option<[PinnedHostSlice<u8>; 2]>>,
@@ -40,6 +40,9 @@ pub struct GpuDevice {
     /// Exact rows kept on the device between queries ([`GpuDevice::resident_rows`]).
     resident: Mutex<ResidentRows>,
 }
+
+/// Modules compiled with macro definitions, by module and definitions (name, value).
+type SpecializedModules = HashMap<(KernelModule, Vec<(&'static str, u32)>), Arc<CudaModule>>;
 
 /// The key rows stay resident under: the mark of host vectors whose values never change while it
 /// lives (the conversion cache's, `crate::vectors::ResidentMark`), held here weakly.
