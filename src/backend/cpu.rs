@@ -69,11 +69,12 @@ impl Backend for CpuBackend {
             }
             JoinStrategy::BruteForce => {
                 let sides = gemm_sides(left, right, metric, self_join.is_some());
+                let direct = if sides.is_none() { DirectColumns::new(left, right) } else { None };
                 stats.build_time = start.elapsed();
                 let probe = Instant::now();
                 match &sides {
                     Some((l, r)) => gemm_join(&context, l, r.as_ref().unwrap_or(l))?,
-                    None => direct_join(&context)?,
+                    None => direct_join(&context, direct.as_ref())?,
                 }
                 stats.probe_time = probe.elapsed();
             }
@@ -480,21 +481,50 @@ impl FilterLimit {
     }
 }
 
-/// Brute force with the exact check on every pair (L1, L∞).
-fn direct_join(ctx: &JoinContext) -> Result<()> {
-    let JoinRequest { left, right, self_join, .. } = *ctx.request;
+/// Brute force for L1 and L∞: each right tile through the vectorised f32 filter for a block of
+/// left rows at the threshold's FilterLimit (no pair within the threshold is lost), the pairs that
+/// pass by the exact check; without f32 columns (values beyond f32), the exact check on every pair.
+fn direct_join(ctx: &JoinContext, columns: Option<&DirectColumns>) -> Result<()> {
+    let JoinRequest { left, right, metric, threshold, self_join, .. } = *ctx.request;
     let blocks = left.len().div_ceil(TILE_QUERIES);
     ctx.sink.start(blocks as u64);
     (0..blocks).into_par_iter().try_for_each(|b| -> Result<()> {
         let mut writer = ctx.writer();
         let rows = b * TILE_QUERIES..((b + 1) * TILE_QUERIES).min(left.len());
         let mut tested = 0u64;
-        for i in rows.clone() {
-            let from = if self_join.is_some() { i + 1 } else { 0 };
-            for j in from..right.len() {
-                tested += 1;
-                if let Some(d) = ctx.exact.within(left.row(i), right.row(j), i, j) {
-                    ctx.push(&mut writer, i as u32, j as u32, d)?;
+        match columns {
+            Some(columns) => {
+                let limit = FilterLimit::new(metric, threshold, left.dim, columns.extent);
+                let left_columns = Columns { values: &columns.queries, len: left.len() };
+                let tile_rows = columns.tile_rows;
+                let mut hits = Vec::new();
+                // Self-joins: only tiles with a right row after the block's first left row.
+                let first_tile = if self_join.is_some() { (rows.start + 1) / tile_rows } else { 0 };
+                for t in first_tile..right.len().div_ceil(tile_rows) {
+                    let tile = &columns.base[t * tile_rows * left.dim..(t + 1) * tile_rows * left.dim];
+                    let tile_columns = Columns { values: tile, len: tile_rows };
+                    tile_hits(limit.kind, left.dim, left_columns, rows.clone(), tile_columns, 0..tile_rows, limit.limit, &mut hits);
+                    for &(row, offset) in &hits {
+                        let (i, j) = (rows.start + row as usize, t * tile_rows + offset as usize);
+                        if j >= right.len() || (self_join.is_some() && j <= i) {
+                            continue;
+                        }
+                        tested += 1;
+                        if let Some(d) = ctx.exact.within(left.row(i), right.row(j), i, j) {
+                            ctx.push(&mut writer, i as u32, j as u32, d)?;
+                        }
+                    }
+                }
+            }
+            None => {
+                for i in rows.clone() {
+                    let from = if self_join.is_some() { i + 1 } else { 0 };
+                    for j in from..right.len() {
+                        tested += 1;
+                        if let Some(d) = ctx.exact.within(left.row(i), right.row(j), i, j) {
+                            ctx.push(&mut writer, i as u32, j as u32, d)?;
+                        }
+                    }
                 }
             }
         }
@@ -718,8 +748,8 @@ fn knn_gemm_unit(
     out
 }
 
-/// Both sides of a direct kNN (L1, L∞) as f32 columns for the vectorised filter: offsets from the
-/// base's mean, dimension-major; the base in tiles of `tile_rows` rows (a multiple of LANES, about
+/// Both sides of a direct kNN or brute-force join (L1, L∞) as f32 columns for the vectorised
+/// filter: offsets from the base's (right side's) mean, dimension-major; the base in tiles of `tile_rows` rows (a multiple of LANES, about
 /// 32 KB), each tile's columns contiguous, so that a tile stays in the L1 cache while every query
 /// of a block passes over it. (One column per dimension across the whole base put a 128-d lane
 /// block's values on 128 pages: 2.5× slower than computing every exact distance, NOTES.md v38.)

@@ -19,8 +19,10 @@ async fn pairs_exactly_at_eps_are_included() {
     assert_eq!(got, want);
     for metric in ["l1", "linf", "l2sq"] {
         let eps = if metric == "l2sq" { 25.0 } else if metric == "l1" { 7.0 } else { 4.0 };
-        let sql = format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps}, 'metric={metric}')");
-        check(&ctx, &sql, &oracle_join(metric, &data, &data, eps, Some((false, true)))).await;
+        for index in ["auto", "grid", "brute_force"] {
+            let sql = format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps}, 'metric={metric}, index={index}')");
+            check(&ctx, &sql, &oracle_join(metric, &data, &data, eps, Some((false, true)))).await;
+        }
     }
 }
 
