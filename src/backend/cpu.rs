@@ -69,11 +69,12 @@ impl Backend for CpuBackend {
             }
             JoinStrategy::BruteForce => {
                 let sides = gemm_sides(left, right, metric, self_join.is_some());
+                let direct = if sides.is_none() { DirectColumns::new(left, right) } else { None };
                 stats.build_time = start.elapsed();
                 let probe = Instant::now();
                 match &sides {
                     Some((l, r)) => gemm_join(&context, l, r.as_ref().unwrap_or(l))?,
-                    None => direct_join(&context)?,
+                    None => direct_join(&context, direct.as_ref())?,
                 }
                 stats.probe_time = probe.elapsed();
             }
@@ -92,6 +93,7 @@ impl Backend for CpuBackend {
         }
         let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
         let sides = gemm_sides(queries, base, metric, false).and_then(|(q, b)| Some((q, b?)));
+        let direct = if sides.is_none() { DirectColumns::new(queries, base) } else { None };
         stats.build_time = start.elapsed();
         let probe = Instant::now();
         let candidates = AtomicU64::new(0);
@@ -118,7 +120,7 @@ impl Backend for CpuBackend {
                     let r = s * segment_len..((s + 1) * segment_len).min(base.len());
                     match &sides {
                         Some((qs, bs)) => knn_gemm_unit(request, &exact, qs, bs, q, r, k, &candidates),
-                        None => knn_direct_unit(request, &exact, q, r, k, &candidates),
+                        None => knn_direct_unit(request, &exact, direct.as_ref(), q, r, k, &candidates),
                     }
                 })
                 .collect();
@@ -479,21 +481,50 @@ impl FilterLimit {
     }
 }
 
-/// Brute force with the exact check on every pair (L1, L∞).
-fn direct_join(ctx: &JoinContext) -> Result<()> {
-    let JoinRequest { left, right, self_join, .. } = *ctx.request;
+/// Brute force for L1 and L∞: each right tile through the vectorised f32 filter for a block of
+/// left rows at the threshold's FilterLimit (no pair within the threshold is lost), the pairs that
+/// pass by the exact check; without f32 columns (values beyond f32), the exact check on every pair.
+fn direct_join(ctx: &JoinContext, columns: Option<&DirectColumns>) -> Result<()> {
+    let JoinRequest { left, right, metric, threshold, self_join, .. } = *ctx.request;
     let blocks = left.len().div_ceil(TILE_QUERIES);
     ctx.sink.start(blocks as u64);
     (0..blocks).into_par_iter().try_for_each(|b| -> Result<()> {
         let mut writer = ctx.writer();
         let rows = b * TILE_QUERIES..((b + 1) * TILE_QUERIES).min(left.len());
         let mut tested = 0u64;
-        for i in rows.clone() {
-            let from = if self_join.is_some() { i + 1 } else { 0 };
-            for j in from..right.len() {
-                tested += 1;
-                if let Some(d) = ctx.exact.within(left.row(i), right.row(j), i, j) {
-                    ctx.push(&mut writer, i as u32, j as u32, d)?;
+        match columns {
+            Some(columns) => {
+                let limit = FilterLimit::new(metric, threshold, left.dim, columns.extent);
+                let left_columns = Columns { values: &columns.queries, len: left.len() };
+                let tile_rows = columns.tile_rows;
+                let mut hits = Vec::new();
+                // Self-joins: only tiles with a right row after the block's first left row.
+                let first_tile = if self_join.is_some() { (rows.start + 1) / tile_rows } else { 0 };
+                for t in first_tile..right.len().div_ceil(tile_rows) {
+                    let tile = &columns.base[t * tile_rows * left.dim..(t + 1) * tile_rows * left.dim];
+                    let tile_columns = Columns { values: tile, len: tile_rows };
+                    tile_hits(limit.kind, left.dim, left_columns, rows.clone(), tile_columns, 0..tile_rows, limit.limit, &mut hits);
+                    for &(row, offset) in &hits {
+                        let (i, j) = (rows.start + row as usize, t * tile_rows + offset as usize);
+                        if j >= right.len() || (self_join.is_some() && j <= i) {
+                            continue;
+                        }
+                        tested += 1;
+                        if let Some(d) = ctx.exact.within(left.row(i), right.row(j), i, j) {
+                            ctx.push(&mut writer, i as u32, j as u32, d)?;
+                        }
+                    }
+                }
+            }
+            None => {
+                for i in rows.clone() {
+                    let from = if self_join.is_some() { i + 1 } else { 0 };
+                    for j in from..right.len() {
+                        tested += 1;
+                        if let Some(d) = ctx.exact.within(left.row(i), right.row(j), i, j) {
+                            ctx.push(&mut writer, i as u32, j as u32, d)?;
+                        }
+                    }
                 }
             }
         }
@@ -717,31 +748,102 @@ fn knn_gemm_unit(
     out
 }
 
-/// Exact top-k of queries `q` within base rows `r` by computing every exact distance (L1, L∞).
+/// Both sides of a direct kNN or brute-force join (L1, L∞) as f32 columns for the vectorised
+/// filter: offsets from the base's (right side's) mean, dimension-major; the base in tiles of `tile_rows` rows (a multiple of LANES, about
+/// 32 KB), each tile's columns contiguous, so that a tile stays in the L1 cache while every query
+/// of a block passes over it. (One column per dimension across the whole base put a 128-d lane
+/// block's values on 128 pages: 2.5× slower than computing every exact distance, NOTES.md v38.)
+struct DirectColumns {
+    queries: Vec<f32>,
+    base: Vec<f32>,
+    tile_rows: usize,
+    /// The largest |offset| of either side: FilterLimit's M.
+    extent: f64,
+}
+
+impl DirectColumns {
+    /// `None` when a value is too large for f32 scores: every distance is then exact.
+    fn new(queries: &Vectors, base: &Vectors) -> Option<Self> {
+        let (dim, origin) = (base.dim, base.mean());
+        let offset = |v: &Vectors, i: usize, d: usize| (v.row(i)[d] - origin[d]) as f32;
+        let mut query_columns = vec![0f32; dim * queries.len()];
+        query_columns.par_chunks_mut(queries.len().max(1)).enumerate().for_each(|(d, column)| {
+            column.iter_mut().enumerate().for_each(|(i, c)| *c = offset(queries, i, d));
+        });
+        let tile_rows = ((32 << 10) / (4 * dim.max(1))).next_multiple_of(LANES).clamp(LANES, 1024);
+        let tiles = base.len().div_ceil(tile_rows);
+        let mut base_columns = vec![0f32; tiles * tile_rows * dim];
+        base_columns.par_chunks_mut(tile_rows * dim).enumerate().for_each(|(t, tile)| {
+            for (d, column) in tile.chunks_mut(tile_rows).enumerate() {
+                for (p, c) in column.iter_mut().enumerate() {
+                    let i = t * tile_rows + p;
+                    *c = if i < base.len() { offset(base, i, d) } else { 0.0 };
+                }
+            }
+        });
+        let extent = query_columns.par_iter().chain(base_columns.par_iter()).map(|v| v.abs() as f64).reduce(|| 0.0, f64::max);
+        (extent.is_finite() && extent < 1e30).then_some(Self { queries: query_columns, base: base_columns, tile_rows, extent })
+    }
+}
+
+/// Exact top-k of queries `q` within base rows `r` (L1, L∞): each base tile through the
+/// vectorised f32 filter for every query of the block, at the limit of the query's current k-th
+/// distance bound (`FilterLimit`: every row within the bound passes, and only such a row can
+/// enter the k nearest); the rows that pass by their exact distance. Computing every exact
+/// distance took 4–6 ns a pair (NOTES.md v38). Without f32 columns, every distance is exact.
+#[allow(clippy::too_many_arguments)]
 fn knn_direct_unit(
     request: &KnnRequest,
     exact: &ExactCheck,
+    columns: Option<&DirectColumns>,
     q: std::ops::Range<usize>,
     r: std::ops::Range<usize>,
     k: usize,
     candidates: &AtomicU64,
 ) -> Vec<Vec<Neighbour>> {
-    candidates.fetch_add((q.len() * r.len()) as u64, Ordering::Relaxed);
-    q.map(|i| {
-        let mut best = KSmallest::new(k);
-        let query = request.queries.row(i);
-        let whole = r.start + r.len() / 4 * 4;
-        for j0 in (r.start..whole).step_by(4) {
-            let js = [j0, j0 + 1, j0 + 2, j0 + 3];
-            let distances = exact.distances4(query, i, js.map(|j| request.base.row(j)), js);
-            for (distance, j) in distances.into_iter().zip(js) {
-                best.push(Neighbour { distance, position: j as u32 });
+    let Some(columns) = columns else {
+        candidates.fetch_add((q.len() * r.len()) as u64, Ordering::Relaxed);
+        return q
+            .map(|i| {
+                let mut best = KSmallest::new(k);
+                let query = request.queries.row(i);
+                let whole = r.start + r.len() / 4 * 4;
+                for j0 in (r.start..whole).step_by(4) {
+                    let js = [j0, j0 + 1, j0 + 2, j0 + 3];
+                    let distances = exact.distances4(query, i, js.map(|j| request.base.row(j)), js);
+                    for (distance, j) in distances.into_iter().zip(js) {
+                        best.push(Neighbour { distance, position: j as u32 });
+                    }
+                }
+                for j in whole..r.end {
+                    best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
+                }
+                best.into_sorted()
+            })
+            .collect();
+    };
+    let (metric, dim, tile_rows) = (request.metric, request.base.dim, columns.tile_rows);
+    let query_columns = Columns { values: &columns.queries, len: request.queries.len() };
+    let mut bests: Vec<KSmallest> = q.clone().map(|_| KSmallest::new(k)).collect();
+    let mut tested = 0u64;
+    let mut hits = Vec::new();
+    // The tiles that overlap `r`; rows of a tile outside `r` belong to another unit.
+    for t in r.start / tile_rows..r.end.div_ceil(tile_rows) {
+        let tile_columns = Columns { values: &columns.base[t * tile_rows * dim..(t + 1) * tile_rows * dim], len: tile_rows };
+        let first = t * tile_rows;
+        for (i, best) in q.clone().zip(bests.iter_mut()) {
+            let limit = FilterLimit::new(metric, best.bound(), dim, columns.extent);
+            tile_hits(limit.kind, dim, query_columns, i..i + 1, tile_columns, 0..tile_rows, limit.limit, &mut hits);
+            let query = request.queries.row(i);
+            for &(_, offset) in &hits {
+                let j = first + offset as usize;
+                if r.contains(&j) {
+                    tested += 1;
+                    best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
+                }
             }
         }
-        for j in whole..r.end {
-            best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
-        }
-        best.into_sorted()
-    })
-    .collect()
+    }
+    candidates.fetch_add(tested, Ordering::Relaxed);
+    bests.into_iter().map(KSmallest::into_sorted).collect()
 }

@@ -19,8 +19,10 @@ async fn pairs_exactly_at_eps_are_included() {
     assert_eq!(got, want);
     for metric in ["l1", "linf", "l2sq"] {
         let eps = if metric == "l2sq" { 25.0 } else if metric == "l1" { 7.0 } else { 4.0 };
-        let sql = format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps}, 'metric={metric}')");
-        check(&ctx, &sql, &oracle_join(metric, &data, &data, eps, Some((false, true)))).await;
+        for index in ["auto", "grid", "brute_force"] {
+            let sql = format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps}, 'metric={metric}, index={index}')");
+            check(&ctx, &sql, &oracle_join(metric, &data, &data, eps, Some((false, true)))).await;
+        }
     }
 }
 
@@ -49,6 +51,13 @@ async fn knn_ties_go_to_the_earlier_base_row_and_k_beyond_n_returns_everything()
     let got = rows(&ctx, "SELECT query_id, base_id, distance, rank FROM knn(base, queries, 1000)").await;
     assert_eq!(got.len(), 12);
     assert_eq!(got, oracle_knn("l2", &base, &queries, 1000));
+    // L1 and L∞ through their f32 filter: the same ties, decided the same way.
+    for metric in ["l1", "linf"] {
+        for k in [1, 3, 1000] {
+            let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'metric={metric}')");
+            assert_eq!(rows(&ctx, &sql).await, oracle_knn(metric, &base, &queries, k), "{metric}, k = {k}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -107,7 +116,9 @@ async fn values_far_from_the_origin_and_beyond_f32_stay_exact() {
         let eps = crate::common::threshold("l2", &data, 0.02);
         let sql = format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps:?})");
         check(&ctx, &sql, &oracle_join("l2", &data, &data, eps, Some((false, true)))).await;
-        let sql = "SELECT query_id, base_id, distance, rank FROM knn(t, t, 4)";
-        check(&ctx, sql, &oracle_knn("l2", &data, &data, 4)).await;
+        for metric in ["l2", "l1", "linf"] {
+            let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(t, t, 4, 'metric={metric}')");
+            check(&ctx, &sql, &oracle_knn(metric, &data, &data, 4)).await;
+        }
     }
 }
