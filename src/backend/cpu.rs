@@ -727,20 +727,8 @@ fn knn_gemm_unit(
         .map(|(i, (mut upper, list))| {
             let bound = upper.kth() as f32;
             let mut best = KSmallest::new(k);
-            let passing: Vec<usize> = list.into_iter().filter(|&(lower, _)| lower <= bound).map(|(_, j)| j as usize).collect();
-            tested += passing.len() as u64;
-            let query = request.queries.row(i);
-            let mut groups = passing.chunks_exact(4);
-            for js in &mut groups {
-                let js = [js[0], js[1], js[2], js[3]];
-                let distances = exact.distances4(query, i, js.map(|j| request.base.row(j)), js);
-                for (distance, j) in distances.into_iter().zip(js) {
-                    best.push(Neighbour { distance, position: j as u32 });
-                }
-            }
-            for &j in groups.remainder() {
-                best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
-            }
+            let passing = list.into_iter().filter(|&(lower, _)| lower <= bound).map(|(_, j)| j as usize);
+            tested += offer_exact(request, exact, i, passing, &mut best);
             best.into_sorted()
         })
         .collect();
@@ -748,10 +736,33 @@ fn knn_gemm_unit(
     out
 }
 
+/// Offers query `i` to `best` at its exact distance to each base row of `positions`, four rows at a
+/// time (`ExactCheck::distances4`); the number offered.
+fn offer_exact(request: &KnnRequest, exact: &ExactCheck, i: usize, positions: impl Iterator<Item = usize>, best: &mut KSmallest) -> u64 {
+    let query = request.queries.row(i);
+    let (mut group, mut filled, mut offered) = ([0usize; 4], 0, 0);
+    for j in positions {
+        group[filled] = j;
+        filled += 1;
+        offered += 1;
+        if filled == 4 {
+            let distances = exact.distances4(query, i, group.map(|j| request.base.row(j)), group);
+            for (distance, j) in distances.into_iter().zip(group) {
+                best.push(Neighbour { distance, position: j as u32 });
+            }
+            filled = 0;
+        }
+    }
+    for &j in &group[..filled] {
+        best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
+    }
+    offered
+}
+
 /// Both sides of a direct kNN or brute-force join (L1, L∞) as f32 columns for the vectorised
-/// filter: offsets from the base's (right side's) mean, dimension-major; the base in tiles of `tile_rows` rows (a multiple of LANES, about
-/// 32 KB), each tile's columns contiguous, so that a tile stays in the L1 cache while every query
-/// of a block passes over it. (One column per dimension across the whole base put a 128-d lane
+/// filter: offsets from the base's (right side's) mean, dimension-major; the base in tiles of
+/// `tile_rows` rows (a multiple of LANES, about 32 KB), each tile's columns contiguous, so that a
+/// tile stays in the L1 cache while every query of a block passes over it. (One column per dimension across the whole base put a 128-d lane
 /// block's values on 128 pages: 2.5× slower than computing every exact distance, NOTES.md v38.)
 struct DirectColumns {
     queries: Vec<f32>,
@@ -806,18 +817,7 @@ fn knn_direct_unit(
         return q
             .map(|i| {
                 let mut best = KSmallest::new(k);
-                let query = request.queries.row(i);
-                let whole = r.start + r.len() / 4 * 4;
-                for j0 in (r.start..whole).step_by(4) {
-                    let js = [j0, j0 + 1, j0 + 2, j0 + 3];
-                    let distances = exact.distances4(query, i, js.map(|j| request.base.row(j)), js);
-                    for (distance, j) in distances.into_iter().zip(js) {
-                        best.push(Neighbour { distance, position: j as u32 });
-                    }
-                }
-                for j in whole..r.end {
-                    best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
-                }
+                offer_exact(request, exact, i, r.clone(), &mut best);
                 best.into_sorted()
             })
             .collect();
@@ -834,14 +834,8 @@ fn knn_direct_unit(
         for (i, best) in q.clone().zip(bests.iter_mut()) {
             let limit = FilterLimit::new(metric, best.bound(), dim, columns.extent);
             tile_hits(limit.kind, dim, query_columns, i..i + 1, tile_columns, 0..tile_rows, limit.limit, &mut hits);
-            let query = request.queries.row(i);
-            for &(_, offset) in &hits {
-                let j = first + offset as usize;
-                if r.contains(&j) {
-                    tested += 1;
-                    best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
-                }
-            }
+            let passing = hits.iter().map(|&(_, offset)| first + offset as usize).filter(|j| r.contains(j));
+            tested += offer_exact(request, exact, i, passing, best);
         }
     }
     candidates.fetch_add(tested, Ordering::Relaxed);

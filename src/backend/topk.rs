@@ -59,15 +59,12 @@ impl KSmallest {
         }
     }
 
-    /// Keeps the k smallest and makes the k-th the limit.
+    /// Keeps the k smallest and makes the k-th the limit (once k were kept).
     fn compact(&mut self) {
-        if self.kept.len() > self.k {
+        if self.k > 0 && self.kept.len() >= self.k {
             self.kept.select_nth_unstable(self.k - 1);
             self.kept.truncate(self.k);
-        }
-        if self.kept.len() == self.k {
-            // After the selection the k-th smallest is last; with exactly k kept, the largest.
-            self.limit = self.kept.iter().max().copied();
+            self.limit = Some(self.kept[self.k - 1]);
         }
     }
 
