@@ -18,11 +18,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Files the host compiles per instance, with macros defined (src/gpu/device.rs,
-# specialized_function): the instances checked here, the smallest and largest of each kind.
-INSTANCES = {
-    "knn_fused.cu": [{"FUSED_K": 16, "FUSED_DIM": 3}, {"FUSED_K": 16, "FUSED_DIM": 16}, {"FUSED_K": 32, "FUSED_DIM": 32}],
-}
 VENV = os.path.join(ROOT, ".gpubin", "nvrtc-venv")
 
 
@@ -46,13 +41,12 @@ def inline_includes(path):
     return re.sub(r'^#include "([^"]+)"$', include, source, flags=re.M)
 
 
-def compile_cubin(nvrtc, path, arch, defines):
+def compile_cubin(nvrtc, path, arch):
     prog = ctypes.c_void_p()
     name = os.path.basename(path).encode()
     if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), inline_includes(path).encode(), name, 0, None, None):
         sys.exit(f"{path}: nvrtcCreateProgram failed")
     options = [f"-arch={arch}".encode(), b"--fmad=false", b"-std=c++17", b"-Xptxas", b"-v"]
-    options += [f"-D{name}={value}".encode() for name, value in defines.items()]
     result = nvrtc.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
     size = ctypes.c_size_t()
     nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -75,17 +69,15 @@ def main():
     if args.setup:
         setup()
     nvrtc = ctypes.CDLL(find("libnvrtc.so.*"))
-    for path, defines in [(p, d) for p in sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))
-                          for d in INSTANCES.get(os.path.basename(p), [{}])]:
-        log, cubin = compile_cubin(nvrtc, path, args.arch, defines)
+    for path in sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu"))):
+        log, cubin = compile_cubin(nvrtc, path, args.arch)
         kernel = None
         for line in log.splitlines():
             if m := re.search(r"Compiling entry function '(\w+)'", line):
                 kernel = m.group(1)
             elif "spill" in line or "Used" in line:
                 report = re.sub(r"^ptxas\s*(info\s*:)?[\s.]*", "", line)
-                instance = "".join(f" {name}={value}" for name, value in defines.items())
-                print(f"{os.path.basename(path)}{instance} {kernel}: {report}")
+                print(f"{os.path.basename(path)} {kernel}: {report}")
         if args.sass:
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(cubin)

@@ -13,12 +13,12 @@ use datafusion::common::{DataFusionError, Result, resources_err};
 
 use super::cpu::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
 use super::exact::{ExactCheck, write_self_pairs};
-use super::topk::{Neighbour, k_smallest, push_ranked, send_ranked};
+use super::topk::{Neighbour, k_smallest, push_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats, tiles};
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    DownloadedPairs, FUSED_MAX_DIM, FUSED_MAX_K, FUSED_TILE, FusedOutputs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
-    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, knn_fused_function, knn_fused_pass, launch_join_pass,
+    DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
+    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, launch_join_pass,
     rank_slots, round_to_tf32, sample_radius_pass, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
@@ -176,9 +176,6 @@ impl GpuBackend {
         // Compile the modules now (once per process) so NVRTC stays out of the run's times.
         self.device.function(KernelModule::Knn, "knn_sample_radius")?;
         self.device.function(KernelModule::SimJoin, "brute_join")?;
-        if fused_knn_applies(metric, gemm_metric(metric), k, base.dim) {
-            knn_fused_function(&self.device, k, base.dim)?;
-        }
         let start = Instant::now();
         let (dim, n, nq) = (base.dim, base.len(), queries.len());
         let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
@@ -196,8 +193,6 @@ impl GpuBackend {
         };
         let mut gemm = gemm_metric(metric);
         let (mut query_host, mut base_host, mut origin) = sides(gemm);
-        // Uploaded once for either path: the fused kernel reads the f32 rows as they are, the
-        // tensor cores round them to TF32 below.
         let uploading = Instant::now();
         let mut query_buffers = self.upload(&query_host, false)?;
         let mut base_buffers = self.upload(&base_host, false)?;
@@ -208,12 +203,6 @@ impl GpuBackend {
         }
         stats.transfer_time += uploading.elapsed();
         stats.resident_inputs = [&query_buffers, &base_buffers].iter().filter(|b| b.resident).count();
-        if fused_knn_applies(metric, gemm, k, dim) {
-            let params = JoinParams { dim: dim as u32, metric: metric_code(metric), ..filter_params(metric, dim, gemm, false) };
-            if let Some(fused) = self.fused_knn(&params, k, &query_buffers, nq, &base_buffers, n, sink, budget, start)? {
-                return Ok(fused.map(|fused| RunStats { transfer_time: fused.transfer_time + stats.transfer_time, resident_inputs: stats.resident_inputs, ..fused }));
-            }
-        }
         let sample_len = n.min(KNN_SAMPLE);
         let sample_host = sample_side(&base_filter, dim, &origin, sample_len);
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
@@ -431,101 +420,6 @@ impl GpuBackend {
         stats.kernel_time += kernel;
         stats.emit_time += emit;
         Ok(outcome.map(|()| stats))
-    }
-}
-
-/// Whether kNN runs as knn_fused: k ≤ FUSED_MAX_K, d ≤ FUSED_MAX_DIM (each d is an instance of
-/// its own, compiled on first use), and a dot-product filter (the GEMM form of L2, L2², cosine,
-/// or the inner product); L1 and L∞, larger k and larger d take the radius path. (Measured at
-/// d = 8, 16 and 32 below; the dimensions between, which took the radius path until the
-/// instances were compiled per dimension, not yet: NOTES.md v36.)
-///
-/// Measured on an H100 (NOTES.md v24; 10⁶ Gaussian base rows, 10⁴ queries, operator time of the
-/// fused path against the radius path, alternating, two rounds): d = 8: 110/120 against 222/172 ms
-/// at k = 10, 203/157 against 275/178 at k = 32; d = 16: 202/164 against 300/264 (k = 10),
-/// 246/218 against 264/252 (k = 32); d = 32: 230/187 against 289/263 (k = 10), 309/271 against
-/// 361/284 (k = 32); blobs at d = 16, k = 10: 200/150 against 300/243. The fused kernel itself is
-/// slower (36–132 ms against 15–23 ms of tensor-core count passes) but the whole run is faster: no
-/// sample, no second radius, no candidate slots to copy back. At d = 128 (P1) its f32 loop would
-/// need 128 registers of query row alone; the radius path's tensor cores serve it.
-fn fused_knn_applies(metric: Metric, gemm: bool, k: usize, dim: usize) -> bool {
-    k <= FUSED_MAX_K && (1..=FUSED_MAX_DIM).contains(&dim) && (gemm || metric == Metric::InnerProduct)
-}
-
-/// Threads knn_fused aims for (queries × base chunks). Each chunk costs each query about
-/// k·(1 + ln(rows/k)) exact distances (rows entering its running top-k) and k entries to merge;
-/// 2¹⁵ and 2¹⁷ gave the same kernel time for 10⁴ queries (36 ms at d = 8) but 2¹⁵ a third of
-/// the exact distances and merging (operator time 95 against 100–123 ms, NOTES.md v24).
-const FUSED_THREADS: usize = 1 << 15;
-
-/// Base chunks of knn_fused for `queries` queries over `n` base rows: FUSED_THREADS threads in
-/// all, chunks of whole tiles, outputs (12 bytes per entry, `k` per query and chunk) within a
-/// quarter of the memory budget, at most a grid's 65,535 rows of blocks. (chunks, rows per chunk).
-fn fused_chunks(queries: usize, n: usize, k: usize, budget: usize) -> (usize, usize) {
-    let by_outputs = (budget / 4 / 12 / (queries * k).max(1)).max(1);
-    let wanted = FUSED_THREADS.div_ceil(queries.max(1)).min(n.div_ceil(FUSED_TILE)).min(by_outputs).clamp(1, 65_535);
-    let chunk = n.div_ceil(wanted).next_multiple_of(FUSED_TILE);
-    (n.div_ceil(chunk).max(1), chunk)
-}
-
-impl GpuBackend {
-    /// kNN by knn_fused: each query's k nearest of every base chunk, merged on the host (ties by
-    /// base position). `None` when some exact distance was NaN (cosine of a zero vector, which
-    /// the input conversion skips; the radius path orders NaN as the host does).
-    #[allow(clippy::too_many_arguments)]
-    fn fused_knn(
-        &self,
-        params: &JoinParams,
-        k: usize,
-        query_buffers: &SideBuffers,
-        nq: usize,
-        base_buffers: &SideBuffers,
-        n: usize,
-        sink: &dyn ResultSink,
-        budget: usize,
-        start: Instant,
-    ) -> Result<Option<Result<RunStats>>, String> {
-        let mut stats = RunStats { tiles: 1, count_passes: 1, ..Default::default() };
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
-        let (chunks, chunk) = fused_chunks(nq, n, k, budget);
-        let stream = &self.device.stream;
-        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
-        let entries = nq * chunks * k;
-        let mut outputs = FusedOutputs {
-            distance: stream.alloc_zeros::<f64>(entries.max(1)).map_err(alloc)?,
-            position: stream.alloc_zeros::<u32>(entries.max(1)).map_err(alloc)?,
-            counters: stream.alloc_zeros::<u64>(2).map_err(alloc)?,
-        };
-        stats.build_time = start.elapsed();
-        let probe = Instant::now();
-        let selecting = Instant::now();
-        knn_fused_pass(&self.device, params, k, query_buffers, nq as u32, base_buffers, n as u32, chunk as u32, &mut outputs)?;
-        stats.kernel_time += selecting.elapsed();
-        let downloading = Instant::now();
-        let counters = stream.clone_dtoh(&outputs.counters).map_err(copy)?;
-        if counters[0] != 0 {
-            return Ok(None);
-        }
-        let distances = stream.clone_dtoh(&outputs.distance.slice(0..entries)).map_err(copy)?;
-        let positions = stream.clone_dtoh(&outputs.position.slice(0..entries)).map_err(copy)?;
-        stats.transfer_time += downloading.elapsed();
-        stats.candidates = counters[1];
-        sink.start(1);
-        let emitting = Instant::now();
-        let per_query = chunks * k;
-        let nearest: Vec<Vec<Neighbour>> = (0..nq)
-            .into_par_iter()
-            .map(|q| {
-                let range = q * per_query..(q + 1) * per_query;
-                let all = range.filter(|&i| positions[i] != u32::MAX).map(|i| Neighbour { distance: distances[i], position: positions[i] }).collect();
-                k_smallest(all, k)
-            })
-            .collect();
-        let sent = send_ranked(sink, 0, nearest);
-        sink.advance(1);
-        stats.emit_time += emitting.elapsed();
-        stats.probe_time = probe.elapsed();
-        Ok(Some(sent.map(|()| stats)))
     }
 }
 
@@ -1190,21 +1084,6 @@ mod tests {
         );
         let err = tile_rows(1000, 128, 0, "GPU kNN").unwrap_err().strip_backtrace();
         assert!(err.contains("GPU kNN: the device has 1000 bytes available, room for 0 rows of 128 dimensions"), "{err}");
-    }
-
-    #[test]
-    fn fused_chunks_cover_the_base_in_whole_tiles() {
-        // 10,000 queries over 10⁶ rows: ~2¹⁵ threads, 4 chunks of 977 tiles.
-        assert_eq!(fused_chunks(10_000, 1_000_000, 10, 80 << 30), (4, 250_112));
-        // 1,000 queries: 33 chunks wanted, but outputs within a quarter of 8 MiB allow 17.
-        assert_eq!(fused_chunks(1000, 1_000_000, 10, 8 << 20).0, 17);
-        // Small bases: no more chunks than tiles; many queries: one chunk.
-        assert_eq!(fused_chunks(100, 300, 10, 80 << 30), (2, 256));
-        assert_eq!(fused_chunks(1 << 20, 5000, 32, 80 << 30), (1, 5120));
-        for (queries, n, k) in [(1, 1, 1), (7, 100_000, 32), (3000, 4500, 16)] {
-            let (chunks, chunk) = fused_chunks(queries, n, k, 1 << 30);
-            assert!(chunk % FUSED_TILE == 0 && chunks * chunk >= n && (chunks - 1) * chunk < n, "{queries} {n} {k}");
-        }
     }
 
     #[test]

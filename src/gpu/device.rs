@@ -2,7 +2,6 @@
 //! process, for the device's own `sm_XY`).
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice};
@@ -26,8 +25,6 @@ pub struct GpuDevice {
     /// The most shared memory a block may ask for (bytes, beyond the default 48 KB by opting in).
     pub shared_memory_per_block: usize,
     modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
-    /// Modules compiled with macro definitions, one per module and set of definitions.
-    specialized: Mutex<SpecializedModules>,
     /// Two page-locked buffers that large uploads pass through (`launch::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
     pub(super) staging: Mutex<Option<[PinnedHostSlice<u8>; 2]>>,
@@ -40,9 +37,6 @@ pub struct GpuDevice {
     /// Exact rows kept on the device between queries ([`GpuDevice::resident_rows`]).
     resident: Mutex<ResidentRows>,
 }
-
-/// Modules compiled with macro definitions, by module and definitions (name, value).
-type SpecializedModules = HashMap<(KernelModule, Vec<(&'static str, u32)>), Arc<CudaModule>>;
 
 /// The key rows stay resident under: the mark of host vectors whose values never change while it
 /// lives (the conversion cache's, `crate::vectors::ResidentMark`), held here weakly.
@@ -86,7 +80,7 @@ impl GpuDevice {
         let shared_memory_per_block = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| format!("GPU {} does not answer: {e}", info.ordinal))? as usize;
-        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, modules: std::array::from_fn(|_| OnceLock::new()), specialized: Mutex::default(), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
+        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
     }
 
     /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).
@@ -140,43 +134,21 @@ impl GpuDevice {
     /// A kernel of `module`, compiling the module on first use.
     pub fn function(&self, module: KernelModule, name: &str) -> Result<CudaFunction, String> {
         let index = KernelModule::ALL.iter().position(|m| *m == module).unwrap_or(0);
-        let compiled = self.modules[index].get_or_init(|| self.compile(module, &[]));
+        let compiled = self.modules[index].get_or_init(|| {
+            let options = CompileOptions {
+                arch: Some(self.arch),
+                name: Some(module.file_name().to_string()),
+                // Two roundings for `a * b + c`, as on the CPU: exact distances stay bit-identical.
+                fmad: Some(false),
+                options: vec!["-std=c++17".into()],
+                ..Default::default()
+            };
+            let ptx = compile_ptx_with_opts(module.source(), options)
+                .map_err(|e| format!("NVRTC could not compile {}: {e}", module.file_name()))?;
+            self.ctx.load_module(ptx).map_err(|e| format!("loading {} failed: {e}", module.file_name()))
+        });
         let module_ref = compiled.clone()?;
         module_ref.load_function(name).map_err(|e| format!("kernel {name} not found: {e}"))
-    }
-
-    /// A kernel of `module` compiled with `defines` (`-DNAME=value` each), compiling that
-    /// instance on first use: a module of many template instances (knn_fused.cu) compiles only
-    /// the ones a workload asks for.
-    pub fn specialized_function(&self, module: KernelModule, defines: &[(&'static str, u32)], name: &str) -> Result<CudaFunction, String> {
-        let key = (module, defines.to_vec());
-        let compiled = {
-            let mut specialized = self.specialized.lock().map_err(|_| "the GPU's compiled kernels are poisoned".to_string())?;
-            match specialized.get(&key) {
-                Some(compiled) => compiled.clone(),
-                None => {
-                    let compiled = self.compile(module, defines)?;
-                    specialized.insert(key, compiled.clone());
-                    compiled
-                }
-            }
-        };
-        compiled.load_function(name).map_err(|e| format!("kernel {name} not found: {e}"))
-    }
-
-    fn compile(&self, module: KernelModule, defines: &[(&'static str, u32)]) -> Result<Arc<CudaModule>, String> {
-        let mut options = vec!["-std=c++17".to_string()];
-        options.extend(defines.iter().map(|(name, value)| format!("-D{name}={value}")));
-        let options = CompileOptions {
-            arch: Some(self.arch),
-            name: Some(module.file_name().to_string()),
-            // Two roundings for `a * b + c`, as on the CPU: exact distances stay bit-identical.
-            fmad: Some(false),
-            options,
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(module.source(), options).map_err(|e| format!("NVRTC could not compile {}: {e}", module.file_name()))?;
-        self.ctx.load_module(ptx).map_err(|e| format!("loading {} failed: {e}", module.file_name()))
     }
 }
 

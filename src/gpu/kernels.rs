@@ -3,16 +3,13 @@
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
 /// A CUDA source file compiled as one module.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelModule {
     /// `kernels/sim_join.cu`: ε-join and range-query kernels.
     SimJoin,
     /// `kernels/knn.cu`: kNN's sampled radii (the candidates come from `brute_join`) and the
     /// ranking of candidate slots.
     Knn,
-    /// `kernels/knn_fused.cu`: the fused kNN of small k at low d, compiled per (list size,
-    /// dimension) with `FUSED_K` and `FUSED_DIM` defined (`GpuDevice::specialized_function`).
-    KnnFused,
     /// `kernels/grid.cu`: the ε-grid built on the device (radix sort of the points by cell, the
     /// cells' bounds, rows gathered into slot order).
     Grid,
@@ -20,14 +17,13 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 4] = [KernelModule::SimJoin, KernelModule::Knn, KernelModule::KnnFused, KernelModule::Grid];
+    pub const ALL: [KernelModule; 3] = [KernelModule::SimJoin, KernelModule::Knn, KernelModule::Grid];
 
     /// The flattened source.
     pub fn source(self) -> &'static str {
         match self {
             KernelModule::SimJoin => SIM_JOIN,
             KernelModule::Knn => KNN,
-            KernelModule::KnnFused => KNN_FUSED,
             KernelModule::Grid => GRID,
         }
     }
@@ -37,7 +33,6 @@ impl KernelModule {
         match self {
             KernelModule::SimJoin => "sim_join.cu",
             KernelModule::Knn => "knn.cu",
-            KernelModule::KnnFused => "knn_fused.cu",
             KernelModule::Grid => "grid.cu",
         }
     }
@@ -47,7 +42,6 @@ impl KernelModule {
         match self {
             KernelModule::SimJoin => &["grid_join", "brute_join", "brute_join_tc", "round_to_tf32", "filter_rows"],
             KernelModule::Knn => &["knn_sample_distances", "knn_sample_radius", "knn_rank_slots"],
-            KernelModule::KnnFused => &["knn_fused"],
             KernelModule::Grid => &[
                 "radix_identity",
                 "radix_histogram",
