@@ -550,7 +550,16 @@ __device__ __forceinline__ void load_matrix_x4(const u32* row, u32& r0, u32& r1,
 // The pairs of a brute_join_tc block that passed the filter, decided after its run of tiles:
 // `len` counts every pair pushed, the first TC_QUEUE of them stored (left slot, right row), in
 // dynamic shared memory ahead of the pipeline's stages (`TC_QUEUE_BYTES` in src/gpu/launch.rs).
-#define TC_QUEUE 512
+// P1's count pass queues ~33 pairs a block on average, P5's fewer; 256 leaves shared memory for
+// the filter's bounds and offsets below while two blocks still fit an H100's SM.
+#define TC_QUEUE 256
+// The filter's column offsets of the tiles in flight (tc_col_offset), written by the loader when
+// it starts a tile and read by that tile's epilogue: a ring of TC_OFFSET_RING tiles. The loader
+// runs stages − 1 ≤ 2 steps ahead, so the tile T + 3 it overwrites T's entry for is started at
+// step (T + 3)·chunks − 2 ≥ T·chunks + chunks, after the barrier that ends T's epilogue (step
+// T·chunks + chunks − 1), and T's entry is written at step T·chunks − 2 or earlier, before a
+// barrier that precedes its epilogue.
+#define TC_OFFSET_RING 3
 struct TcQueue {
     u32& len;
     uint2* pairs;
@@ -563,41 +572,46 @@ struct TcQueue {
 // held up the whole block at its next barrier (NOTES.md v35). A pair beyond the queue's room is
 // decided here.
 __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 warp_col, u32 group,
-        u32 quad, u32 lane, TcQueue& queue, const float (&acc)[4][4][4], u32 slot_begin, u32 slot_end, u32 right_len,
-        const double* lx, const double* rx, const double* lnorm, const double* rnorm, const float* lfnorm,
-        const float* rfnorm, const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,
-        const double* row_threshold, const float* row_limit, u32* counts, u64* cursors, u32* out_left, u32* out_right,
+        u32 quad, u32 lane, TcQueue& queue, const float (&acc)[4][4][4], const float* row_bounds, const float* col_offsets,
+        u32 slot_begin, const double* lx, const double* rx, const double* lnorm, const double* rnorm,
+        const u32* left_order, const u32* right_order, const double* row_threshold, u32* counts, u64* cursors, u32* out_left, u32* out_right,
         double* out_distance, u64* collected, u64 capacity, int write) {
     // In two steps, as in brute_join's epilogue: the filter marks the passing pairs in a 64-bit
     // mask, then the marked pairs are queued. Accumulator r of mma tile (m, n) holds
     // row group (+8 for r ≥ 2), column 2·quad (+1 for odd r); its bit is 16m + 8h + 2n + c for row
     // half h = r / 2 and column c = r % 2. A pair costs one fused multiply-add and one comparison
-    // (tc_row_bound); on the diagonal tiles of a self-join, right slot t must follow left slot s:
-    // t − s = lead − (16m + 8h − 8n − c).
+    // (tc_row_bound, tc_col_offset: computed once per block and once per tile into shared
+    // memory, `row_bounds` and `col_offsets`); on the diagonal tiles of a self-join, right slot t
+    // must follow left slot s: t − s = lead − (16m + 8h − 8n − c).
     u64 marked = 0;
     {
         float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
         bool diagonal = p.self_join && col0 < row0 + TILE;
-        int lead = diagonal ? (int)(col0 + warp_col + 2 * quad) - (int)(row0 + warp_row + group) : 0x7fffffff;
-        float offsets[4][2];
+        int lead = (int)(col0 + warp_col + 2 * quad) - (int)(row0 + warp_row + group);
+        float2 offsets[4];
 #pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-                offsets[n][c] = tc_col_offset(p, col0 + warp_col + n * 8 + 2 * quad + c, right_len, rfnorm, rfsq);
+        for (int n = 0; n < 4; ++n) offsets[n] = *(const float2*)&col_offsets[warp_col + n * 8 + 2 * quad];
 #pragma unroll
         for (int m = 0; m < 4; ++m)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float bound = tc_row_bound(p, row0 + warp_row + m * 16 + group + 8 * h, slot_end, lfnorm, lfsq,
-                                           row_threshold, row_limit);
+                float bound = row_bounds[warp_row + m * 16 + group + 8 * h];
 #pragma unroll
                 for (int n = 0; n < 4; ++n)
 #pragma unroll
                     for (int c = 0; c < 2; ++c)
-                        if (__fmaf_rd(scale, acc[m][n][2 * h + c], offsets[n][c]) <= bound && lead > 16 * m + 8 * h - 8 * n - c)
+                        if (__fmaf_rd(scale, acc[m][n][2 * h + c], c ? offsets[n].y : offsets[n].x) <= bound)
                             marked |= 1ull << (16 * m + 8 * h + 2 * n + c);
             }
+        // The order test on diagonal tiles only (at most one tile in TC_RUN of a block), apart from
+        // the filter so that the other tiles' pairs cost no integer comparison.
+        if (diagonal) {
+#pragma unroll
+            for (int bit = 0; bit < 64; ++bit) {
+                int m = bit / 16, h = bit / 8 % 2, n = bit / 2 % 4, c = bit % 2;
+                if (lead <= 16 * m + 8 * h - 8 * n - c) marked &= ~(1ull << bit);
+            }
+        }
     }
     u32 count = __popcll(marked), end = count;  // end: the warp's inclusive prefix sum of counts
 #pragma unroll
@@ -628,6 +642,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     // Dynamic shared memory: the queue's pairs, then the pipeline's stages (16-byte aligned).
     extern __shared__ __align__(16) u32 tc_shared[];
     __shared__ u32 queue_len;
+    __shared__ float row_bounds[TILE];
+    __shared__ __align__(8) float col_offsets[TC_OFFSET_RING][TILE];
     u32 shared_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
     const u32 stages = (shared_bytes - TC_QUEUE * 8) / (TC_STAGE_WORDS * 4);  // 2 or 3, as the host sized it
@@ -646,6 +662,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     u32 warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
     u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k8 layout
     if (threadIdx.x == 0) queue.len = 0;  // before any push: the first step's barrier orders them
+    // The left tile's filter bounds, likewise ordered before the first epilogue.
+    if (threadIdx.x < TILE)
+        row_bounds[threadIdx.x] = tc_row_bound(p, row0 + threadIdx.x, slot_end, lfnorm, lfsq, row_threshold, row_limit);
     float acc[4][4][4];
 #pragma unroll
     for (int m = 0; m < 4; ++m)
@@ -658,23 +677,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     // at most stages − 2 younger ones are pending.
     u32 chunks = (p.dim + TC_CHUNK - 1) / TC_CHUNK, steps = tiles * chunks;
     TileCopy x_copy = tile_copy(p, lf, row0, slot_end), y_copy = tile_copy(p, rf, first_col, right_len);
-    u32 load = 0, load_chunk = 0, load_col = first_col;
+    u32 load = 0, load_chunk = 0, load_col = first_col, load_tile = 0;
     auto load_next = [&]() {
         if (load < steps) {
             if (load_chunk == 0 && load > 0) y_copy = tile_copy(p, rf, load_col, right_len);
+            if (load_chunk == 0 && threadIdx.x < TILE)
+                col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x] = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
             u32 stage = load % stages;
             copy_chunk(p, x_copy, xs(stage), lf, row0, slot_end, load_chunk * TC_CHUNK);
             copy_chunk(p, y_copy, ys(stage), rf, load_col, right_len, load_chunk * TC_CHUNK);
             if (++load_chunk == chunks) {
                 load_chunk = 0;
                 load_col += TILE;
+                ++load_tile;
             }
         }
         ++load;
         asm volatile("cp.async.commit_group;");
     };
     for (u32 s = 0; s + 1 < stages; ++s) load_next();
-    u32 col0 = first_col;  // the tile being computed
+    u32 col0 = first_col, tile = 0;  // the tile being computed
     for (u32 step = 0, c = 0; step < steps; ++step) {
         if (stages == 3) asm volatile("cp.async.wait_group 1;");
         else asm volatile("cp.async.wait_group 0;");
@@ -717,9 +739,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         }
         if (++c < chunks) continue;
         c = 0;
-        tc_epilogue(p, row0, col0, warp_row, warp_col, group, quad, lane, queue, acc, slot_begin, slot_end, right_len, lx, rx, lnorm,
-                    rnorm, lfnorm, rfnorm, left_order, right_order, lfsq, rfsq, row_threshold, row_limit, counts, cursors,
-                    out_left, out_right, out_distance, collected, capacity, write);
+        tc_epilogue(p, row0, col0, warp_row, warp_col, group, quad, lane, queue, acc, row_bounds, col_offsets[tile % TC_OFFSET_RING],
+                    slot_begin, lx, rx, lnorm, rnorm, left_order, right_order, row_threshold, counts, cursors, out_left, out_right,
+                    out_distance, collected, capacity, write);
 #pragma unroll
         for (int m = 0; m < 4; ++m)
 #pragma unroll
@@ -727,6 +749,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #pragma unroll
                 for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
         col0 += TILE;
+        ++tile;
     }
     // The queued pairs, a thread each: their exact distances computed side by side.
     __syncthreads();

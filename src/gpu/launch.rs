@@ -17,7 +17,7 @@ const TC_RUN: usize = 8;
 /// sides' 128 rows × 36 words.
 const TC_STAGE_BYTES: usize = 2 * BRUTE_TILE * 36 * 4;
 /// Bytes of brute_join_tc's queue of pairs to decide (`TC_QUEUE` pairs of two u32).
-const TC_QUEUE_BYTES: usize = 512 * 8;
+const TC_QUEUE_BYTES: usize = 256 * 8;
 
 /// brute_join_tc's dynamic shared memory: its queue and three pipeline stages where a block may
 /// have them (sm_80, sm_90: 163 and 227 KB; two blocks of 112 KB fit an H100's SM), else two
