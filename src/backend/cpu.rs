@@ -132,7 +132,7 @@ impl Backend for CpuBackend {
                     .map(|i| k_smallest(unit_results.iter().flat_map(|u| u[i].iter().copied()).collect(), k))
                     .collect();
                 for (i, list) in merged.into_iter().enumerate() {
-                    push_ranked(&mut chunk, first_query + i, list);
+                    push_ranked(&mut chunk, first_query + i, &list);
                 }
                 if chunk.len() >= sink.chunk_rows() {
                     sink.send(std::mem::take(&mut chunk))?;

@@ -13,8 +13,8 @@ use datafusion::common::{DataFusionError, Result, resources_err};
 
 use super::cpu::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
 use super::exact::{ExactCheck, write_self_pairs};
-use super::topk::{Neighbour, k_smallest, push_ranked};
-use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats, tiles};
+use super::topk::{Neighbour, k_smallest, send_ranked};
+use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
@@ -357,14 +357,6 @@ impl GpuBackend {
         let outcome = (|| -> Result<()> {
             let exec = |e: String| DataFusionError::Execution(e);
             let d2h = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
-            let mut chunk = ResultChunk::default();
-            let send = |q: usize, list: Vec<Neighbour>, chunk: &mut ResultChunk| -> Result<()> {
-                push_ranked(chunk, q, list);
-                if chunk.len() >= sink.chunk_rows() {
-                    sink.send(std::mem::take(chunk))?;
-                }
-                Ok(())
-            };
             // Queries in order: the slotted ones up to each write batch's first query, then the batch's.
             let mut next = 0usize;
             for &(begin, end, total) in &batches {
@@ -391,24 +383,19 @@ impl GpuBackend {
                         k_smallest(all, k)
                     })
                     .collect();
+                let mut ordered = Vec::with_capacity(end - begin);
                 for (i, list) in (begin..end).zip(nearest) {
                     let q = rest[i] as usize;
-                    for (slotted_query, list) in ranked.iter_mut().enumerate().take(q).skip(next) {
-                        send(slotted_query, std::mem::take(list), &mut chunk)?;
-                    }
-                    send(q, list, &mut chunk)?;
+                    ordered.extend(ranked.iter_mut().enumerate().take(q).skip(next).map(|(slotted_query, list)| (slotted_query, std::mem::take(list))));
+                    ordered.push((q, list));
                     next = q + 1;
                 }
+                send_ranked(sink, ordered)?;
                 emit += emitting.elapsed();
                 sink.advance(1);
             }
             let emitting = Instant::now();
-            for (slotted_query, list) in ranked.iter_mut().enumerate().skip(next) {
-                send(slotted_query, std::mem::take(list), &mut chunk)?;
-            }
-            if !chunk.is_empty() {
-                sink.send(chunk)?;
-            }
+            send_ranked(sink, ranked.iter_mut().enumerate().skip(next).map(|(slotted_query, list)| (slotted_query, std::mem::take(list))).collect())?;
             if slot_capacity > 0 {
                 sink.advance(1);
             }

@@ -101,7 +101,7 @@ pub(crate) fn tiled_knn(
             nearest.par_iter_mut().for_each(|list| *list = k_smallest(std::mem::take(list), request.k));
             sink.advance(1);
         }
-        send_ranked(sink, query_range.start, nearest)?;
+        send_ranked(sink, nearest.into_iter().enumerate().map(|(i, list)| (query_range.start + i, list)).collect())?;
     }
     Ok(stats)
 }

@@ -2,6 +2,8 @@
 
 use std::cmp::Ordering;
 
+use rayon::prelude::*;
+
 /// A neighbour candidate ordered by distance, then by position (base row order breaks ties).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Neighbour {
@@ -89,22 +91,51 @@ impl KSmallest {
     }
 }
 
-/// Sends the neighbour lists of queries `first..` in query order, each ranked from 1 (the order
-/// [`super::Backend::knn`] promises), in chunks of the sink's size.
-pub(crate) fn send_ranked(sink: &dyn super::ResultSink, first: usize, lists: Vec<Vec<Neighbour>>) -> datafusion::common::Result<()> {
-    let mut chunk = super::ResultChunk::default();
-    for (q, list) in lists.into_iter().enumerate() {
-        push_ranked(&mut chunk, first + q, list);
-        if chunk.len() >= sink.chunk_rows() {
-            sink.send(std::mem::take(&mut chunk))?;
+/// Sends neighbour lists, each (query, list nearest first), in the order given, ranked from 1 (the
+/// order [`super::Backend::knn`] promises), in chunks of about the sink's size filled on every
+/// core, a wave of one chunk per worker at a time. Filled one row after another, the 10⁸ rows of
+/// a k = 10,000 kNN over 10⁴ queries held up the run for most of its 1.6 s of emission (NOTES.md
+/// v42).
+pub(crate) fn send_ranked(sink: &dyn super::ResultSink, mut lists: Vec<(usize, Vec<Neighbour>)>) -> datafusion::common::Result<()> {
+    let chunk_rows = sink.chunk_rows().max(1);
+    let mut chunks = Vec::new(); // (lists, rows) per chunk
+    let (mut begin, mut rows) = (0, 0);
+    for (i, (_, list)) in lists.iter().enumerate() {
+        rows += list.len();
+        if rows >= chunk_rows {
+            chunks.push((begin..i + 1, rows));
+            (begin, rows) = (i + 1, 0);
         }
     }
-    if chunk.is_empty() { Ok(()) } else { sink.send(chunk) }
+    if rows > 0 {
+        chunks.push((begin..lists.len(), rows));
+    }
+    for wave in chunks.chunks(rayon::current_num_threads().max(1)) {
+        let filled: Vec<super::ResultChunk> = wave
+            .par_iter()
+            .map(|(range, rows)| {
+                let mut chunk = super::ResultChunk::with_capacity(*rows);
+                chunk.rank.reserve(*rows);
+                for (query, list) in &lists[range.clone()] {
+                    push_ranked(&mut chunk, *query, list);
+                }
+                chunk
+            })
+            .collect();
+        // The wave's lists are no longer needed: free them while the chunks go out.
+        for (range, _) in wave {
+            lists[range.clone()].iter_mut().for_each(|(_, list)| *list = Vec::new());
+        }
+        for chunk in filled {
+            sink.send(chunk)?;
+        }
+    }
+    Ok(())
 }
 
 /// Appends `query`'s neighbours, nearest first, to `chunk` with ranks from 1.
-pub(crate) fn push_ranked(chunk: &mut super::ResultChunk, query: usize, list: Vec<Neighbour>) {
-    for (rank, neighbour) in list.into_iter().enumerate() {
+pub(crate) fn push_ranked(chunk: &mut super::ResultChunk, query: usize, list: &[Neighbour]) {
+    for (rank, neighbour) in list.iter().enumerate() {
         chunk.left.push(query as u32);
         chunk.right.push(neighbour.position);
         chunk.distance.push(neighbour.distance);
@@ -159,5 +190,42 @@ mod tests {
         let mut none = KSmallest::new(0);
         none.push(Neighbour { distance: 1.0, position: 0 });
         assert!(none.into_sorted().is_empty());
+    }
+
+    /// Chunks filled in parallel come out in the lists' order, ranks from 1 per list, every chunk
+    /// but the last holding at least the sink's chunk size and ending at a list's end.
+    #[test]
+    fn ranked_lists_go_out_in_order() {
+        struct Chunks(std::sync::Mutex<Vec<crate::backend::ResultChunk>>);
+        impl crate::backend::ResultSink for Chunks {
+            fn send(&self, chunk: crate::backend::ResultChunk) -> datafusion::common::Result<()> {
+                self.0.lock().unwrap().push(chunk);
+                Ok(())
+            }
+            fn chunk_rows(&self) -> usize {
+                7
+            }
+        }
+        let lists: Vec<(usize, Vec<Neighbour>)> = (0..200)
+            .map(|q| (3 * q + 1, (0..(q * 13) % 11).map(|j| Neighbour { distance: j as f64, position: (q + j) as u32 }).collect()))
+            .collect();
+        let mut expected = crate::backend::ResultChunk::default();
+        for (query, list) in &lists {
+            push_ranked(&mut expected, *query, list);
+        }
+        let sink = Chunks(std::sync::Mutex::new(Vec::new()));
+        send_ranked(&sink, lists).unwrap();
+        let chunks = sink.0.into_inner().unwrap();
+        assert!(chunks.len() > 20);
+        let mut got = crate::backend::ResultChunk::default();
+        for (i, chunk) in chunks.iter().enumerate() {
+            assert!(i + 1 == chunks.len() || chunk.len() >= 7, "chunk {i} of {} rows", chunk.len());
+            assert!(i + 1 == chunks.len() || chunk.rank[chunk.len() - 1] as usize == (chunk.left[chunk.len() - 1] as usize / 3 * 13) % 11);
+            got.left.extend(&chunk.left);
+            got.right.extend(&chunk.right);
+            got.distance.extend(&chunk.distance);
+            got.rank.extend(&chunk.rank);
+        }
+        assert_eq!(got, expected);
     }
 }
