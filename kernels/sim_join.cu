@@ -555,10 +555,11 @@ __device__ __forceinline__ void load_matrix_x4(const u32* row, u32& r0, u32& r1,
 #define TC_QUEUE 256
 // The filter's column offsets of the tiles in flight (tc_col_offset), written by the loader when
 // it starts a tile and read by that tile's epilogue: a ring of TC_OFFSET_RING tiles. The loader
-// runs stages − 1 ≤ 2 steps ahead, so the tile T + 3 it overwrites T's entry for is started at
-// step (T + 3)·chunks − 2 ≥ T·chunks + chunks, after the barrier that ends T's epilogue (step
-// T·chunks + chunks − 1), and T's entry is written at step T·chunks − 2 or earlier, before a
-// barrier that precedes its epilogue.
+// runs stages − 1 ≤ 2 steps ahead (steps are (tile, chunk) pairs, `chunks` per tile): tile T's
+// entry is written during step T·chunks − (stages − 1) ≤ T·chunks − 1 (or before the first step),
+// so the barrier that starts step T·chunks orders it before T's epilogue (step T·chunks + chunks
+// − 1); tile T + 3 overwrites it during step (T + 3)·chunks − (stages − 1) ≥ T·chunks + chunks,
+// after the barrier that starts that step and so after T's epilogue.
 #define TC_OFFSET_RING 3
 struct TcQueue {
     u32& len;

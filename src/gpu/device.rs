@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use cudarc::driver::sys::CUdevice_attribute::{CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
@@ -24,6 +25,8 @@ pub struct GpuDevice {
     pub arch: &'static str,
     /// The most shared memory a block may ask for (bytes, beyond the default 48 KB by opting in).
     pub shared_memory_per_block: usize,
+    /// Shared memory of one multiprocessor (bytes), which its resident blocks share.
+    pub shared_memory_per_multiprocessor: usize,
     modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
     /// Two page-locked buffers that large uploads pass through (`launch::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
@@ -77,10 +80,10 @@ impl GpuDevice {
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
         super::launch::keep_freed_device_memory(&ctx)?;
-        let shared_memory_per_block = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(|e| format!("GPU {} does not answer: {e}", info.ordinal))? as usize;
-        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
+        let attribute = |attribute| ctx.attribute(attribute).map(|value| value as usize).map_err(|e| format!("GPU {} does not answer: {e}", info.ordinal));
+        let shared_memory_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let shared_memory_per_multiprocessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
+        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, shared_memory_per_multiprocessor, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
     }
 
     /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).

@@ -19,12 +19,23 @@ const TC_STAGE_BYTES: usize = 2 * BRUTE_TILE * 36 * 4;
 /// Bytes of brute_join_tc's queue of pairs to decide (`TC_QUEUE` pairs of two u32).
 const TC_QUEUE_BYTES: usize = 256 * 8;
 
-/// brute_join_tc's dynamic shared memory: its queue and three pipeline stages where a block may
-/// have them (sm_80, sm_90: 163 and 227 KB; two blocks of 112 KB fit an H100's SM), else two
-/// (sm_86, sm_89: 99 KB); the kernel reads the stage count off the size.
+/// brute_join_tc's static shared memory (`queue_len`, `row_bounds`, `col_offsets`; ptxas reports
+/// 2,064 bytes) and what the driver reserves per block besides (1 KB on sm_80 and later).
+const TC_STATIC_BYTES: usize = 2064 + 1024;
+
+/// brute_join_tc's dynamic shared memory: its queue and three pipeline stages where two blocks
+/// still fit a multiprocessor (sm_90: 228 KB, two blocks of 110 + 3 KB), else two (sm_80: 164 KB;
+/// sm_86, sm_89: 100 KB, where even two stages leave one block); the kernel reads the stage count
+/// off the size. It is built for two resident blocks (`__launch_bounds__(256, 2)`): a third stage
+/// that cost the second block would halve the warps that hide the tensor cores' latency.
 fn tc_shared_bytes(device: &GpuDevice) -> u32 {
-    let stages = (device.shared_memory_per_block.saturating_sub(TC_QUEUE_BYTES) / TC_STAGE_BYTES).clamp(2, 3);
-    (TC_QUEUE_BYTES + stages * TC_STAGE_BYTES) as u32
+    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor) as u32
+}
+
+fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize) -> usize {
+    let bytes = |stages: usize| TC_QUEUE_BYTES + stages * TC_STAGE_BYTES;
+    let three_fit = bytes(3) <= per_block && 2 * (bytes(3) + TC_STATIC_BYTES) <= per_multiprocessor;
+    bytes(if three_fit { 3 } else { 2 })
 }
 
 /// The launch parameters of the join kernels: `struct JoinParams` of kernels/common.cuh, field
@@ -900,4 +911,19 @@ pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: &C
     // width values of T, a multiple of 4 bytes each), and writes n · words words, `out`'s size.
     unsafe { builder.launch(strided((n * words) as u64)) }.map_err(|e| format!("gather_rows launch failed: {e}"))?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_stages_only_where_two_blocks_still_fit() {
+        // sm_90 (H100): 227 KB a block, 228 KB a multiprocessor.
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        // sm_80 (A100): three stages would fit one block (163 KB) but not two in 164 KB.
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        // sm_86, sm_89: 99 KB a block.
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+    }
 }
