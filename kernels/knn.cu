@@ -30,6 +30,19 @@ __device__ __forceinline__ void bitonic_sort(u32 size, Exchange exchange) {
     }
 }
 
+// knn_sample_rows: the sample, gathered from the base's own f32 filter rows on the device
+// (row-major, `dim` values a row, in input order): sample row i is base row ⌊i·n/sample_len⌋ (spread
+// evenly), written dimension-major, `sample[d·sample_len + i]`, so that knn_sample_distances'
+// threads (one sample row each) read adjacent values. (Built on the host from the f64 rows, the
+// transposition and its upload took 5.2 ms of P2's 35, NOTES.md v45.)
+extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, u32 sample_len, float* sample) {
+    u64 len = (u64)sample_len * dim;
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < len; e += (u64)gridDim.x * blockDim.x) {
+        u64 d = e / sample_len, i = e % sample_len;
+        sample[e] = filter[i * n / sample_len * dim + d];
+    }
+}
+
 // knn_sample_distances: the distances of a group of SAMPLE_QUERIES queries (blockIdx.x's, of
 // [query_begin, query_end)) to 256 sample rows (blockIdx.y's, one per thread), each sample value
 // read once for the whole group, in f32 from the filter rows: the queries' as uploaded (row-major,

@@ -19,7 +19,7 @@ use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
     KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, launch_join_pass,
-    rank_slots, round_to_tf32, sample_radius_pass, upload,
+    rank_slots, round_to_tf32, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{GpuDevice, PIPELINE_STREAMS, ResidentKey};
@@ -203,8 +203,7 @@ impl GpuBackend {
         }
         stats.transfer_time += uploading.elapsed();
         stats.resident_inputs = [&query_buffers, &base_buffers].iter().filter(|b| b.resident).count();
-        let sample_len = n.min(KNN_SAMPLE);
-        let sample_host = sample_side(&base_filter, dim, &origin, sample_len);
+        let sample_len = knn_sample_len(n);
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
         let tensor_cores = self.device.has_tf32_tensor_cores();
         let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tensor_cores) };
@@ -215,7 +214,7 @@ impl GpuBackend {
             round_to_tf32(&self.device, &mut query_buffers.filter)?;
             round_to_tf32(&self.device, &mut base_buffers.filter)?;
         }
-        let sample_buffers = self.upload(&sample_host, false)?;
+        let sample = sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
@@ -227,7 +226,7 @@ impl GpuBackend {
         // The sample distances' scratch (a row of KNN_SAMPLE per query of a round) within an
         // eighth of the budget, 16 to 8,192 queries a round (256 MB).
         let chunk_queries = (budget / 8 / (KNN_SAMPLE * 8)).clamp(16, 8192);
-        sample_radius_pass(&self.device, &params, 0..nq as u32, &query_buffers, &sample_buffers, sample_len as u32, rank, chunk_queries, &mut radii_buffer)?;
+        sample_radius_pass(&self.device, &params, 0..nq as u32, &query_buffers, &sample, sample_len as u32, rank, chunk_queries, &mut radii_buffer)?;
         stats.kernel_time += sampling.elapsed();
         let radii = stream.clone_dtoh(&radii_buffer).map_err(copy)?;
         drop(radii_buffer);
@@ -491,30 +490,6 @@ fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::C
         order,
         resident,
     })
-}
-
-/// kNN's radius sample: `sample_len` evenly spread base rows in the filter space (`base_filter`,
-/// the base's filter coordinates, less `origin`, as f32: the space of the f32 filter rows the
-/// query side has on the device), all knn_sample_distances reads. Dimension-major, so that its
-/// threads (one sample row each) read adjacent values: row-major made each warp load touch 32
-/// cache lines, 0.3 s of P2's 784-D run.
-fn sample_side(base_filter: &[f64], dim: usize, origin: &[f64], sample_len: usize) -> HostSide<'static> {
-    let n = base_filter.len().checked_div(dim).unwrap_or(0);
-    let order: Vec<u32> = (0..sample_len).map(|i| (i * n / sample_len) as u32).collect();
-    // Transposed on every core, 8 dimensions (one cache line of a row) per task: P2's 4,096 × 784
-    // scattered writes had run on one core (NOTES.md v30).
-    const DIMS_PER_TASK: usize = 8;
-    let mut filter = vec![0f32; sample_len * dim];
-    filter.par_chunks_mut(sample_len * DIMS_PER_TASK).enumerate().for_each(|(task, columns)| {
-        let dims = task * DIMS_PER_TASK..dim;
-        for (i, &p) in order.iter().enumerate() {
-            let row = &base_filter[p as usize * dim..(p as usize + 1) * dim];
-            for ((column, &x), &c) in columns.chunks_mut(sample_len).zip(&row[dims.clone()]).zip(&origin[dims.clone()]) {
-                column[i] = (x - c) as f32;
-            }
-        }
-    });
-    HostSide { filter, exact: Cow::Owned(vec![0.0]), norms: vec![0.0], filter_norms: vec![0.0], filter_sq_norms: vec![0.0], order, device_filter: None, resident: None }
 }
 
 impl GpuBackend {
@@ -994,6 +969,17 @@ fn knn_slot_capacity(k: usize, n: usize, sample_len: usize, rank: u32, queries: 
     capacity as u32
 }
 
+/// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]). Its distances are f32 on CUDA cores,
+/// and each query's are sorted: a sample row cost about as much as 8 of the count pass's base rows
+/// on tensor cores (P2, 60,000 rows of 784: a sample of 4,096 took 10.7 ms against the count pass's
+/// 9.2 ms, NOTES.md v45), so the sample is a 32nd of the base, at least 1,024 rows, and the whole
+/// base up to that. A smaller sample only makes the candidate counts vary more (a query short of k
+/// takes another count pass at its next radius), never an answer.
+fn knn_sample_len(n: usize) -> usize {
+    const SMALLEST: usize = 1024;
+    if n <= SMALLEST { n } else { (n / 32).clamp(SMALLEST, KNN_SAMPLE) }
+}
+
 /// The sample rank of kNN's first radius. With the whole base as the sample it is k itself (the
 /// radius is then the exact k-th distance). Otherwise about `c·k` base rows fall within the
 /// (c·k·s/n)-th smallest of s evenly spread sample distances; `c = 2 + 6/√k` keeps a shortfall
@@ -1074,18 +1060,14 @@ mod tests {
     }
 
     #[test]
-    fn the_radius_sample_is_its_filter_rows_dimension_major() {
-        // 11 dimensions: a task of 8 and a task of 3; 4 of 10 rows sampled (0, 2, 5, 7).
-        let values: Vec<f64> = (0..110).map(|v| v as f64 * 0.5 - 7.0).collect();
-        let origin: Vec<f64> = (0..11).map(|d| d as f64 * 0.25).collect();
-        let sample = sample_side(&values, 11, &origin, 4);
-        assert_eq!(sample.order, vec![0, 2, 5, 7]);
-        for (i, &p) in sample.order.iter().enumerate() {
-            let row = &values[p as usize * 11..(p as usize + 1) * 11];
-            for (d, &x) in row.iter().enumerate() {
-                assert_eq!(sample.filter[d * 4 + i], (x - origin[d]) as f32, "row {p}, dimension {d}");
-            }
-        }
+    fn knn_samples_take_a_32nd_of_the_base_within_their_limits() {
+        assert_eq!(knn_sample_len(1), 1);
+        assert_eq!(knn_sample_len(1024), 1024);
+        assert_eq!(knn_sample_len(10_000), 1024);
+        // P2: 60,000 rows.
+        assert_eq!(knn_sample_len(60_000), 1875);
+        // P1: 1M rows.
+        assert_eq!(knn_sample_len(1_000_000), KNN_SAMPLE);
     }
 
     #[test]

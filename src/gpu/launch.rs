@@ -367,9 +367,29 @@ pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin:
 /// Queries per block of knn_sample_distances (`SAMPLE_QUERIES` in kernels/knn.cu).
 const SAMPLE_QUERIES: u32 = 16;
 
+/// kNN's radius sample (knn_sample_rows in kernels/knn.cu): `sample_len` evenly spread rows of the
+/// base's f32 filter rows (`base_filter`, `n` rows of `dim` in input order), dimension-major.
+pub fn sample_rows(device: &GpuDevice, base_filter: &CudaSlice<f32>, n: usize, dim: usize, sample_len: usize) -> Result<CudaSlice<f32>, String> {
+    if sample_len == 0 || sample_len > n || base_filter.len() < n * dim {
+        return Err(format!("knn_sample_rows: a sample of {sample_len} rows of a base of {n} rows of {dim} values"));
+    }
+    let function = device.function(KernelModule::Knn, "knn_sample_rows")?;
+    let mut sample = device.stream.alloc_zeros::<f32>(sample_len * dim).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let blocks = (sample_len * dim).div_ceil(BLOCK as usize).clamp(1, 65_536) as u32;
+    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let (n32, dim32, len32) = (n as u32, dim as u32, sample_len as u32);
+    let mut builder = device.stream.launch_builder(&function);
+    builder.arg(base_filter).arg(&n32).arg(&dim32).arg(&len32).arg(&mut sample);
+    // SAFETY: the arguments match knn_sample_rows's parameter list one for one. It writes indices
+    // < sample_len·dim, the sample's length, and reads row ⌊i·n/sample_len⌋ < n (i < sample_len),
+    // values < n·dim ≤ the filter's length (checked above).
+    unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_rows launch failed: {e}"))?;
+    Ok(sample)
+}
+
 /// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
 /// (indexed by query position), from the f32 distances of the filter rows to the sample's
-/// (`sample.filter`, dimension-major, in the query side's filter space): computed for groups
+/// (`sample`, dimension-major, in the query side's filter space: [`sample_rows`]): computed for groups
 /// of queries at a time (knn_sample_distances) into a scratch row per query, then sorted per query
 /// (knn_sample_radius), at most `chunk_queries` (≥ 1) queries a round, the scratch's rows.
 #[allow(clippy::too_many_arguments)]
@@ -378,7 +398,7 @@ pub fn sample_radius_pass(
     params: &JoinParams,
     queries: std::ops::Range<u32>,
     query_side: &SideBuffers,
-    sample: &SideBuffers,
+    sample: &CudaSlice<f32>,
     sample_len: u32,
     rank: u32,
     chunk_queries: usize,
@@ -405,13 +425,13 @@ pub fn sample_radius_pass(
             .arg(&begin)
             .arg(&end)
             .arg(&query_side.filter)
-            .arg(&sample.filter)
+            .arg(sample)
             .arg(&sample_len)
             .arg(&mut distances);
         // SAFETY: the arguments match knn_sample_distances's parameter list one for one. A block
         // reads `dim` filter values of query rows in [begin, end) (end ≤ queries.end, within the
         // query side's filter rows) and of sample rows < sample_len ≤ SAMPLE (dimension-major:
-        // `dim · sample_len` values, the sample side's filter length), and writes entry
+        // `dim · sample_len` values, the sample's length), and writes entry
         // (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances` (chunk ≥
         // end − begin rows of SAMPLE).
         unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances launch failed: {e}"))?;
