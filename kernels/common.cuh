@@ -51,12 +51,15 @@ struct JoinParams {
                         // (slot − slot_begin)·slot_capacity + i while i < slot_capacity (kNN's
                         // candidates, grouped by query without a write pass); 0: not stored so
     u32 windowed;       // grid: 1 = scan only the ±window range of the sort dimension in each cell
+    float tc_scale;     // brute_join_tc: 2^a, the power of two both sides' f16 rows are scaled by
+    float tc_eta;       // brute_join_tc: 5·√d·2⁻¹⁴, the scaled score's error per unit of a norm from
+                        // f16's subnormal range (tensor_core_margin in src/backend/gpu.rs)
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
     double window;      // grid, windowed: half-width of that range (sortidu, seed 003 §4.3)
 };
 // The host's mirror (`JoinParams` in src/gpu/launch.rs) asserts the same size.
-static_assert(sizeof(JoinParams) == 200, "JoinParams layout changed: update src/gpu/launch.rs");
+static_assert(sizeof(JoinParams) == 208, "JoinParams layout changed: update src/gpu/launch.rs");
 
 // The exact distance of the contract: sums in dimension order, one term at a time. `b`'s
 // coordinates are `b_stride` apart (kNN's sample is stored dimension-major, so that the threads of a

@@ -45,9 +45,8 @@ extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, 
 
 // knn_sample_distances: the distances of a group of SAMPLE_QUERIES queries (blockIdx.x's, of
 // [query_begin, query_end)) to 256 sample rows (blockIdx.y's, one per thread), each sample value
-// read once for the whole group, in f32 from the filter rows: the queries' as uploaded (row-major,
-// TF32-rounded when the tensor cores filter), the sample's in the same filter space less the same
-// origin (dimension-major). A radius only decides how many candidates the count pass finds, and
+// read once for the whole group, in f32 from the filter rows: the queries' as uploaded (row-major),
+// the sample's in the same filter space less the same origin (dimension-major). A radius only decides how many candidates the count pass finds, and
 // any radius is correct: that pass tests every base row exactly against it, and a query with
 // fewer than k moves to its next level. So the sample needs no exact distances (in f64, at an
 // add, a multiply and an add per term, they took 17.6 ms of a 10k × 60k × 784 kNN, NOTES.md v34).

@@ -388,24 +388,30 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 }
 
 // Brute force for the dot-product filters (FILTER_GEMM_L2, FILTER_NEG_DOT) on tensor cores: the
-// same 128 × 128 tiles, pairs and epilogue as brute_join, with x̃·ỹ from TF32 mma.sync
-// (m16n8k8, f32 accumulation). Each block takes one left tile against a run of TC_RUN right tiles;
-// each of its 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles) of the tile at hand.
-// The filter rows arrive already rounded to TF32 (round_to_tf32 below, run by the host on every
-// side this kernel reads: to nearest, so each coordinate errs by at most 2⁻¹¹ relative). They
-// enter shared memory 32 dimensions at a time through a cp.async pipeline of `stages` buffers (3
+// same 128 × 128 tiles, pairs and epilogue as brute_join, with x̃·ỹ from f16 mma.sync (m16n8k16,
+// f32 accumulation). Each block takes one left tile against a run of TC_RUN right tiles; each of
+// its 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles) of the tile at hand.
+// The rows are the sides' f32 filter rows scaled by one power of two 2^a and rounded to f16
+// (pack_half_rows below, run by the host on every side this kernel reads: to nearest, so each
+// coordinate errs by at most 2⁻¹¹ relative, or 2⁻¹⁴ absolute in f16's subnormal range), two to a
+// 32-bit word, `tc_row_words` words a row (zeros up to a multiple of 8 dimensions). An f16 mma
+// does twice the multiply-adds of a TF32 one at the same issue cost and reads half the bytes;
+// f16's significand is TF32's (11 bits), so the relative error bound is the same, and the scaling
+// (2^a exact, the largest coordinate below 2¹⁴ < 65,504) keeps the values inside f16's range. They
+// enter shared memory 32 words (64 dimensions) at a time through a cp.async pipeline of `stages` buffers (3
 // where the device's shared memory allows, else 2; the host sizes the dynamic shared memory) that
 // runs on across the run's tiles — the next chunks, or the next tile's first, are in flight while the
 // tensor cores work on this one and while a finished tile's epilogue runs — stored row-major with a
-// stride of 36 words, so that the fragment loads (8 rows × 4 dimensions per warp) hit 32 distinct
+// stride of 36 words, so that the fragment loads (8 rows × 4 words per warp) hit 32 distinct
 // banks. One barrier per chunk: the stage a step refills is the one every warp finished at the
 // step before. (One tile per block exposed the first chunk's load latency in every tile, and the
 // epilogue overlapped nothing: at d = 32 a tile has only two chunks, NOTES.md v16. Chunks of 16
 // dimensions, two stages and two barriers each left the tensor pipe 23 % busy, warps waiting
 // mostly at the barriers, NOTES.md v35.)
-// The products of TF32 values are exact in f32; the error of this dot product is covered by the
+// The products of f16 values are exact in f32; the error of this dot product is covered by the
 // wider margin the host sets for this kernel (`tensor_core_margin` in src/backend/gpu.rs, with the
 // proof). Needs sm_80 or later; the host launches it only there.
+// Words (two f16 coordinates each) of a row per chunk, and a tile row's stride in shared memory.
 #define TC_CHUNK 32
 #define TC_STRIDE (TC_CHUNK + 4)
 #define TC_RUN 8
@@ -446,98 +452,111 @@ extern "C" __global__ void filter_rows(const double* exact, u32 n, u32 dim, cons
     }
 }
 
-// Rounds `len` f32 values in place to TF32 (cvt.rna: to nearest, ties away from zero), the input
-// brute_join_tc's mma instructions take: once per uploaded side instead of once per tile.
-extern "C" __global__ void round_to_tf32(float* values, u64 len) {
+// The largest |value| of `len` f32 values, as its bits (non-negative floats order as their bits;
+// NaN's exceed +∞'s), atomically maxed into *result, which the host zeroed: brute_join_tc's scale.
+extern "C" __global__ void filter_max_abs(const float* values, u64 len, u32* result) {
+    u32 largest = 0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x)
+        largest = max(largest, __float_as_uint(values[i]) & 0x7fffffffu);
+#pragma unroll
+    for (u32 d = 16; d > 0; d >>= 1) largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, d));
+    if ((threadIdx.x & 31) == 0 && largest > 0) atomicMax(result, largest);
+}
+
+// brute_join_tc's rows: `n` f32 filter rows of `dim` values scaled by `scale` (2^a: exact, the
+// results below 2¹⁴ in magnitude) and rounded to f16 (to nearest even), packed two to a word
+// (dimension 2w in the low half of word w), `row_words` words a row, zeros beyond `dim`.
+extern "C" __global__ void pack_half_rows(const float* filter, u64 n, u32 dim, u32 row_words, float scale, u32* out) {
 #if __CUDA_ARCH__ >= 800
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x) {
-        u32 r;
-        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(values[i]));
-        values[i] = __uint_as_float(r);
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n * row_words; e += (u64)gridDim.x * blockDim.x) {
+        u64 r = e / row_words;
+        u32 d = (u32)(e % row_words) * 2;
+        float low = d < dim ? filter[r * dim + d] * scale : 0.0f;
+        float high = d + 1 < dim ? filter[r * dim + d + 1] * scale : 0.0f;
+        u32 packed;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+        out[e] = packed;
     }
 #endif
 }
 
-// What one thread copies of a tile's rows, chunk after chunk, when the dimension is divisible by
-// 4 (rows start 16-byte aligned): four coordinates from dimension d of rows r, r + 32, r + 64 and
-// r + 96, their address computed once per tile rather than once per chunk (that arithmetic was
-// about half of the kernel's instructions: NOTES.md v11).
-struct TileCopy {
-    const float* from;  // row r at dimension d; the buffer's start when row r is outside
-    u32 stride;         // values between rows r and r + 32
-    u32 inside;         // bit i: row r + 32·i exists (rows run out at the end only)
-    u32 r, d;
-};
-static_assert(TILE * TC_CHUNK / 4 == 4 * 256, "four groups of four coordinates per thread and chunk");
+// Words of a brute_join_tc row: two f16 coordinates a word, padded to whole 16-byte groups
+// (`tc_row_words` in src/gpu/launch.rs).
+__device__ __forceinline__ u32 tc_row_words(u32 dim) { return (dim + 7) / 8 * 4; }
 
-__device__ __forceinline__ TileCopy tile_copy(const JoinParams& p, const float* rows, u32 first, u32 end) {
+// What one thread copies of a tile's rows, chunk after chunk: four words (eight f16 coordinates)
+// from word w of rows r, r + 32, r + 64 and r + 96, their address computed once per tile rather
+// than once per chunk (that arithmetic was about half of the kernel's instructions: NOTES.md v11).
+struct TileCopy {
+    const u32* from;    // row r at word w; the buffer's start when row r is outside
+    u32 stride;         // words between rows r and r + 32
+    u32 inside;         // bit i: row r + 32·i exists (rows run out at the end only)
+    u32 r, w;
+};
+static_assert(TILE * TC_CHUNK / 4 == 4 * 256, "four groups of four words per thread and chunk");
+
+__device__ __forceinline__ TileCopy tile_copy(u32 row_words, const u32* rows, u32 first, u32 end) {
     TileCopy c;
     c.r = threadIdx.x / 8;
-    c.d = threadIdx.x % 8 * 4;
-    c.stride = 32 * p.dim;
+    c.w = threadIdx.x % 8 * 4;
+    c.stride = 32 * row_words;
     c.inside = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) c.inside |= (u32)(first + c.r + 32 * i < end) << i;
-    c.from = c.inside & 1 ? rows + (u64)(first + c.r) * p.dim + c.d : rows;
+    c.from = c.inside & 1 ? rows + (u64)(first + c.r) * row_words + c.w : rows;
     return c;
 }
 
-// Starts copying one chunk (TC_CHUNK dimensions from d0) of a tile's rows into `tile`; zeros beyond
-// the data (which add nothing to a dot product). With a dimension divisible by 4, four coordinates
-// per cp.async (each group of four lies wholly inside or outside the data; a source size of 0
-// writes zeros and reads nothing); other dimensions one coordinate at a time through registers.
-// The caller commits the cp.async group.
-__device__ __forceinline__ void copy_chunk(const JoinParams& p, const TileCopy& c, u32 (*tile)[TC_STRIDE],
-                                           const float* rows, u32 first, u32 end, u32 d0) {
-    if (p.dim % 4 == 0) {
-        bool dims_inside = d0 + c.d < p.dim;
+// Starts copying one chunk (TC_CHUNK words from w0) of a tile's rows into `tile`, 16 bytes per
+// cp.async; zeros beyond the data (which add nothing to a dot product). Rows are whole groups of
+// four words (pack_half_rows pads them), so each group lies wholly inside or outside the data; a
+// source size of 0 writes zeros and reads nothing. The caller commits the cp.async group.
+__device__ __forceinline__ void copy_chunk(u32 row_words, const TileCopy& c, u32 (*tile)[TC_STRIDE], u32 w0) {
+    bool words_inside = w0 + c.w < row_words;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            bool inside = (c.inside >> i & 1) && dims_inside;
-            u32 to = (u32)__cvta_generic_to_shared(&tile[c.r + 32 * i][c.d]);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                         ::"r"(to), "l"(inside ? c.from + (u64)i * c.stride + d0 : c.from), "r"(inside ? 16u : 0u));
-        }
-    } else {
-#pragma unroll 4
-        for (u32 i = 0; i < TILE * TC_CHUNK / 256; ++i) {
-            u32 e = threadIdx.x + 256 * i;
-            u32 r = e / TC_CHUNK, d = e % TC_CHUNK;
-            bool inside = first + r < end && d0 + d < p.dim;
-            tile[r][d] = __float_as_uint(inside ? rows[(u64)(first + r) * p.dim + d0 + d] : 0.0f);
-        }
+    for (int i = 0; i < 4; ++i) {
+        bool inside = (c.inside >> i & 1) && words_inside;
+        u32 to = (u32)__cvta_generic_to_shared(&tile[c.r + 32 * i][c.w]);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                     ::"r"(to), "l"(inside ? c.from + (u64)i * c.stride + w0 : c.from), "r"(inside ? 16u : 0u));
     }
 }
 
 // brute_join_tc's filter, separated into a bound per left row and an offset per right row so that
-// a pair costs one fused multiply-add and one comparison: it passes when
+// a pair costs one fused multiply-add and one comparison, all in the scaled space of its f16 rows
+// (every length times 2^a = tc_scale, every score times 2^2a): it passes when
 //     −scale·x̂·ŷ + offset(ỹ) ≤ bound(x̃),   scale = 2 (GEMM form) or 1 (inner product),
-//     offset(ỹ) = [‖ỹ‖²] − 2m·n(ỹ)²,   bound(x̃) = limit − [‖x̃‖²] + 2m·n(x̃)² + floor,
-// with m, floor the host's `dot_margin`, `dot_floor`, n the f32 norms, [·] for the GEMM form only.
-// That is brute_filter's test `score − (m·(n(x̃) + n(ỹ))² + floor) ≤ limit` with the margin widened
-// to m·(2n(x̃)² + 2n(ỹ)²) + floor, never less since (a + b)² ≤ 2a² + 2b²; and every rounding here
-// errs toward passing (bounds rounded up, offsets and the pair's sum rounded down), so a pair that
-// passes the test in exact arithmetic on these f32 inputs passes here, and `tensor_core_margin`'s
-// proof (src/backend/gpu.rs) applies unchanged. NaN (an invalid slot) passes nothing; kNN's
-// infinite radius, a bound of +∞, passes everything else.
+//     offset(ỹ) = [‖ỹ‖²] − 2m·n(ỹ)² − η·n(ỹ),   bound(x̃) = limit + 2m·n(x̃)² + η·n(x̃) − [‖x̃‖²] + floor,
+// with m, floor the host's `dot_margin`, `dot_floor`, η its `tc_eta`, n the scaled f32 norms, [·]
+// for the GEMM form only. That is brute_filter's test `score − (m·(n(x̃) + n(ỹ))² + η·(n(x̃) + n(ỹ))
+// + floor) ≤ limit` with the margin widened to m·(2n(x̃)² + 2n(ỹ)²) + …, never less since
+// (a + b)² ≤ 2a² + 2b²; and every rounding here errs toward passing (bounds rounded up, offsets and
+// the pair's sum rounded down; scaling by a power of two is exact but for an overflow, rounded
+// the same way), so a pair that passes the test in exact arithmetic on these inputs passes here,
+// and `tensor_core_margin`'s proof (src/backend/gpu.rs) applies unchanged. NaN (an invalid slot)
+// passes nothing; kNN's infinite radius, a bound of +∞, passes everything else.
 #define F32_NAN __int_as_float(0x7fc00000)
 #define F32_INFINITY __int_as_float(0x7f800000)
+
+// 2m·n² + η·n of a scaled norm n, rounded up: the widening of a row's or a column's test.
+__device__ __forceinline__ float tc_widening(const JoinParams& p, float n) {
+    return __fadd_ru(__fmul_ru(__fmul_ru(2.0f * p.dot_margin, n), n), __fmul_ru(p.tc_eta, n));
+}
 
 __device__ __forceinline__ float tc_row_bound(const JoinParams& p, u32 s, u32 slot_end, const float* lfnorm,
                                               const float* lfsq, const double* row_threshold, const float* row_limit) {
     if (s >= slot_end) return F32_NAN;
     if (takes_every_row(p, row_threshold, s)) return F32_INFINITY;
-    float limit = p.per_row ? row_limit[s] : p.limit;
-    float n = lfnorm[s];
-    float bound = __fadd_ru(limit, __fadd_ru(__fmul_ru(__fmul_ru(2.0f * p.dot_margin, n), n), p.dot_floor));
-    return p.filter == FILTER_GEMM_L2 ? __fsub_ru(bound, lfsq[s]) : bound;
+    float squared_scale = p.tc_scale * p.tc_scale;
+    float limit = __fmul_ru(p.per_row ? row_limit[s] : p.limit, squared_scale);
+    float bound = __fadd_ru(limit, __fadd_ru(tc_widening(p, __fmul_ru(lfnorm[s], p.tc_scale)), p.dot_floor));
+    return p.filter == FILTER_GEMM_L2 ? __fsub_ru(bound, __fmul_rd(lfsq[s], squared_scale)) : bound;
 }
 
 __device__ __forceinline__ float tc_col_offset(const JoinParams& p, u32 t, u32 right_len, const float* rfnorm, const float* rfsq) {
     if (t >= right_len) return F32_NAN;
-    float n = rfnorm[t];
-    float widening = __fmul_ru(__fmul_ru(2.0f * p.dot_margin, n), n);
-    return p.filter == FILTER_GEMM_L2 ? __fsub_rd(rfsq[t], widening) : -widening;
+    float widening = tc_widening(p, __fmul_ru(rfnorm[t], p.tc_scale));
+    return p.filter == FILTER_GEMM_L2 ? __fsub_rd(__fmul_rd(rfsq[t], p.tc_scale * p.tc_scale), widening) : -widening;
 }
 
 // ldmatrix.x4 from shared memory (rows of 16 bytes, 16-byte aligned: TC_STRIDE is 144 bytes).
@@ -661,7 +680,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     u32 tiles = (end_col - first_col + TILE - 1) / TILE;
     u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     u32 warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
-    u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k8 layout
+    u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k16 layout
     if (threadIdx.x == 0) queue.len = 0;  // before any push: the first step's barrier orders them
     // The left tile's filter bounds, likewise ordered before the first epilogue.
     if (threadIdx.x < TILE)
@@ -676,17 +695,21 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     // Steps (tile, chunk) in order. The loader runs stages − 1 steps ahead of the tensor cores,
     // one cp.async group per step (empty past the last), so that a step's group is complete once
     // at most stages − 2 younger ones are pending.
-    u32 chunks = (p.dim + TC_CHUNK - 1) / TC_CHUNK, steps = tiles * chunks;
-    TileCopy x_copy = tile_copy(p, lf, row0, slot_end), y_copy = tile_copy(p, rf, first_col, right_len);
+    // The f16 rows (pack_half_rows), passed in the f32 filter rows' place.
+    const u32* left_rows = (const u32*)lf;
+    const u32* right_rows = (const u32*)rf;
+    const u32 row_words = tc_row_words(p.dim);
+    u32 chunks = (row_words + TC_CHUNK - 1) / TC_CHUNK, steps = tiles * chunks;
+    TileCopy x_copy = tile_copy(row_words, left_rows, row0, slot_end), y_copy = tile_copy(row_words, right_rows, first_col, right_len);
     u32 load = 0, load_chunk = 0, load_col = first_col, load_tile = 0;
     auto load_next = [&]() {
         if (load < steps) {
-            if (load_chunk == 0 && load > 0) y_copy = tile_copy(p, rf, load_col, right_len);
+            if (load_chunk == 0 && load > 0) y_copy = tile_copy(row_words, right_rows, load_col, right_len);
             if (load_chunk == 0 && threadIdx.x < TILE)
                 col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x] = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
             u32 stage = load % stages;
-            copy_chunk(p, x_copy, xs(stage), lf, row0, slot_end, load_chunk * TC_CHUNK);
-            copy_chunk(p, y_copy, ys(stage), rf, load_col, right_len, load_chunk * TC_CHUNK);
+            copy_chunk(row_words, x_copy, xs(stage), load_chunk * TC_CHUNK);
+            copy_chunk(row_words, y_copy, ys(stage), load_chunk * TC_CHUNK);
             if (++load_chunk == chunks) {
                 load_chunk = 0;
                 load_col += TILE;
@@ -708,15 +731,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         u32 stage = step % stages;
         u32 (*x_tile)[TC_STRIDE] = xs(stage);
         u32 (*y_tile)[TC_STRIDE] = ys(stage);
-        // The mma steps cover this chunk's width rounded up to their 8.
-        u32 width = min((u32)TC_CHUNK, (p.dim - c * TC_CHUNK + 7) & ~7u);
+        // The mma steps (8 words, 16 dimensions each) cover this chunk's words rounded up to 8.
+        u32 width = min((u32)TC_CHUNK, (row_words - c * TC_CHUNK + 7) & ~7u);
 #pragma unroll
         for (u32 k = 0; k < TC_CHUNK; k += 8) {
             if (k >= width) break;
             // The fragments by ldmatrix: one .x4 loads four 8-row × 4-word blocks, lane i giving
             // the address of row i % 8 of block i / 8 and receiving word `quad` of row `group` of
-            // each, which is exactly the m16n8k8 TF32 fragment layout (a: rows +0/+8 × words
-            // +0/+4; b: two n tiles × words +0/+4). Six loads per step instead of 24.
+            // each, which is exactly the m16n8k16 f16 fragment layout, a word holding two
+            // coordinates (a: rows +0/+8 × words +0/+4; b: two n tiles × words +0/+4). Six loads
+            // per step instead of 24.
             u32 a[4][4], b[4][2];
             u32 block = lane / 8, block_row = lane % 8;
 #pragma unroll
@@ -733,7 +757,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
             for (int m = 0; m < 4; ++m)
 #pragma unroll
                 for (int n = 0; n < 4; ++n)
-                    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                                  : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
                                  : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));

@@ -19,7 +19,7 @@ use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
     KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, launch_join_pass,
-    rank_slots, round_to_tf32, sample_radius_pass, sample_rows, upload,
+    filter_max_abs, pack_half_rows, rank_slots, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{GpuDevice, PIPELINE_STREAMS, ResidentKey};
@@ -57,13 +57,13 @@ impl GpuBackend {
     }
 }
 
-/// Device bytes per input row at most, on either side: its f32 filter row and f64 exact row
-/// (12 bytes a dimension), and 64 for its position, norms, per-row pass buffers (counts, offsets,
-/// radii) and grid cell. When both sides take more than half of the memory budget, the inputs
+/// Device bytes per input row at most, on either side: its f32 filter row, f16 row (tensor
+/// cores) and f64 exact row (14 bytes a dimension, and up to 14 of the f16 row's padding), and 64
+/// for its position, norms, per-row pass buffers (counts, offsets, radii) and grid cell. When both sides take more than half of the memory budget, the inputs
 /// run as tiles of a quarter of it each; the other half holds the result buffers (a quarter for
 /// the pairs a pass collects or writes, [`output_pairs`]) and the grid.
 fn device_row_bytes(dim: usize) -> usize {
-    12 * dim + 64
+    14 * dim + 78
 }
 
 impl Backend for GpuBackend {
@@ -194,26 +194,22 @@ impl GpuBackend {
         let mut gemm = gemm_metric(metric);
         let (mut query_host, mut base_host, mut origin) = sides(gemm);
         let uploading = Instant::now();
-        let mut query_buffers = self.upload(&query_host, false)?;
-        let mut base_buffers = self.upload(&base_host, false)?;
+        let mut query_buffers = self.upload(&query_host)?;
+        let mut base_buffers = self.upload(&base_host)?;
         if gemm && !self.gemm_fits(&[(&query_host, &query_buffers), (&base_host, &base_buffers)])? {
             gemm = false;
             (query_host, base_host, origin) = sides(false);
-            (query_buffers, base_buffers) = (self.upload(&query_host, false)?, self.upload(&base_host, false)?);
+            (query_buffers, base_buffers) = (self.upload(&query_host)?, self.upload(&base_host)?);
         }
         stats.transfer_time += uploading.elapsed();
         stats.resident_inputs = [&query_buffers, &base_buffers].iter().filter(|b| b.resident).count();
         let sample_len = knn_sample_len(n);
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
-        let tensor_cores = self.device.has_tf32_tensor_cores();
-        let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tensor_cores) };
-
         let uploading = Instant::now();
-        let tf32 = params.tensor_cores != 0;
-        if tf32 {
-            round_to_tf32(&self.device, &mut query_buffers.filter)?;
-            round_to_tf32(&self.device, &mut base_buffers.filter)?;
-        }
+        let tc = self.tensor_core_scale(metric, gemm, &[&query_buffers, &base_buffers])?;
+        let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tc) };
+        query_buffers = self.with_half_rows(query_buffers, dim, tc)?;
+        base_buffers = self.with_half_rows(base_buffers, dim, tc)?;
         let sample = sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
@@ -281,7 +277,7 @@ impl GpuBackend {
             }
             if !short.is_empty() {
                 let uploading = Instant::now();
-                subset_buffers = Some(self.upload(&host_side(queries, &query_filter, short.clone(), &origin, metric, gemm), tf32)?);
+                subset_buffers = Some(self.with_half_rows(self.upload(&host_side(queries, &query_filter, short.clone(), &origin, metric, gemm))?, dim, tc)?);
                 stats.transfer_time += uploading.elapsed();
             }
             pending = short;
@@ -334,7 +330,7 @@ impl GpuBackend {
             None
         } else {
             let uploading = Instant::now();
-            let side = self.upload(&host_side(queries, &query_filter, rest.clone(), &origin, metric, gemm), tf32)?;
+            let side = self.with_half_rows(self.upload(&host_side(queries, &query_filter, rest.clone(), &origin, metric, gemm))?, dim, tc)?;
             transfer += uploading.elapsed();
             Some(side)
         };
@@ -479,9 +475,11 @@ fn device_side<'a>(v: &'a Vectors, origin: &[f64]) -> HostSide<'a> {
 /// value, which a one-row side gathers harmlessly).
 fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::CudaSlice<u32>, dim: usize) -> Result<SideBuffers, String> {
     let n = order.len();
-    let SideBuffers { filter, exact, norms, filter_norms, filter_sq_norms, order: _, resident } = side;
+    // A grid's sides are never the tensor cores' (gpu_join), so they have no f16 rows to gather.
+    let SideBuffers { filter, half_rows: _, exact, norms, filter_norms, filter_sq_norms, order: _, resident } = side;
     let per_row = |buffer: cudarc::driver::CudaSlice<f32>| if buffer.len() == n { gather_rows(device, &buffer, &order, n, 1) } else { Ok(buffer) };
     Ok(SideBuffers {
+        half_rows: None,
         filter: gather_rows(device, &filter, &order, n, dim)?,
         exact: Arc::new(gather_rows(device, &exact, &order, n, dim)?),
         norms: if norms.len() == n { gather_rows(device, &norms, &order, n, 1)? } else { norms },
@@ -493,25 +491,45 @@ fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::C
 }
 
 impl GpuBackend {
-    /// The side's buffers on the device; `tf32`: its filter rows rounded to TF32 there, for
-    /// brute_join_tc.
-    fn upload(&self, side: &HostSide, tf32: bool) -> Result<SideBuffers, String> {
+    /// The side's buffers on the device.
+    fn upload(&self, side: &HostSide) -> Result<SideBuffers, String> {
         let device = &self.device;
         let (exact, resident) = match &side.resident {
             Some(key) => device.resident_rows(key, side.exact.as_ref())?,
             None => (Arc::new(upload(device, side.exact.as_ref())?), false),
         };
-        let (mut filter, filter_norms, filter_sq_norms) = match &side.device_filter {
+        let (filter, filter_norms, filter_sq_norms) = match &side.device_filter {
             Some(origin) => {
                 let rows = filter_rows(device, &exact, side.order.len(), origin)?;
                 (rows.filter, rows.norms, rows.sq_norms)
             }
             None => (upload(device, &side.filter)?, upload(device, &side.filter_norms)?, upload(device, &side.filter_sq_norms)?),
         };
-        if tf32 {
-            round_to_tf32(device, &mut filter)?;
+        Ok(SideBuffers { filter, half_rows: None, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order: upload(device, &side.order)?, resident })
+    }
+
+    /// The exponent `a` of the power of two brute_join_tc scales every side's f16 rows by (the
+    /// same for all: the scores then scale by 2^2a), from the sides' largest |filter coordinate|;
+    /// `None` where the tensor cores do not filter: a metric without a dot-product filter, a device
+    /// without them, or coordinates f16 cannot hold after any such scaling ([`tc_scale_exponent`]).
+    fn tensor_core_scale(&self, metric: Metric, gemm: bool, sides: &[&SideBuffers]) -> Result<Option<i32>, String> {
+        if !(gemm || metric == Metric::InnerProduct) || !self.device.has_tensor_cores() {
+            return Ok(None);
         }
-        Ok(SideBuffers { filter, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order: upload(device, &side.order)?, resident })
+        let mut largest = 0f32;
+        for side in sides {
+            let side_largest = filter_max_abs(&self.device, &side.filter)?;
+            largest = if side_largest.is_nan() { side_largest } else { largest.max(side_largest) };
+        }
+        Ok(tc_scale_exponent(largest))
+    }
+
+    /// `side` with its f16 rows for brute_join_tc, scaled by 2^a, where the tensor cores filter.
+    fn with_half_rows(&self, mut side: SideBuffers, dim: usize, tc: Option<i32>) -> Result<SideBuffers, String> {
+        if let Some(a) = tc {
+            side.half_rows = Some(pack_half_rows(&self.device, &side.filter, side.order.len(), dim, 2f32.powi(a))?);
+        }
+        Ok(side)
     }
 
     /// Whether the sides' GEMM-form squared norms stay where f32 scores are meaningful
@@ -566,7 +584,7 @@ impl GpuBackend {
             (side(left, &left_filter), self_join.is_none().then(|| side(right, &right_filter)))
         };
         let upload_sides = |left_host: &HostSide, right_host: &Option<HostSide>| -> Result<(SideBuffers, Option<SideBuffers>), String> {
-            Ok((self.upload(left_host, false)?, right_host.as_ref().map(|h| self.upload(h, false)).transpose()?))
+            Ok((self.upload(left_host)?, right_host.as_ref().map(|h| self.upload(h)).transpose()?))
         };
         let mut gemm = geometry.is_none() && gemm_metric(metric);
         let (mut left_host, mut right_host) = sides(gemm);
@@ -584,19 +602,21 @@ impl GpuBackend {
         stats.transfer_time += uploading.elapsed();
         stats.resident_inputs = std::iter::once(&left_buffers).chain(right_buffers.as_ref()).filter(|b| b.resident).count();
         let extent = if gemm { 0.0 } else { filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) };
+        // The tensor cores filter brute force only (a grid's sides are gathered into slot order).
+        let tc = match geometry {
+            None => self.tensor_core_scale(metric, gemm, &std::iter::once(&left_buffers).chain(right_buffers.as_ref()).collect::<Vec<_>>())?,
+            Some(_) => None,
+        };
         let mut params = JoinParams {
             dim: dim as u32,
             metric: metric_code(metric),
             self_join: self_join.is_some().into(),
             threshold,
-            ..filter_params(metric, dim, gemm, geometry.is_none() && self.device.has_tf32_tensor_cores())
+            ..filter_params(metric, dim, gemm, tc)
         };
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
-        if params.tensor_cores != 0 {
-            for side in std::iter::once(&mut left_buffers).chain(right_buffers.as_mut()) {
-                round_to_tf32(&self.device, &mut side.filter)?;
-            }
-        }
+        left_buffers = self.with_half_rows(left_buffers, dim, tc)?;
+        right_buffers = right_buffers.map(|side| self.with_half_rows(side, dim, tc)).transpose()?;
         let right_len = right_host.as_ref().map_or(left_host.order.len(), |h| h.order.len()) as u32;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
@@ -873,16 +893,21 @@ fn gemm_metric(metric: Metric) -> bool {
 }
 
 /// The f32 filter kind (FILTER_* of common.cuh) of `metric`, with the dot-product forms' margins:
-/// GemmSide's `(d + 16)·2⁻²³·(‖x̃‖ + ‖ỹ‖)²` and its subnormal floor, or, where `tensor_cores` (brute
-/// force on a device with TF32 mma), the wider [`tensor_core_margin`] and brute_join_tc.
-fn filter_params(metric: Metric, dim: usize, gemm: bool, tensor_cores: bool) -> JoinParams {
-    let dot_form = |filter| {
-        let (dot_margin, dot_floor) = if tensor_cores {
-            tensor_core_margin(dim)
-        } else {
-            ((dim as f32 + 16.0) / (1u32 << 23) as f32, (dim as f32 + 16.0) * 2f32.powi(-140))
-        };
-        JoinParams { filter, dot_margin, dot_floor, tensor_cores: tensor_cores.into(), ..Default::default() }
+/// GemmSide's `(d + 16)·2⁻²³·(‖x̃‖ + ‖ỹ‖)²` and its subnormal floor, or, where `tc` (brute force on
+/// a device with tensor cores, rows scaled by 2^a: [`GpuBackend::tensor_core_scale`]), the wider
+/// [`tensor_core_margin`] and brute_join_tc.
+fn filter_params(metric: Metric, dim: usize, gemm: bool, tc: Option<i32>) -> JoinParams {
+    let dot_form = |filter| match tc {
+        Some(a) => {
+            let TensorCoreMargin { margin, floor, eta } = tensor_core_margin(dim);
+            JoinParams { filter, dot_margin: margin, dot_floor: floor, tc_eta: eta, tc_scale: 2f32.powi(a), tensor_cores: 1, ..Default::default() }
+        }
+        None => JoinParams {
+            filter,
+            dot_margin: (dim as f32 + 16.0) / (1u32 << 23) as f32,
+            dot_floor: (dim as f32 + 16.0) * 2f32.powi(-140),
+            ..Default::default()
+        },
     };
     match metric {
         _ if gemm => dot_form(4),
@@ -893,30 +918,59 @@ fn filter_params(metric: Metric, dim: usize, gemm: bool, tensor_cores: bool) -> 
     }
 }
 
-/// The margin factor and absolute floor of the dot-product filters when x̃·ỹ comes from TF32
-/// tensor cores (brute_join_tc): `2⁻¹⁰ + (d + 16)·2⁻²¹` and `(d + 16)·2⁻¹²⁴`.
+/// The exponent `a` that brings `largest`, the sides' largest |filter coordinate|, below 2¹⁴ (f16
+/// holds up to 65,504; the dot products' f32 sums then stay below d·2²⁸), at most 60; `None` where
+/// it is not finite or needs a below −60 (2⁷⁴ and more), which would leave 2^2a, the scale of the
+/// scores brute_join_tc compares, outside f32's normal range.
+fn tc_scale_exponent(largest: f32) -> Option<i32> {
+    if !largest.is_finite() || largest >= 2f32.powi(74) {
+        return None;
+    }
+    // largest < 2^(e + 1), e its binary exponent (−127 for 0 and subnormals, which are < 2⁻¹²⁶).
+    let e = ((largest.to_bits() >> 23) & 0xff) as i32 - 127;
+    Some((13 - e).min(60))
+}
+
+/// brute_join_tc's margins, in the scaled space of its f16 rows (every length times 2^a, every
+/// score times 2^2a): the factor `margin` = 2⁻¹⁰ + (d + 16)·2⁻²¹ of (n(x̃) + n(ỹ))², `eta` =
+/// 5·√d·2⁻¹⁴ of n(x̃) + n(ỹ), and the absolute `floor` = (d + 16)·2⁻²⁶ (n the scaled f32 norms).
+struct TensorCoreMargin {
+    margin: f32,
+    floor: f32,
+    eta: f32,
+}
+
+/// The margins of the dot-product filters when x̃·ỹ comes from f16 tensor cores (brute_join_tc).
 ///
 /// # Why the filter still loses no pair
-/// round_to_tf32 rounds every f32 filter coordinate brute_join_tc reads to TF32 (10 stored bits,
-/// to nearest; the norms stay those of the f32 rows), so
-/// `x̂ᵢ = x̃ᵢ(1 + δᵢ)` with `|δᵢ| ≤ 2⁻¹¹` and `|x̂ᵢŷᵢ − x̃ᵢỹᵢ| ≤ (2⁻¹⁰ + 2⁻²²)|x̃ᵢỹᵢ|`. Products of TF32
-/// values are exact in f32 (11 × 11 significant bits); the tensor cores add them into f32
-/// accumulators, each addition erring by at most 2⁻²² of the magnitudes it adds (truncation, 2⁻²³,
-/// doubled for adding several aligned products at once: Fasi et al., "Numerical behavior of NVIDIA
-/// tensor cores", PeerJ CS 2021), so the d additions err by at most `d·2⁻²²·Σ|x̂ᵢŷᵢ|`. With
-/// `Σ|x̃ᵢỹᵢ| ≤ ‖x̃‖‖ỹ‖ ≤ (‖x̃‖ + ‖ỹ‖)²/4`, the dot product errs by at most
+/// Everything below is in the scaled space: both sides' f32 filter rows are multiplied by the same
+/// power of two 2^a (exact: the largest coordinate lands below 2¹⁴, [`tc_scale_exponent`]), so
+/// every squared distance, score, limit and squared norm is 2^2a times its own, and a pair passes
+/// the scaled test exactly when it passes the unscaled one. pack_half_rows rounds every scaled
+/// coordinate to f16 to nearest, so `x̂ᵢ = x̃ᵢ(1 + δᵢ) + εᵢ` with `|δᵢ| ≤ 2⁻¹¹` and `|εᵢ| ≤ η = 2⁻¹⁴`
+/// (f16's subnormal range, below 2⁻¹⁴, errs by at most 2⁻²⁵, or by the value itself if the tensor
+/// cores flush it). Then `|x̂ᵢŷᵢ − x̃ᵢỹᵢ| ≤ (2⁻¹⁰ + 2⁻²²)|x̃ᵢỹᵢ| + (1 + 2⁻¹¹)η(|x̃ᵢ| + |ỹᵢ|) + η²`,
+/// summed: `(2⁻¹⁰ + 2⁻²²)Σ|x̃ᵢỹᵢ| + (1 + 2⁻¹¹)η√d(‖x̃‖ + ‖ỹ‖) + dη²`. Products of f16 values are
+/// exact in f32 (11 × 11 significant bits); the tensor cores add them into f32 accumulators, each
+/// addition erring by at most 2⁻²² of the magnitudes it adds (truncation, 2⁻²³, doubled for adding
+/// several aligned products at once: Fasi et al., "Numerical behavior of NVIDIA tensor cores",
+/// PeerJ CS 2021), so the d additions err by at most `d·2⁻²²·Σ|x̂ᵢŷᵢ|`. With
+/// `Σ|x̃ᵢỹᵢ| ≤ ‖x̃‖‖ỹ‖ ≤ (‖x̃‖ + ‖ỹ‖)²/4`, the relative part of the dot product errs by at most
 /// `(2⁻¹⁰ + (d + 2)·2⁻²²)·(‖x̃‖ + ‖ỹ‖)²/4` (to first order), the GEMM score `‖x̃‖² + ‖ỹ‖² − 2x̃·ỹ` by
 /// twice that, `(2⁻¹¹ + (d + 2)·2⁻²³)·(‖x̃‖ + ‖ỹ‖)²`, and everything else of GemmSide's analysis
 /// (norms, the f64 → f32 rounding, the final additions) by at most `2⁻²¹·(‖x̃‖ + ‖ỹ‖)²`: in all less
-/// than half of `2⁻¹⁰ + (d + 16)·2⁻²¹`. Near f32's subnormal range the tensor cores may flush a
-/// coordinate or a product to zero, an absolute error below 2⁻¹²⁶ per term (`d·2⁻¹²⁶` in all),
-/// which the floor `(d + 16)·2⁻¹²⁴` covers. So a pair within the threshold always passes, and the
-/// exact f64 check decides it as before. (brute_join_tc evaluates the test separated into a bound
-/// per left row and an offset per right row, with a wider margin and every rounding toward passing:
-/// `tc_row_bound` in kernels/sim_join.cu. It passes a superset.)
-fn tensor_core_margin(dim: usize) -> (f32, f32) {
+/// than half of `margin`. The absolute part, doubled for the score and again for the additions'
+/// error on it (d·2⁻²² < 1), is at most `4(1 + 2⁻¹¹)η√d(‖x̃‖ + ‖ỹ‖) + 4dη²`, within
+/// `eta·(n(x̃) + n(ỹ))` (5 for 4(1 + 2⁻¹¹) also covers the f32 norms' own rounding) and
+/// `4d·2⁻²⁸ = d·2⁻²⁶` of `floor`; the rest of `floor`, 16·2⁻²⁶, covers accumulators flushed below
+/// f32's 2⁻¹²⁶. So a pair within the threshold always passes, and the exact f64 check decides it as
+/// before. (brute_join_tc evaluates the test separated into a bound per left row and an offset per
+/// right row, with a wider margin and every rounding toward passing: `tc_row_bound` in
+/// kernels/sim_join.cu. It passes a superset.)
+fn tensor_core_margin(dim: usize) -> TensorCoreMargin {
     let d = dim as f32 + 16.0;
-    (2f32.powi(-10) + d * 2f32.powi(-21), d * 2f32.powi(-124))
+    let eta = round_up(5.0 * (dim as f64).sqrt() * 2f64.powi(-14));
+    TensorCoreMargin { margin: 2f32.powi(-10) + d * 2f32.powi(-21), floor: d * 2f32.powi(-26), eta }
 }
 
 /// The origin the f32 filter rows are offsets from: the right side's mean for the GEMM form (small
@@ -1047,13 +1101,13 @@ mod tests {
 
     #[test]
     fn tiles_below_the_minimum_are_an_error_that_names_the_limit() {
-        // 2-D rows take 88 bytes: 344K gives tiles of 1,000 rows (the selftest's case).
-        assert_eq!(tile_rows(344 << 10, 2, 344 << 10, "GPU join").unwrap(), 1000);
+        // 2-D rows take 106 bytes: 415K gives tiles of 1,002 rows (the selftest's case).
+        assert_eq!(tile_rows(415 << 10, 2, 415 << 10, "GPU join").unwrap(), 1002);
         let err = tile_rows(64 << 10, 2, 64 << 10, "GPU join").unwrap_err().strip_backtrace();
         assert_eq!(
             err,
-            "Resources exhausted: GPU join: option gpu_memory_limit=64K leaves room for 186 rows of 2 dimensions per input tile \
-             (88 bytes a row, a quarter of the limit per tile); at least 256 rows need gpu_memory_limit=88K"
+            "Resources exhausted: GPU join: option gpu_memory_limit=64K leaves room for 154 rows of 2 dimensions per input tile \
+             (106 bytes a row, a quarter of the limit per tile); at least 256 rows need gpu_memory_limit=106K"
         );
         let err = tile_rows(1000, 128, 0, "GPU kNN").unwrap_err().strip_backtrace();
         assert!(err.contains("GPU kNN: the device has 1000 bytes available, room for 0 rows of 128 dimensions"), "{err}");
@@ -1085,23 +1139,46 @@ mod tests {
     fn tensor_cores_serve_only_the_dot_product_filters() {
         for metric in Metric::ALL {
             let gemm = gemm_metric(metric);
-            let params = filter_params(metric, 128, gemm, true);
+            let params = filter_params(metric, 128, gemm, Some(-3));
             let dot_filter = gemm || metric == Metric::InnerProduct;
             assert_eq!(params.tensor_cores != 0, dot_filter, "{metric}: brute_join_tc computes dot products only");
             if dot_filter {
-                assert!(params.dot_margin > filter_params(metric, 128, gemm, false).dot_margin);
+                assert!(params.dot_margin > filter_params(metric, 128, gemm, None).dot_margin);
+                assert_eq!(params.tc_scale, 0.125);
             }
         }
     }
 
-    /// brute_join_tc's arithmetic on the CPU at its worst: coordinates rounded to TF32 (to
-    /// nearest, ties away), exact products, every accumulation truncated toward zero. The GEMM
-    /// score stays within half of `tensor_core_margin`'s margin of the exact squared distance, and
-    /// the kernel's separated filter test passes a pair whose limit is its exact squared distance.
+    #[test]
+    fn tensor_core_scales_bring_the_largest_coordinate_below_two_to_the_fourteenth() {
+        for largest in [1.0f32, 0.75, 3.0, 1e-3, 65_504.0, 1e18, 2f32.powi(73), 1e-30, f32::MIN_POSITIVE / 4.0] {
+            let a = tc_scale_exponent(largest).unwrap();
+            let scaled = largest as f64 * 2f64.powi(a);
+            assert!(scaled < 16_384.0 && (scaled >= 8_192.0 || a == 60), "{largest}: 2^{a} gives {scaled}");
+        }
+        assert_eq!(tc_scale_exponent(0.0), Some(60));
+        assert_eq!(tc_scale_exponent(2f32.powi(74)), None);
+        assert_eq!(tc_scale_exponent(f32::INFINITY), None);
+        assert_eq!(tc_scale_exponent(f32::NAN), None);
+    }
+
+    /// brute_join_tc's arithmetic on the CPU at its worst: coordinates scaled by 2^a and rounded to
+    /// f16 (to nearest even; f16's subnormal range flushed to zero), exact products, every
+    /// accumulation truncated toward zero. The scaled GEMM score stays within half of
+    /// `tensor_core_margin`'s margin, plus its η and floor terms, of the exact scaled squared
+    /// distance, and the kernel's separated filter test passes a pair whose limit is its exact
+    /// squared distance.
     #[test]
     fn tensor_core_scores_stay_within_half_the_margin() {
         use rand::{Rng, SeedableRng};
-        let tf32 = |x: f32| f32::from_bits((x.to_bits() + 0x1000) & !0x1fff);
+        let half = |x: f32| -> f32 {
+            let v = x as f64;
+            if v.abs() < 2f64.powi(-14) {
+                return 0.0;
+            }
+            let ulp = 2f64.powi(v.abs().log2().floor() as i32 - 10);
+            ((v / ulp).round_ties_even() * ulp) as f32
+        };
         let toward_zero = |a: f32, b: f32| {
             let exact = a as f64 + b as f64;
             let near = exact as f32;
@@ -1110,10 +1187,13 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut worst = 0f64;
         for dim in [2usize, 8, 128, 784] {
-            let (margin, floor) = tensor_core_margin(dim);
+            let TensorCoreMargin { margin, floor, eta } = tensor_core_margin(dim);
             for case in 0..200 {
-                // Mixed magnitudes (1e-3 … 1e3) and near-duplicate pairs, where the score is small.
-                let scale: Vec<f64> = (0..dim).map(|_| 10f64.powf(rng.random_range(-3.0..3.0))).collect();
+                // Mixed magnitudes (1e-3 … 1e3, or down to 1e-9 in every third case, whose smallest
+                // coordinates fall into f16's subnormal range) and near-duplicate pairs, where the
+                // score is small.
+                let low = if case % 3 == 0 { -9.0 } else { -3.0 };
+                let scale: Vec<f64> = (0..dim).map(|_| 10f64.powf(rng.random_range(low..3.0))).collect();
                 let x: Vec<f64> = scale.iter().map(|s| s * rng.random_range(-1.0..1.0)).collect();
                 let y: Vec<f64> = if case % 2 == 0 {
                     x.iter().map(|v| v * (1.0 + rng.random_range(-1e-4..1e-4))).collect()
@@ -1121,22 +1201,29 @@ mod tests {
                     scale.iter().map(|s| s * rng.random_range(-1.0..1.0)).collect()
                 };
                 let (xf, yf): (Vec<f32>, Vec<f32>) = (x.iter().map(|&v| v as f32).collect(), y.iter().map(|&v| v as f32).collect());
+                let largest = xf.iter().chain(&yf).fold(0f32, |m, v| m.max(v.abs()));
+                let a = tc_scale_exponent(largest).unwrap();
+                let (s1, s2) = (2f32.powi(a), 2f32.powi(2 * a));
                 let sq = |v: &[f32]| v.iter().map(|&a| a as f64 * a as f64).sum::<f64>() as f32;
-                let dot = xf.iter().zip(&yf).fold(0f32, |acc, (&a, &b)| toward_zero(acc, tf32(a) * tf32(b)));
+                let dot = xf.iter().zip(&yf).fold(0f32, |acc, (&a, &b)| toward_zero(acc, half(a * s1) * half(b * s1)));
                 let (sx, sy) = (sq(&xf), sq(&yf));
-                let score = sx + sy + 2.0 * -dot;
+                let score = (sx * s2) as f64 + (sy * s2) as f64 - 2.0 * dot as f64;
                 let exact: f64 = x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum();
-                let r = (sx.sqrt() + sy.sqrt()) as f64;
-                let ratio = (score as f64 - exact).abs() / (margin as f64 * r * r);
+                let r = ((sx.sqrt() + sy.sqrt()) * s1) as f64;
+                let allowed = 0.5 * margin as f64 * r * r + eta as f64 * r + floor as f64;
+                let ratio = (score - exact * s2 as f64).abs() / allowed;
                 worst = worst.max(ratio);
-                assert!(ratio <= 0.5, "dim {dim}, case {case}: error {} is {ratio} of the margin", (score as f64 - exact).abs());
+                assert!(ratio <= 1.0, "dim {dim}, case {case}: error {} is {ratio} of what the margin allows", (score - exact * s2 as f64).abs());
                 // The kernel's separated test (tc_row_bound, tc_col_offset: rounded toward
                 // passing) with the tightest limit this pair meets: the pair passes.
                 let down = |v: f64| -round_up(-v);
-                let widening = |n: f32| round_up(round_up(2.0 * margin as f64 * n as f64) as f64 * n as f64);
-                let limit = round_up(exact);
-                let bound = round_up(round_up(limit as f64 + round_up(widening(sx.sqrt()) as f64 + floor as f64) as f64) as f64 - sx as f64);
-                let offset = down(sy as f64 - widening(sy.sqrt()) as f64);
+                let widening = |n: f32| {
+                    let n = n * s1;
+                    round_up(round_up(round_up(2.0 * margin as f64 * n as f64) as f64 * n as f64) as f64 + round_up(eta as f64 * n as f64) as f64)
+                };
+                let limit = round_up(round_up(exact) as f64 * s2 as f64);
+                let bound = round_up(round_up(limit as f64 + round_up(widening(sx.sqrt()) as f64 + floor as f64) as f64) as f64 - (sx * s2) as f64);
+                let offset = down((sy * s2) as f64 - widening(sy.sqrt()) as f64);
                 assert!(down(-2.0 * dot as f64 + offset as f64) <= bound, "dim {dim}, case {case}: a pair at the limit fails the separated test");
             }
         }

@@ -86,8 +86,9 @@ impl GpuDevice {
         Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, shared_memory_per_multiprocessor, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
     }
 
-    /// Whether the device has TF32 tensor cores (`mma.sync … .tf32`, compute capability 8.0 and later).
-    pub fn has_tf32_tensor_cores(&self) -> bool {
+    /// Whether the device has the tensor cores brute_join_tc uses (`mma.sync.m16n8k16 … .f16` with
+    /// f32 accumulation: compute capability 8.0 and later).
+    pub fn has_tensor_cores(&self) -> bool {
         self.info.compute_capability.0 >= 8
     }
 

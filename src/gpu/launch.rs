@@ -55,12 +55,16 @@ pub struct JoinParams {
     pub k: u32,
     pub dense: u32,
     pub right_cells: u32,
-    /// Brute force: 1 launches brute_join_tc (TF32 tensor cores, the dot-product filters only).
+    /// Brute force: 1 launches brute_join_tc (f16 tensor cores, the dot-product filters only).
     pub tensor_cores: u32,
     /// Brute-force count pass: store each left slot's pairs in a slot of this many (kNN); 0: no.
     pub slot_capacity: u32,
     /// Grid: 1 scans only the ±`window` range of the sort dimension in each cell (sortidu).
     pub windowed: u32,
+    /// brute_join_tc: 2^a, the power of two both sides' f16 rows are scaled by ([`pack_half_rows`]).
+    pub tc_scale: f32,
+    /// brute_join_tc: the scaled score's error per unit of a scaled norm from f16's subnormal range.
+    pub tc_eta: f32,
     pub cells: [u64; 8],
     pub strides: [u64; 8],
     /// Grid, windowed: the half-width of that range.
@@ -70,13 +74,16 @@ pub struct JoinParams {
 // SAFETY: `JoinParams` is `repr(C)` plain data laid out exactly as the CUDA struct it mirrors
 // (kernels/common.cuh asserts the same size).
 unsafe impl DeviceRepr for JoinParams {}
-const _: () = assert!(std::mem::size_of::<JoinParams>() == 200, "JoinParams layout changed: update kernels/common.cuh");
+const _: () = assert!(std::mem::size_of::<JoinParams>() == 208, "JoinParams layout changed: update kernels/common.cuh");
 
 /// The rows of one join side on the device, in slot order.
 #[derive(Debug)]
 pub struct SideBuffers {
     /// f32 filter-space rows.
     pub filter: CudaSlice<f32>,
+    /// brute_join_tc's rows: `filter` scaled and rounded to f16 ([`pack_half_rows`]); `None`
+    /// where the tensor cores do not filter.
+    pub half_rows: Option<CudaSlice<u32>>,
     /// f64 exact rows (shared with the device's resident rows when kept across queries).
     pub exact: Arc<CudaSlice<f64>>,
     /// Cosine: Σx² per row (else one unused value).
@@ -212,6 +219,12 @@ pub fn launch_join_pass(
         return Ok(kernel);
     }
     let function = device.function(KernelModule::SimJoin, kernel)?;
+    // brute_join_tc reads the sides' f16 rows in the f32 filter rows' place.
+    let half_rows = match (kernel, &left.half_rows, &right.half_rows) {
+        ("brute_join_tc", Some(l), Some(r)) => Some((l, r)),
+        ("brute_join_tc", ..) => return Err("brute_join_tc: a side has no f16 rows".to_string()),
+        _ => None,
+    };
     let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device) } else { 0 };
     if shared_mem_bytes > 0 {
         // More than the 48 KB a block gets without asking.
@@ -255,9 +268,11 @@ pub fn launch_join_pass(
         if grid.is_none() {
             builder.arg(&right_begin).arg(&right_len);
         }
+        match half_rows {
+            Some((l, r)) => builder.arg(l).arg(r),
+            None => builder.arg(&left.filter).arg(&right.filter),
+        };
         builder
-            .arg(&left.filter)
-            .arg(&right.filter)
             .arg(left.exact.as_ref())
             .arg(right.exact.as_ref())
             .arg(&left.norms)
@@ -310,19 +325,49 @@ pub fn launch_join_pass(
     Ok(kernel)
 }
 
-/// Rounds a side's f32 filter rows in place to TF32, the input brute_join_tc takes (its margin
-/// counts this rounding: `tensor_core_margin` in src/backend/gpu.rs).
-pub fn round_to_tf32(device: &GpuDevice, values: &mut CudaSlice<f32>) -> Result<(), String> {
-    let function = device.function(KernelModule::SimJoin, "round_to_tf32")?;
+/// Words of a brute_join_tc row of `dim` coordinates (`tc_row_words` in kernels/sim_join.cu): two
+/// f16 a word, padded to whole groups of four words.
+pub fn tc_row_words(dim: usize) -> usize {
+    dim.div_ceil(8) * 4
+}
+
+/// The largest |value| of f32 `values` (filter_max_abs in kernels/sim_join.cu); NaN if one is.
+pub fn filter_max_abs(device: &GpuDevice, values: &CudaSlice<f32>) -> Result<f32, String> {
+    let function = device.function(KernelModule::SimJoin, "filter_max_abs")?;
+    let failed = |e: cudarc::driver::DriverError| format!("filter_max_abs failed: {e}");
+    let mut result = device.stream.alloc_zeros::<u32>(1).map_err(failed)?;
     let len = values.len() as u64;
-    let blocks = len.div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
+    let blocks = len.div_ceil(BLOCK as u64 * 8).clamp(1, 4096) as u32;
     let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let mut builder = device.stream.launch_builder(&function);
-    builder.arg(values).arg(&len);
-    // SAFETY: round_to_tf32(float*, u64) reads and writes indices < `len`, the buffer's length
-    // (a grid-stride loop, so any grid size covers it).
-    unsafe { builder.launch(config) }.map_err(|e| format!("round_to_tf32 launch failed: {e}"))?;
-    Ok(())
+    builder.arg(values).arg(&len).arg(&mut result);
+    // SAFETY: filter_max_abs(const float*, u64, u32*) reads indices < `len`, the buffer's length
+    // (a grid-stride loop), and updates the single u32 of `result`.
+    unsafe { builder.launch(config) }.map_err(|e| format!("filter_max_abs launch failed: {e}"))?;
+    let bits = device.stream.clone_dtoh(&result).map_err(failed)?;
+    Ok(f32::from_bits(bits[0]))
+}
+
+/// A side's f32 filter rows (`rows` of `dim`) times `scale` (a power of two), rounded to f16 and
+/// packed as brute_join_tc reads them (pack_half_rows in kernels/sim_join.cu; the margin counts the
+/// rounding: `tensor_core_margin` in src/backend/gpu.rs).
+pub fn pack_half_rows(device: &GpuDevice, filter: &CudaSlice<f32>, rows: usize, dim: usize, scale: f32) -> Result<CudaSlice<u32>, String> {
+    if filter.len() < rows * dim {
+        return Err(format!("pack_half_rows: {rows} rows of {dim} values from {} values", filter.len()));
+    }
+    let function = device.function(KernelModule::SimJoin, "pack_half_rows")?;
+    let row_words = tc_row_words(dim);
+    let mut packed = device.stream.alloc_zeros::<u32>((rows * row_words).max(1)).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let (rows64, dim32, words32) = (rows as u64, dim as u32, row_words as u32);
+    let blocks = ((rows * row_words) as u64).div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
+    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let mut builder = device.stream.launch_builder(&function);
+    builder.arg(filter).arg(&rows64).arg(&dim32).arg(&words32).arg(&scale).arg(&mut packed);
+    // SAFETY: pack_half_rows(const float*, u64, u32, u32, float, u32*) writes indices < rows ·
+    // row_words ≤ the output's length and reads values < rows · dim ≤ the filter's length (checked
+    // above), in a grid-stride loop.
+    unsafe { builder.launch(config) }.map_err(|e| format!("pack_half_rows launch failed: {e}"))?;
+    Ok(packed)
 }
 
 /// The GEMM form's f32 filter rows of a side, built on the device.
