@@ -49,12 +49,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", default="bench-out")
     parser.add_argument("--tile", type=int, default=2048)
+    parser.add_argument("--only", help="run only workloads whose name contains this (as simjoin bench --only)")
     args = parser.parse_args()
     results = []
     # CUDA's context is created here, outside every timing.
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     for w in json.load(open(os.path.join(args.dir, "simjoin.json"))):
+        if args.only and args.only not in w["name"]:
+            continue
         base_np = load(os.path.join(args.dir, w["base"]))
         queries_np = load(os.path.join(args.dir, w["queries"])) if w["queries"] else None
         for tf32 in (False, True):

@@ -453,7 +453,8 @@ extern "C" __global__ void filter_rows(const double* exact, u32 n, u32 dim, cons
 }
 
 // The largest |value| of `len` f32 values, as its bits (non-negative floats order as their bits;
-// NaN's exceed +∞'s), atomically maxed into *result, which the host zeroed: brute_join_tc's scale.
+// NaN's exceed +∞'s), atomically maxed into *result, which the host zeroed: brute_join_tc's scale,
+// and the GEMM form's check of its squared norms.
 extern "C" __global__ void filter_max_abs(const float* values, u64 len, u32* result) {
     u32 largest = 0;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x)
@@ -701,13 +702,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     const u32 row_words = tc_row_words(p.dim);
     u32 chunks = (row_words + TC_CHUNK - 1) / TC_CHUNK, steps = tiles * chunks;
     TileCopy x_copy = tile_copy(row_words, left_rows, row0, slot_end), y_copy = tile_copy(row_words, right_rows, first_col, right_len);
-    u32 load = 0, load_chunk = 0, load_col = first_col, load_tile = 0;
+    // Stage indices count round instead of taking `load % stages` and `step % stages`: `stages` is
+    // known only at run time, and each modulo cost an integer division per step.
+    u32 load = 0, load_stage = 0, load_chunk = 0, load_col = first_col, load_tile = 0;
     auto load_next = [&]() {
         if (load < steps) {
             if (load_chunk == 0 && load > 0) y_copy = tile_copy(row_words, right_rows, load_col, right_len);
             if (load_chunk == 0 && threadIdx.x < TILE)
                 col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x] = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
-            u32 stage = load % stages;
+            u32 stage = load_stage;
+            load_stage = load_stage + 1 == stages ? 0 : load_stage + 1;
             copy_chunk(row_words, x_copy, xs(stage), load_chunk * TC_CHUNK);
             copy_chunk(row_words, y_copy, ys(stage), load_chunk * TC_CHUNK);
             if (++load_chunk == chunks) {
@@ -720,7 +724,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         asm volatile("cp.async.commit_group;");
     };
     for (u32 s = 0; s + 1 < stages; ++s) load_next();
-    u32 col0 = first_col, tile = 0;  // the tile being computed
+    u32 col0 = first_col, tile = 0, compute_stage = 0;  // the tile being computed, and the stage of its step
     for (u32 step = 0, c = 0; step < steps; ++step) {
         if (stages == 3) asm volatile("cp.async.wait_group 1;");
         else asm volatile("cp.async.wait_group 0;");
@@ -728,7 +732,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         // step before, which load_next now refills.
         __syncthreads();
         load_next();
-        u32 stage = step % stages;
+        u32 stage = compute_stage;
+        compute_stage = compute_stage + 1 == stages ? 0 : compute_stage + 1;
         u32 (*x_tile)[TC_STRIDE] = xs(stage);
         u32 (*y_tile)[TC_STRIDE] = ys(stage);
         // The mma steps (8 words, 16 dimensions each) cover this chunk's words rounded up to 8.

@@ -533,17 +533,16 @@ impl GpuBackend {
     }
 
     /// Whether the sides' GEMM-form squared norms stay where f32 scores are meaningful
-    /// (GemmSide's 10³⁶), read back from the device where it built them.
+    /// (GemmSide's 10³⁶; a NaN fails), their largest found on the device where it built them (one
+    /// value read back instead of a row's: P1's 4 MB took 1.5 ms, NOTES.md v47).
     fn gemm_fits(&self, sides: &[(&HostSide, &SideBuffers)]) -> Result<bool, String> {
         for (host, buffers) in sides {
-            let device_norms;
-            let sq_norms = if host.device_filter.is_some() {
-                device_norms = self.device.stream.clone_dtoh(&buffers.filter_sq_norms).map_err(|e| format!("GPU copy failed: {e}"))?;
-                &device_norms
+            let fits = if host.device_filter.is_some() {
+                filter_max_abs(&self.device, &buffers.filter_sq_norms)? <= 1e36
             } else {
-                &host.filter_sq_norms
+                host.filter_sq_norms.iter().all(|s| *s <= 1e36)
             };
-            if !sq_norms.iter().all(|s| *s <= 1e36) {
+            if !fits {
                 return Ok(false);
             }
         }
