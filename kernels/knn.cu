@@ -2,8 +2,8 @@
 //
 // knn_sample_distances and knn_sample_radius give each query candidate radii from a sample of the
 // base: its f32 distances to `sample_len` ≤ SAMPLE base rows (stored dimension-major:
-// `sf[d·sample_len + i]`), sorted, and radii[q·LEVELS + j] = the
-// (rank·4^j)-th smallest (+∞ once that rank is beyond the sample). brute_join then counts, per
+// `sf[d·sample_len + i]`), and radii[q·LEVELS + j] = the (rank·4^j)-th smallest (+∞ once that
+// rank is beyond the sample). brute_join then counts, per
 // query, the base rows within its radius (f32 filter with the proved margins, exact f64 check);
 // a query with fewer than k moves to its next level. A radius with at least k base rows within
 // it bounds the k-th smallest distance, so every true neighbour is among the rows written, whose
@@ -52,11 +52,13 @@ extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, 
 // add, a multiply and an add per term, they took 17.6 ms of a 10k × 60k × 784 kNN, NOTES.md v34).
 // L2, L1 and L∞ are the filter rows' own (a common origin cancels); cosine is half the squared
 // L2 distance of unit vectors (with or without an origin); the inner product's origin is 0.
-// Written to distances[(q − query_begin)·SAMPLE + i]; NaN as +∞, which sorts last.
+// Written to distances[(q − query_begin)·SAMPLE + i] as f32 keys that order as the distances do:
+// the sum itself, but the inner product's negated (L2's square root and cosine's half are taken by
+// knn_sample_radius, sample_radius, of the one value it picks); NaN as +∞, which orders last.
 #define SAMPLE_QUERIES 16
 
 extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParams p, u32 query_begin, u32 query_end,
-        const float* qf, const float* sf, u32 sample_len, double* distances) {
+        const float* qf, const float* sf, u32 sample_len, float* distances) {
     u32 i = blockIdx.y * blockDim.x + threadIdx.x;
     u32 first = query_begin + blockIdx.x * SAMPLE_QUERIES;
     if (i >= sample_len || first >= query_end) return;
@@ -108,33 +110,101 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParam
 #pragma unroll
     for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
         if (q >= count) break;
-        double v = acc[q];
-        if (p.metric == METRIC_L2) v = sqrt(v);
-        else if (p.metric == METRIC_COSINE) v = 0.5 * v;
-        else if (p.metric == METRIC_INNER_PRODUCT) v = -v;
-        distances[(u64)(first + q - query_begin) * SAMPLE + i] = isnan(v) ? F64_INFINITY : v;
+        float v = p.metric == METRIC_INNER_PRODUCT ? -acc[q] : acc[q];
+        distances[(u64)(first + q - query_begin) * SAMPLE + i] = isnan(v) ? __int_as_float(0x7f800000) : v;
     }
 }
 
+// The bits of `v` as an unsigned key in the order of the values (negatives reversed below the
+// positives; −0.0 just before +0.0), and back.
+__device__ __forceinline__ u32 f32_order_key(float v) {
+    u32 bits = __float_as_uint(v);
+    return (bits >> 31) ? ~bits : bits | 0x80000000u;
+}
+
+__device__ __forceinline__ float from_f32_order_key(u32 key) {
+    return __uint_as_float((key >> 31) ? key & 0x7fffffffu : ~key);
+}
+
+// The distance of a knn_sample_distances key value: L2's square root and cosine's half, in f64
+// (what the count pass compares exact distances with).
+__device__ __forceinline__ double sample_radius(u32 metric, float v) {
+    double d = v;
+    if (metric == METRIC_L2) return sqrt(d);
+    if (metric == METRIC_COSINE) return 0.5 * d;
+    return d;
+}
+
 // knn_sample_radius: one block per query of [query_begin, query_begin + gridDim.x), its row of
-// `distances` (knn_sample_distances of the same query_begin) sorted in shared memory.
-extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(u32 query_begin, const double* distances, u32 sample_len, u32 rank,
-        double* radii) {
-    __shared__ double d[SAMPLE];
+// `distances` (knn_sample_distances of the same query_begin) as order keys, SAMPLE / 256 in each
+// thread's registers, and each level's rank found by radix selection: four passes of 8 bits from
+// the top, each counting the keys that share the digits found so far into a histogram in shared
+// memory and taking the digit whose bin holds the rank. 16 passes over 16 keys a thread, where
+// the bitonic sort of the row that came before took 78 steps over 4,096 f64 entries in shared
+// memory (most of P1's 3.9 ms of sampling, NOTES.md v48).
+#define SAMPLE_PER_THREAD (SAMPLE / 256)
+
+extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(u32 metric, u32 query_begin, const float* distances, u32 sample_len,
+        u32 rank, double* radii) {
+    __shared__ u32 histogram[256];
+    __shared__ u32 digit, before;
     u32 q = query_begin + blockIdx.x;
-    const double* row = distances + (u64)blockIdx.x * SAMPLE;
-    for (u32 i = threadIdx.x; i < SAMPLE; i += blockDim.x) d[i] = i < sample_len ? row[i] : F64_INFINITY;
-    __syncthreads();
-    bitonic_sort(SAMPLE, [&](u32 i, u32 j, bool ascending) {
-        double a = d[i], b = d[j];
-        if ((a > b) == ascending) {
-            d[i] = b;
-            d[j] = a;
+    const float* row = distances + (u64)blockIdx.x * SAMPLE;
+    // Entries beyond the sample take the largest key, above every distance's (+∞'s is 0xff800000),
+    // so they never hold a rank ≤ sample_len.
+    u32 keys[SAMPLE_PER_THREAD];
+#pragma unroll
+    for (u32 i = 0; i < SAMPLE_PER_THREAD; ++i) {
+        u32 e = threadIdx.x + 256 * i;
+        keys[i] = e < sample_len ? f32_order_key(row[e]) : 0xffffffffu;
+    }
+    const u32 lane = threadIdx.x % 32;
+    for (u32 level = 0; level < LEVELS; ++level) {
+        u64 r = (u64)rank << (2 * level);
+        if (r > sample_len) {
+            if (threadIdx.x == 0) radii[(u64)q * LEVELS + level] = F64_INFINITY;
+            continue;
         }
-    });
-    if (threadIdx.x < LEVELS) {
-        u64 r = (u64)rank << (2 * threadIdx.x);
-        radii[(u64)q * LEVELS + threadIdx.x] = r <= sample_len ? d[r - 1] : F64_INFINITY;
+        // The r-th smallest key: `prefix` holds its digits found so far, `want` its rank among the
+        // keys that share them.
+        u32 prefix = 0, want = (u32)r;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            histogram[threadIdx.x] = 0;
+            __syncthreads();
+            u32 high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+#pragma unroll
+            for (u32 i = 0; i < SAMPLE_PER_THREAD; ++i)
+                if ((keys[i] & high) == prefix) atomicAdd(&histogram[(keys[i] >> shift) & 255], 1u);
+            __syncthreads();
+            // The first warp scans the bins, 8 a lane; the lane whose bins hold rank `want` finds
+            // its digit and how many keys lie in the bins before it.
+            if (threadIdx.x < 32) {
+                u32 bins[8], sum = 0;
+#pragma unroll
+                for (u32 j = 0; j < 8; ++j) sum += bins[j] = histogram[8 * lane + j];
+                u32 through = sum;  // keys in the bins up to this lane's last
+#pragma unroll
+                for (u32 d = 1; d < 32; d <<= 1) {
+                    u32 other = __shfl_up_sync(0xffffffffu, through, d);
+                    if (lane >= d) through += other;
+                }
+                u32 seen = through - sum;
+                if (seen < want && want <= through) {
+                    for (u32 j = 0; j < 8; ++j) {
+                        if (seen + bins[j] >= want) {
+                            digit = 8 * lane + j;
+                            before = seen;
+                            break;
+                        }
+                        seen += bins[j];
+                    }
+                }
+            }
+            __syncthreads();
+            prefix |= digit << shift;
+            want -= before;
+        }
+        if (threadIdx.x == 0) radii[(u64)q * LEVELS + level] = sample_radius(metric, from_f32_order_key(prefix));
     }
 }
 

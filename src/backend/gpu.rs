@@ -219,9 +219,9 @@ impl GpuBackend {
 
         let sampling = Instant::now();
         let rank = knn_sample_rank(k, n, sample_len);
-        // The sample distances' scratch (a row of KNN_SAMPLE per query of a round) within an
-        // eighth of the budget, 16 to 8,192 queries a round (256 MB).
-        let chunk_queries = (budget / 8 / (KNN_SAMPLE * 8)).clamp(16, 8192);
+        // The sample distances' scratch (a row of KNN_SAMPLE f32 per query of a round) within an
+        // eighth of the budget, 16 to 8,192 queries a round (128 MiB).
+        let chunk_queries = (budget / 8 / (KNN_SAMPLE * 4)).clamp(16, 8192);
         sample_radius_pass(&self.device, &params, 0..nq as u32, &query_buffers, &sample, sample_len as u32, rank, chunk_queries, &mut radii_buffer)?;
         stats.kernel_time += sampling.elapsed();
         let radii = stream.clone_dtoh(&radii_buffer).map_err(copy)?;

@@ -435,7 +435,7 @@ pub fn sample_rows(device: &GpuDevice, base_filter: &CudaSlice<f32>, n: usize, d
 /// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
 /// (indexed by query position), from the f32 distances of the filter rows to the sample's
 /// (`sample`, dimension-major, in the query side's filter space: [`sample_rows`]): computed for groups
-/// of queries at a time (knn_sample_distances) into a scratch row per query, then sorted per query
+/// of queries at a time (knn_sample_distances) into a scratch row per query, then the radii picked per query
 /// (knn_sample_radius), at most `chunk_queries` (≥ 1) queries a round, the scratch's rows.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_radius_pass(
@@ -459,7 +459,7 @@ pub fn sample_radius_pass(
     let distances_kernel = device.function(KernelModule::Knn, "knn_sample_distances")?;
     let radius_kernel = device.function(KernelModule::Knn, "knn_sample_radius")?;
     let chunk = chunk_queries.min(queries.len());
-    let mut distances = stream.alloc_zeros::<f64>(chunk * KNN_SAMPLE).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut distances = stream.alloc_zeros::<f32>(chunk * KNN_SAMPLE).map_err(|e| format!("GPU allocation failed: {e}"))?;
     for begin in queries.clone().step_by(chunk) {
         let end = (begin as usize + chunk).min(queries.end as usize) as u32;
         let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
@@ -482,7 +482,7 @@ pub fn sample_radius_pass(
         unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances launch failed: {e}"))?;
         let config = LaunchConfig { grid_dim: (end - begin, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         let mut builder = stream.launch_builder(&radius_kernel);
-        builder.arg(&begin).arg(&distances).arg(&sample_len).arg(&rank).arg(&mut *radii);
+        builder.arg(&params.metric).arg(&begin).arg(&distances).arg(&sample_len).arg(&rank).arg(&mut *radii);
         // SAFETY: the arguments match knn_sample_radius's parameter list one for one. Block b reads
         // row b < end − begin ≤ chunk of `distances` (its first sample_len entries, written above)
         // and writes LEVELS radii at query position begin + b < queries.end, within `radii`, which
@@ -534,7 +534,7 @@ pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: us
     Ok((stream.clone_dtoh(&out_distance).map_err(failed)?, stream.clone_dtoh(&out_position).map_err(failed)?))
 }
 
-/// Most sample rows knn_sample_radius sorts (`SAMPLE` in kernels/knn.cu).
+/// Most sample rows knn_sample_radius selects from (`SAMPLE` in kernels/knn.cu).
 pub const KNN_SAMPLE: usize = 4096;
 /// Radii per query knn_sample_radius writes (`LEVELS` in kernels/knn.cu): ranks r, 4r, 16r, 64r.
 pub const KNN_LEVELS: usize = 4;
