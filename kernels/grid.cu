@@ -28,13 +28,6 @@ __device__ __forceinline__ u32 radix_digit(const u64* keys, u32 p, u32 shift, u3
     return (u32)(key >> shift) & (RADIX - 1);
 }
 
-// The identity permutation: the positions in input order, where the stable sort starts.
-extern "C" __global__ void radix_identity(u32* perm, u32 n) {
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        perm[i] = (u32)i;
-    }
-}
-
 // Digit counts of each tile of TILE_ITEMS positions of `perm`, digit-major
 // (`counts[digit · tiles + tile]`): their exclusive scan is where each tile's run of each digit
 // starts in the output.

@@ -452,6 +452,12 @@ extern "C" __global__ void filter_rows(const double* exact, u32 n, u32 dim, cons
     }
 }
 
+// The positions 0..n in order: the slot order of a side in input order (brute force, kNN), and
+// the permutation the grid's stable radix sort starts from.
+extern "C" __global__ void identity_order(u32* order, u32 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) order[i] = (u32)i;
+}
+
 // The largest |value| of `len` f32 values, as its bits (non-negative floats order as their bits;
 // NaN's exceed +∞'s), atomically maxed into *result, which the host zeroed: brute_join_tc's scale,
 // and the GEMM form's check of its squared norms.

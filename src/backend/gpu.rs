@@ -19,7 +19,7 @@ use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
     KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, launch_join_pass,
-    filter_max_abs, pack_half_rows, rank_slots, sample_radius_pass, sample_rows, upload,
+    filter_max_abs, identity_order, pack_half_rows, rank_slots, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{GpuDevice, PIPELINE_STREAMS, ResidentKey};
@@ -412,7 +412,10 @@ struct HostSide<'a> {
     norms: Vec<f64>,
     filter_norms: Vec<f32>,
     filter_sq_norms: Vec<f32>,
-    order: Vec<u32>,
+    rows: usize,
+    /// Slot → position, or `None`: input order, which the device writes itself (P1's 1M-row base
+    /// took 1.8 ms to build here and ~1 ms to upload, NOTES.md v49).
+    order: Option<Vec<u32>>,
     /// The origin the device builds the filter rows from (`filter`, `filter_norms` and
     /// `filter_sq_norms` are then empty), or `None`: they were built here.
     device_filter: Option<Vec<f64>>,
@@ -449,7 +452,9 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
     } else {
         (vec![0.0], vec![0.0])
     };
-    HostSide { filter, exact, norms, filter_norms, filter_sq_norms, order, device_filter: None, resident }
+    let rows = order.len();
+    let order = (!in_input_order).then_some(order);
+    HostSide { filter, exact, norms, filter_norms, filter_sq_norms, rows, order, device_filter: None, resident }
 }
 
 /// The rows of `v` in input order, their GEMM-form filter rows (centred on `origin`) left to the
@@ -463,7 +468,8 @@ fn device_side<'a>(v: &'a Vectors, origin: &[f64]) -> HostSide<'a> {
         norms: vec![0.0],
         filter_norms: Vec::new(),
         filter_sq_norms: Vec::new(),
-        order: (0..v.len() as u32).collect(),
+        rows: v.len(),
+        order: None,
         device_filter: Some(origin.to_vec()),
         resident: resident_key(v),
     }
@@ -500,12 +506,16 @@ impl GpuBackend {
         };
         let (filter, filter_norms, filter_sq_norms) = match &side.device_filter {
             Some(origin) => {
-                let rows = filter_rows(device, &exact, side.order.len(), origin)?;
+                let rows = filter_rows(device, &exact, side.rows, origin)?;
                 (rows.filter, rows.norms, rows.sq_norms)
             }
             None => (upload(device, &side.filter)?, upload(device, &side.filter_norms)?, upload(device, &side.filter_sq_norms)?),
         };
-        Ok(SideBuffers { filter, half_rows: None, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order: upload(device, &side.order)?, resident })
+        let order = match &side.order {
+            Some(order) => upload(device, order)?,
+            None => identity_order(device, side.rows)?,
+        };
+        Ok(SideBuffers { filter, half_rows: None, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order, resident })
     }
 
     /// The exponent `a` of the power of two brute_join_tc scales every side's f16 rows by (the
@@ -616,7 +626,7 @@ impl GpuBackend {
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
         left_buffers = self.with_half_rows(left_buffers, dim, tc)?;
         right_buffers = right_buffers.map(|side| self.with_half_rows(side, dim, tc)).transpose()?;
-        let right_len = right_host.as_ref().map_or(left_host.order.len(), |h| h.order.len()) as u32;
+        let right_len = right_host.as_ref().map_or(left_host.rows, |h| h.rows) as u32;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let grid = match geometry {
@@ -669,7 +679,7 @@ impl GpuBackend {
         // batches of at most RESULT_BATCH_PAIRS pairs (a single slot with more gets a batch of
         // its own), each from offsets the counts give, pipelined over PIPELINE_STREAMS streams.
         let probe = Instant::now();
-        let n_left = left_host.order.len();
+        let n_left = left_host.rows;
         let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
         let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         pass.size_outputs(&self.device, collect_capacity)?;
@@ -1002,8 +1012,10 @@ fn filter_extent(sides: &[&HostSide]) -> f64 {
     sides.iter().flat_map(|h| h.filter.iter()).fold(0f64, |m, v| m.max(v.abs() as f64))
 }
 
-/// Most values kNN's candidate slots take on the device (12 bytes each, as many copied back): for
-/// larger k the slots would cost more to copy than the write pass they save.
+/// Most values kNN's candidate slots take on the device when they are copied back to be ranked on
+/// the host (12 bytes each; slots of more than KNN_RANK_SLOTS): for larger k the slots would cost
+/// more to copy than the write pass they save. Slots ranked on the device return k entries a query
+/// and are bounded by the memory budget alone.
 const KNN_SLOT_VALUES: usize = 1 << 24;
 
 /// Candidates kept per query in the first count pass (0: none, every query gets a write pass).
@@ -1011,19 +1023,20 @@ const KNN_SLOT_VALUES: usize = 1 << 24;
 /// Gamma(rank)·n/sample_len (exactly k when the sample is the whole base, ties aside): the mean
 /// plus 4 of its standard deviations (mean/√rank) and 64 leave the slot too small for about one
 /// query in 60 at rank 1 (e⁻⁴·⁰⁶ for the exponential count), fewer at larger ranks; those queries
-/// get a write pass instead. 0 when `queries` slots exceed KNN_SLOT_VALUES, a quarter of the
-/// memory `budget` (12 bytes a value), or one count pass.
+/// get a write pass instead. 0 when `queries` slots exceed a quarter of the memory `budget` (12
+/// bytes a value), or KNN_SLOT_VALUES where they would be copied back, or one count pass.
 fn knn_slot_capacity(k: usize, n: usize, sample_len: usize, rank: u32, queries: usize, budget: usize) -> u32 {
     let expected = if sample_len >= n { k as f64 } else { rank as f64 * n as f64 / sample_len as f64 };
     let capacity = (expected * (1.0 + 4.0 / (rank.max(1) as f64).sqrt()) + 64.0).ceil() as usize;
-    if queries > MAX_PASS_ROWS || queries.saturating_mul(capacity) > KNN_SLOT_VALUES.min(budget / 4 / 12) {
+    let copied_limit = if capacity > KNN_RANK_SLOTS { KNN_SLOT_VALUES } else { usize::MAX };
+    if queries > MAX_PASS_ROWS || queries.saturating_mul(capacity) > copied_limit.min(budget / 4 / 12) {
         return 0;
     }
     capacity as u32
 }
 
 /// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]). Its distances are f32 on CUDA cores,
-/// and each query's are sorted: a sample row cost about as much as 8 of the count pass's base rows
+/// and each query's ranks are picked from them: a sample row cost about as much as 8 of the count pass's base rows
 /// on tensor cores (P2, 60,000 rows of 784: a sample of 4,096 took 10.7 ms against the count pass's
 /// 9.2 ms, NOTES.md v45), so the sample is a 32nd of the base, at least 1,024 rows, and the whole
 /// base up to that. A smaller sample only makes the candidate counts vary more (a query short of k
@@ -1034,17 +1047,34 @@ fn knn_sample_len(n: usize) -> usize {
 }
 
 /// The sample rank of kNN's first radius. With the whole base as the sample it is k itself (the
-/// radius is then the exact k-th distance). Otherwise about `c·k` base rows fall within the
-/// (c·k·s/n)-th smallest of s evenly spread sample distances; `c = 2 + 6/√k` keeps a shortfall
-/// (fewer than k, and a second count pass for that query) rare: the count is near-Poisson, and
-/// c·k exceeds k by more than 4.6 of its standard deviations for every k.
+/// radius is then the exact k-th distance). Otherwise the larger of two ranks:
+/// - about `c·k` base rows fall within the (c·k·s/n)-th smallest of s evenly spread sample
+///   distances, and `c = 2 + 6/√k` puts c·k more than 4.6 standard deviations of that count
+///   (near-Poisson) above k;
+/// - the sample itself varies: the r-th smallest sample distance lies below the k-th smallest base
+///   distance, leaving the query short of k (and a second count pass, then a write pass, for it),
+///   when at least r sample rows are among its k nearest, a count near Poisson(λ), λ = k·s/n. The
+///   rank is the smallest r with P(Poisson(λ) ≥ r) ≤ 1 %, but at most 2: each rank adds n/s
+///   candidates a query, each an exact f64 check whose cost grows with d. Measured on the H100
+///   (NOTES.md v49): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
+///   instead of 4.5 % and ran ~2 ms faster; 60,000 × 784 rows (k = 10, λ = 0.31) at rank 3
+///   instead of 2 ran 2.5–3 ms slower.
 fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
     if sample_len >= n {
         return k as u32;
     }
+    let lambda = k as f64 * sample_len as f64 / n as f64;
     let c = 2.0 + 6.0 / (k as f64).sqrt();
-    let rank = (c * k as f64 * sample_len as f64 / n as f64).ceil() as usize;
-    rank.clamp(1, sample_len + 1) as u32
+    let by_count = (c * lambda).ceil() as usize;
+    // P(X ≤ r − 1) summed term by term until the tail P(X ≥ r) is at most 1 %.
+    let (mut by_sample, mut term) = (1usize, (-lambda).exp());
+    let mut below = term;
+    while 1.0 - below > 0.01 && by_sample <= sample_len {
+        term *= lambda / by_sample as f64;
+        below += term;
+        by_sample += 1;
+    }
+    by_count.max(by_sample.min(2)).clamp(1, sample_len + 1) as u32
 }
 
 /// `x` as f32, rounded up.
@@ -1091,7 +1121,11 @@ mod tests {
         assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000, 80 << 30), 1285);
         // The whole base as the sample: k itself, plus room for ties.
         assert_eq!(knn_slot_capacity(10, 3000, 3000, 10, 100, 80 << 30), 87);
-        // Large k (P1, k = 1,000: rank 9) or too many queries: no slots, write passes instead.
+        // Rank 2 (P1, k = 10 since v49): 488 expected, 1,934 a slot, 1.9·10⁷ values ranked on the
+        // device, so within the budget alone.
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 2, 10_000, 80 << 30), 1934);
+        // Large k (P1, k = 1,000: rank 9, slots beyond KNN_RANK_SLOTS to copy) or too many
+        // queries: no slots, write passes instead.
         assert_eq!(knn_slot_capacity(1000, 1_000_000, 4096, 9, 10_000, 80 << 30), 0);
         assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, MAX_PASS_ROWS + 1, 80 << 30), 0);
         // P1's 1.3·10⁷ slot values take 154 MB: not within a quarter of a 256 MiB budget.
@@ -1127,9 +1161,16 @@ mod tests {
     fn knn_sample_ranks() {
         // The whole base as the sample: the k-th distance itself.
         assert_eq!(knn_sample_rank(10, 3000, 3000), 10);
-        // P1: 1M rows, 4096 sampled: the sample minimum already covers ~244 rows ≥ 3.9·10.
-        assert_eq!(knn_sample_rank(10, 1_000_000, 4096), 1);
+        // P1: 1M rows, 4096 sampled. k = 10: the sample minimum covers ~244 rows ≥ 3.9·10, but
+        // 4 % of queries would fall short (1 − e^−0.041); rank 2 leaves 0.08 %.
+        assert_eq!(knn_sample_rank(10, 1_000_000, 4096), 2);
+        // k = 1: 0.4 % short at rank 1.
+        assert_eq!(knn_sample_rank(1, 1_000_000, 4096), 1);
+        // k = 1,000 (λ = 4.1): 9 by the count (1.6 % short; 10 would leave 0.65 %, but the sample's
+        // rank stops at 2).
         assert_eq!(knn_sample_rank(1000, 1_000_000, 4096), 9);
+        // P2: 60,000 rows, 1,875 sampled, k = 10 (λ = 0.31): 2 (4 % short; 3 would leave 0.4 %).
+        assert_eq!(knn_sample_rank(10, 60_000, 1875), 2);
         // More than the sample: rank sample_len + 1, i.e. an infinite first radius.
         assert_eq!(knn_sample_rank(900_000, 1_000_000, 4096), 4097);
     }

@@ -8,7 +8,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::GpuDevice;
-use super::launch::{CellBounds, RadixKeys, cell_bounds, gather_rows, radix_identity, radix_pass, upload};
+use super::launch::{CellBounds, RadixKeys, cell_bounds, gather_rows, identity_order, radix_pass, upload};
 
 /// One side's grid on the device.
 #[derive(Debug)]
@@ -31,7 +31,7 @@ pub fn build_grid(device: &GpuDevice, cells: &[u64], sort_values: Option<&[f64]>
     let n = cells.len();
     let cell_keys = upload(device, cells)?;
     let values = sort_values.map(|v| upload(device, v)).transpose()?;
-    let mut order = radix_identity(device, n)?;
+    let mut order = identity_order(device, n)?;
     let mut spare = device.stream.alloc_zeros::<u32>(n.max(1)).map_err(|e| format!("GPU allocation failed: {e}"))?;
     // Least significant key first: the sort value's 64 bits, then the cell id's.
     let value_passes = values.iter().flat_map(|v| (0..64).step_by(8).map(move |shift| (RadixKeys::Values(v), shift)));

@@ -806,16 +806,17 @@ impl RadixKeys<'_> {
     }
 }
 
-/// The positions `0..n`, the permutation a stable sort starts from.
-pub fn radix_identity(device: &GpuDevice, n: usize) -> Result<CudaSlice<u32>, String> {
-    let function = device.function(KernelModule::Grid, "radix_identity")?;
+/// The positions `0..n` (identity_order in kernels/sim_join.cu): a side's slot order in input
+/// order, and the permutation a stable sort starts from.
+pub fn identity_order(device: &GpuDevice, n: usize) -> Result<CudaSlice<u32>, String> {
+    let function = device.function(KernelModule::SimJoin, "identity_order")?;
     let stream = &device.stream;
     let mut perm = stream.alloc_zeros::<u32>(n.max(1)).map_err(alloc_failed)?;
     let len = n as u32;
     let mut builder = stream.launch_builder(&function);
     builder.arg(&mut perm).arg(&len);
-    // SAFETY: radix_identity(u32*, u32) writes indices < n ≤ the buffer's length (grid-stride).
-    unsafe { builder.launch(strided(n as u64)) }.map_err(|e| format!("radix_identity launch failed: {e}"))?;
+    // SAFETY: identity_order(u32*, u32) writes indices < n ≤ the buffer's length (grid-stride).
+    unsafe { builder.launch(strided(n as u64)) }.map_err(|e| format!("identity_order launch failed: {e}"))?;
     Ok(perm)
 }
 
