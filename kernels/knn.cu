@@ -43,10 +43,10 @@ extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, 
     }
 }
 
-// knn_sample_distances: the distances of a group of SAMPLE_QUERIES queries (blockIdx.x's, of
-// [query_begin, query_end)) to 256 sample rows (blockIdx.y's, one per thread), each sample value
-// read once for the whole group, in f32 from the filter rows: the queries' as uploaded (row-major),
-// the sample's in the same filter space less the same origin (dimension-major). A radius only decides how many candidates the count pass finds, and
+// knn_sample_distances: the distances of SAMPLE_QUERIES queries (blockIdx.x's, of [query_begin,
+// query_end)) to SAMPLE_COLUMNS sample rows (blockIdx.y's), in f32 from the filter rows: the
+// queries' as uploaded (row-major), the sample's in the same filter space less the same origin
+// (dimension-major). A radius only decides how many candidates the count pass finds, and
 // any radius is correct: that pass tests every base row exactly against it, and a query with
 // fewer than k moves to its next level. So the sample needs no exact distances (in f64, at an
 // add, a multiply and an add per term, they took 17.6 ms of a 10k × 60k × 784 kNN, NOTES.md v34).
@@ -55,63 +55,99 @@ extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, 
 // Written to distances[(q − query_begin)·SAMPLE + i] as f32 keys that order as the distances do:
 // the sum itself, but the inner product's negated (L2's square root and cosine's half are taken by
 // knn_sample_radius, sample_radius, of the one value it picks); NaN as +∞, which orders last.
-#define SAMPLE_QUERIES 16
+// The block stages SAMPLE_DIMS dimensions of both sides at a time in shared memory and each thread
+// keeps a 4 × 8 block of sums in registers, three 16-byte shared loads for 32 terms. (A thread per
+// sample row reading 16 queries' values from global memory, a load per term, spent about as much
+// on loads as on arithmetic: NOTES.md v50.) Each sum runs over the dimensions in order, as before.
+#define SAMPLE_QUERIES 64
+#define SAMPLE_COLUMNS 128
+#define SAMPLE_DIMS 16
+
+// The terms of knn_sample_distances' sums, one instantiation of its loop each.
+enum SampleTerm { TERM_SQUARED, TERM_PRODUCT, TERM_ABSOLUTE, TERM_LARGEST };
+
+template <SampleTerm TERM>
+__device__ __forceinline__ float sample_term(float acc, float x, float s) {
+    if (TERM == TERM_SQUARED) {
+        float t = x - s;
+        return acc + t * t;
+    }
+    if (TERM == TERM_PRODUCT) return acc + x * s;
+    if (TERM == TERM_ABSOLUTE) return acc + fabsf(x - s);
+    return fmaxf(acc, fabsf(x - s));
+}
+
+// Thread t holds queries 4·(t / 16) + [0, 4) and sample rows 4·(t % 16) + [0, 4) and + 64 of the
+// block's, so that a quarter warp's sample loads cover 256 adjacent bytes (no bank conflicts) and
+// its query loads are one broadcast.
+template <SampleTerm TERM>
+__device__ __forceinline__ void sample_distance_block(u32 dim, u32 first, u32 query_end, u32 s0, const float* qf,
+        const float* sf, u32 sample_len, float (*qs)[SAMPLE_QUERIES + 4], float (*ss)[SAMPLE_COLUMNS], float (&acc)[4][8]) {
+    const u32 tq = threadIdx.x / 16 * 4, ts = threadIdx.x % 16 * 4;
+#pragma unroll
+    for (u32 q = 0; q < 4; ++q)
+#pragma unroll
+        for (u32 j = 0; j < 8; ++j) acc[q][j] = 0.0f;
+    for (u32 d0 = 0; d0 < dim; d0 += SAMPLE_DIMS) {
+        // Zeros beyond the data: a dimension past `dim` adds a zero term (L∞'s sums are ≥ 0, and
+        // fmaxf passes over NaN), and the sums of rows past the ends are not written.
+        for (u32 e = threadIdx.x; e < SAMPLE_QUERIES * SAMPLE_DIMS; e += blockDim.x) {
+            u32 q = e / SAMPLE_DIMS, d = e % SAMPLE_DIMS;
+            qs[d][q] = first + q < query_end && d0 + d < dim ? qf[(u64)(first + q) * dim + d0 + d] : 0.0f;
+        }
+        for (u32 e = threadIdx.x; e < SAMPLE_COLUMNS * SAMPLE_DIMS; e += blockDim.x) {
+            u32 d = e / SAMPLE_COLUMNS, i = e % SAMPLE_COLUMNS;
+            ss[d][i] = s0 + i < sample_len && d0 + d < dim ? sf[(u64)(d0 + d) * sample_len + s0 + i] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (u32 d = 0; d < SAMPLE_DIMS; ++d) {
+            float4 x = *(const float4*)&qs[d][tq];
+            float4 a = *(const float4*)&ss[d][ts], b = *(const float4*)&ss[d][64 + ts];
+            const float xv[4] = {x.x, x.y, x.z, x.w}, sv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (u32 q = 0; q < 4; ++q)
+#pragma unroll
+                for (u32 j = 0; j < 8; ++j) acc[q][j] = sample_term<TERM>(acc[q][j], xv[q], sv[j]);
+        }
+        __syncthreads();
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParams p, u32 query_begin, u32 query_end,
         const float* qf, const float* sf, u32 sample_len, float* distances) {
-    u32 i = blockIdx.y * blockDim.x + threadIdx.x;
-    u32 first = query_begin + blockIdx.x * SAMPLE_QUERIES;
-    if (i >= sample_len || first >= query_end) return;
-    u32 count = min((u32)SAMPLE_QUERIES, query_end - first);
-    // A group short of SAMPLE_QUERIES repeats its last query (computed, not written).
-    const float* x[SAMPLE_QUERIES];
-    float acc[SAMPLE_QUERIES];
-#pragma unroll
-    for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
-        x[q] = qf + (u64)(first + min(q, count - 1)) * p.dim;
-        acc[q] = 0.0f;
-    }
-    const float* s = sf + i;
+    __shared__ __align__(16) float qs[SAMPLE_DIMS][SAMPLE_QUERIES + 4];
+    __shared__ __align__(16) float ss[SAMPLE_DIMS][SAMPLE_COLUMNS];
+    u32 first = query_begin + blockIdx.x * SAMPLE_QUERIES, s0 = blockIdx.y * SAMPLE_COLUMNS;
+    if (first >= query_end || s0 >= sample_len) return;
+    float acc[4][8];
     switch (p.metric) {
     case METRIC_L2:
     case METRIC_L2SQ:
     case METRIC_COSINE:
-        for (u32 d = 0; d < p.dim; ++d) {
-            float v = s[(u64)d * sample_len];
-#pragma unroll
-            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
-                float t = x[q][d] - v;
-                acc[q] = acc[q] + t * t;
-            }
-        }
+        sample_distance_block<TERM_SQUARED>(p.dim, first, query_end, s0, qf, sf, sample_len, qs, ss, acc);
         break;
     case METRIC_INNER_PRODUCT:
-        for (u32 d = 0; d < p.dim; ++d) {
-            float v = s[(u64)d * sample_len];
-#pragma unroll
-            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = acc[q] + x[q][d] * v;
-        }
+        sample_distance_block<TERM_PRODUCT>(p.dim, first, query_end, s0, qf, sf, sample_len, qs, ss, acc);
         break;
     case METRIC_L1:
-        for (u32 d = 0; d < p.dim; ++d) {
-            float v = s[(u64)d * sample_len];
-#pragma unroll
-            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = acc[q] + fabsf(x[q][d] - v);
-        }
+        sample_distance_block<TERM_ABSOLUTE>(p.dim, first, query_end, s0, qf, sf, sample_len, qs, ss, acc);
         break;
     default:
-        for (u32 d = 0; d < p.dim; ++d) {
-            float v = s[(u64)d * sample_len];
-#pragma unroll
-            for (u32 q = 0; q < SAMPLE_QUERIES; ++q) acc[q] = fmaxf(acc[q], fabsf(x[q][d] - v));
-        }
+        sample_distance_block<TERM_LARGEST>(p.dim, first, query_end, s0, qf, sf, sample_len, qs, ss, acc);
         break;
     }
+    const u32 tq = threadIdx.x / 16 * 4, ts = threadIdx.x % 16 * 4;
 #pragma unroll
-    for (u32 q = 0; q < SAMPLE_QUERIES; ++q) {
-        if (q >= count) break;
-        float v = p.metric == METRIC_INNER_PRODUCT ? -acc[q] : acc[q];
-        distances[(u64)(first + q - query_begin) * SAMPLE + i] = isnan(v) ? __int_as_float(0x7f800000) : v;
+    for (u32 q = 0; q < 4; ++q) {
+        if (first + tq + q >= query_end) break;
+        float* row = distances + (u64)(first + tq + q - query_begin) * SAMPLE + s0;
+#pragma unroll
+        for (u32 j = 0; j < 8; ++j) {
+            u32 i = ts + j % 4 + 64 * (j / 4);
+            float v = p.metric == METRIC_INNER_PRODUCT ? -acc[q][j] : acc[q][j];
+            if (s0 + i < sample_len) row[i] = isnan(v) ? __int_as_float(0x7f800000) : v;
+        }
     }
 }
 

@@ -417,37 +417,65 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 #define TC_RUN 8
 // Words of one pipeline stage: both sides' tiles (`TC_STAGE_BYTES` in src/gpu/launch.rs).
 #define TC_STAGE_WORDS (2 * TILE * TC_STRIDE)
+// Rows of at most TC_RESIDENT_CHUNKS chunks (128 dimensions) keep the block's left tile resident
+// in shared memory, copied once before its run of right tiles, and the stages carry only the right
+// tiles' chunks: at d = 128 the left tile was otherwise copied again for every right tile, half of
+// the pass's L2 traffic and of its cp.async work (NOTES.md v50). TC_RESIDENT_WORDS are reserved
+// ahead of the stages whenever a row has that few chunks (`TC_RESIDENT_BYTES` in
+// src/gpu/launch.rs, which sizes the dynamic shared memory by the same rule).
+#define TC_RESIDENT_CHUNKS 2
+#define TC_RESIDENT_WORDS (TC_RESIDENT_CHUNKS * TILE * TC_STRIDE)
 
 // The GEMM form's f32 filter rows of a side's exact rows, bit for bit as the host's `host_side`
 // computes them: x̃ = f32(x − c) rounded to nearest, ‖x̃‖² summed in f64 in dimension order (no FMA
 // contraction: --fmad=false) and rounded to f32, ‖x̃‖ its correctly rounded f32 square root; so the
-// rows need not be built on the host and cross the bus twice. One warp per row: the lanes convert
-// and store 32 adjacent coordinates at a time, then every lane adds their squares to the row's sum
-// in dimension order, each taken from its lane by shuffle — the sequential sum above. (A thread
-// per row made every warp load touch 32 rows' cache lines: 9.3 ms for a 1M × 128 side, NOTES.md
-// v33.)
-extern "C" __global__ void filter_rows(const double* exact, u32 n, u32 dim, const double* origin, float* filter, float* norms, float* sq_norms) {
+// rows need not be built on the host and cross the bus twice. A warp per 32 rows: for each 32
+// dimensions, the lanes convert and store the 32 rows' coordinates a row at a time (adjacent
+// addresses), keeping them in a 32 × 33 tile of shared memory, then lane i adds its row's squares
+// from the tile in dimension order — the sequential sum above, once per row. (A thread per row
+// reading its own row made every warp load touch 32 rows' cache lines: 9.3 ms for a 1M × 128 side,
+// NOTES.md v33; a warp per row, every lane adding the whole row's squares from shuffles, did
+// 32 times the f64 work: 1.6 ms, NOTES.md v50.)
+#define FILTER_WARPS 8
+
+extern "C" __global__ void __launch_bounds__(FILTER_WARPS * 32) filter_rows(const double* exact, u32 n, u32 dim,
+        const double* origin, float* filter, float* norms, float* sq_norms) {
+    __shared__ float tiles[FILTER_WARPS][32][33];  // 33: a lane's row is read without bank conflicts
     const u32 lane = threadIdx.x & 31;
-    const u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
-    // r is the same for the whole warp, so every lane takes part in each shuffle.
-    for (u64 r = blockIdx.x * (u64)(blockDim.x >> 5) + (threadIdx.x >> 5); r < n; r += warps) {
-        const double* row = exact + r * dim;
-        float* out = filter + r * dim;
-        double sq = 0.0;
+    float (*values)[33] = tiles[threadIdx.x >> 5];
+    const u64 groups = ((u64)n + 31) / 32, warps = (u64)gridDim.x * FILTER_WARPS;
+    for (u64 g = blockIdx.x * (u64)FILTER_WARPS + (threadIdx.x >> 5); g < groups; g += warps) {
+        const u64 first = g * 32;
+        const u32 rows = (u32)min((u64)32, n - first);  // the same for the whole warp
+        double sq = 0.0;  // row first + lane's
         for (u32 d0 = 0; d0 < dim; d0 += 32) {
-            u32 d = d0 + lane;
-            float v = d < dim ? __double2float_rn(row[d] - origin[d]) : 0.0f;
-            if (d < dim) out[d] = v;
-            u32 chunk = min(32u, dim - d0);
-            for (u32 i = 0; i < chunk; ++i) {
-                double w = (double)__shfl_sync(0xffffffffu, v, i);
-                sq += w * w;
+            const u32 d = d0 + lane;
+            const double c = d < dim ? origin[d] : 0.0;
+            // All 32 loads first, so that they are in flight together: interleaved with the
+            // stores to `filter`, which the compiler cannot prove apart from `exact`, each waited
+            // for the one before (0.45 ms for a 10k × 784 side, NOTES.md v50).
+            double x[32];
+#pragma unroll
+            for (u32 i = 0; i < 32; ++i) x[i] = i < rows && d < dim ? exact[(first + i) * dim + d] : 0.0;
+#pragma unroll
+            for (u32 i = 0; i < 32; ++i) {
+                float v = __double2float_rn(x[i] - c);
+                if (i < rows && d < dim) filter[(first + i) * dim + d] = v;
+                values[i][lane] = v;
             }
+            __syncwarp();
+            const u32 chunk = min(32u, dim - d0);
+            if (lane < rows)
+                for (u32 j = 0; j < chunk; ++j) {
+                    double w = values[lane][j];
+                    sq += w * w;
+                }
+            __syncwarp();  // the tile is rewritten for the next dimensions
         }
-        if (lane == 0) {
+        if (lane < rows) {
             float s = __double2float_rn(sq);
-            sq_norms[r] = s;
-            norms[r] = __fsqrt_rn(s);
+            sq_norms[first + lane] = s;
+            norms[first + lane] = __fsqrt_rn(s);
         }
     }
 }
@@ -666,18 +694,28 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
 
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
 #if __CUDA_ARCH__ >= 800
-    // Dynamic shared memory: the queue's pairs, then the pipeline's stages (16-byte aligned).
+    // Dynamic shared memory: the queue's pairs, the resident left tile's chunks (rows of at most
+    // TC_RESIDENT_CHUNKS chunks), then the pipeline's stages (16-byte aligned).
     extern __shared__ __align__(16) u32 tc_shared[];
     __shared__ u32 queue_len;
     __shared__ float row_bounds[TILE];
     __shared__ __align__(8) float col_offsets[TC_OFFSET_RING][TILE];
+    // The f16 rows (pack_half_rows), passed in the f32 filter rows' place.
+    const u32* left_rows = (const u32*)lf;
+    const u32* right_rows = (const u32*)rf;
+    const u32 row_words = tc_row_words(p.dim);
+    const u32 chunks = (row_words + TC_CHUNK - 1) / TC_CHUNK;
+    const bool resident = chunks <= TC_RESIDENT_CHUNKS;
     u32 shared_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
-    const u32 stages = (shared_bytes - TC_QUEUE * 8) / (TC_STAGE_WORDS * 4);  // 2 or 3, as the host sized it
+    const u32 stage_words = resident ? TILE * TC_STRIDE : TC_STAGE_WORDS;
+    const u32 stages = (shared_bytes - TC_QUEUE * 8 - (resident ? TC_RESIDENT_WORDS * 4 : 0)) / (stage_words * 4);  // 2 or 3, as the host sized it
     TcQueue queue = {queue_len, (uint2*)tc_shared};
-    u32* tc_stages = tc_shared + TC_QUEUE * 2;
-    auto xs = [&](u32 stage) { return (u32 (*)[TC_STRIDE])(tc_stages + stage * TC_STAGE_WORDS); };
-    auto ys = [&](u32 stage) { return (u32 (*)[TC_STRIDE])(tc_stages + stage * TC_STAGE_WORDS + TILE * TC_STRIDE); };
+    u32* x_resident = tc_shared + TC_QUEUE * 2;
+    u32* tc_stages = x_resident + (resident ? TC_RESIDENT_WORDS : 0);
+    auto xs = [&](u32 stage) { return (u32 (*)[TC_STRIDE])(tc_stages + stage * stage_words); };  // not resident
+    auto ys = [&](u32 stage) { return (u32 (*)[TC_STRIDE])(tc_stages + stage * stage_words + (resident ? 0 : TILE * TC_STRIDE)); };
+    auto x_chunk = [&](u32 c) { return (u32 (*)[TC_STRIDE])(x_resident + c * TILE * TC_STRIDE); };  // resident
     u32 row0, run_col;
     if (!brute_tile(p, slot_begin, slot_end, right_begin, TC_RUN, row0, run_col)) return;
     // The run's tiles within the data, from the first not wholly before the diagonal (self-joins).
@@ -702,11 +740,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     // Steps (tile, chunk) in order. The loader runs stages − 1 steps ahead of the tensor cores,
     // one cp.async group per step (empty past the last), so that a step's group is complete once
     // at most stages − 2 younger ones are pending.
-    // The f16 rows (pack_half_rows), passed in the f32 filter rows' place.
-    const u32* left_rows = (const u32*)lf;
-    const u32* right_rows = (const u32*)rf;
-    const u32 row_words = tc_row_words(p.dim);
-    u32 chunks = (row_words + TC_CHUNK - 1) / TC_CHUNK, steps = tiles * chunks;
+    const u32 steps = tiles * chunks;
     TileCopy x_copy = tile_copy(row_words, left_rows, row0, slot_end), y_copy = tile_copy(row_words, right_rows, first_col, right_len);
     // Stage indices count round instead of taking `load % stages` and `step % stages`: `stages` is
     // known only at run time, and each modulo cost an integer division per step.
@@ -718,7 +752,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
                 col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x] = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
             u32 stage = load_stage;
             load_stage = load_stage + 1 == stages ? 0 : load_stage + 1;
-            copy_chunk(row_words, x_copy, xs(stage), load_chunk * TC_CHUNK);
+            if (!resident) copy_chunk(row_words, x_copy, xs(stage), load_chunk * TC_CHUNK);
             copy_chunk(row_words, y_copy, ys(stage), load_chunk * TC_CHUNK);
             if (++load_chunk == chunks) {
                 load_chunk = 0;
@@ -729,6 +763,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         ++load;
         asm volatile("cp.async.commit_group;");
     };
+    // A resident left tile's copies join the first group, which the first step waits for.
+    if (resident)
+        for (u32 c = 0; c < chunks; ++c) copy_chunk(row_words, x_copy, x_chunk(c), c * TC_CHUNK);
     for (u32 s = 0; s + 1 < stages; ++s) load_next();
     u32 col0 = first_col, tile = 0, compute_stage = 0;  // the tile being computed, and the stage of its step
     for (u32 step = 0, c = 0; step < steps; ++step) {
@@ -740,7 +777,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         load_next();
         u32 stage = compute_stage;
         compute_stage = compute_stage + 1 == stages ? 0 : compute_stage + 1;
-        u32 (*x_tile)[TC_STRIDE] = xs(stage);
+        u32 (*x_tile)[TC_STRIDE] = resident ? x_chunk(c) : xs(stage);
         u32 (*y_tile)[TC_STRIDE] = ys(stage);
         // The mma steps (8 words, 16 dimensions each) cover this chunk's words rounded up to 8.
         u32 width = min((u32)TC_CHUNK, (row_words - c * TC_CHUNK + 7) & ~7u);

@@ -18,22 +18,32 @@ const TC_RUN: usize = 8;
 const TC_STAGE_BYTES: usize = 2 * BRUTE_TILE * 36 * 4;
 /// Bytes of brute_join_tc's queue of pairs to decide (`TC_QUEUE` pairs of two u32).
 const TC_QUEUE_BYTES: usize = 256 * 8;
+/// Rows of at most this many chunks of 32 words keep brute_join_tc's left tile resident in shared
+/// memory (`TC_RESIDENT_CHUNKS` in kernels/sim_join.cu), in `TC_RESIDENT_BYTES` ahead of stages
+/// that hold the right tile's chunks only.
+const TC_RESIDENT_CHUNKS: usize = 2;
+const TC_RESIDENT_BYTES: usize = TC_RESIDENT_CHUNKS * BRUTE_TILE * 36 * 4;
 
 /// brute_join_tc's static shared memory (`queue_len`, `row_bounds`, `col_offsets`; ptxas reports
 /// 2,064 bytes) and what the driver reserves per block besides (1 KB on sm_80 and later).
 const TC_STATIC_BYTES: usize = 2064 + 1024;
 
-/// brute_join_tc's dynamic shared memory: its queue and three pipeline stages where two blocks
-/// still fit a multiprocessor (sm_90: 228 KB, two blocks of 110 + 3 KB), else two (sm_80: 164 KB;
-/// sm_86, sm_89: 100 KB, where even two stages leave one block); the kernel reads the stage count
-/// off the size. It is built for two resident blocks (`__launch_bounds__(256, 2)`): a third stage
-/// that cost the second block would halve the warps that hide the tensor cores' latency.
-fn tc_shared_bytes(device: &GpuDevice) -> u32 {
-    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor) as u32
+/// brute_join_tc's dynamic shared memory for rows of `dim` values: its queue, the resident left
+/// tile where rows are that short, and three pipeline stages where two blocks still fit a
+/// multiprocessor (sm_90: 228 KB, two blocks of 110 + 3 KB), else two (sm_80: 164 KB; sm_86,
+/// sm_89: 100 KB, where even two stages leave one block); the kernel reads the stage count off the
+/// size. It is built for two resident blocks (`__launch_bounds__(256, 2)`): a third stage that
+/// cost the second block would halve the warps that hide the tensor cores' latency.
+fn tc_shared_bytes(device: &GpuDevice, dim: usize) -> u32 {
+    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, dim) as u32
 }
 
-fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize) -> usize {
-    let bytes = |stages: usize| TC_QUEUE_BYTES + stages * TC_STAGE_BYTES;
+fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, dim: usize) -> usize {
+    let resident = tc_row_words(dim).div_ceil(32) <= TC_RESIDENT_CHUNKS;
+    let bytes = |stages: usize| match resident {
+        true => TC_QUEUE_BYTES + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2,
+        false => TC_QUEUE_BYTES + stages * TC_STAGE_BYTES,
+    };
     let three_fit = bytes(3) <= per_block && 2 * (bytes(3) + TC_STATIC_BYTES) <= per_multiprocessor;
     bytes(if three_fit { 3 } else { 2 })
 }
@@ -225,7 +235,7 @@ pub fn launch_join_pass(
         ("brute_join_tc", ..) => return Err("brute_join_tc: a side has no f16 rows".to_string()),
         _ => None,
     };
-    let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device) } else { 0 };
+    let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize) } else { 0 };
     if shared_mem_bytes > 0 {
         // More than the 48 KB a block gets without asking.
         function
@@ -396,21 +406,23 @@ pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin:
     let mut sq_norms = stream.alloc_zeros::<f32>(n.max(1)).map_err(alloc)?;
     let function = device.function(KernelModule::SimJoin, "filter_rows")?;
     let (rows, width) = (n as u32, dim as u32);
-    // A warp per row.
-    let blocks = (n as u64).div_ceil(BLOCK as u64 / 32).clamp(1, 65_536) as u32;
+    // A warp per 32 rows (FILTER_WARPS = BLOCK / 32 warps a block).
+    let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
     let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let mut builder = stream.launch_builder(&function);
     builder.arg(exact).arg(&rows).arg(&width).arg(&origin).arg(&mut filter).arg(&mut norms).arg(&mut sq_norms);
     // SAFETY: filter_rows(const double*, u32, u32, const double*, float*, float*, float*): rows
-    // below n (grid-stride, a warp each) of `dim` values, within `exact` (checked above) and
+    // below n (grid-stride, 32 a warp) of `dim` values, within `exact` (checked above) and
     // `filter` (n · dim);
     // `origin` holds dim values; `norms` and `sq_norms` one per row.
     unsafe { builder.launch(config) }.map_err(|e| format!("filter_rows launch failed: {e}"))?;
     Ok(FilterRows { filter, norms, sq_norms })
 }
 
-/// Queries per block of knn_sample_distances (`SAMPLE_QUERIES` in kernels/knn.cu).
-const SAMPLE_QUERIES: u32 = 16;
+/// Queries and sample rows per block of knn_sample_distances (`SAMPLE_QUERIES`, `SAMPLE_COLUMNS` in
+/// kernels/knn.cu).
+const SAMPLE_QUERIES: u32 = 64;
+const SAMPLE_COLUMNS: u32 = 128;
 
 /// kNN's radius sample (knn_sample_rows in kernels/knn.cu): `sample_len` evenly spread rows of the
 /// base's f32 filter rows (`base_filter`, `n` rows of `dim` in input order), dimension-major.
@@ -463,7 +475,7 @@ pub fn sample_radius_pass(
     for begin in queries.clone().step_by(chunk) {
         let end = (begin as usize + chunk).min(queries.end as usize) as u32;
         let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
-        let config = LaunchConfig { grid_dim: (groups, sample_len.div_ceil(BLOCK), 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let config = LaunchConfig { grid_dim: (groups, sample_len.div_ceil(SAMPLE_COLUMNS), 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         let mut builder = stream.launch_builder(&distances_kernel);
         builder
             .arg(params)
@@ -986,10 +998,21 @@ mod tests {
     #[test]
     fn three_stages_only_where_two_blocks_still_fit() {
         // sm_90 (H100): 227 KB a block, 228 KB a multiprocessor.
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
         // sm_80 (A100): three stages would fit one block (163 KB) but not two in 164 KB.
-        assert_eq!(tc_dynamic_bytes(166_912, 167_936), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 784), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
         // sm_86, sm_89: 99 KB a block.
-        assert_eq!(tc_dynamic_bytes(101_376, 102_400), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 784), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+    }
+
+    #[test]
+    fn rows_of_two_chunks_keep_the_left_tile_resident() {
+        let resident = |stages: usize| TC_QUEUE_BYTES + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2;
+        // 128 dimensions: 64 words, two chunks; 129: 68 words, three.
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128), resident(3));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 1), resident(3));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 129), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 128), resident(2));
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 128), resident(2));
     }
 }
