@@ -61,33 +61,53 @@ struct JoinParams {
 // The host's mirror (`JoinParams` in src/gpu/launch.rs) asserts the same size.
 static_assert(sizeof(JoinParams) == 208, "JoinParams layout changed: update src/gpu/launch.rs");
 
-// The exact distance of the contract: sums in dimension order, one term at a time. `b`'s
-// coordinates are `b_stride` apart (kNN's sample is stored dimension-major, so that the threads of a
-// warp, one sample row each, read adjacent values).
-__device__ __forceinline__ double exact_distance(const JoinParams& p, const double* a, const double* b,
-                                                 double norm_a, double norm_b, u32 b_stride = 1) {
+// The exact distance of the contract: sums in dimension order, one term at a time (no FMA
+// contraction: --fmad=false), as the host's ExactCheck. exact_term is one term of a metric family's
+// sum (L2 and its square; cosine and the inner product; L1; L∞), exact_finish the distance from the
+// whole sum; every exact distance on the device is built from these two, so all are the same bits.
+template <u32 METRIC>
+__device__ __forceinline__ double exact_term(double acc, double a, double b) {
+    if (METRIC == METRIC_L2 || METRIC == METRIC_L2SQ) {
+        double d = a - b;
+        return acc + d * d;
+    }
+    if (METRIC == METRIC_COSINE || METRIC == METRIC_INNER_PRODUCT) return acc + a * b;
+    if (METRIC == METRIC_L1) return acc + fabs(a - b);
+    return fmax(acc, fabs(a - b));
+}
+
+__device__ __forceinline__ double exact_finish(u32 metric, double acc, double norm_a, double norm_b) {
+    switch (metric) {
+    case METRIC_L2: return sqrt(acc);
+    case METRIC_COSINE: return 1.0 - acc / (sqrt(norm_a) * sqrt(norm_b));
+    case METRIC_INNER_PRODUCT: return -acc;
+    default: return acc;
+    }
+}
+
+template <u32 METRIC>
+__device__ __forceinline__ double exact_sum(const double* a, const double* b, u32 dim) {
     double acc = 0.0;
+    for (u32 i = 0; i < dim; ++i) acc = exact_term<METRIC>(acc, a[i], b[i]);
+    return acc;
+}
+
+// A row's Σx² (`norms`, cosine only: exact_finish's norm_a, norm_b); 0 for the other metrics.
+__device__ __forceinline__ double cosine_norm(const JoinParams& p, const double* norms, u32 row) {
+    return p.metric == METRIC_COSINE ? norms[row] : 0.0;
+}
+
+__device__ __forceinline__ double exact_distance(const JoinParams& p, const double* a, const double* b, double norm_a, double norm_b) {
+    double acc;
     switch (p.metric) {
     case METRIC_L2:
-    case METRIC_L2SQ:
-        for (u32 i = 0; i < p.dim; ++i) {
-            double d = a[i] - b[(u64)i * b_stride];
-            acc = acc + d * d;
-        }
-        return p.metric == METRIC_L2 ? sqrt(acc) : acc;
+    case METRIC_L2SQ: acc = exact_sum<METRIC_L2>(a, b, p.dim); break;
     case METRIC_COSINE:
-        for (u32 i = 0; i < p.dim; ++i) acc = acc + a[i] * b[(u64)i * b_stride];
-        return 1.0 - acc / (sqrt(norm_a) * sqrt(norm_b));
-    case METRIC_INNER_PRODUCT:
-        for (u32 i = 0; i < p.dim; ++i) acc = acc + a[i] * b[(u64)i * b_stride];
-        return -acc;
-    case METRIC_L1:
-        for (u32 i = 0; i < p.dim; ++i) acc = acc + fabs(a[i] - b[(u64)i * b_stride]);
-        return acc;
-    default:
-        for (u32 i = 0; i < p.dim; ++i) acc = fmax(acc, fabs(a[i] - b[(u64)i * b_stride]));
-        return acc;
+    case METRIC_INNER_PRODUCT: acc = exact_sum<METRIC_INNER_PRODUCT>(a, b, p.dim); break;
+    case METRIC_L1: acc = exact_sum<METRIC_L1>(a, b, p.dim); break;
+    default: acc = exact_sum<METRIC_LINF>(a, b, p.dim); break;
     }
+    return exact_finish(p.metric, acc, norm_a, norm_b);
 }
 
 // The f32 filter score of two filter-space rows (see FilterLimit / GemmSide on the host). The

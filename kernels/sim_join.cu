@@ -81,9 +81,7 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         float nx = p.filter == FILTER_NEG_DOT ? lfnorm[s] : 0.0f;
         float ny = p.filter == FILTER_NEG_DOT ? rfnorm[t] : 0.0f;
         if (!filter_passes(p, score, nx, ny, p.limit)) continue;
-        double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
-        double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
-        double d = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
+        double d = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, cosine_norm(p, lnorm, s), cosine_norm(p, rnorm, t));
         if (d <= p.threshold) {
             if (write) {
                 u64 at = offset + found;
@@ -229,16 +227,12 @@ __device__ __forceinline__ bool brute_filter(const JoinParams& p, const LeftSlot
     return filter_passes(p, score, l.norm, r.norm, l.limit);
 }
 
-// A pair that passed the filter: its exact f64 distance decides (unless the slot takes every
-// row), then a count or a written pair.
-__device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u32 slot_begin,
-        const double* lx, const double* rx, const double* lnorm, const double* rnorm,
+// A pair that passed the filter, with its exact f64 distance: that decides (unless the slot takes
+// every row), then a count or a written pair.
+__device__ __forceinline__ void record_pair(const JoinParams& p, u32 s, u32 t, double dist, u32 slot_begin,
         const u32* left_order, const u32* right_order, const double* row_threshold,
         u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, u64* collected,
         u64 capacity, int write) {
-    double na = p.metric == METRIC_COSINE ? lnorm[s] : 0.0;
-    double nb = p.metric == METRIC_COSINE ? rnorm[t] : 0.0;
-    double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, na, nb);
     double threshold = p.per_row ? row_threshold[s] : p.threshold;
     if (!(dist <= threshold) && !takes_every_row(p, row_threshold, s)) return;
     if (write) {
@@ -258,6 +252,17 @@ __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u3
             collect_pair(collected, capacity, left_order[s], right_order[t], dist, out_left, out_right, out_distance);
         }
     }
+}
+
+// record_pair of a pair's exact distance, computed here.
+__device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u32 slot_begin,
+        const double* lx, const double* rx, const double* lnorm, const double* rnorm,
+        const u32* left_order, const u32* right_order, const double* row_threshold,
+        u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, u64* collected,
+        u64 capacity, int write) {
+    double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, cosine_norm(p, lnorm, s), cosine_norm(p, rnorm, t));
+    record_pair(p, s, t, dist, slot_begin, left_order, right_order, row_threshold, counts, cursors, out_left, out_right,
+                out_distance, collected, capacity, write);
 }
 
 // Brute force, tiled like a matrix product: each block scores 128 left rows against 128 right rows
@@ -692,6 +697,43 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
     }
 }
 
+// The sum of exact terms of the pairs `pairs[0, count)` (count ≤ 32) of a brute_join_tc block's
+// queue, lane i's pair i's: the warp brings their rows into `scratch` (2 × 32 rows of DRAIN_STRIDE
+// f64) DRAIN_DIMS dimensions at a time, one pair a load instruction (lanes 0–15 the left row's
+// values, 16–31 the right row's: two cache lines), then each lane adds its pair's terms from there
+// in dimension order, exact_distance's terms and order. One thread per pair reading its own rows made
+// each load instruction touch 32 rows' cache lines, which the L1 serves one a cycle: at 784
+// dimensions those loads held 28 % of the count pass's stall samples (NOTES.md v51).
+#define DRAIN_DIMS 16
+#define DRAIN_STRIDE (DRAIN_DIMS + 1)  // a lane's row is read without bank conflicts
+// The warps' scratch fits in the two stages every configuration has, after the queue.
+static_assert(8 * 2 * 32 * DRAIN_STRIDE * 8 <= 2 * TC_STAGE_WORDS * 4, "brute_join_tc's drain scratch");
+
+template <u32 METRIC>
+__device__ __forceinline__ double drain_sum(u32 dim, const uint2* pairs, u32 count, const double* lx, const double* rx,
+                                            double* scratch) {
+    const u32 lane = threadIdx.x % 32, side = lane / 16, at = lane % 16;
+    const double* rows = side ? rx : lx;
+    double (*staged)[32][DRAIN_STRIDE] = (double (*)[32][DRAIN_STRIDE])scratch;  // [side][pair][dimension]
+    double acc = 0.0;
+    for (u32 d0 = 0; d0 < dim; d0 += DRAIN_DIMS) {
+        const u32 d = d0 + at;
+        double values[32];  // all loads first, so that they are in flight together
+#pragma unroll
+        for (u32 j = 0; j < 32; ++j) {
+            uint2 pair = pairs[min(j, count - 1)];
+            values[j] = j < count && d < dim ? rows[(u64)(side ? pair.y : pair.x) * dim + d] : 0.0;
+        }
+#pragma unroll
+        for (u32 j = 0; j < 32; ++j) staged[side][j][at] = values[j];
+        __syncwarp();
+        const u32 width = min((u32)DRAIN_DIMS, dim - d0);
+        for (u32 i = 0; i < width; ++i) acc = exact_term<METRIC>(acc, staged[0][lane][i], staged[1][lane][i]);
+        __syncwarp();  // the scratch is rewritten for the next dimensions
+    }
+    return acc;
+}
+
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
 #if __CUDA_ARCH__ >= 800
     // Dynamic shared memory: the queue's pairs, the resident left tile's chunks (rows of at most
@@ -824,12 +866,31 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         col0 += TILE;
         ++tile;
     }
-    // The queued pairs, a thread each: their exact distances computed side by side.
+    // The queued pairs, a thread each: their exact distances computed side by side, the rows
+    // staged through the pipeline's stages, which no copy uses any more (every step's group is
+    // complete) once every warp is past its last step.
     __syncthreads();
     u32 queued = min(queue.len, (u32)TC_QUEUE);
-    for (u32 i = threadIdx.x; i < queued; i += blockDim.x)
-        exact_pair(p, queue.pairs[i].x, queue.pairs[i].y, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
-                   row_threshold, counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
+    double* scratch = (double*)x_resident + (threadIdx.x / 32) * 2 * 32 * DRAIN_STRIDE;
+    for (u32 first = threadIdx.x / 32 * 32; first < queued; first += blockDim.x) {
+        const uint2* pairs = queue.pairs + first;
+        const u32 count = min(32u, queued - first);
+        double acc;
+        switch (p.metric) {
+        case METRIC_L2:
+        case METRIC_L2SQ: acc = drain_sum<METRIC_L2>(p.dim, pairs, count, lx, rx, scratch); break;
+        case METRIC_COSINE:
+        case METRIC_INNER_PRODUCT: acc = drain_sum<METRIC_INNER_PRODUCT>(p.dim, pairs, count, lx, rx, scratch); break;
+        case METRIC_L1: acc = drain_sum<METRIC_L1>(p.dim, pairs, count, lx, rx, scratch); break;
+        default: acc = drain_sum<METRIC_LINF>(p.dim, pairs, count, lx, rx, scratch); break;
+        }
+        if (lane < count) {
+            u32 s = pairs[lane].x, t = pairs[lane].y;
+            double dist = exact_finish(p.metric, acc, cosine_norm(p, lnorm, s), cosine_norm(p, rnorm, t));
+            record_pair(p, s, t, dist, slot_begin, left_order, right_order, row_threshold, counts, cursors, out_left,
+                        out_right, out_distance, collected, capacity, write);
+        }
+    }
 #endif
 }
 
