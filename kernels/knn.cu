@@ -58,7 +58,10 @@ extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, 
 // The block stages SAMPLE_DIMS dimensions of both sides at a time in shared memory and each thread
 // keeps a 4 × 8 block of sums in registers, three 16-byte shared loads for 32 terms. (A thread per
 // sample row reading 16 queries' values from global memory, a load per term, spent about as much
-// on loads as on arithmetic: NOTES.md v50.) Each sum runs over the dimensions in order, as before.
+// on loads as on arithmetic: NOTES.md v50.) The squared L2 distance is taken as ‖x‖² + ‖s‖² − 2x·s
+// from fused multiply-adds, one instruction a term where the difference, its square and the sum
+// took three (this module is built without FMA contraction, for the exact distances): its rounding,
+// relative to the norms, moves a radius a little, and any radius is correct (NOTES.md v52).
 #define SAMPLE_QUERIES 64
 #define SAMPLE_COLUMNS 128
 #define SAMPLE_DIMS 16
@@ -68,10 +71,7 @@ enum SampleTerm { TERM_SQUARED, TERM_PRODUCT, TERM_ABSOLUTE, TERM_LARGEST };
 
 template <SampleTerm TERM>
 __device__ __forceinline__ float sample_term(float acc, float x, float s) {
-    if (TERM == TERM_SQUARED) {
-        float t = x - s;
-        return acc + t * t;
-    }
+    if (TERM == TERM_SQUARED) return __fmaf_rn(x, s, acc);  // x·s, completed by sample_distance_block
     if (TERM == TERM_PRODUCT) return acc + x * s;
     if (TERM == TERM_ABSOLUTE) return acc + fabsf(x - s);
     return fmaxf(acc, fabsf(x - s));
@@ -88,6 +88,7 @@ __device__ __forceinline__ void sample_distance_block(u32 dim, u32 first, u32 qu
     for (u32 q = 0; q < 4; ++q)
 #pragma unroll
         for (u32 j = 0; j < 8; ++j) acc[q][j] = 0.0f;
+    float query_sq[4] = {}, sample_sq[8] = {};  // TERM_SQUARED's ‖x‖², ‖s‖²
     for (u32 d0 = 0; d0 < dim; d0 += SAMPLE_DIMS) {
         // Zeros beyond the data: a dimension past `dim` adds a zero term (L∞'s sums are ≥ 0, and
         // fmaxf passes over NaN), and the sums of rows past the ends are not written.
@@ -109,8 +110,24 @@ __device__ __forceinline__ void sample_distance_block(u32 dim, u32 first, u32 qu
             for (u32 q = 0; q < 4; ++q)
 #pragma unroll
                 for (u32 j = 0; j < 8; ++j) acc[q][j] = sample_term<TERM>(acc[q][j], xv[q], sv[j]);
+            if (TERM == TERM_SQUARED) {
+#pragma unroll
+                for (u32 q = 0; q < 4; ++q) query_sq[q] = __fmaf_rn(xv[q], xv[q], query_sq[q]);
+#pragma unroll
+                for (u32 j = 0; j < 8; ++j) sample_sq[j] = __fmaf_rn(sv[j], sv[j], sample_sq[j]);
+            }
         }
         __syncthreads();
+    }
+    if (TERM == TERM_SQUARED) {
+        // At least 0 (rounding can take a near-duplicate's below), NaN kept.
+#pragma unroll
+        for (u32 q = 0; q < 4; ++q)
+#pragma unroll
+            for (u32 j = 0; j < 8; ++j) {
+                float v = __fmaf_rn(-2.0f, acc[q][j], query_sq[q] + sample_sq[j]);
+                acc[q][j] = v < 0.0f ? 0.0f : v;
+            }
     }
 }
 
@@ -263,10 +280,14 @@ __device__ __forceinline__ double from_total_order_key(u64 key) {
     return __longlong_as_double((long long)((key >> 63) ? key & 0x7fffffffffffffffull : ~key));
 }
 
-extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u32 k, const u32* slot_len,
+extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u32 k, u32 room, const u32* slot_len,
         const double* distance, const u32* position, double* out_distance, u32* out_position) {
-    __shared__ u64 key[RANK_SLOTS];
-    __shared__ u32 at[RANK_SLOTS];
+    // `room` (a power of two ≥ every slot_len, ≤ RANK_SLOTS) keys, then as many positions, in
+    // dynamic shared memory sized by the host to the longest slot: at RANK_SLOTS always, 48 KB a
+    // block left room for four blocks a multiprocessor (NOTES.md v52).
+    extern __shared__ u64 rank_shared[];
+    u64* key = rank_shared;
+    u32* at = (u32*)(rank_shared + room);
     u32 q = blockIdx.x;
     u32 len = slot_len[q];
     if (len == 0) return;

@@ -526,12 +526,16 @@ pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: us
     let mut out_distance = stream.alloc_zeros::<f64>(queries * k).map_err(failed)?;
     let mut out_position = stream.alloc_zeros::<u32>(queries * k).map_err(failed)?;
     let function = device.function(KernelModule::Knn, "knn_rank_slots")?;
-    let config = LaunchConfig { grid_dim: (queries as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    // Shared memory for the longest slot's sort: a key (8 bytes) and a position (4) an entry.
+    let room = slot_len.iter().max().map_or(1, |&len| len.max(1).next_power_of_two());
+    let shared_mem_bytes = room * 12;
+    let config = LaunchConfig { grid_dim: (queries as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes };
     let (capacity_arg, k_arg) = (capacity as u32, k as u32);
     let mut builder = stream.launch_builder(&function);
     builder
         .arg(&capacity_arg)
         .arg(&k_arg)
+        .arg(&room)
         .arg(&lengths)
         .arg(&pass.out_distance)
         .arg(&pass.out_right)
@@ -540,8 +544,10 @@ pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: us
     // SAFETY: the arguments match knn_rank_slots's parameter list one for one. Block q reads
     // slot_len[q] (q < `queries`, its length) and, when it is not 0, entries [q·capacity,
     // q·capacity + slot_len[q]) of the distances and positions, within both (checked above:
-    // slot_len[q] ≤ capacity ≤ RANK_SLOTS, and queries · capacity entries fit), and writes k
-    // values at [q·k, q·k + k) of the outputs, which hold queries · k.
+    // slot_len[q] ≤ capacity ≤ RANK_SLOTS, and queries · capacity entries fit), sorts the next
+    // power of two ≥ slot_len[q], at most `room` entries, in its 12·room bytes of dynamic shared
+    // memory (≤ 48 KB: room ≤ RANK_SLOTS = 4,096), and writes k values at [q·k, q·k + k) of the
+    // outputs, which hold queries · k.
     unsafe { builder.launch(config) }.map_err(|e| format!("knn_rank_slots launch failed: {e}"))?;
     Ok((stream.clone_dtoh(&out_distance).map_err(failed)?, stream.clone_dtoh(&out_position).map_err(failed)?))
 }
