@@ -97,17 +97,16 @@ __device__ __forceinline__ double cosine_norm(const JoinParams& p, const double*
     return p.metric == METRIC_COSINE ? norms[row] : 0.0;
 }
 
+// The metric families share their loops, as the host's ExactCheck does.
 __device__ __forceinline__ double exact_distance(const JoinParams& p, const double* a, const double* b, double norm_a, double norm_b) {
-    double acc;
     switch (p.metric) {
     case METRIC_L2:
-    case METRIC_L2SQ: acc = exact_sum<METRIC_L2>(a, b, p.dim); break;
+    case METRIC_L2SQ: return exact_finish(p.metric, exact_sum<METRIC_L2>(a, b, p.dim), norm_a, norm_b);
     case METRIC_COSINE:
-    case METRIC_INNER_PRODUCT: acc = exact_sum<METRIC_INNER_PRODUCT>(a, b, p.dim); break;
-    case METRIC_L1: acc = exact_sum<METRIC_L1>(a, b, p.dim); break;
-    default: acc = exact_sum<METRIC_LINF>(a, b, p.dim); break;
+    case METRIC_INNER_PRODUCT: return exact_finish(p.metric, exact_sum<METRIC_INNER_PRODUCT>(a, b, p.dim), norm_a, norm_b);
+    case METRIC_L1: return exact_sum<METRIC_L1>(a, b, p.dim);
+    default: return exact_sum<METRIC_LINF>(a, b, p.dim);
     }
-    return exact_finish(p.metric, acc, norm_a, norm_b);
 }
 
 // The f32 filter score of two filter-space rows (see FilterLimit / GemmSide on the host). The
