@@ -706,7 +706,8 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
 // dimensions those loads held 28 % of the count pass's stall samples (NOTES.md v51).
 #define DRAIN_DIMS 16
 #define DRAIN_STRIDE (DRAIN_DIMS + 1)  // a lane's row is read without bank conflicts
-// The warps' scratch fits in the two stages every configuration has, after the queue.
+// The warps' scratch (68 KB) fits in what every configuration has after the queue: two stages of
+// both tiles, or the resident left tile and two stages of right tiles (72 KB either way).
 static_assert(8 * 2 * 32 * DRAIN_STRIDE * 8 <= 2 * TC_STAGE_WORDS * 4, "brute_join_tc's drain scratch");
 
 template <u32 METRIC>
