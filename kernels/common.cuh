@@ -202,3 +202,11 @@ __device__ __forceinline__ float fixed_filter_score(u32 filter, const float (&x)
         return -acc;
     }
 }
+
+// acc += A·B on f16 tensor cores (mma.sync m16n8k16, f32 accumulation): `a` a 16 × 16 fragment of
+// A (row-major), `b` a 16 × 8 one of B (column-major), two f16 a register; `acc` the 16 × 8 sums.
+__device__ __forceinline__ void mma_f16(float (&acc)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}

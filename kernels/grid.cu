@@ -151,11 +151,14 @@ extern "C" __global__ void fill_u32(u32* values, u64 len, u32 value) {
     }
 }
 
-// Rows of `words` 4-byte words into slot order: row s of `out` is row order[s] of `rows`.
-extern "C" __global__ void gather_rows(const u32* rows, const u32* order, u32 n, u32 words, u32* out) {
+// Rows of `words` 4-byte words picked by `order`: row s of `out` is row order[s] of `rows`, which
+// holds `source` rows (a grid's slot order: a permutation; a kNN pass's subset of queries). An
+// index outside them yields a zero row rather than a read outside `rows`.
+extern "C" __global__ void gather_rows(const u32* rows, u32 source, const u32* order, u32 n, u32 words, u32* out) {
     u64 total = (u64)n * words;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         u64 s = i / words, w = i % words;
-        out[i] = rows[(u64)order[s] * words + w];
+        u32 row = order[s];
+        out[i] = row < source ? rows[(u64)row * words + w] : 0u;
     }
 }

@@ -168,6 +168,96 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParam
     }
 }
 
+// knn_sample_distances_tc: knn_sample_distances' keys where the tensor cores filter (the GEMM form
+// of L2, L2² and cosine; the inner product), from the f16 rows brute_join_tc reads (both sides
+// scaled by 2^a, two coordinates a word, `row_words` words a row): the queries' and the sample's,
+// gathered from the base's (row i is base row ⌊i·n/sample_len⌋, as knn_sample_rows picks). x·s by
+// mma.sync m16n8k16 with f32 accumulation, times `unscale` = 2^−2a; the squared L2 distance as
+// ‖x‖² + ‖s‖² − 2x·s from the sides' f32 squared filter norms, at least 0, the inner product's key
+// −x·s (`squared` = 0: the norms are not read). f16's 11-bit significand puts a key off by about 2⁻¹⁰·‖x‖·‖s‖, which moves a radius a
+// little: any radius is correct (knn_sample_distances). On f32 CUDA cores these keys took 2.4 ms
+// of a 10k × 60k × 784 kNN (NOTES.md v54).
+// A block takes TC_SAMPLE_QUERIES queries × TC_SAMPLE_COLUMNS sample rows, staging
+// TC_SAMPLE_WORDS words (64 dimensions) of each row at a time in shared memory; each of its 8
+// warps computes 32 × 32 of them (2 × 4 fragments). Rows are TC_SAMPLE_STRIDE words apart, so a
+// fragment's loads (rows g + [0, 8), words t + [0, 4)) fall in 32 distinct banks.
+#define TC_SAMPLE_QUERIES 64
+#define TC_SAMPLE_COLUMNS 128
+#define TC_SAMPLE_WORDS 32
+#define TC_SAMPLE_STRIDE (TC_SAMPLE_WORDS + 4)
+
+extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc(u32 row_words, u32 query_begin, u32 query_end,
+        const u32* query_rows, const float* query_sq, const u32* sample_rows, const float* sample_sq, u32 sample_len,
+        float unscale, u32 squared, float* distances) {
+    __shared__ u32 qs[TC_SAMPLE_QUERIES][TC_SAMPLE_STRIDE];
+    __shared__ u32 ss[TC_SAMPLE_COLUMNS][TC_SAMPLE_STRIDE];
+    u32 first = query_begin + blockIdx.x * TC_SAMPLE_QUERIES, s0 = blockIdx.y * TC_SAMPLE_COLUMNS;
+    if (first >= query_end || s0 >= sample_len) return;
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
+    const u32 warp_row = warp / 4 * 32, warp_col = warp % 4 * 32;
+    float acc[2][4][4] = {};
+    for (u32 w0 = 0; w0 < row_words; w0 += TC_SAMPLE_WORDS) {
+        // Zero words past a row's end or past the last row add nothing (their sums are not written).
+        for (u32 e = threadIdx.x; e < TC_SAMPLE_QUERIES * TC_SAMPLE_WORDS; e += blockDim.x) {
+            u32 r = e / TC_SAMPLE_WORDS, w = e % TC_SAMPLE_WORDS;
+            qs[r][w] = first + r < query_end && w0 + w < row_words ? query_rows[(u64)(first + r) * row_words + w0 + w] : 0u;
+        }
+        for (u32 e = threadIdx.x; e < TC_SAMPLE_COLUMNS * TC_SAMPLE_WORDS; e += blockDim.x) {
+            u32 r = e / TC_SAMPLE_WORDS, w = e % TC_SAMPLE_WORDS;
+            ss[r][w] = s0 + r < sample_len && w0 + w < row_words ? sample_rows[(u64)(s0 + r) * row_words + w0 + w] : 0u;
+        }
+        __syncthreads();
+#pragma unroll
+        for (u32 k = 0; k < TC_SAMPLE_WORDS; k += 8) {
+            u32 a[2][4], b[4][2];
+#pragma unroll
+            for (u32 m = 0; m < 2; ++m) {
+                u32 r = warp_row + m * 16 + group;
+                a[m][0] = qs[r][k + quad];
+                a[m][1] = qs[r + 8][k + quad];
+                a[m][2] = qs[r][k + quad + 4];
+                a[m][3] = qs[r + 8][k + quad + 4];
+            }
+#pragma unroll
+            for (u32 n = 0; n < 4; ++n) {
+                u32 c = warp_col + n * 8 + group;
+                b[n][0] = ss[c][k + quad];
+                b[n][1] = ss[c][k + quad + 4];
+            }
+#pragma unroll
+            for (u32 m = 0; m < 2; ++m)
+#pragma unroll
+                for (u32 n = 0; n < 4; ++n)
+                    mma_f16(acc[m][n], a[m], b[n]);
+        }
+        __syncthreads();
+    }
+    // Accumulator e of fragment (m, n): query row warp_row + 16m + group + 8·(e / 2), sample row
+    // warp_col + 8n + 2·quad + e % 2.
+    const float twice = -2.0f * unscale;
+#pragma unroll
+    for (u32 m = 0; m < 2; ++m)
+#pragma unroll
+        for (u32 e = 0; e < 4; ++e) {
+            u32 q = first + warp_row + m * 16 + group + 8 * (e / 2);
+            if (q >= query_end) continue;
+            float* row = distances + (u64)(q - query_begin) * SAMPLE;
+#pragma unroll
+            for (u32 n = 0; n < 4; ++n) {
+                u32 s = s0 + warp_col + n * 8 + 2 * quad + e % 2;
+                if (s >= sample_len) continue;
+                float v;
+                if (squared) {
+                    v = __fmaf_rn(twice, acc[m][n][e], query_sq[q] + sample_sq[s]);
+                    v = v < 0.0f ? 0.0f : v;
+                } else {
+                    v = -(acc[m][n][e] * unscale);
+                }
+                row[s] = isnan(v) ? __int_as_float(0x7f800000) : v;
+            }
+        }
+}
+
 // The bits of `v` as an unsigned key in the order of the values (negatives reversed below the
 // positives; −0.0 just before +0.0), and back.
 __device__ __forceinline__ u32 f32_order_key(float v) {

@@ -848,10 +848,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
             for (int m = 0; m < 4; ++m)
 #pragma unroll
                 for (int n = 0; n < 4; ++n)
-                    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                                 : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
-                                 : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));
+                    mma_f16(acc[m][n], a[m], b[n]);
         }
         if (++c < chunks) continue;
         c = 0;

@@ -13,13 +13,13 @@ use datafusion::common::{DataFusionError, Result, resources_err};
 
 use super::cpu::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
 use super::exact::{ExactCheck, write_self_pairs};
-use super::topk::{Neighbour, k_smallest, send_ranked};
+use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
-    KNN_SAMPLE, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, host_results, join_pass, launch_join_pass,
-    filter_max_abs, identity_order, pack_half_rows, rank_slots, sample_radius_pass, sample_rows, upload,
+    KNN_SAMPLE, KnnSample, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, tc_row_words, host_results, join_pass, launch_join_pass,
+    filter_max_abs, identity_order, pack_half_rows, rank_slots, sample_half_rows, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{GpuDevice, PIPELINE_STREAMS, ResidentKey};
@@ -189,28 +189,34 @@ impl GpuBackend {
             } else {
                 (host_side(queries, &query_filter, identity(nq), &origin, metric, gemm), host_side(base, &base_filter, identity(n), &origin, metric, gemm))
             };
-            (query_host, base_host, origin)
+            (query_host, base_host)
         };
         let mut gemm = gemm_metric(metric);
-        let (mut query_host, mut base_host, mut origin) = sides(gemm);
+        let (mut query_host, mut base_host) = sides(gemm);
         let uploading = Instant::now();
         let mut query_buffers = self.upload(&query_host)?;
         let mut base_buffers = self.upload(&base_host)?;
         if gemm && !self.gemm_fits(&[(&query_host, &query_buffers), (&base_host, &base_buffers)])? {
             gemm = false;
-            (query_host, base_host, origin) = sides(false);
+            (query_host, base_host) = sides(false);
             (query_buffers, base_buffers) = (self.upload(&query_host)?, self.upload(&base_host)?);
         }
         stats.transfer_time += uploading.elapsed();
         stats.resident_inputs = [&query_buffers, &base_buffers].iter().filter(|b| b.resident).count();
-        let sample_len = knn_sample_len(n);
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
         let uploading = Instant::now();
         let tc = self.tensor_core_scale(metric, gemm, &[&query_buffers, &base_buffers])?;
+        let sample_len = knn_sample_len(n, tc.is_some());
         let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tc) };
         query_buffers = self.with_half_rows(query_buffers, dim, tc)?;
         base_buffers = self.with_half_rows(base_buffers, dim, tc)?;
-        let sample = sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?;
+        // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
+        // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
+        // rounding below the k-th distance about half the time, would leave those queries short.
+        let sample = match tc {
+            Some(a) if sample_len < n => sample_half_rows(&self.device, &base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?,
+            _ => KnnSample::Filter(sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?),
+        };
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
@@ -234,17 +240,25 @@ impl GpuBackend {
 
         let probe = Instant::now();
         let mut pass = PassBuffers::new(&self.device, nq.min(MAX_PASS_ROWS), nq)?;
-        // The first count pass also stores each query's candidates in a slot of its own when the
-        // slots are small (knn_slot_capacity): a query found with at least k and at most a slot of
-        // candidates is then ranked from its slot, and only the others need a write pass.
-        let slot_capacity = knn_slot_capacity(k, n, sample_len, rank, nq, budget);
-        pass.size_outputs(&self.device, nq * slot_capacity as usize)?;
+        // Each count pass also stores the candidates of its queries in slots of their own while
+        // the slots are small (knn_slot_capacity): a query found with at least k and at most a
+        // slot of candidates is then ranked from its slot, on the device where slots are at most
+        // KNN_RANK_SLOTS long (k entries a query come back instead of whole slots: P1 k = 10,
+        // 1.2 MB instead of 154 MB, NOTES.md v32), and only the others need a write pass.
+        let first_capacity = knn_slot_capacity(k, n, sample_len, rank, nq, budget);
+        let slot_values = nq * first_capacity as usize;
+        pass.size_outputs(&self.device, slot_values)?;
+        let ranked_on_device = first_capacity > 0 && first_capacity as usize <= KNN_RANK_SLOTS;
         // Count passes until every query has at least k rows within its radius: the first over
-        // every query, each later one over only the queries still short of k (uploaded as a side
-        // of their own: a pass costs the whole base per query row, and on P1 a few dozen of 10,000
-        // queries need a second radius). A query's level only rises, and level KNN_LEVELS (+∞)
-        // counts all n ≥ k rows, so this ends. A count depends only on the exact distances (the
-        // filter passes every row within the radius), so the write pass re-finds it exactly.
+        // every query, each later one over the queries still short of k (a side of their own,
+        // gathered on the device: a pass costs the whole base per query row, and on P1 a few
+        // dozen of 10,000 queries need a second radius) and, where the slots are ranked on the
+        // device, those that overflowed the first pass's slots: the later passes' few queries
+        // share the same buffers in longer slots (P2 at k = 10: 204 queries in slots of 4,096
+        // instead of a write pass, NOTES.md v54). A query's level only rises, and level
+        // KNN_LEVELS (+∞) counts all n ≥ k rows, so this ends. A count depends only on the exact
+        // distances (the filter passes every row within the radius), so a later pass or the
+        // write pass re-finds it exactly.
         // The exact radii and f32 filter limits of `queries` at their levels, in that order.
         let row_radii = |queries: &mut dyn Iterator<Item = usize>, levels: &[usize]| -> (Vec<f64>, Vec<f32>) {
             let thresholds: Vec<f64> = queries.map(|q| radius(q, levels[q])).collect();
@@ -253,87 +267,92 @@ impl GpuBackend {
         };
         let mut levels = vec![0usize; nq];
         let mut counts = vec![0u32; nq];
+        // The k nearest of the queries ranked from slots (`in_slots`), k a query in query order
+        // (every query ends with at least k ≤ n candidates).
+        let table = if first_capacity > 0 { nq * k } else { 0 };
+        let (mut nearest_distance, mut nearest_position) = (vec![0f64; table], vec![0u32; table]);
+        let mut in_slots = vec![false; nq];
+        // Queries for the write passes, at their final levels.
+        let mut rest: Vec<u32> = Vec::new();
         let mut pending: Vec<u32> = identity(nq);
         let mut subset_buffers = None;
-        let mut pass_params = JoinParams { slot_capacity, ..params };
+        let mut capacity = first_capacity;
+        let (mut transfer, mut kernel, mut emit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
         while !pending.is_empty() {
+            let first_pass = pending.len() == nq && subset_buffers.is_none();
             let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
             let side = subset_buffers.as_ref().unwrap_or(&query_buffers);
             let inputs = JoinInputs { left: side, right: &base_buffers, right_len: n as u32, grid: None };
+            let pass_params = JoinParams { slot_capacity: capacity, ..params };
             let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, PassKind::Count, &mut stats)?;
-            pass_params.slot_capacity = 0;
-            let mut short = Vec::new();
-            for (&q, &c) in pending.iter().zip(&pending_counts) {
+            // Candidates of the pass's queries ranked from its slots (0: not ranked from them).
+            let mut slot_len = vec![0u32; pending.len()];
+            let mut next = Vec::new();
+            for (i, (&q, &c)) in pending.iter().zip(&pending_counts).enumerate() {
                 counts[q as usize] = c;
                 if (c as usize) < k {
                     if levels[q as usize] >= KNN_LEVELS {
                         return Err(format!("query {q} has {c} of {n} base rows within an infinite radius"));
                     }
                     levels[q as usize] += 1;
-                    short.push(q);
+                    next.push(q);
+                } else if c <= capacity {
+                    slot_len[i] = c;
+                } else if first_pass && ranked_on_device && c as usize <= KNN_RANK_SLOTS {
+                    next.push(q);
+                } else {
+                    rest.push(q);
                 }
             }
-            if !short.is_empty() {
-                let uploading = Instant::now();
-                subset_buffers = Some(self.with_half_rows(self.upload(&host_side(queries, &query_filter, short.clone(), &origin, metric, gemm))?, dim, tc)?);
-                stats.transfer_time += uploading.elapsed();
+            if slot_len.iter().any(|&len| len > 0) {
+                let ranked = if ranked_on_device {
+                    let ranking = Instant::now();
+                    let ranked = rank_slots(&self.device, &pass, capacity as usize, k, &slot_len)?;
+                    kernel += ranking.elapsed();
+                    ranked
+                } else {
+                    // Slots too long to sort on the device: copied back and ranked here.
+                    let copying = Instant::now();
+                    let cap = capacity as usize;
+                    let mut results = host_results(&self.device, pending.len() * cap)?;
+                    let (_, positions, distances) = results.download(stream, &pass, false, 0..pending.len() * cap)?;
+                    transfer += copying.elapsed();
+                    let ranking = Instant::now();
+                    let lists: Vec<Vec<Neighbour>> = slot_len
+                        .par_iter()
+                        .enumerate()
+                        .map(|(i, &len)| {
+                            let all = (i * cap..i * cap + len as usize).map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
+                            k_smallest(all, k)
+                        })
+                        .collect();
+                    emit += ranking.elapsed();
+                    lists.iter().flat_map(|list| list.iter().map(|nb| (nb.distance, nb.position)).chain(std::iter::repeat_n((0.0, 0), k - list.len()))).unzip()
+                };
+                if first_pass {
+                    (nearest_distance, nearest_position) = ranked;
+                } else {
+                    for (i, &q) in pending.iter().enumerate().filter(|&(i, _)| slot_len[i] > 0) {
+                        let (to, from) = (q as usize * k..(q as usize + 1) * k, i * k..(i + 1) * k);
+                        nearest_distance[to.clone()].copy_from_slice(&ranked.0[from.clone()]);
+                        nearest_position[to].copy_from_slice(&ranked.1[from]);
+                    }
+                }
+                pending.iter().zip(&slot_len).filter(|&(_, &len)| len > 0).for_each(|(&q, _)| in_slots[q as usize] = true);
             }
-            pending = short;
+            // The next pass's slots, where ranked on the device: as long as the buffers allow for
+            // its fewer queries, at most KNN_RANK_SLOTS.
+            capacity = if ranked_on_device && !next.is_empty() { (slot_values / next.len()).min(KNN_RANK_SLOTS) as u32 } else { 0 };
+            subset_buffers = if next.is_empty() { None } else { Some(subset_side(&self.device, &query_buffers, &next, dim)?) };
+            pending = next;
         }
         stats.candidates = counts.iter().map(|&c| c as u64).sum();
-        // Queries whose candidates are all in their slots, ranked now: the exact top-k by
-        // (distance, base position), the CPU backend's order; the rest get write passes.
-        let (mut transfer, mut kernel, mut emit) = Default::default();
-        let slotted = |q: usize| slot_capacity > 0 && levels[q] == 0 && counts[q] <= slot_capacity;
-        let mut ranked: Vec<Vec<Neighbour>> = Vec::new();
-        if slot_capacity > 0 && slot_capacity as usize <= KNN_RANK_SLOTS {
-            // Ranked on the device: k entries a query come back instead of whole slots (P1
-            // k = 10: 1.2 MB instead of 154 MB, NOTES.md v32).
-            let ranking = Instant::now();
-            let slot_len: Vec<u32> = (0..nq).map(|q| if slotted(q) { counts[q] } else { 0 }).collect();
-            let (distances, positions) = rank_slots(&self.device, &pass, slot_capacity as usize, k, &slot_len)?;
-            kernel += ranking.elapsed();
-            ranked = (0..nq)
-                .map(|q| match slotted(q) {
-                    true => (q * k..(q + 1) * k).map(|i| Neighbour { distance: distances[i], position: positions[i] }).collect(),
-                    false => Vec::new(),
-                })
-                .collect();
-        } else if slot_capacity > 0 {
-            let copying = Instant::now();
-            let stored = 0..nq * slot_capacity as usize;
-            let mut results = host_results(&self.device, stored.len())?;
-            let (_, positions, distances) = results.download(stream, &pass, false, stored)?;
-            transfer += copying.elapsed();
-            let ranking = Instant::now();
-            let cap = slot_capacity as usize;
-            ranked = (0..nq)
-                .into_par_iter()
-                .map(|q| {
-                    if !slotted(q) {
-                        return Vec::new();
-                    }
-                    let range = q * cap..q * cap + counts[q] as usize;
-                    let all = range.map(|i| Neighbour { distance: distances[i], position: positions[i] }).collect();
-                    k_smallest(all, k)
-                })
-                .collect();
-            emit += ranking.elapsed();
-        }
-        let rest: Vec<u32> = (0..nq as u32).filter(|&q| !slotted(q as usize)).collect();
-        // The write passes cover the rest, each query with its final radius: all queries (the
-        // query side as uploaded) or a side of their own.
-        drop(subset_buffers);
-        let rest_buffers = if rest.len() == nq || rest.is_empty() {
-            None
-        } else {
-            let uploading = Instant::now();
-            let side = self.with_half_rows(self.upload(&host_side(queries, &query_filter, rest.clone(), &origin, metric, gemm))?, dim, tc)?;
-            transfer += uploading.elapsed();
-            Some(side)
-        };
+        // The write passes cover the rest, in query order, each query with its final radius: all
+        // queries (the query side as uploaded) or a side of their own.
+        rest.sort_unstable();
+        let rest_buffers = if rest.len() == nq || rest.is_empty() { None } else { Some(subset_side(&self.device, &query_buffers, &rest, dim)?) };
         let rest_side = rest_buffers.as_ref().unwrap_or(&query_buffers);
         if !rest.is_empty() {
             let (thresholds, limits) = row_radii(&mut rest.iter().map(|&q| q as usize), &levels);
@@ -346,13 +365,20 @@ impl GpuBackend {
             pass.size_outputs(&self.device, capacity)?;
         }
         let mut results = host_results(&self.device, capacity)?;
-        // Progress: the slotted queries as one unit, each write batch as one.
-        sink.start(batches.len() as u64 + u64::from(slot_capacity > 0));
+        // Progress: the queries ranked from slots as one unit, each write batch as one.
+        sink.start(batches.len() as u64 + u64::from(first_capacity > 0));
         stats.write_passes = batches.len() as u64;
+        // The queries ranked from slots among [from, to), in order.
+        let slotted = |from: usize, to: usize| {
+            (from..to).filter(|&q| in_slots[q]).map(|q| {
+                let range = q * k..(q + 1) * k;
+                (q, Ranked::Arrays { distances: &nearest_distance[range.clone()], positions: &nearest_position[range] })
+            })
+        };
         let outcome = (|| -> Result<()> {
             let exec = |e: String| DataFusionError::Execution(e);
             let d2h = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
-            // Queries in order: the slotted ones up to each write batch's first query, then the batch's.
+            // Queries in order: those ranked from slots up to each write batch's query, then it.
             let mut next = 0usize;
             for &(begin, end, total) in &batches {
                 let offsets = exclusive_offsets(&rest_counts[begin..end]);
@@ -381,8 +407,8 @@ impl GpuBackend {
                 let mut ordered = Vec::with_capacity(end - begin);
                 for (i, list) in (begin..end).zip(nearest) {
                     let q = rest[i] as usize;
-                    ordered.extend(ranked.iter_mut().enumerate().take(q).skip(next).map(|(slotted_query, list)| (slotted_query, std::mem::take(list))));
-                    ordered.push((q, list));
+                    ordered.extend(slotted(next, q));
+                    ordered.push((q, Ranked::List(list)));
                     next = q + 1;
                 }
                 send_ranked(sink, ordered)?;
@@ -390,8 +416,8 @@ impl GpuBackend {
                 sink.advance(1);
             }
             let emitting = Instant::now();
-            send_ranked(sink, ranked.iter_mut().enumerate().skip(next).map(|(slotted_query, list)| (slotted_query, std::mem::take(list))).collect())?;
-            if slot_capacity > 0 {
+            send_ranked(sink, slotted(next, nq).collect())?;
+            if first_capacity > 0 {
                 sink.advance(1);
             }
             emit += emitting.elapsed();
@@ -483,16 +509,41 @@ fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::C
     let n = order.len();
     // A grid's sides are never the tensor cores' (gpu_join), so they have no f16 rows to gather.
     let SideBuffers { filter, half_rows: _, exact, norms, filter_norms, filter_sq_norms, order: _, resident } = side;
-    let per_row = |buffer: cudarc::driver::CudaSlice<f32>| if buffer.len() == n { gather_rows(device, &buffer, &order, n, 1) } else { Ok(buffer) };
+    let per_row = |buffer: cudarc::driver::CudaSlice<f32>| if buffer.len() == n { gather_rows(device, &buffer, n, &order, n, 1) } else { Ok(buffer) };
     Ok(SideBuffers {
         half_rows: None,
-        filter: gather_rows(device, &filter, &order, n, dim)?,
-        exact: Arc::new(gather_rows(device, &exact, &order, n, dim)?),
-        norms: if norms.len() == n { gather_rows(device, &norms, &order, n, 1)? } else { norms },
+        filter: gather_rows(device, &filter, n, &order, n, dim)?,
+        exact: Arc::new(gather_rows(device, &exact, n, &order, n, dim)?),
+        norms: if norms.len() == n { gather_rows(device, &norms, n, &order, n, 1)? } else { norms },
         filter_norms: per_row(filter_norms)?,
         filter_sq_norms: per_row(filter_sq_norms)?,
         order,
         resident,
+    })
+}
+
+/// The rows `rows` (slots of `side`, each below its length) of `side` as a side of their own, in
+/// that order, gathered on the device: the queries a kNN pass runs again. The same values as the
+/// whole side's (f16 rows included), so a query's filter and exact distances do not change; building
+/// and uploading such a side from the host took ~1 ms for 300 of P2's queries (NOTES.md v54).
+fn subset_side(device: &GpuDevice, side: &SideBuffers, rows: &[u32], dim: usize) -> Result<SideBuffers, String> {
+    let (source, n) = (side.order.len(), rows.len());
+    if let Some(&row) = rows.iter().find(|&&row| row as usize >= source) {
+        return Err(format!("kNN pass: query slot {row} of a side of {source}"));
+    }
+    let picked = device.stream.clone_htod(rows).map_err(|e| format!("GPU copy failed: {e}"))?;
+    let gather = |buffer: &cudarc::driver::CudaSlice<f32>, width: usize| gather_rows(device, buffer, source, &picked, n, width);
+    // Buffers a metric does not use hold one value, which no kernel reads per row.
+    let per_row = |buffer: &cudarc::driver::CudaSlice<f32>| if buffer.len() == source { gather(buffer, 1) } else { gather_rows(device, buffer, 1, &picked, 0, 1) };
+    Ok(SideBuffers {
+        filter: gather(&side.filter, dim)?,
+        half_rows: side.half_rows.as_ref().map(|h| gather_rows(device, h, source, &picked, n, tc_row_words(dim))).transpose()?,
+        exact: Arc::new(gather_rows(device, &side.exact, source, &picked, n, dim)?),
+        norms: if side.norms.len() == source { gather_rows(device, &side.norms, source, &picked, n, 1)? } else { gather_rows(device, &side.norms, 1, &picked, 0, 1)? },
+        filter_norms: per_row(&side.filter_norms)?,
+        filter_sq_norms: per_row(&side.filter_sq_norms)?,
+        order: gather_rows(device, &side.order, source, &picked, n, 1)?,
+        resident: false,
     })
 }
 
@@ -1035,15 +1086,23 @@ fn knn_slot_capacity(k: usize, n: usize, sample_len: usize, rank: u32, queries: 
     capacity as u32
 }
 
-/// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]). Its distances are f32 on CUDA cores,
-/// and each query's ranks are picked from them: a sample row cost about as much as 8 of the count pass's base rows
-/// on tensor cores (P2, 60,000 rows of 784: a sample of 4,096 took 10.7 ms against the count pass's
-/// 9.2 ms, NOTES.md v45), so the sample is a 32nd of the base, at least 1,024 rows, and the whole
-/// base up to that. A smaller sample only makes the candidate counts vary more (a query short of k
-/// takes another count pass at its next radius), never an answer.
-fn knn_sample_len(n: usize) -> usize {
+/// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]), from which each query's ranks are
+/// picked. Where the tensor cores filter (`tensor_cores`), they take the sample's distances too, and
+/// the sample is KNN_SAMPLE rows (or the whole base): at a 10th of the count pass's cost per row
+/// or less, a larger sample gives tighter radii, fewer candidates for the same share of queries
+/// short (P2, 60,000 rows of 784 at k = 10: 64 candidates a query and 4 % short with 1,875
+/// rows at rank 2, 44 and 3 % with 4,096 at rank 3; NOTES.md v54). On f32 CUDA cores a sample
+/// row cost about as much as 8 of the count pass's base rows (P2: a sample of 4,096 took 10.7 ms
+/// against the count pass's 9.2 ms, v45), so there it is a 32nd of the base, at least 1,024 rows,
+/// and the whole base up to that. A smaller sample only makes the candidate counts vary more (a
+/// query short of k takes another count pass at its next radius), never an answer.
+fn knn_sample_len(n: usize, tensor_cores: bool) -> usize {
     const SMALLEST: usize = 1024;
-    if n <= SMALLEST { n } else { (n / 32).clamp(SMALLEST, KNN_SAMPLE) }
+    match n {
+        _ if tensor_cores => n.min(KNN_SAMPLE),
+        0..=SMALLEST => n,
+        _ => (n / 32).clamp(SMALLEST, KNN_SAMPLE),
+    }
 }
 
 /// The sample rank of kNN's first radius. With the whole base as the sample it is k itself (the
@@ -1147,14 +1206,19 @@ mod tests {
     }
 
     #[test]
-    fn knn_samples_take_a_32nd_of_the_base_within_their_limits() {
-        assert_eq!(knn_sample_len(1), 1);
-        assert_eq!(knn_sample_len(1024), 1024);
-        assert_eq!(knn_sample_len(10_000), 1024);
+    fn knn_samples_within_their_limits() {
+        assert_eq!(knn_sample_len(1, false), 1);
+        assert_eq!(knn_sample_len(1024, false), 1024);
+        assert_eq!(knn_sample_len(10_000, false), 1024);
         // P2: 60,000 rows.
-        assert_eq!(knn_sample_len(60_000), 1875);
+        assert_eq!(knn_sample_len(60_000, false), 1875);
         // P1: 1M rows.
-        assert_eq!(knn_sample_len(1_000_000), KNN_SAMPLE);
+        assert_eq!(knn_sample_len(1_000_000, false), KNN_SAMPLE);
+        // Tensor cores: KNN_SAMPLE rows, the whole base up to that.
+        assert_eq!(knn_sample_len(1, true), 1);
+        assert_eq!(knn_sample_len(3000, true), 3000);
+        assert_eq!(knn_sample_len(60_000, true), KNN_SAMPLE);
+        assert_eq!(knn_sample_len(1_000_000, true), KNN_SAMPLE);
     }
 
     #[test]
@@ -1171,6 +1235,8 @@ mod tests {
         assert_eq!(knn_sample_rank(1000, 1_000_000, 4096), 9);
         // P2: 60,000 rows, 1,875 sampled, k = 10 (λ = 0.31): 2 (4 % short; 3 would leave 0.4 %).
         assert_eq!(knn_sample_rank(10, 60_000, 1875), 2);
+        // 4,096 sampled (λ = 0.68): 3 by the count (3.2 % short; 4 would leave 0.5 %).
+        assert_eq!(knn_sample_rank(10, 60_000, 4096), 3);
         // More than the sample: rank sample_len + 1, i.e. an infinite first radius.
         assert_eq!(knn_sample_rank(900_000, 1_000_000, 4096), 4097);
     }

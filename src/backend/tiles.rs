@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use datafusion::common::Result;
 use rayon::prelude::*;
 
-use super::topk::{Neighbour, k_smallest, send_ranked};
+use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
 use super::{JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
 
 /// `0..len` in consecutive ranges of at most `tile_rows` positions.
@@ -101,7 +101,7 @@ pub(crate) fn tiled_knn(
             nearest.par_iter_mut().for_each(|list| *list = k_smallest(std::mem::take(list), request.k));
             sink.advance(1);
         }
-        send_ranked(sink, nearest.into_iter().enumerate().map(|(i, list)| (query_range.start + i, list)).collect())?;
+        send_ranked(sink, nearest.into_iter().enumerate().map(|(i, list)| (query_range.start + i, Ranked::List(list))).collect())?;
     }
     Ok(stats)
 }

@@ -91,17 +91,36 @@ impl KSmallest {
     }
 }
 
+/// A query's neighbours, nearest first.
+#[derive(Debug)]
+pub(crate) enum Ranked<'a> {
+    /// A list of its own.
+    List(Vec<Neighbour>),
+    /// Entries of arrays that hold many queries' lists (the GPU's, ranked on the device: without a
+    /// list per query, P1's 10⁴ lists of 10 took 0.6–2.5 ms to build, NOTES.md v54).
+    Arrays { distances: &'a [f64], positions: &'a [u32] },
+}
+
+impl Ranked<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Ranked::List(list) => list.len(),
+            Ranked::Arrays { distances, .. } => distances.len(),
+        }
+    }
+}
+
 /// Sends neighbour lists, each (query, list nearest first), in the order given, ranked from 1 (the
 /// order [`super::Backend::knn`] promises), in chunks of about the sink's size filled on every
 /// core, a wave of one chunk per worker at a time. Filled one row after another, the 10⁸ rows of
 /// a k = 10,000 kNN over 10⁴ queries held up the run for most of its 1.6 s of emission (NOTES.md
 /// v42).
-pub(crate) fn send_ranked(sink: &dyn super::ResultSink, mut lists: Vec<(usize, Vec<Neighbour>)>) -> datafusion::common::Result<()> {
+pub(crate) fn send_ranked(sink: &dyn super::ResultSink, mut lists: Vec<(usize, Ranked)>) -> datafusion::common::Result<()> {
     let chunk_rows = sink.chunk_rows().max(1);
     let mut chunks = Vec::new(); // (lists, rows) per chunk
     let (mut begin, mut rows) = (0, 0);
-    for (i, (_, list)) in lists.iter().enumerate() {
-        rows += list.len();
+    for (i, (_, ranked)) in lists.iter().enumerate() {
+        rows += ranked.len();
         if rows >= chunk_rows {
             chunks.push((begin..i + 1, rows));
             (begin, rows) = (i + 1, 0);
@@ -116,15 +135,23 @@ pub(crate) fn send_ranked(sink: &dyn super::ResultSink, mut lists: Vec<(usize, V
             .map(|(range, rows)| {
                 let mut chunk = super::ResultChunk::with_capacity(*rows);
                 chunk.rank.reserve(*rows);
-                for (query, list) in &lists[range.clone()] {
-                    push_ranked(&mut chunk, *query, list);
+                for (query, ranked) in &lists[range.clone()] {
+                    match ranked {
+                        Ranked::List(list) => push_ranked(&mut chunk, *query, list),
+                        Ranked::Arrays { distances, positions } => {
+                            chunk.left.extend(std::iter::repeat_n(*query as u32, distances.len()));
+                            chunk.right.extend_from_slice(positions);
+                            chunk.distance.extend_from_slice(distances);
+                            chunk.rank.extend(1..=distances.len() as u32);
+                        }
+                    }
                 }
                 chunk
             })
             .collect();
         // The wave's lists are no longer needed: free them while the chunks go out.
         for (range, _) in wave {
-            lists[range.clone()].iter_mut().for_each(|(_, list)| *list = Vec::new());
+            lists[range.clone()].iter_mut().for_each(|(_, ranked)| *ranked = Ranked::List(Vec::new()));
         }
         for chunk in filled {
             sink.send(chunk)?;
@@ -192,8 +219,9 @@ mod tests {
         assert!(none.into_sorted().is_empty());
     }
 
-    /// Chunks filled in parallel come out in the lists' order, ranks from 1 per list, every chunk
-    /// but the last holding at least the sink's chunk size and ending at a list's end.
+    /// Chunks filled in parallel come out in the lists' order (lists of their own and entries of
+    /// shared arrays alike), ranks from 1 per list, every chunk but the last holding at least the
+    /// sink's chunk size and ending at a list's end.
     #[test]
     fn ranked_lists_go_out_in_order() {
         struct Chunks(std::sync::Mutex<Vec<crate::backend::ResultChunk>>);
@@ -213,8 +241,24 @@ mod tests {
         for (query, list) in &lists {
             push_ranked(&mut expected, *query, list);
         }
+        // Every other list as entries of arrays that hold them all.
+        let distances: Vec<f64> = lists.iter().flat_map(|(_, l)| l.iter().map(|n| n.distance)).collect();
+        let positions: Vec<u32> = lists.iter().flat_map(|(_, l)| l.iter().map(|n| n.position)).collect();
+        let mut start = 0;
+        let ranked = lists
+            .into_iter()
+            .enumerate()
+            .map(|(i, (query, list))| {
+                let range = start..start + list.len();
+                start = range.end;
+                match i % 2 {
+                    0 => (query, Ranked::List(list)),
+                    _ => (query, Ranked::Arrays { distances: &distances[range.clone()], positions: &positions[range] }),
+                }
+            })
+            .collect();
         let sink = Chunks(std::sync::Mutex::new(Vec::new()));
-        send_ranked(&sink, lists).unwrap();
+        send_ranked(&sink, ranked).unwrap();
         let chunks = sink.0.into_inner().unwrap();
         assert!(chunks.len() > 20);
         let mut got = crate::backend::ResultChunk::default();

@@ -4,7 +4,7 @@
 //! the stream closes the channel, which stops the backend at its next send.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{ArrayRef, new_empty_array};
@@ -234,16 +234,15 @@ impl Run {
         let baseline = metrics.baseline.clone();
         tokio::task::spawn_blocking(move || {
             let sink = ChannelSink { sender, chunk_rows, progress: progress.clone(), function: op.function_name() };
-            // Each run gets worker threads of its own: a backend blocks in `sink.send` while its
-            // consumer is behind (a paused Flight client, a slow writer), and in the shared global
-            // pool a few such runs would stall every other query of the process.
+            // Each run gets worker threads of its own (an earlier run's idle pool, or new ones): a
+            // backend blocks in `sink.send` while its consumer is behind (a paused Flight client, a
+            // slow writer), and in the shared global pool a few such runs would stall every other
+            // query of the process.
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(rayon::current_num_threads())
-                    .thread_name(|i| format!("simjoin-run-{i}"))
-                    .build()
-                    .map_err(|e| DataFusionError::ResourcesExhausted(format!("{}: cannot start worker threads: {e}", op.function_name())))?;
-                pool.install(|| compute(&op, backend.as_ref(), &lv, &rv, same, &sink))
+                let pool = worker_pool().map_err(|e| DataFusionError::ResourcesExhausted(format!("{}: cannot start worker threads: {e}", op.function_name())))?;
+                let result = pool.install(|| compute(&op, backend.as_ref(), &lv, &rv, same, &sink));
+                return_worker_pool(pool);
+                result
             }));
             if let Some(p) = &progress {
                 p.finish();
@@ -272,6 +271,30 @@ impl Run {
             .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
             .try_flatten();
         Ok(output.boxed())
+    }
+}
+
+/// Worker pools of finished runs, kept for the next: starting a pool's threads took 0.3–0.5 ms of a
+/// 19-ms GPU kNN on a 16-core host (NOTES.md v54). At most [`IDLE_POOLS`] wait; a run whose
+/// backend panicked does not return its pool.
+static IDLE_WORKERS: Mutex<Vec<rayon::ThreadPool>> = Mutex::new(Vec::new());
+const IDLE_POOLS: usize = 4;
+
+/// An idle worker pool, or a new one with as many threads as the global pool.
+fn worker_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+    if let Some(pool) = IDLE_WORKERS.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+        return Ok(pool);
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(rayon::current_num_threads())
+        .thread_name(|i| format!("simjoin-run-{i}"))
+        .build()
+}
+
+fn return_worker_pool(pool: rayon::ThreadPool) {
+    let mut idle = IDLE_WORKERS.lock().unwrap_or_else(|e| e.into_inner());
+    if idle.len() < IDLE_POOLS {
+        idle.push(pool);
     }
 }
 

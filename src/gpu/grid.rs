@@ -40,9 +40,9 @@ pub fn build_grid(device: &GpuDevice, cells: &[u64], sort_values: Option<&[f64]>
         radix_pass(device, keys, &order, &mut spare, n, shift)?;
         std::mem::swap(&mut order, &mut spare);
     }
-    let slot_cell = gather_rows(device, &cell_keys, &order, n, 1)?;
+    let slot_cell = gather_rows(device, &cell_keys, n, &order, n, 1)?;
     let sort_keys = match values {
-        Some(v) => gather_rows(device, &v, &order, n, 1)?,
+        Some(v) => gather_rows(device, &v, n, &order, n, 1)?,
         None => device.stream.alloc_zeros::<f64>(1).map_err(|e| format!("GPU allocation failed: {e}"))?,
     };
     let bounds = cell_bounds(device, &slot_cell, n, table_len)?;

@@ -424,6 +424,37 @@ pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin:
 const SAMPLE_QUERIES: u32 = 64;
 const SAMPLE_COLUMNS: u32 = 128;
 
+/// The base rows kNN's radii are picked from, as the kernel that takes their distances reads them.
+pub enum KnnSample {
+    /// f32 filter rows, dimension-major ([`sample_rows`]): knn_sample_distances.
+    Filter(CudaSlice<f32>),
+    /// brute_join_tc's f16 rows, scaled by 2^`scale_exponent`, and their squared filter norms where
+    /// the keys are squared L2 distances (`None`: the inner product's, −x·s):
+    /// knn_sample_distances_tc ([`sample_half_rows`]).
+    Half { rows: CudaSlice<u32>, sq_norms: Option<CudaSlice<f32>>, scale_exponent: i32 },
+}
+
+/// The sample as knn_sample_distances_tc reads it, where the base has f16 rows (scaled by
+/// 2^`scale_exponent`): rows ⌊i·n/sample_len⌋ (knn_sample_rows' choice) of them and, for keys that
+/// are `squared_distances` (the GEMM form's metrics), of its squared filter norms, gathered.
+pub fn sample_half_rows(device: &GpuDevice, base: &SideBuffers, n: usize, dim: usize, sample_len: usize, scale_exponent: i32, squared_distances: bool) -> Result<KnnSample, String> {
+    let Some(half_rows) = &base.half_rows else {
+        return Err("knn_sample_distances_tc: the base has no f16 rows".into());
+    };
+    if sample_len == 0 || sample_len > n {
+        return Err(format!("knn_sample_distances_tc: a sample of {sample_len} rows of a base of {n} rows"));
+    }
+    let picked: Vec<u32> = (0..sample_len).map(|i| (i as u64 * n as u64 / sample_len as u64) as u32).collect();
+    let picked = device.stream.clone_htod(&picked).map_err(|e| format!("GPU copy failed: {e}"))?;
+    let rows = gather_rows(device, half_rows, n, &picked, sample_len, tc_row_words(dim))?;
+    let sq_norms = match squared_distances {
+        true if base.filter_sq_norms.len() < n => return Err(format!("knn_sample_distances_tc: {} squared norms for a base of {n} rows", base.filter_sq_norms.len())),
+        true => Some(gather_rows(device, &base.filter_sq_norms, n, &picked, sample_len, 1)?),
+        false => None,
+    };
+    Ok(KnnSample::Half { rows, sq_norms, scale_exponent })
+}
+
 /// kNN's radius sample (knn_sample_rows in kernels/knn.cu): `sample_len` evenly spread rows of the
 /// base's f32 filter rows (`base_filter`, `n` rows of `dim` in input order), dimension-major.
 pub fn sample_rows(device: &GpuDevice, base_filter: &CudaSlice<f32>, n: usize, dim: usize, sample_len: usize) -> Result<CudaSlice<f32>, String> {
@@ -446,8 +477,9 @@ pub fn sample_rows(device: &GpuDevice, base_filter: &CudaSlice<f32>, n: usize, d
 
 /// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
 /// (indexed by query position), from the f32 distances of the filter rows to the sample's
-/// (`sample`, dimension-major, in the query side's filter space: [`sample_rows`]): computed for groups
-/// of queries at a time (knn_sample_distances) into a scratch row per query, then the radii picked per query
+/// (`sample`: [`sample_rows`] in the query side's filter space, or [`sample_half_rows`] beside the
+/// query side's f16 rows): computed for groups of queries at a time (knn_sample_distances or
+/// knn_sample_distances_tc) into a scratch row per query, then the radii picked per query
 /// (knn_sample_radius), at most `chunk_queries` (≥ 1) queries a round, the scratch's rows.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_radius_pass(
@@ -455,7 +487,7 @@ pub fn sample_radius_pass(
     params: &JoinParams,
     queries: std::ops::Range<u32>,
     query_side: &SideBuffers,
-    sample: &CudaSlice<f32>,
+    sample: &KnnSample,
     sample_len: u32,
     rank: u32,
     chunk_queries: usize,
@@ -468,7 +500,16 @@ pub fn sample_radius_pass(
         return Err(format!("knn_sample_radius: a sample of {sample_len} rows (at most {KNN_SAMPLE}) at rank {rank}, {chunk_queries} queries a round"));
     }
     let stream = &device.stream;
-    let distances_kernel = device.function(KernelModule::Knn, "knn_sample_distances")?;
+    // The f16 kernel's squared L2 distances need both sides' squared norms.
+    if let KnnSample::Half { sq_norms: Some(sq_norms), .. } = sample
+        && (query_side.filter_sq_norms.len() < queries.end as usize || sq_norms.len() < sample_len as usize)
+    {
+        return Err("knn_sample_distances_tc: squared filter norms missing".into());
+    }
+    let distances_kernel = device.function(KernelModule::Knn, match sample {
+        KnnSample::Filter(_) => "knn_sample_distances",
+        KnnSample::Half { .. } => "knn_sample_distances_tc",
+    })?;
     let radius_kernel = device.function(KernelModule::Knn, "knn_sample_radius")?;
     let chunk = chunk_queries.min(queries.len());
     let mut distances = stream.alloc_zeros::<f32>(chunk * KNN_SAMPLE).map_err(|e| format!("GPU allocation failed: {e}"))?;
@@ -477,21 +518,51 @@ pub fn sample_radius_pass(
         let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
         let config = LaunchConfig { grid_dim: (groups, sample_len.div_ceil(SAMPLE_COLUMNS), 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         let mut builder = stream.launch_builder(&distances_kernel);
-        builder
-            .arg(params)
-            .arg(&begin)
-            .arg(&end)
-            .arg(&query_side.filter)
-            .arg(sample)
-            .arg(&sample_len)
-            .arg(&mut distances);
-        // SAFETY: the arguments match knn_sample_distances's parameter list one for one. A block
-        // reads `dim` filter values of query rows in [begin, end) (end ≤ queries.end, within the
-        // query side's filter rows) and of sample rows < sample_len ≤ SAMPLE (dimension-major:
-        // `dim · sample_len` values, the sample's length), and writes entry
-        // (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances` (chunk ≥
-        // end − begin rows of SAMPLE).
-        unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances launch failed: {e}"))?;
+        match (sample, &query_side.half_rows) {
+            (KnnSample::Half { rows, sq_norms, scale_exponent }, Some(query_rows)) => {
+                let (row_words, unscale) = (tc_row_words(params.dim as usize) as u32, 2f32.powi(-2 * scale_exponent));
+                // Without squared norms (the inner product) the kernel reads none: any buffer will do.
+                let (squared, sample_sq) = (u32::from(sq_norms.is_some()), sq_norms.as_ref().unwrap_or(&query_side.filter_sq_norms));
+                builder
+                    .arg(&row_words)
+                    .arg(&begin)
+                    .arg(&end)
+                    .arg(query_rows)
+                    .arg(&query_side.filter_sq_norms)
+                    .arg(rows)
+                    .arg(sample_sq)
+                    .arg(&sample_len)
+                    .arg(&unscale)
+                    .arg(&squared)
+                    .arg(&mut distances);
+                // SAFETY: the arguments match knn_sample_distances_tc's parameter list one for one.
+                // A block reads `row_words` words of query rows in [begin, end) (end ≤ queries.end,
+                // within the query side's f16 rows, packed with this `dim`) and of sample rows <
+                // sample_len (gathered with this `dim` by sample_half_rows), and, where `squared`,
+                // the squared norms of those rows (checked above to hold them); it
+                // writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
+                // `distances` (chunk ≥ end − begin rows of SAMPLE).
+                unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances_tc launch failed: {e}"))?;
+            }
+            (KnnSample::Half { .. }, None) => return Err("knn_sample_distances_tc: the queries have no f16 rows".into()),
+            (KnnSample::Filter(sample), _) => {
+                builder
+                    .arg(params)
+                    .arg(&begin)
+                    .arg(&end)
+                    .arg(&query_side.filter)
+                    .arg(sample)
+                    .arg(&sample_len)
+                    .arg(&mut distances);
+                // SAFETY: the arguments match knn_sample_distances's parameter list one for one. A
+                // block reads `dim` filter values of query rows in [begin, end) (end ≤ queries.end,
+                // within the query side's filter rows) and of sample rows < sample_len ≤ SAMPLE
+                // (dimension-major: `dim · sample_len` values, the sample's length), and writes
+                // entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances`
+                // (chunk ≥ end − begin rows of SAMPLE).
+                unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances launch failed: {e}"))?;
+            }
+        }
         let config = LaunchConfig { grid_dim: (end - begin, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         let mut builder = stream.launch_builder(&radius_kernel);
         builder.arg(&params.metric).arg(&begin).arg(&distances).arg(&sample_len).arg(&rank).arg(&mut *radii);
@@ -976,23 +1047,24 @@ pub struct CellBounds {
 /// `rows` (n rows of `width` values) in slot order: row s of the result is row `order[s]`. The
 /// caller may free the input once the gather is queued (frees are stream-ordered, so after it
 /// has run).
-pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: &CudaSlice<T>, order: &CudaSlice<u32>, n: usize, width: usize) -> Result<CudaSlice<T>, String> {
+pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: &CudaSlice<T>, source: usize, order: &CudaSlice<u32>, n: usize, width: usize) -> Result<CudaSlice<T>, String> {
     let stream = &device.stream;
     let mut out = stream.alloc_zeros::<T>((n * width).max(1)).map_err(alloc_failed)?;
     let words = width * std::mem::size_of::<T>() / 4;
     if n == 0 || words == 0 {
         return Ok(out);
     }
-    if !std::mem::size_of::<T>().is_multiple_of(4) || rows.len() < n * width || order.len() < n {
-        return Err(format!("gather of {n} rows of {width} values from {} values by {} positions", rows.len(), order.len()));
+    if !std::mem::size_of::<T>().is_multiple_of(4) || rows.len() < source * width || order.len() < n || source > u32::MAX as usize {
+        return Err(format!("gather of {n} rows of {width} values from {source} rows in {} values by {} positions", rows.len(), order.len()));
     }
     let gather = device.function(KernelModule::Grid, "gather_rows")?;
-    let (len, words_arg) = (n as u32, words as u32);
+    let (source_arg, len, words_arg) = (source as u32, n as u32, words as u32);
     let mut builder = stream.launch_builder(&gather);
-    builder.arg(rows).arg(order).arg(&len).arg(&words_arg).arg(&mut out);
-    // SAFETY: gather_rows(const u32*, const u32*, u32, u32, u32*) reads `order` below n and rows
-    // order[s] < n (a permutation of the positions) of `words` 4-byte words, within `rows` (n ·
-    // width values of T, a multiple of 4 bytes each), and writes n · words words, `out`'s size.
+    builder.arg(rows).arg(&source_arg).arg(order).arg(&len).arg(&words_arg).arg(&mut out);
+    // SAFETY: gather_rows(const u32*, u32, const u32*, u32, u32, u32*) reads `order` below n (it
+    // holds n) and of `rows` only rows below `source` (it tests each index), of `words` 4-byte
+    // words each: within `rows` (source · width values of T, a multiple of 4 bytes each); it
+    // writes n · words words, `out`'s size.
     unsafe { builder.launch(strided((n * words) as u64)) }.map_err(|e| format!("gather_rows launch failed: {e}"))?;
     Ok(out)
 }
