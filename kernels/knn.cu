@@ -189,22 +189,28 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParam
 extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc(u32 row_words, u32 query_begin, u32 query_end,
         const u32* query_rows, const float* query_sq, const u32* sample_rows, const float* sample_sq, u32 sample_len,
         float unscale, u32 squared, float* distances) {
-    __shared__ u32 qs[TC_SAMPLE_QUERIES][TC_SAMPLE_STRIDE];
-    __shared__ u32 ss[TC_SAMPLE_COLUMNS][TC_SAMPLE_STRIDE];
+    __shared__ __align__(16) u32 qs[TC_SAMPLE_QUERIES][TC_SAMPLE_STRIDE];
+    __shared__ __align__(16) u32 ss[TC_SAMPLE_COLUMNS][TC_SAMPLE_STRIDE];
     u32 first = query_begin + blockIdx.x * TC_SAMPLE_QUERIES, s0 = blockIdx.y * TC_SAMPLE_COLUMNS;
     if (first >= query_end || s0 >= sample_len) return;
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
     const u32 warp_row = warp / 4 * 32, warp_col = warp % 4 * 32;
     float acc[2][4][4] = {};
+    // Staged four words (16 bytes) a load: rows are whole groups of four words (tc_row_words), so a
+    // group lies within a row or past its end, and every group and shared row is 16-byte aligned
+    // (TC_SAMPLE_STRIDE is 144 bytes). Zero words past a row's end or past the last row add
+    // nothing (their sums are not written).
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     for (u32 w0 = 0; w0 < row_words; w0 += TC_SAMPLE_WORDS) {
-        // Zero words past a row's end or past the last row add nothing (their sums are not written).
-        for (u32 e = threadIdx.x; e < TC_SAMPLE_QUERIES * TC_SAMPLE_WORDS; e += blockDim.x) {
-            u32 r = e / TC_SAMPLE_WORDS, w = e % TC_SAMPLE_WORDS;
-            qs[r][w] = first + r < query_end && w0 + w < row_words ? query_rows[(u64)(first + r) * row_words + w0 + w] : 0u;
+        for (u32 e = threadIdx.x; e < TC_SAMPLE_QUERIES * TC_SAMPLE_WORDS / 4; e += blockDim.x) {
+            u32 r = e / (TC_SAMPLE_WORDS / 4), w = e % (TC_SAMPLE_WORDS / 4) * 4;
+            *(uint4*)&qs[r][w] = first + r < query_end && w0 + w < row_words
+                ? *(const uint4*)&query_rows[(u64)(first + r) * row_words + w0 + w] : zero;
         }
-        for (u32 e = threadIdx.x; e < TC_SAMPLE_COLUMNS * TC_SAMPLE_WORDS; e += blockDim.x) {
-            u32 r = e / TC_SAMPLE_WORDS, w = e % TC_SAMPLE_WORDS;
-            ss[r][w] = s0 + r < sample_len && w0 + w < row_words ? sample_rows[(u64)(s0 + r) * row_words + w0 + w] : 0u;
+        for (u32 e = threadIdx.x; e < TC_SAMPLE_COLUMNS * TC_SAMPLE_WORDS / 4; e += blockDim.x) {
+            u32 r = e / (TC_SAMPLE_WORDS / 4), w = e % (TC_SAMPLE_WORDS / 4) * 4;
+            *(uint4*)&ss[r][w] = s0 + r < sample_len && w0 + w < row_words
+                ? *(const uint4*)&sample_rows[(u64)(s0 + r) * row_words + w0 + w] : zero;
         }
         __syncthreads();
 #pragma unroll
