@@ -1074,7 +1074,8 @@ const KNN_SLOT_VALUES: usize = 1 << 24;
 /// Gamma(rank)·n/sample_len (exactly k when the sample is the whole base, ties aside): the mean
 /// plus 4 of its standard deviations (mean/√rank) and 64 leave the slot too small for about one
 /// query in 60 at rank 1 (e⁻⁴·⁰⁶ for the exponential count), fewer at larger ranks; those queries
-/// get a write pass instead. 0 when `queries` slots exceed a quarter of the memory `budget` (12
+/// take the next count pass in longer slots where these are ranked on the device, else a write
+/// pass. 0 when `queries` slots exceed a quarter of the memory `budget` (12
 /// bytes a value), or KNN_SLOT_VALUES where they would be copied back, or one count pass.
 fn knn_slot_capacity(k: usize, n: usize, sample_len: usize, rank: u32, queries: usize, budget: usize) -> u32 {
     let expected = if sample_len >= n { k as f64 } else { rank as f64 * n as f64 / sample_len as f64 };
