@@ -22,7 +22,7 @@ use crate::gpu::launch::{
     filter_max_abs, identity_order, pack_half_rows, rank_slots, sample_half_rows, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
-use crate::gpu::{GpuDevice, PIPELINE_STREAMS, ResidentKey};
+use crate::gpu::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 use cudarc::driver::CudaEvent;
 use rayon::prelude::*;
 use crate::index::JoinStrategy;
@@ -194,27 +194,62 @@ impl GpuBackend {
         let mut gemm = gemm_metric(metric);
         let (mut query_host, mut base_host) = sides(gemm);
         let uploading = Instant::now();
+        // A kept base's side for the GEMM form of L2 and L2² (whose filter centres on the base's
+        // mean alone), as an earlier query built it: its filter rows, f16 rows and largest
+        // coordinate are not built again (DerivedSide).
+        let keep_key = resident_key(base).filter(|_| gemm && metric != Metric::Cosine);
+        let mut kept = keep_key.as_ref().and_then(|key| self.device.derived_side(key, metric_code(metric)));
         let mut query_buffers = self.upload(&query_host)?;
-        let mut base_buffers = self.upload(&base_host)?;
-        if gemm && !self.gemm_fits(&[(&query_host, &query_buffers), (&base_host, &base_buffers)])? {
+        let mut built = if kept.is_some() { None } else { Some(self.upload(&base_host)?) };
+        // A kept side fitted the GEMM form when it was built.
+        let base_fits = match &built {
+            Some(base_buffers) => self.gemm_fits(&[(&base_host, base_buffers)])?,
+            None => true,
+        };
+        if gemm && !(base_fits && self.gemm_fits(&[(&query_host, &query_buffers)])?) {
             gemm = false;
+            kept = None;
             (query_host, base_host) = sides(false);
-            (query_buffers, base_buffers) = (self.upload(&query_host)?, self.upload(&base_host)?);
+            (query_buffers, built) = (self.upload(&query_host)?, Some(self.upload(&base_host)?));
         }
         stats.transfer_time += uploading.elapsed();
-        stats.resident_inputs = [&query_buffers, &base_buffers].iter().filter(|b| b.resident).count();
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
         let uploading = Instant::now();
-        let tc = self.tensor_core_scale(metric, gemm, &[&query_buffers, &base_buffers])?;
+        let base_largest = match (&kept, &built) {
+            (Some(kept), _) => vec![kept.largest],
+            (None, Some(built)) => self.largest_coordinates(metric, gemm, &[built])?,
+            (None, None) => Vec::new(),
+        };
+        let largest: Vec<f32> = self.largest_coordinates(metric, gemm, &[&query_buffers])?.into_iter().chain(base_largest.iter().copied()).collect();
+        let tc = self.tensor_core_scale(metric, gemm, &largest);
         let sample_len = knn_sample_len(n, tc.is_some());
         let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tc) };
         query_buffers = self.with_half_rows(query_buffers, dim, tc)?;
-        base_buffers = self.with_half_rows(base_buffers, dim, tc)?;
+        // The kept side serves only at the scale this run's queries allow.
+        let reused = kept.as_ref().is_some_and(|kept| kept.scale_exponent == tc);
+        let base_side = match kept.filter(|_| reused) {
+            Some(kept) => kept,
+            None => {
+                let side = match built {
+                    Some(side) => side,
+                    None => self.upload(&base_host)?,
+                };
+                let side = self.with_half_rows(side, dim, tc)?;
+                let largest = base_largest.first().copied().unwrap_or(f32::NAN);
+                let derived = Arc::new(DerivedSide { metric: metric_code(metric), scale_exponent: tc, largest, side });
+                if let Some(key) = keep_key.as_ref().filter(|_| gemm && !base_largest.is_empty()) {
+                    self.device.keep_derived_side(key, derived.clone());
+                }
+                derived
+            }
+        };
+        let base_buffers = &base_side.side;
+        stats.resident_inputs = usize::from(query_buffers.resident) + usize::from(reused || base_buffers.resident);
         // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
         // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
         // rounding below the k-th distance about half the time, would leave those queries short.
         let sample = match tc {
-            Some(a) if sample_len < n => sample_half_rows(&self.device, &base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?,
+            Some(a) if sample_len < n => sample_half_rows(&self.device, base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?,
             _ => KnnSample::Filter(sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?),
         };
         let stream = &self.device.stream;
@@ -284,7 +319,7 @@ impl GpuBackend {
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
             let side = subset_buffers.as_ref().unwrap_or(&query_buffers);
-            let inputs = JoinInputs { left: side, right: &base_buffers, right_len: n as u32, grid: None };
+            let inputs = JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None };
             let pass_params = JoinParams { slot_capacity: capacity, ..params };
             let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, PassKind::Count, &mut stats)?;
             // Candidates of the pass's queries ranked from its slots (0: not ranked from them).
@@ -386,7 +421,7 @@ impl GpuBackend {
                 pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(d2h)?;
                 transfer += copying.elapsed();
                 let writing = Instant::now();
-                let inputs = JoinInputs { left: rest_side, right: &base_buffers, right_len: n as u32, grid: None };
+                let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None };
                 join_pass(&self.device, &params, begin as u32..end as u32, inputs, &mut pass, PassKind::Write)
                     .map_err(exec)?;
                 kernel += writing.elapsed();
@@ -573,16 +608,26 @@ impl GpuBackend {
     /// same for all: the scores then scale by 2^2a), from the sides' largest |filter coordinate|;
     /// `None` where the tensor cores do not filter: a metric without a dot-product filter, a device
     /// without them, or coordinates f16 cannot hold after any such scaling ([`tc_scale_exponent`]).
-    fn tensor_core_scale(&self, metric: Metric, gemm: bool, sides: &[&SideBuffers]) -> Result<Option<i32>, String> {
-        if !(gemm || metric == Metric::InnerProduct) || !self.device.has_tensor_cores() {
-            return Ok(None);
+    fn tensor_core_scale(&self, metric: Metric, gemm: bool, largest: &[f32]) -> Option<i32> {
+        if !self.tensor_cores_filter(metric, gemm) {
+            return None;
         }
-        let mut largest = 0f32;
-        for side in sides {
-            let side_largest = filter_max_abs(&self.device, &side.filter)?;
-            largest = if side_largest.is_nan() { side_largest } else { largest.max(side_largest) };
+        tc_scale_exponent(largest.iter().fold(0f32, |all, &side| if all.is_nan() || side.is_nan() { f32::NAN } else { all.max(side) }))
+    }
+
+    /// Whether brute force over `metric` filters on the tensor cores: a dot-product filter on a
+    /// device with them.
+    fn tensor_cores_filter(&self, metric: Metric, gemm: bool) -> bool {
+        (gemm || metric == Metric::InnerProduct) && self.device.has_tensor_cores()
+    }
+
+    /// Each side's largest |filter coordinate| (NaN if one is) where the tensor cores filter, for
+    /// [`GpuBackend::tensor_core_scale`]; none elsewhere.
+    fn largest_coordinates(&self, metric: Metric, gemm: bool, sides: &[&SideBuffers]) -> Result<Vec<f32>, String> {
+        match self.tensor_cores_filter(metric, gemm) {
+            true => sides.iter().map(|side| filter_max_abs(&self.device, &side.filter)).collect(),
+            false => Ok(Vec::new()),
         }
-        Ok(tc_scale_exponent(largest))
     }
 
     /// `side` with its f16 rows for brute_join_tc, scaled by 2^a, where the tensor cores filter.
@@ -664,7 +709,10 @@ impl GpuBackend {
         let extent = if gemm { 0.0 } else { filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) };
         // The tensor cores filter brute force only (a grid's sides are gathered into slot order).
         let tc = match geometry {
-            None => self.tensor_core_scale(metric, gemm, &std::iter::once(&left_buffers).chain(right_buffers.as_ref()).collect::<Vec<_>>())?,
+            None => {
+                let sides: Vec<&SideBuffers> = std::iter::once(&left_buffers).chain(right_buffers.as_ref()).collect();
+                self.tensor_core_scale(metric, gemm, &self.largest_coordinates(metric, gemm, &sides)?)
+            }
             Some(_) => None,
         };
         let mut params = JoinParams {

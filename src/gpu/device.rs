@@ -9,7 +9,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::kernels::KernelModule;
-use super::launch::ResultBuffers;
+use super::launch::{ResultBuffers, SideBuffers};
 use super::{GpuInfo, probe};
 
 /// A usable GPU.
@@ -51,11 +51,46 @@ struct ResidentRows {
     clock: u64,
 }
 
+impl ResidentRows {
+    /// Drops the least recently used entries until the rest take at most `capacity` bytes.
+    fn evict(&mut self, capacity: usize) {
+        while self.entries.iter().map(ResidentEntry::bytes).sum::<usize>() > capacity {
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) else { return };
+            self.entries.swap_remove(oldest);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct ResidentEntry {
     key: Weak<dyn Any + Send + Sync>,
     rows: Arc<CudaSlice<f64>>,
+    /// Sides built from `rows` for a metric, one a metric ([`GpuDevice::derived_side`]).
+    derived: Vec<Arc<DerivedSide>>,
     last_used: u64,
+}
+
+impl ResidentEntry {
+    /// Device bytes the entry keeps: its rows and the derived sides' own buffers (their exact
+    /// rows are `rows`).
+    fn bytes(&self) -> usize {
+        self.rows.len() * std::mem::size_of::<f64>() + self.derived.iter().map(|d| d.side.own_bytes()).sum::<usize>()
+    }
+}
+
+/// A side built on the device from kept rows alone (its filter's origin depends on them alone: the
+/// GEMM form of L2 and L2² centres on their mean), with its f16 rows at one scale and its largest
+/// |filter coordinate|: a kNN over a kept base would otherwise build it again for every query
+/// (P1: ~1.2 ms of its 21, NOTES.md v56).
+#[derive(Debug)]
+pub struct DerivedSide {
+    /// The METRIC_* code it was built for.
+    pub metric: u32,
+    /// The exponent its f16 rows are scaled by (`None`: no f16 rows).
+    pub scale_exponent: Option<i32>,
+    /// Its largest |filter coordinate| (NaN if one is NaN).
+    pub largest: f32,
+    pub side: SideBuffers,
 }
 
 /// The share of the device's memory that resident rows may take: the rest stays for the runs,
@@ -111,19 +146,35 @@ impl GpuDevice {
         }
         let rows = Arc::new(super::launch::upload(self, values)?);
         let capacity = self.info.total_memory / RESIDENT_SHARE;
-        let bytes = |rows: &CudaSlice<f64>| rows.len() * std::mem::size_of::<f64>();
-        if bytes(&rows) <= capacity {
+        if rows.len() * std::mem::size_of::<f64>() <= capacity {
             let mut resident = lock()?;
             let last_used = resident.clock;
-            resident.entries.push(ResidentEntry { key: Arc::downgrade(key), rows: rows.clone(), last_used });
-            while resident.entries.iter().map(|e| bytes(&e.rows)).sum::<usize>() > capacity {
-                let oldest = resident.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i);
-                if let Some(i) = oldest {
-                    resident.entries.swap_remove(i);
-                }
-            }
+            resident.entries.push(ResidentEntry { key: Arc::downgrade(key), rows: rows.clone(), derived: Vec::new(), last_used });
+            resident.evict(capacity);
         }
         Ok((rows, false))
+    }
+
+    /// The side derived from `key`'s kept rows for `metric`, if one was kept
+    /// ([`GpuDevice::keep_derived_side`]).
+    pub fn derived_side(&self, key: &ResidentKey, metric: u32) -> Option<Arc<DerivedSide>> {
+        let resident = self.resident.lock().ok()?;
+        let entry = resident.entries.iter().find(|e| std::ptr::addr_eq(e.key.as_ptr(), Arc::as_ptr(key)))?;
+        entry.derived.iter().find(|d| d.metric == metric).cloned()
+    }
+
+    /// Keeps `derived` (built from `key`'s kept rows, `side.exact` being them) beside those rows,
+    /// in place of any kept for its metric, while they stay and everything kept fits the share
+    /// (the least recently used rows leave first, with their derived sides).
+    pub fn keep_derived_side(&self, key: &ResidentKey, derived: Arc<DerivedSide>) {
+        let Ok(mut resident) = self.resident.lock() else { return };
+        let Some(entry) = resident.entries.iter_mut().find(|e| std::ptr::addr_eq(e.key.as_ptr(), Arc::as_ptr(key))) else { return };
+        if !Arc::ptr_eq(&entry.rows, &derived.side.exact) {
+            return;
+        }
+        entry.derived.retain(|d| d.metric != derived.metric);
+        entry.derived.push(derived);
+        resident.evict(self.info.total_memory / RESIDENT_SHARE);
     }
 
     /// The streams of pipelined write passes.

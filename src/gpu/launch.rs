@@ -108,6 +108,14 @@ pub struct SideBuffers {
     pub resident: bool,
 }
 
+impl SideBuffers {
+    /// Device bytes of the side's buffers but its exact rows (which may be shared).
+    pub fn own_bytes(&self) -> usize {
+        4 * (self.filter.len() + self.half_rows.as_ref().map_or(0, |h| h.len()) + self.filter_norms.len() + self.filter_sq_norms.len() + self.order.len())
+            + 8 * self.norms.len()
+    }
+}
+
 /// The grid of a join on the device.
 #[derive(Debug)]
 pub struct GridBuffers {

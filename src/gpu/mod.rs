@@ -10,7 +10,7 @@ pub mod grid;
 pub mod kernels;
 pub mod launch;
 
-pub use device::{GpuDevice, PIPELINE_STREAMS, ResidentKey};
+pub use device::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 
 /// A CUDA device that answered.
 #[derive(Debug, Clone, PartialEq)]
