@@ -23,7 +23,7 @@ use crate::gpu::launch::{
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
-use cudarc::driver::CudaEvent;
+use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rayon::prelude::*;
 use crate::index::JoinStrategy;
 use crate::op::{Metric, dot};
@@ -313,8 +313,8 @@ impl GpuBackend {
         let mut subset_buffers = None;
         let mut capacity = first_capacity;
         let (mut transfer, mut kernel, mut emit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let mut first_pass = true;
         while !pending.is_empty() {
-            let first_pass = pending.len() == nq && subset_buffers.is_none();
             let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
@@ -355,16 +355,15 @@ impl GpuBackend {
                     let (_, positions, distances) = results.download(stream, &pass, false, 0..pending.len() * cap)?;
                     transfer += copying.elapsed();
                     let ranking = Instant::now();
-                    let lists: Vec<Vec<Neighbour>> = slot_len
-                        .par_iter()
-                        .enumerate()
-                        .map(|(i, &len)| {
-                            let all = (i * cap..i * cap + len as usize).map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
-                            k_smallest(all, k)
-                        })
-                        .collect();
+                    let (mut nearest, mut at) = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
+                    nearest.par_chunks_mut(k).zip(at.par_chunks_mut(k)).zip(&slot_len).enumerate().filter(|&(_, (_, &len))| len > 0).for_each(|(i, ((nearest, at), &len))| {
+                        let all = (i * cap..i * cap + len as usize).map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
+                        for (j, neighbour) in k_smallest(all, k).into_iter().enumerate() {
+                            (nearest[j], at[j]) = (neighbour.distance, neighbour.position);
+                        }
+                    });
                     emit += ranking.elapsed();
-                    lists.iter().flat_map(|list| list.iter().map(|nb| (nb.distance, nb.position)).chain(std::iter::repeat_n((0.0, 0), k - list.len()))).unzip()
+                    (nearest, at)
                 };
                 if first_pass {
                     (nearest_distance, nearest_position) = ranked;
@@ -377,6 +376,7 @@ impl GpuBackend {
                 }
                 pending.iter().zip(&slot_len).filter(|&(_, &len)| len > 0).for_each(|(&q, _)| in_slots[q as usize] = true);
             }
+            first_pass = false;
             // The next pass's slots, where ranked on the device: as long as the buffers allow for
             // its fewer queries, at most KNN_RANK_SLOTS.
             capacity = if ranked_on_device && !next.is_empty() { (slot_values / next.len()).min(KNN_RANK_SLOTS) as u32 } else { 0 };
@@ -567,16 +567,20 @@ fn subset_side(device: &GpuDevice, side: &SideBuffers, rows: &[u32], dim: usize)
         return Err(format!("kNN pass: query slot {row} of a side of {source}"));
     }
     let picked = device.stream.clone_htod(rows).map_err(|e| format!("GPU copy failed: {e}"))?;
-    let gather = |buffer: &cudarc::driver::CudaSlice<f32>, width: usize| gather_rows(device, buffer, source, &picked, n, width);
-    // Buffers a metric does not use hold one value, which no kernel reads per row.
-    let per_row = |buffer: &cudarc::driver::CudaSlice<f32>| if buffer.len() == source { gather(buffer, 1) } else { gather_rows(device, buffer, 1, &picked, 0, 1) };
+    // A buffer the metric does not use holds one value, which no kernel reads per row.
+    fn per_row<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, buffer: &CudaSlice<T>, source: usize, picked: &CudaSlice<u32>) -> Result<CudaSlice<T>, String> {
+        match buffer.len() == source {
+            true => gather_rows(device, buffer, source, picked, picked.len(), 1),
+            false => device.stream.alloc_zeros(1).map_err(|e| format!("GPU allocation failed: {e}")),
+        }
+    }
     Ok(SideBuffers {
-        filter: gather(&side.filter, dim)?,
+        filter: gather_rows(device, &side.filter, source, &picked, n, dim)?,
         half_rows: side.half_rows.as_ref().map(|h| gather_rows(device, h, source, &picked, n, tc_row_words(dim))).transpose()?,
         exact: Arc::new(gather_rows(device, &side.exact, source, &picked, n, dim)?),
-        norms: if side.norms.len() == source { gather_rows(device, &side.norms, source, &picked, n, 1)? } else { gather_rows(device, &side.norms, 1, &picked, 0, 1)? },
-        filter_norms: per_row(&side.filter_norms)?,
-        filter_sq_norms: per_row(&side.filter_sq_norms)?,
+        norms: per_row(device, &side.norms, source, &picked)?,
+        filter_norms: per_row(device, &side.filter_norms, source, &picked)?,
+        filter_sq_norms: per_row(device, &side.filter_sq_norms, source, &picked)?,
         order: gather_rows(device, &side.order, source, &picked, n, 1)?,
         resident: false,
     })
@@ -1137,8 +1141,9 @@ fn knn_slot_capacity(k: usize, n: usize, sample_len: usize, rank: u32, queries: 
 
 /// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]), from which each query's ranks are
 /// picked. Where the tensor cores filter (`tensor_cores`), they take the sample's distances too, and
-/// the sample is KNN_SAMPLE rows (or the whole base): at a 10th of the count pass's cost per row
-/// or less, a larger sample gives tighter radii, fewer candidates for the same share of queries
+/// the sample is KNN_SAMPLE rows (or the whole base): a sample row then costs about 1.5 count-pass
+/// rows (P2: 0.63 ms of keys for 4,096 rows against 6.1 ms for the pass's 60,000, NOTES.md v55),
+/// and the larger sample gives tighter radii, fewer candidates for the same share of queries
 /// short (P2, 60,000 rows of 784 at k = 10: 64 candidates a query and 4 % short with 1,875
 /// rows at rank 2, 44 and 3 % with 4,096 at rank 3; NOTES.md v54). On f32 CUDA cores a sample
 /// row cost about as much as 8 of the count pass's base rows (P2: a sample of 4,096 took 10.7 ms

@@ -52,6 +52,11 @@ struct ResidentRows {
 }
 
 impl ResidentRows {
+    /// The entry kept under `key`.
+    fn entry(&mut self, key: &ResidentKey) -> Option<&mut ResidentEntry> {
+        self.entries.iter_mut().find(|e| std::ptr::addr_eq(e.key.as_ptr(), Arc::as_ptr(key)))
+    }
+
     /// Drops the least recently used entries until the rest take at most `capacity` bytes.
     fn evict(&mut self, capacity: usize) {
         while self.entries.iter().map(ResidentEntry::bytes).sum::<usize>() > capacity {
@@ -139,7 +144,7 @@ impl GpuDevice {
             let now = resident.clock;
             // Rows whose vectors are gone can never be asked for again.
             resident.entries.retain(|e| e.key.strong_count() > 0);
-            if let Some(entry) = resident.entries.iter_mut().find(|e| std::ptr::addr_eq(e.key.as_ptr(), Arc::as_ptr(key))) {
+            if let Some(entry) = resident.entry(key) {
                 entry.last_used = now;
                 return Ok((entry.rows.clone(), true));
             }
@@ -157,10 +162,15 @@ impl GpuDevice {
 
     /// The side derived from `key`'s kept rows for `metric`, if one was kept
     /// ([`GpuDevice::keep_derived_side`]).
+    /// A query that finds one does not ask for the rows themselves, so this counts as their use.
     pub fn derived_side(&self, key: &ResidentKey, metric: u32) -> Option<Arc<DerivedSide>> {
-        let resident = self.resident.lock().ok()?;
-        let entry = resident.entries.iter().find(|e| std::ptr::addr_eq(e.key.as_ptr(), Arc::as_ptr(key)))?;
-        entry.derived.iter().find(|d| d.metric == metric).cloned()
+        let mut resident = self.resident.lock().ok()?;
+        resident.clock += 1;
+        let now = resident.clock;
+        let entry = resident.entry(key)?;
+        let derived = entry.derived.iter().find(|d| d.metric == metric).cloned()?;
+        entry.last_used = now;
+        Some(derived)
     }
 
     /// Keeps `derived` (built from `key`'s kept rows, `side.exact` being them) beside those rows,
@@ -168,7 +178,7 @@ impl GpuDevice {
     /// (the least recently used rows leave first, with their derived sides).
     pub fn keep_derived_side(&self, key: &ResidentKey, derived: Arc<DerivedSide>) {
         let Ok(mut resident) = self.resident.lock() else { return };
-        let Some(entry) = resident.entries.iter_mut().find(|e| std::ptr::addr_eq(e.key.as_ptr(), Arc::as_ptr(key))) else { return };
+        let Some(entry) = resident.entry(key) else { return };
         if !Arc::ptr_eq(&entry.rows, &derived.side.exact) {
             return;
         }

@@ -1052,7 +1052,9 @@ pub struct CellBounds {
     pub cells: usize,
 }
 
-/// `rows` (n rows of `width` values) in slot order: row s of the result is row `order[s]`. The
+/// Rows of `rows` (`source` rows of `width` values) picked by `order` (a grid's slot order, or a
+/// kNN pass's queries): row s of the result is row `order[s]`, or zeros if that is not below
+/// `source`. The
 /// caller may free the input once the gather is queued (frees are stream-ordered, so after it
 /// has run).
 pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: &CudaSlice<T>, source: usize, order: &CudaSlice<u32>, n: usize, width: usize) -> Result<CudaSlice<T>, String> {
