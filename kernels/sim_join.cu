@@ -547,19 +547,32 @@ __device__ __forceinline__ TileCopy tile_copy(u32 row_words, const u32* rows, u3
     return c;
 }
 
-// Starts copying one chunk (TC_CHUNK words from w0) of a tile's rows into `tile`, 16 bytes per
-// cp.async; zeros beyond the data (which add nothing to a dot product). Rows are whole groups of
-// four words (pack_half_rows pads them), so each group lies wholly inside or outside the data; a
-// source size of 0 writes zeros and reads nothing. The caller commits the cp.async group.
-__device__ __forceinline__ void copy_chunk(u32 row_words, const TileCopy& c, u32 (*tile)[TC_STRIDE], u32 w0) {
+// Starts copying one chunk (TC_CHUNK words from w0) of a tile's rows into shared memory, 16 bytes
+// per cp.async: the thread's four groups to `to` (its first row's group) and every `row_step` bytes
+// after (its rows are 32 apart; where a group lands within its row is the layout's, tc_padded_to
+// or tc_swizzled_to); zeros beyond the data (which add nothing to a dot product). Rows are whole
+// groups of four words (pack_half_rows pads them), so each group lies wholly inside or outside the
+// data; a source size of 0 writes zeros and reads nothing. The caller commits the cp.async group.
+__device__ __forceinline__ void copy_chunk(u32 row_words, const TileCopy& c, u32 to, u32 row_step, u32 w0) {
     bool words_inside = w0 + c.w < row_words;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         bool inside = (c.inside >> i & 1) && words_inside;
-        u32 to = (u32)__cvta_generic_to_shared(&tile[c.r + 32 * i][c.w]);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                     ::"r"(to), "l"(inside ? c.from + (u64)i * c.stride + w0 : c.from), "r"(inside ? 16u : 0u));
+                     ::"r"(to + i * row_step), "l"(inside ? c.from + (u64)i * c.stride + w0 : c.from), "r"(inside ? 16u : 0u));
     }
+}
+
+// The mma.sync layout of a chunk's tile at `tile` (a shared address): rows of TC_STRIDE words.
+__device__ __forceinline__ u32 tc_padded_to(const TileCopy& c, u32 tile) { return tile + (c.r * TC_STRIDE + c.w) * 4; }
+
+// The wgmma layout of a chunk's tile at `tile` (a shared address, 1,024-byte aligned): rows of
+// 128 bytes (a chunk is 32 words), each group of eight rows one 1,024-byte atom, and the 16-byte
+// group g of row r stored at position g ^ (r mod 8) of its row: the 128-byte swizzle that wgmma's
+// descriptors name (tc_descriptor), under which the eight rows an operand fetch reads together hit
+// distinct banks.
+__device__ __forceinline__ u32 tc_swizzled_to(const TileCopy& c, u32 tile) {
+    return tile + c.r * 128 + ((c.w / 4 ^ (c.r & 7)) << 4);
 }
 
 // brute_join_tc's filter, separated into a bound per left row and an offset per right row so that
@@ -599,12 +612,61 @@ __device__ __forceinline__ float tc_col_offset(const JoinParams& p, u32 t, u32 r
     return p.filter == FILTER_GEMM_L2 ? __fsub_rd(__fmul_rd(rfsq[t], p.tc_scale * p.tc_scale), widening) : -widening;
 }
 
-// ldmatrix.x4 from shared memory (rows of 16 bytes, 16-byte aligned: TC_STRIDE is 144 bytes).
-__device__ __forceinline__ void load_matrix_x4(const u32* row, u32& r0, u32& r1, u32& r2, u32& r3) {
-    u32 at = (u32)__cvta_generic_to_shared(row);
+// ldmatrix.x4 from shared memory (rows of 16 bytes at shared address `at`, 16-byte aligned:
+// TC_STRIDE is 144 bytes).
+__device__ __forceinline__ void load_matrix_x4(u32 at, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at));
 }
+
+// Hopper's warpgroup mma (sm_90a: `arch_for` in src/gpu/device.rs compiles for it on compute
+// capability 9.0). mma.sync left brute_join_tc's count pass latency-bound at 16 warps an SM: each
+// m16n8k16 waits on its fragments' ldmatrix and the tensor pipe was 29 % busy (NOTES.md v53, v55).
+// wgmma.mma_async reads both operands from shared memory through a descriptor and multiplies a
+// 64 × 128 × 16 block in one instruction, asynchronously, so a warpgroup (four warps) issues a
+// chunk's four blocks back to back and waits once. Its accumulators are the mma.sync m16n8
+// layout repeated along the columns: warp w of the group holds rows 16w + group (+8 for r ≥ 2)
+// and, in d[0][n][r], column 8n + 2·quad (+1 for odd r) — tc_epilogue's layout with one row block
+// and 16 column blocks.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TC_WGMMA 1
+#else
+#define TC_WGMMA 0
+#endif
+#if TC_WGMMA
+// A shared-memory matrix descriptor for K-major rows of 128 bytes under the 128-byte swizzle
+// (tc_swizzled_to): start address and the stride between 8-row atoms (1,024 bytes) in 16-byte
+// units; the leading offset is unused by this layout (one swizzle atom spans the 16-dimension
+// step); layout type 1 in bits 62–63. A step of 16 dimensions within the atom adds 32 bytes (2)
+// to the start address: the hardware applies the swizzle to the addresses it forms.
+__device__ __forceinline__ u64 tc_descriptor(u32 address) {
+    return (u64)((address & 0x3ffff) >> 4) | (u64)1 << 16 | (u64)(1024 >> 4) << 32 | (u64)1 << 62;
+}
+
+// d (+)= A·Bᵀ for A 64 rows and B 128 rows of 16 f16 dimensions, both K-major; `accumulate` 0
+// starts the tile (the accumulators' values are ignored).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[1][16][4], u64 a, u64 b, u32 accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0][0]), "+f"(d[0][0][1]), "+f"(d[0][0][2]), "+f"(d[0][0][3]), "+f"(d[0][1][0]), "+f"(d[0][1][1]), "+f"(d[0][1][2]), "+f"(d[0][1][3]), "+f"(d[0][2][0]), "+f"(d[0][2][1]), "+f"(d[0][2][2]), "+f"(d[0][2][3]), "+f"(d[0][3][0]), "+f"(d[0][3][1]), "+f"(d[0][3][2]), "+f"(d[0][3][3]), "+f"(d[0][4][0]), "+f"(d[0][4][1]), "+f"(d[0][4][2]), "+f"(d[0][4][3]), "+f"(d[0][5][0]), "+f"(d[0][5][1]), "+f"(d[0][5][2]), "+f"(d[0][5][3]), "+f"(d[0][6][0]), "+f"(d[0][6][1]), "+f"(d[0][6][2]), "+f"(d[0][6][3]), "+f"(d[0][7][0]), "+f"(d[0][7][1]), "+f"(d[0][7][2]), "+f"(d[0][7][3]), "+f"(d[0][8][0]), "+f"(d[0][8][1]), "+f"(d[0][8][2]), "+f"(d[0][8][3]), "+f"(d[0][9][0]), "+f"(d[0][9][1]), "+f"(d[0][9][2]), "+f"(d[0][9][3]), "+f"(d[0][10][0]), "+f"(d[0][10][1]), "+f"(d[0][10][2]), "+f"(d[0][10][3]), "+f"(d[0][11][0]), "+f"(d[0][11][1]), "+f"(d[0][11][2]), "+f"(d[0][11][3]), "+f"(d[0][12][0]), "+f"(d[0][12][1]), "+f"(d[0][12][2]), "+f"(d[0][12][3]), "+f"(d[0][13][0]), "+f"(d[0][13][1]), "+f"(d[0][13][2]), "+f"(d[0][13][3]), "+f"(d[0][14][0]), "+f"(d[0][14][1]), "+f"(d[0][14][2]), "+f"(d[0][14][3]), "+f"(d[0][15][0]), "+f"(d[0][15][1]), "+f"(d[0][15][2]), "+f"(d[0][15][3])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// Orders the warpgroup's earlier register and shared-memory accesses before its next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+
+// Closes the wgmma issued since the last commit into a group.
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+
+// Waits until at most `pending` of the warpgroup's groups are unfinished.
+template <int pending>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(pending) : "memory"); }
+
+// After a wait: accumulators the compiler must read only from here on (they are this statement's
+// outputs, and it stays after the wait as volatile statements keep their order).
+__device__ __forceinline__ void wgmma_settled(float (&d)[1][16][4]) { asm volatile("" : "+f"(d[0][0][0]), "+f"(d[0][0][1]), "+f"(d[0][0][2]), "+f"(d[0][0][3]), "+f"(d[0][1][0]), "+f"(d[0][1][1]), "+f"(d[0][1][2]), "+f"(d[0][1][3]), "+f"(d[0][2][0]), "+f"(d[0][2][1]), "+f"(d[0][2][2]), "+f"(d[0][2][3]), "+f"(d[0][3][0]), "+f"(d[0][3][1]), "+f"(d[0][3][2]), "+f"(d[0][3][3]), "+f"(d[0][4][0]), "+f"(d[0][4][1]), "+f"(d[0][4][2]), "+f"(d[0][4][3]), "+f"(d[0][5][0]), "+f"(d[0][5][1]), "+f"(d[0][5][2]), "+f"(d[0][5][3]), "+f"(d[0][6][0]), "+f"(d[0][6][1]), "+f"(d[0][6][2]), "+f"(d[0][6][3]), "+f"(d[0][7][0]), "+f"(d[0][7][1]), "+f"(d[0][7][2]), "+f"(d[0][7][3]), "+f"(d[0][8][0]), "+f"(d[0][8][1]), "+f"(d[0][8][2]), "+f"(d[0][8][3]), "+f"(d[0][9][0]), "+f"(d[0][9][1]), "+f"(d[0][9][2]), "+f"(d[0][9][3]), "+f"(d[0][10][0]), "+f"(d[0][10][1]), "+f"(d[0][10][2]), "+f"(d[0][10][3]), "+f"(d[0][11][0]), "+f"(d[0][11][1]), "+f"(d[0][11][2]), "+f"(d[0][11][3]), "+f"(d[0][12][0]), "+f"(d[0][12][1]), "+f"(d[0][12][2]), "+f"(d[0][12][3]), "+f"(d[0][13][0]), "+f"(d[0][13][1]), "+f"(d[0][13][2]), "+f"(d[0][13][3]), "+f"(d[0][14][0]), "+f"(d[0][14][1]), "+f"(d[0][14][2]), "+f"(d[0][14][3]), "+f"(d[0][15][0]), "+f"(d[0][15][1]), "+f"(d[0][15][2]), "+f"(d[0][15][3]) :: "memory"); }
+#endif
 
 // The pairs of a brute_join_tc block that passed the filter, decided after its run of tiles:
 // `len` counts every pair pushed, the first TC_QUEUE of them stored (left slot, right row), in
@@ -614,11 +676,11 @@ __device__ __forceinline__ void load_matrix_x4(const u32* row, u32& r0, u32& r1,
 #define TC_QUEUE 256
 // The filter's column offsets of the tiles in flight (tc_col_offset), written by the loader when
 // it starts a tile and read by that tile's epilogue: a ring of TC_OFFSET_RING tiles. The loader
-// runs stages − 1 ≤ 2 steps ahead (steps are (tile, chunk) pairs, `chunks` per tile): tile T's
-// entry is written during step T·chunks − (stages − 1) ≤ T·chunks − 1 (or before the first step),
-// so the barrier that starts step T·chunks orders it before T's epilogue (step T·chunks + chunks
-// − 1); tile T + 3 overwrites it during step (T + 3)·chunks − (stages − 1) ≥ T·chunks + chunks,
-// after the barrier that starts that step and so after T's epilogue.
+// runs `ahead` ≤ 2 steps ahead (steps are (tile, chunk) pairs, `chunks` per tile): tile T's
+// entry is written during step T·chunks − ahead ≤ T·chunks − 1 (or before the first step), so the
+// barrier that starts step T·chunks orders it before T's epilogue (step T·chunks + chunks − 1);
+// tile T + 3 overwrites it during step (T + 3)·chunks − ahead ≥ T·chunks + chunks, after the
+// barrier that starts that step and so after T's epilogue.
 #define TC_OFFSET_RING 3
 struct TcQueue {
     u32& len;
@@ -630,45 +692,48 @@ struct TcQueue {
 // decided at the end of the run by all threads at once. Deciding them here, one exact f64 distance
 // after another per thread (a chain of dependent f64 additions d long, with loads of both rows),
 // held up the whole block at its next barrier (NOTES.md v35). A pair beyond the queue's room is
-// decided here.
+// decided here. The warp's accumulators are M blocks of 16 rows by N of 8 columns (4 × 4 under
+// mma.sync, 1 × 16 under wgmma).
+template <int M, int N>
 __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 warp_col, u32 group,
-        u32 quad, u32 lane, TcQueue& queue, const float (&acc)[4][4][4], const float* row_bounds, const float* col_offsets,
+        u32 quad, u32 lane, TcQueue& queue, const float (&acc)[M][N][4], const float* row_bounds, const float* col_offsets,
         u32 slot_begin, const double* lx, const double* rx, const double* lnorm, const double* rnorm,
         const u32* left_order, const u32* right_order, const double* row_threshold, u32* counts, u64* cursors, u32* out_left, u32* out_right,
         double* out_distance, u64* collected, u64 capacity, int write) {
     // In two steps, as in brute_join's epilogue: the filter marks the passing pairs in a 64-bit
-    // mask, then the marked pairs are queued. Accumulator r of mma tile (m, n) holds
-    // row group (+8 for r ≥ 2), column 2·quad (+1 for odd r); its bit is 16m + 8h + 2n + c for row
-    // half h = r / 2 and column c = r % 2. A pair costs one fused multiply-add and one comparison
+    // mask, then the marked pairs are queued. Accumulator r of block (m, n) holds
+    // row 16m + group (+8 for r ≥ 2), column 8n + 2·quad (+1 for odd r); its bit is
+    // 2N(2m + h) + 2n + c for row half h = r / 2 and column c = r % 2. A pair costs one fused multiply-add and one comparison
     // (tc_row_bound, tc_col_offset: computed once per block and once per tile into shared
     // memory, `row_bounds` and `col_offsets`); on the diagonal tiles of a self-join, right slot t
     // must follow left slot s: t − s = lead − (16m + 8h − 8n − c).
+    static_assert(M * N == 16, "64 pairs a thread");
     u64 marked = 0;
     {
         float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
         bool diagonal = p.self_join && col0 < row0 + TILE;
         int lead = (int)(col0 + warp_col + 2 * quad) - (int)(row0 + warp_row + group);
-        float2 offsets[4];
+        float2 offsets[N];
 #pragma unroll
-        for (int n = 0; n < 4; ++n) offsets[n] = *(const float2*)&col_offsets[warp_col + n * 8 + 2 * quad];
+        for (int n = 0; n < N; ++n) offsets[n] = *(const float2*)&col_offsets[warp_col + n * 8 + 2 * quad];
 #pragma unroll
-        for (int m = 0; m < 4; ++m)
+        for (int m = 0; m < M; ++m)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float bound = row_bounds[warp_row + m * 16 + group + 8 * h];
 #pragma unroll
-                for (int n = 0; n < 4; ++n)
+                for (int n = 0; n < N; ++n)
 #pragma unroll
                     for (int c = 0; c < 2; ++c)
                         if (__fmaf_rd(scale, acc[m][n][2 * h + c], c ? offsets[n].y : offsets[n].x) <= bound)
-                            marked |= 1ull << (16 * m + 8 * h + 2 * n + c);
+                            marked |= 1ull << (2 * N * (2 * m + h) + 2 * n + c);
             }
         // The order test on diagonal tiles only (at most one tile in TC_RUN of a block), apart from
         // the filter so that the other tiles' pairs cost no integer comparison.
         if (diagonal) {
 #pragma unroll
             for (int bit = 0; bit < 64; ++bit) {
-                int m = bit / 16, h = bit / 8 % 2, n = bit / 2 % 4, c = bit % 2;
+                int m = bit / (4 * N), h = bit / (2 * N) % 2, n = bit / 2 % N, c = bit % 2;
                 if (lead <= 16 * m + 8 * h - 8 * n - c) marked &= ~(1ull << bit);
             }
         }
@@ -685,8 +750,8 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
     while (marked) {
         u32 bit = __ffsll((long long)marked) - 1;
         marked &= marked - 1;
-        u32 s = row0 + warp_row + (bit / 16) * 16 + group + 8 * ((bit / 8) % 2);
-        u32 t = col0 + warp_col + ((bit / 2) % 4) * 8 + 2 * quad + bit % 2;
+        u32 s = row0 + warp_row + (bit / (4 * N)) * 16 + group + 8 * ((bit / (2 * N)) % 2);
+        u32 t = col0 + warp_col + ((bit / 2) % N) * 8 + 2 * quad + bit % 2;
         if (at < TC_QUEUE) {
             queue.pairs[at] = make_uint2(s, t);
         } else {
@@ -735,10 +800,15 @@ __device__ __forceinline__ double drain_sum(u32 dim, const uint2* pairs, u32 cou
     return acc;
 }
 
+// Two blocks an SM, so that one block's warps hide the other's latencies. (Under wgmma, one block
+// with 255 registers a thread for two sets of accumulators, tile T's epilogue running while tile
+// T + 1's wgmma did, took 1.5 times as long: with 8 warps an SM every barrier and epilogue was
+// exposed, NOTES.md v58.)
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
 #if __CUDA_ARCH__ >= 800
     // Dynamic shared memory: the queue's pairs, the resident left tile's chunks (rows of at most
-    // TC_RESIDENT_CHUNKS chunks), then the pipeline's stages (16-byte aligned).
+    // TC_RESIDENT_CHUNKS chunks), then the pipeline's stages (16-byte aligned), sized by the host
+    // for the mma.sync layout.
     extern __shared__ __align__(16) u32 tc_shared[];
     __shared__ u32 queue_len;
     __shared__ float row_bounds[TILE];
@@ -752,13 +822,36 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     u32 shared_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
     const u32 stage_words = resident ? TILE * TC_STRIDE : TC_STAGE_WORDS;
-    const u32 stages = (shared_bytes - TC_QUEUE * 8 - (resident ? TC_RESIDENT_WORDS * 4 : 0)) / (stage_words * 4);  // 2 or 3, as the host sized it
+    // 2 or 3 under mma.sync, 3 or 4 under wgmma, as the host sized it (tc_dynamic_bytes).
+    const u32 stages = (shared_bytes - TC_QUEUE * 8 - (resident ? TC_RESIDENT_WORDS * 4 : 0)) / (stage_words * 4);
+    // Steps the loader runs ahead. Under wgmma a step's group stays in flight across the next
+    // step's barrier and loads, so the stage refilled at step s is step s − 2's, not s − 1's.
+    const u32 ahead = stages - 1 - TC_WGMMA;
     TcQueue queue = {queue_len, (uint2*)tc_shared};
     u32* x_resident = tc_shared + TC_QUEUE * 2;
-    u32* tc_stages = x_resident + (resident ? TC_RESIDENT_WORDS : 0);
-    auto xs = [&](u32 stage) { return (u32 (*)[TC_STRIDE])(tc_stages + stage * stage_words); };  // not resident
-    auto ys = [&](u32 stage) { return (u32 (*)[TC_STRIDE])(tc_stages + stage * stage_words + (resident ? 0 : TILE * TC_STRIDE)); };
-    auto x_chunk = [&](u32 c) { return (u32 (*)[TC_STRIDE])(x_resident + c * TILE * TC_STRIDE); };  // resident
+    // The shared addresses of a step's chunk tiles: the left one (the resident tile's chunk c, or
+    // the stage's) and the right one; where a thread's copies of a chunk land (copy_to) and the
+    // bytes between its four rows.
+#if TC_WGMMA
+    // The swizzled layout (tc_swizzled_to) stores a chunk's tile in 16 KB, 1,024-byte aligned,
+    // in the space the host sized for padded tiles of 18 KB: the alignment's at most 1,008 bytes
+    // fit in the 2 KB that each tile leaves over.
+    const u32 tile_bytes = TILE * TC_CHUNK * 4;
+    const u32 x_base = ((u32)__cvta_generic_to_shared(x_resident) + 1023) & ~1023u;
+    const u32 stage_bytes = (resident ? 1 : 2) * tile_bytes;
+    const u32 stage_base = x_base + (resident ? TC_RESIDENT_CHUNKS * tile_bytes : 0);
+    auto copy_to = [](const TileCopy& c, u32 tile) { return tc_swizzled_to(c, tile); };
+    const u32 row_step = 32 * TC_CHUNK * 4;
+#else
+    const u32 tile_bytes = TILE * TC_STRIDE * 4;
+    const u32 x_base = (u32)__cvta_generic_to_shared(x_resident);
+    const u32 stage_bytes = stage_words * 4;
+    const u32 stage_base = x_base + (resident ? TC_RESIDENT_WORDS * 4 : 0);
+    auto copy_to = [](const TileCopy& c, u32 tile) { return tc_padded_to(c, tile); };
+    const u32 row_step = 32 * TC_STRIDE * 4;
+#endif
+    auto x_at = [&](u32 stage, u32 c) { return resident ? x_base + c * tile_bytes : stage_base + stage * stage_bytes; };
+    auto y_at = [&](u32 stage) { return stage_base + stage * stage_bytes + (resident ? 0 : tile_bytes); };
     u32 row0, run_col;
     if (!brute_tile(p, slot_begin, slot_end, right_begin, TC_RUN, row0, run_col)) return;
     // The run's tiles within the data, from the first not wholly before the diagonal (self-joins).
@@ -767,22 +860,34 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     u32 end_col = min(run_col + TC_RUN * TILE, right_len);
     u32 tiles = (end_col - first_col + TILE - 1) / TILE;
     u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // The warp's part of the tile: under wgmma its warpgroup's 64 rows' 16 (all 128 columns),
+    // under mma.sync 64 rows × 32 columns.
+#if TC_WGMMA
+    u32 warp_row = (warp / 4) * 64 + (warp % 4) * 16, warp_col = 0;
+#else
     u32 warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
+#endif
     u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k16 layout
     if (threadIdx.x == 0) queue.len = 0;  // before any push: the first step's barrier orders them
     // The left tile's filter bounds, likewise ordered before the first epilogue.
     if (threadIdx.x < TILE)
         row_bounds[threadIdx.x] = tc_row_bound(p, row0 + threadIdx.x, slot_end, lfnorm, lfsq, row_threshold, row_limit);
-    float acc[4][4][4];
+#if TC_WGMMA
+    typedef float TileAcc[1][16][4];
+    TileAcc acc = {};
+#else
+    typedef float TileAcc[4][4][4];
+    TileAcc acc;
 #pragma unroll
     for (int m = 0; m < 4; ++m)
 #pragma unroll
         for (int n = 0; n < 4; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
-    // Steps (tile, chunk) in order. The loader runs stages − 1 steps ahead of the tensor cores,
-    // one cp.async group per step (empty past the last), so that a step's group is complete once
-    // at most stages − 2 younger ones are pending.
+#endif
+    // Steps (tile, chunk) in order. The loader runs `ahead` steps ahead of the tensor cores, one
+    // cp.async group per step (empty past the last), so that a step's group is complete once at
+    // most ahead − 1 younger ones are pending.
     const u32 steps = tiles * chunks;
     TileCopy x_copy = tile_copy(row_words, left_rows, row0, slot_end), y_copy = tile_copy(row_words, right_rows, first_col, right_len);
     // Stage indices count round instead of taking `load % stages` and `step % stages`: `stages` is
@@ -795,8 +900,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
                 col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x] = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
             u32 stage = load_stage;
             load_stage = load_stage + 1 == stages ? 0 : load_stage + 1;
-            if (!resident) copy_chunk(row_words, x_copy, xs(stage), load_chunk * TC_CHUNK);
-            copy_chunk(row_words, y_copy, ys(stage), load_chunk * TC_CHUNK);
+            if (!resident) copy_chunk(row_words, x_copy, copy_to(x_copy, x_at(stage, 0)), row_step, load_chunk * TC_CHUNK);
+            copy_chunk(row_words, y_copy, copy_to(y_copy, y_at(stage)), row_step, load_chunk * TC_CHUNK);
             if (++load_chunk == chunks) {
                 load_chunk = 0;
                 load_col += TILE;
@@ -808,20 +913,62 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     };
     // A resident left tile's copies join the first group, which the first step waits for.
     if (resident)
-        for (u32 c = 0; c < chunks; ++c) copy_chunk(row_words, x_copy, x_chunk(c), c * TC_CHUNK);
-    for (u32 s = 0; s + 1 < stages; ++s) load_next();
+        for (u32 c = 0; c < chunks; ++c) copy_chunk(row_words, x_copy, copy_to(x_copy, x_at(0, c)), row_step, c * TC_CHUNK);
+    for (u32 s = 0; s < ahead; ++s) load_next();
     u32 col0 = first_col, tile = 0, compute_stage = 0;  // the tile being computed, and the stage of its step
-    for (u32 step = 0, c = 0; step < steps; ++step) {
-        if (stages == 3) asm volatile("cp.async.wait_group 1;");
+    auto epilogue = [&](TileAcc& tile_acc, u32 tile_col0, u32 tile_index) {
+        tc_epilogue(p, row0, tile_col0, warp_row, warp_col, group, quad, lane, queue, tile_acc, row_bounds,
+                    col_offsets[tile_index % TC_OFFSET_RING], slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
+                    row_threshold, counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
+    };
+    // The start of every step: its copies in, and the stage that load_next refills free.
+    auto begin_step = [&]() {
+        if (ahead == 2) asm volatile("cp.async.wait_group 1;");
         else asm volatile("cp.async.wait_group 0;");
-        // Every thread's copies of this step are in, and every warp is done with the stage of the
-        // step before, which load_next now refills.
+#if TC_WGMMA
+        // cp.async writes shared memory through the generic proxy, wgmma reads it through the
+        // async proxy: each thread's writes are made visible to the latter before the barrier.
+        // And at most the previous step's group is unfinished, so that the barrier finds the stage
+        // that load_next refills read.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        wgmma_wait<1>();
+#endif
+        // Every thread's copies of this step are in, and every warp is done with the stage that
+        // load_next now refills.
         __syncthreads();
         load_next();
         u32 stage = compute_stage;
         compute_stage = compute_stage + 1 == stages ? 0 : compute_stage + 1;
-        u32 (*x_tile)[TC_STRIDE] = resident ? x_chunk(c) : xs(stage);
-        u32 (*y_tile)[TC_STRIDE] = ys(stage);
+        return stage;
+    };
+#if TC_WGMMA
+    // A step under wgmma: the warpgroup's 64 left rows (eight atoms in) against the 128 right
+    // rows, four wgmma of 8 words (32 bytes: 2 in the descriptor's units) committed as one group
+    // and left in flight; a tile's first step starts the accumulators. All four even where the
+    // chunk is the row's last and shorter: the copies wrote zeros beyond the row, which add
+    // nothing, and a branch among them makes ptxas serialize every wgmma (ptxas's C7519), as does
+    // a wait under a condition (C7518): each tile's steps are a loop and its last step, then the
+    // wait for all of them and the epilogue.
+    auto wgmma_step = [&](u32 c) {
+        const u32 stage = begin_step();
+        const u64 a = tc_descriptor(x_at(stage, c) + warp / 4 * 64 * 128), b = tc_descriptor(y_at(stage));
+        wgmma_fence();
+        wgmma_m64n128k16(acc, a, b, c > 0);
+#pragma unroll
+        for (u32 k = 8; k < TC_CHUNK; k += 8) wgmma_m64n128k16(acc, a + k / 4, b + k / 4, 1);
+        wgmma_commit();
+    };
+    for (; tile < tiles; ++tile, col0 += TILE) {
+        for (u32 c = 0; c + 1 < chunks; ++c) wgmma_step(c);
+        wgmma_step(chunks - 1);
+        wgmma_wait<0>();
+        wgmma_settled(acc);
+        epilogue(acc, col0, tile);
+    }
+#else
+    for (u32 step = 0, c = 0; step < steps; ++step) {
+        const u32 stage = begin_step();
+        const u32 x_tile = x_at(stage, c), y_tile = y_at(stage);
         // The mma steps (8 words, 16 dimensions each) cover this chunk's words rounded up to 8.
         u32 width = min((u32)TC_CHUNK, (row_words - c * TC_CHUNK + 7) & ~7u);
 #pragma unroll
@@ -837,12 +984,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
                 u32 row = warp_row + m * 16 + block_row + 8 * (block % 2);
-                load_matrix_x4(&x_tile[row][k + 4 * (block / 2)], a[m][0], a[m][1], a[m][2], a[m][3]);
+                load_matrix_x4(x_tile + (row * TC_STRIDE + k + 4 * (block / 2)) * 4, a[m][0], a[m][1], a[m][2], a[m][3]);
             }
 #pragma unroll
             for (int n = 0; n < 4; n += 2) {
                 u32 col = warp_col + (n + block / 2) * 8 + block_row;
-                load_matrix_x4(&y_tile[col][k + 4 * (block % 2)], b[n][0], b[n][1], b[n + 1][0], b[n + 1][1]);
+                load_matrix_x4(y_tile + (col * TC_STRIDE + k + 4 * (block % 2)) * 4, b[n][0], b[n][1], b[n + 1][0], b[n + 1][1]);
             }
 #pragma unroll
             for (int m = 0; m < 4; ++m)
@@ -852,9 +999,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         }
         if (++c < chunks) continue;
         c = 0;
-        tc_epilogue(p, row0, col0, warp_row, warp_col, group, quad, lane, queue, acc, row_bounds, col_offsets[tile % TC_OFFSET_RING],
-                    slot_begin, lx, rx, lnorm, rnorm, left_order, right_order, row_threshold, counts, cursors, out_left, out_right,
-                    out_distance, collected, capacity, write);
+        epilogue(acc, col0, tile);
 #pragma unroll
         for (int m = 0; m < 4; ++m)
 #pragma unroll
@@ -864,6 +1009,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         col0 += TILE;
         ++tile;
     }
+#endif
     // The queued pairs, a thread each: their exact distances computed side by side, the rows
     // staged through the pipeline's stages, which no copy uses any more (every step's group is
     // complete) once every warp is past its last step.

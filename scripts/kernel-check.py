@@ -6,7 +6,7 @@ C++17, the includes inlined as build.rs does).
 
 Needs NVRTC: `scripts/kernel-check.py --setup` installs PyPI's nvidia-cuda-nvrtc (and
 nvidia-cuda-nvdisasm, for `--sass KERNEL`) into .gpubin/nvrtc-venv, which git ignores.
-Usage: scripts/kernel-check.py [--arch sm_90] [--sass KERNEL]
+Usage: scripts/kernel-check.py [--arch sm_90a] [--sass KERNEL]
 """
 import argparse
 import ctypes
@@ -63,7 +63,7 @@ def compile_cubin(nvrtc, path, arch):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup", action="store_true", help="install NVRTC and nvdisasm into .gpubin/nvrtc-venv")
-    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--arch", default="sm_90a")
     parser.add_argument("--sass", metavar="KERNEL", help="print this kernel's SASS")
     args = parser.parse_args()
     if args.setup:
@@ -75,7 +75,7 @@ def main():
         for line in log.splitlines():
             if m := re.search(r"Compiling entry function '(\w+)'", line):
                 kernel = m.group(1)
-            elif "spill" in line or "Used" in line:
+            elif "spill" in line or "Used" in line or "arning" in line:
                 report = re.sub(r"^ptxas\s*(info\s*:)?[\s.]*", "", line)
                 print(f"{os.path.basename(path)} {kernel}: {report}")
         if args.sass:

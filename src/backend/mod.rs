@@ -156,7 +156,7 @@ impl RunStats {
 
 /// A way to compute the operations.
 pub trait Backend: Debug + Send + Sync {
-    /// Short name shown by EXPLAIN (`cpu`, `gpu(sm_90)`).
+    /// Short name shown by EXPLAIN (`cpu`, `gpu(sm_90a)`).
     fn name(&self) -> String;
     /// Every pair within the threshold (ε-join, range query).
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats>;

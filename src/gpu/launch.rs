@@ -29,23 +29,28 @@ const TC_RESIDENT_BYTES: usize = TC_RESIDENT_CHUNKS * BRUTE_TILE * 36 * 4;
 const TC_STATIC_BYTES: usize = 2064 + 1024;
 
 /// brute_join_tc's dynamic shared memory for rows of `dim` values: its queue, the resident left
-/// tile where rows are that short, and three pipeline stages where two blocks still fit a
-/// multiprocessor (sm_90: 228 KB, two blocks of 110 + 3 KB), else two (sm_80: 164 KB; sm_86,
-/// sm_89: 100 KB, where even two stages leave one block); the kernel reads the stage count off the
-/// size. It is built for two resident blocks (`__launch_bounds__(256, 2)`): a third stage that
-/// cost the second block would halve the warps that hide the tensor cores' latency.
+/// tile where rows are that short, and the most pipeline stages with which two blocks still fit a
+/// multiprocessor; the kernel reads the stage count off the size. It is built for two resident
+/// blocks (`__launch_bounds__(256, 2)`): a stage that cost the second block would halve the warps
+/// that hide the tensor cores' latency. Under mma.sync two or three stages (sm_90: 228 KB, two
+/// blocks of 110 + 3 KB; sm_80: 164 KB; sm_86, sm_89: 100 KB, where even two stages leave one
+/// block). Under wgmma (sm_90a) three or four, since one step's wgmma stay in flight while the
+/// loader runs one or two steps ahead: four for rows of at most 128 dimensions (two blocks of
+/// 110 + 3 KB), three for longer ones.
 fn tc_shared_bytes(device: &GpuDevice, dim: usize) -> u32 {
-    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, dim) as u32
+    let warpgroup_mma = device.arch == "sm_90a";
+    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, dim, warpgroup_mma) as u32
 }
 
-fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, dim: usize) -> usize {
+fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, dim: usize, warpgroup_mma: bool) -> usize {
     let resident = tc_row_words(dim).div_ceil(32) <= TC_RESIDENT_CHUNKS;
     let bytes = |stages: usize| match resident {
         true => TC_QUEUE_BYTES + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2,
         false => TC_QUEUE_BYTES + stages * TC_STAGE_BYTES,
     };
-    let three_fit = bytes(3) <= per_block && 2 * (bytes(3) + TC_STATIC_BYTES) <= per_multiprocessor;
-    bytes(if three_fit { 3 } else { 2 })
+    let fit = |stages: usize| bytes(stages) <= per_block && 2 * (bytes(stages) + TC_STATIC_BYTES) <= per_multiprocessor;
+    let fewest = if warpgroup_mma { 3 } else { 2 };
+    bytes(if fit(fewest + 1) { fewest + 1 } else { fewest })
 }
 
 /// The launch parameters of the join kernels: `struct JoinParams` of kernels/common.cuh, field
@@ -1085,22 +1090,29 @@ mod tests {
 
     #[test]
     fn three_stages_only_where_two_blocks_still_fit() {
-        // sm_90 (H100): 227 KB a block, 228 KB a multiprocessor.
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        // 227 KB a block, 228 KB a multiprocessor (an H100 as if it had no wgmma).
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, false), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
         // sm_80 (A100): three stages would fit one block (163 KB) but not two in 164 KB.
-        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 784), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 784, false), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
         // sm_86, sm_89: 99 KB a block.
-        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 784), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 784, false), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+    }
+
+    #[test]
+    fn warpgroup_mma_takes_a_stage_more_where_two_blocks_fit() {
+        // sm_90a (H100): 784 dimensions, three stages of both tiles; 128, four of the right tile's.
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, true), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, true), TC_QUEUE_BYTES + TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
     }
 
     #[test]
     fn rows_of_two_chunks_keep_the_left_tile_resident() {
         let resident = |stages: usize| TC_QUEUE_BYTES + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2;
         // 128 dimensions: 64 words, two chunks; 129: 68 words, three.
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128), resident(3));
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 1), resident(3));
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 129), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
-        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 128), resident(2));
-        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 128), resident(2));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, false), resident(3));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 1, false), resident(3));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 129, false), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 128, false), resident(2));
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 128, false), resident(2));
     }
 }
