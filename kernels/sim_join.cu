@@ -547,32 +547,20 @@ __device__ __forceinline__ TileCopy tile_copy(u32 row_words, const u32* rows, u3
     return c;
 }
 
-// Starts copying one chunk (TC_CHUNK words from w0) of a tile's rows into shared memory, 16 bytes
-// per cp.async: the thread's four groups to `to` (its first row's group) and every `row_step` bytes
-// after (its rows are 32 apart; where a group lands within its row is the layout's, tc_padded_to
-// or tc_swizzled_to); zeros beyond the data (which add nothing to a dot product). Rows are whole
-// groups of four words (pack_half_rows pads them), so each group lies wholly inside or outside the
-// data; a source size of 0 writes zeros and reads nothing. The caller commits the cp.async group.
-__device__ __forceinline__ void copy_chunk(u32 row_words, const TileCopy& c, u32 to, u32 row_step, u32 w0) {
+// Starts copying one chunk (TC_CHUNK words from w0) of a tile's rows into the tile at shared
+// address `tile` (rows of TC_STRIDE words), 16 bytes per cp.async; zeros beyond the data (which
+// add nothing to a dot product). Rows are whole groups of four words (pack_half_rows pads them), so
+// each group lies wholly inside or outside the data; a source size of 0 writes zeros and reads
+// nothing. The caller commits the cp.async group.
+__device__ __forceinline__ void copy_chunk(u32 row_words, const TileCopy& c, u32 tile, u32 w0) {
     bool words_inside = w0 + c.w < row_words;
+    const u32 to = tile + (c.r * TC_STRIDE + c.w) * 4;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         bool inside = (c.inside >> i & 1) && words_inside;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                     ::"r"(to + i * row_step), "l"(inside ? c.from + (u64)i * c.stride + w0 : c.from), "r"(inside ? 16u : 0u));
+                     ::"r"(to + i * 32 * TC_STRIDE * 4), "l"(inside ? c.from + (u64)i * c.stride + w0 : c.from), "r"(inside ? 16u : 0u));
     }
-}
-
-// The mma.sync layout of a chunk's tile at `tile` (a shared address): rows of TC_STRIDE words.
-__device__ __forceinline__ u32 tc_padded_to(const TileCopy& c, u32 tile) { return tile + (c.r * TC_STRIDE + c.w) * 4; }
-
-// The wgmma layout of a chunk's tile at `tile` (a shared address, 1,024-byte aligned): rows of
-// 128 bytes (a chunk is 32 words), each group of eight rows one 1,024-byte atom, and the 16-byte
-// group g of row r stored at position g ^ (r mod 8) of its row: the 128-byte swizzle that wgmma's
-// descriptors name (tc_descriptor), under which the eight rows an operand fetch reads together hit
-// distinct banks.
-__device__ __forceinline__ u32 tc_swizzled_to(const TileCopy& c, u32 tile) {
-    return tile + c.r * 128 + ((c.w / 4 ^ (c.r & 7)) << 4);
 }
 
 // brute_join_tc's filter, separated into a bound per left row and an offset per right row so that
@@ -633,9 +621,16 @@ __device__ __forceinline__ void load_matrix_x4(u32 at, u32& r0, u32& r1, u32& r2
 #else
 #define TC_WGMMA 0
 #endif
+// A TMA descriptor (CUtensorMap, built by cuTensorMapEncodeTiled on the host), passed by value
+// as a __grid_constant__ parameter; zeros where the kernel does not use TMA.
+struct __align__(64) TensorMap {
+    u64 opaque[16];
+};
 #if TC_WGMMA
-// A shared-memory matrix descriptor for K-major rows of 128 bytes under the 128-byte swizzle
-// (tc_swizzled_to): start address and the stride between 8-row atoms (1,024 bytes) in 16-byte
+// A shared-memory matrix descriptor for K-major rows of 128 bytes under the 128-byte swizzle (as
+// TMA writes a chunk's tile: 16-byte group g of row r at position g ^ (r mod 8) of its row, eight
+// rows a 1,024-byte atom, so that the rows an operand fetch reads together hit distinct banks):
+// start address and the stride between 8-row atoms (1,024 bytes) in 16-byte
 // units; the leading offset is unused by this layout (one swizzle atom spans the 16-dimension
 // step); layout type 1 in bits 62–63. A step of 16 dimensions within the atom adds 32 bytes (2)
 // to the start address: the hardware applies the swizzle to the addresses it forms.
@@ -666,6 +661,37 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // After a wait: accumulators the compiler must read only from here on (they are this statement's
 // outputs, and it stays after the wait as volatile statements keep their order).
 __device__ __forceinline__ void wgmma_settled(float (&d)[1][16][4]) { asm volatile("" : "+f"(d[0][0][0]), "+f"(d[0][0][1]), "+f"(d[0][0][2]), "+f"(d[0][0][3]), "+f"(d[0][1][0]), "+f"(d[0][1][1]), "+f"(d[0][1][2]), "+f"(d[0][1][3]), "+f"(d[0][2][0]), "+f"(d[0][2][1]), "+f"(d[0][2][2]), "+f"(d[0][2][3]), "+f"(d[0][3][0]), "+f"(d[0][3][1]), "+f"(d[0][3][2]), "+f"(d[0][3][3]), "+f"(d[0][4][0]), "+f"(d[0][4][1]), "+f"(d[0][4][2]), "+f"(d[0][4][3]), "+f"(d[0][5][0]), "+f"(d[0][5][1]), "+f"(d[0][5][2]), "+f"(d[0][5][3]), "+f"(d[0][6][0]), "+f"(d[0][6][1]), "+f"(d[0][6][2]), "+f"(d[0][6][3]), "+f"(d[0][7][0]), "+f"(d[0][7][1]), "+f"(d[0][7][2]), "+f"(d[0][7][3]), "+f"(d[0][8][0]), "+f"(d[0][8][1]), "+f"(d[0][8][2]), "+f"(d[0][8][3]), "+f"(d[0][9][0]), "+f"(d[0][9][1]), "+f"(d[0][9][2]), "+f"(d[0][9][3]), "+f"(d[0][10][0]), "+f"(d[0][10][1]), "+f"(d[0][10][2]), "+f"(d[0][10][3]), "+f"(d[0][11][0]), "+f"(d[0][11][1]), "+f"(d[0][11][2]), "+f"(d[0][11][3]), "+f"(d[0][12][0]), "+f"(d[0][12][1]), "+f"(d[0][12][2]), "+f"(d[0][12][3]), "+f"(d[0][13][0]), "+f"(d[0][13][1]), "+f"(d[0][13][2]), "+f"(d[0][13][3]), "+f"(d[0][14][0]), "+f"(d[0][14][1]), "+f"(d[0][14][2]), "+f"(d[0][14][3]), "+f"(d[0][15][0]), "+f"(d[0][15][1]), "+f"(d[0][15][2]), "+f"(d[0][15][3]) :: "memory"); }
+
+// The Hopper tensor memory accelerator (TMA) copies a chunk's tile (128 rows × 32 words) into
+// shared memory on one thread's request, in the 128-byte swizzle (the map's, src/gpu/launch.rs
+// `half_row_map`), with zeros beyond the data, and counts its bytes on an mbarrier that the
+// readers wait on: the cp.async loader spent ~170 instructions a warp and step (NOTES.md v58).
+__device__ __forceinline__ void mbarrier_init(u64* barrier) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((u32)__cvta_generic_to_shared(barrier)) : "memory");
+}
+
+// The barrier's current phase completes once `bytes` have arrived (and this one arrival).
+__device__ __forceinline__ void mbarrier_expect(u64* barrier, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"((u32)__cvta_generic_to_shared(barrier)), "r"(bytes)
+                 : "memory");
+}
+
+// Waits for the completion of the barrier's phase of parity `parity`.
+__device__ __forceinline__ void mbarrier_wait(u64* barrier, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nwait:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait;\n}\n" ::"r"((u32)__cvta_generic_to_shared(barrier)), "r"(parity)
+        : "memory");
+}
+
+// The tile of `map` at (word, row) into shared memory at `to`, counted on `barrier`.
+__device__ __forceinline__ void tma_tile(const TensorMap& map, u32 to, u32 word, u32 row, u64* barrier) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+        ::"r"(to), "l"((u64)&map), "r"(word), "r"(row), "r"((u32)__cvta_generic_to_shared(barrier))
+        : "memory");
+}
 #endif
 
 // The pairs of a brute_join_tc block that passed the filter, decided after its run of tiles:
@@ -804,7 +830,8 @@ __device__ __forceinline__ double drain_sum(u32 dim, const uint2* pairs, u32 cou
 // with 255 registers a thread for two sets of accumulators, tile T's epilogue running while tile
 // T + 1's wgmma did, took 1.5 times as long: with 8 warps an SM every barrier and epilogue was
 // exposed, NOTES.md v58.)
-extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS, const __grid_constant__ TensorMap left_map,
+                                                                   const __grid_constant__ TensorMap right_map) {
 #if __CUDA_ARCH__ >= 800
     // Dynamic shared memory: the queue's pairs, the resident left tile's chunks (rows of at most
     // TC_RESIDENT_CHUNKS chunks), then the pipeline's stages (16-byte aligned), sized by the host
@@ -813,9 +840,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     __shared__ u32 queue_len;
     __shared__ float row_bounds[TILE];
     __shared__ __align__(8) float col_offsets[TC_OFFSET_RING][TILE];
-    // The f16 rows (pack_half_rows), passed in the f32 filter rows' place.
-    const u32* left_rows = (const u32*)lf;
-    const u32* right_rows = (const u32*)rf;
+#if TC_WGMMA
+    // Completed by each stage's TMA copies (one phase a use), and by the resident left tile's.
+    __shared__ u64 stage_full[4], left_full;
+#endif
     const u32 row_words = tc_row_words(p.dim);
     const u32 chunks = (row_words + TC_CHUNK - 1) / TC_CHUNK;
     const bool resident = chunks <= TC_RESIDENT_CHUNKS;
@@ -830,25 +858,23 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     TcQueue queue = {queue_len, (uint2*)tc_shared};
     u32* x_resident = tc_shared + TC_QUEUE * 2;
     // The shared addresses of a step's chunk tiles: the left one (the resident tile's chunk c, or
-    // the stage's) and the right one; where a thread's copies of a chunk land (copy_to) and the
-    // bytes between its four rows.
+    // the stage's) and the right one.
 #if TC_WGMMA
-    // The swizzled layout (tc_swizzled_to) stores a chunk's tile in 16 KB, 1,024-byte aligned,
-    // in the space the host sized for padded tiles of 18 KB: the alignment's at most 1,008 bytes
-    // fit in the 2 KB that each tile leaves over.
+    // TMA's swizzled layout stores a chunk's tile in 16 KB, 1,024-byte aligned (the swizzle's
+    // atoms), in the space the host sized for padded tiles of 18 KB: the alignment's at most
+    // 1,008 bytes fit in the 2 KB that each tile leaves over.
     const u32 tile_bytes = TILE * TC_CHUNK * 4;
     const u32 x_base = ((u32)__cvta_generic_to_shared(x_resident) + 1023) & ~1023u;
     const u32 stage_bytes = (resident ? 1 : 2) * tile_bytes;
     const u32 stage_base = x_base + (resident ? TC_RESIDENT_CHUNKS * tile_bytes : 0);
-    auto copy_to = [](const TileCopy& c, u32 tile) { return tc_swizzled_to(c, tile); };
-    const u32 row_step = 32 * TC_CHUNK * 4;
 #else
+    // The f16 rows (pack_half_rows), passed in the f32 filter rows' place.
+    const u32* left_rows = (const u32*)lf;
+    const u32* right_rows = (const u32*)rf;
     const u32 tile_bytes = TILE * TC_STRIDE * 4;
     const u32 x_base = (u32)__cvta_generic_to_shared(x_resident);
     const u32 stage_bytes = stage_words * 4;
     const u32 stage_base = x_base + (resident ? TC_RESIDENT_WORDS * 4 : 0);
-    auto copy_to = [](const TileCopy& c, u32 tile) { return tc_padded_to(c, tile); };
-    const u32 row_step = 32 * TC_STRIDE * 4;
 #endif
     auto x_at = [&](u32 stage, u32 c) { return resident ? x_base + c * tile_bytes : stage_base + stage * stage_bytes; };
     auto y_at = [&](u32 stage) { return stage_base + stage * stage_bytes + (resident ? 0 : tile_bytes); };
@@ -889,19 +915,29 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     // cp.async group per step (empty past the last), so that a step's group is complete once at
     // most ahead − 1 younger ones are pending.
     const u32 steps = tiles * chunks;
+#if !TC_WGMMA
     TileCopy x_copy = tile_copy(row_words, left_rows, row0, slot_end), y_copy = tile_copy(row_words, right_rows, first_col, right_len);
+#endif
     // Stage indices count round instead of taking `load % stages` and `step % stages`: `stages` is
     // known only at run time, and each modulo cost an integer division per step.
     u32 load = 0, load_stage = 0, load_chunk = 0, load_col = first_col, load_tile = 0;
     auto load_next = [&]() {
         if (load < steps) {
-            if (load_chunk == 0 && load > 0) y_copy = tile_copy(row_words, right_rows, load_col, right_len);
             if (load_chunk == 0 && threadIdx.x < TILE)
                 col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x] = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
             u32 stage = load_stage;
             load_stage = load_stage + 1 == stages ? 0 : load_stage + 1;
-            if (!resident) copy_chunk(row_words, x_copy, copy_to(x_copy, x_at(stage, 0)), row_step, load_chunk * TC_CHUNK);
-            copy_chunk(row_words, y_copy, copy_to(y_copy, y_at(stage)), row_step, load_chunk * TC_CHUNK);
+#if TC_WGMMA
+            if (threadIdx.x == 0) {
+                mbarrier_expect(&stage_full[stage], (resident ? 1 : 2) * tile_bytes);
+                if (!resident) tma_tile(left_map, x_at(stage, 0), load_chunk * TC_CHUNK, row0, &stage_full[stage]);
+                tma_tile(right_map, y_at(stage), load_chunk * TC_CHUNK, load_col, &stage_full[stage]);
+            }
+#else
+            if (load_chunk == 0 && load > 0) y_copy = tile_copy(row_words, right_rows, load_col, right_len);
+            if (!resident) copy_chunk(row_words, x_copy, x_at(stage, 0), load_chunk * TC_CHUNK);
+            copy_chunk(row_words, y_copy, y_at(stage), load_chunk * TC_CHUNK);
+#endif
             if (++load_chunk == chunks) {
                 load_chunk = 0;
                 load_col += TILE;
@@ -909,36 +945,62 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
             }
         }
         ++load;
+#if !TC_WGMMA
         asm volatile("cp.async.commit_group;");
+#endif
     };
+#if TC_WGMMA
+    // The barriers, initialized before any copy counts on them and any thread waits on them; the
+    // resident left tile's copies, waited for before the first step.
+    if (threadIdx.x == 0) {
+        for (u32 i = 0; i < 4; ++i) mbarrier_init(&stage_full[i]);
+        mbarrier_init(&left_full);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && resident) {
+        mbarrier_expect(&left_full, chunks * tile_bytes);
+        for (u32 c = 0; c < chunks; ++c) tma_tile(left_map, x_at(0, c), c * TC_CHUNK, row0, &left_full);
+    }
+    for (u32 s = 0; s < ahead; ++s) load_next();
+    if (resident) mbarrier_wait(&left_full, 0);
+    u32 compute_phase = 0;  // the parity of the stage's phase that the step waits for
+#else
     // A resident left tile's copies join the first group, which the first step waits for.
     if (resident)
-        for (u32 c = 0; c < chunks; ++c) copy_chunk(row_words, x_copy, copy_to(x_copy, x_at(0, c)), row_step, c * TC_CHUNK);
+        for (u32 c = 0; c < chunks; ++c) copy_chunk(row_words, x_copy, x_at(0, c), c * TC_CHUNK);
     for (u32 s = 0; s < ahead; ++s) load_next();
+#endif
     u32 col0 = first_col, tile = 0, compute_stage = 0;  // the tile being computed, and the stage of its step
     auto epilogue = [&](TileAcc& tile_acc, u32 tile_col0, u32 tile_index) {
         tc_epilogue(p, row0, tile_col0, warp_row, warp_col, group, quad, lane, queue, tile_acc, row_bounds,
                     col_offsets[tile_index % TC_OFFSET_RING], slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
                     row_threshold, counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
     };
-    // The start of every step: its copies in, and the stage that load_next refills free.
+    // The start of every step: the stage that load_next refills free, and this step's data in.
     auto begin_step = [&]() {
+#if TC_WGMMA
+        // At most the previous step's group is unfinished, so that the barrier finds the stage
+        // that load_next refills (step s − 2's) read.
+        wgmma_wait<1>();
+        __syncthreads();
+        load_next();
+        u32 stage = compute_stage;
+        mbarrier_wait(&stage_full[stage], compute_phase);
+        if (++compute_stage == stages) {
+            compute_stage = 0;
+            compute_phase ^= 1;
+        }
+#else
         if (ahead == 2) asm volatile("cp.async.wait_group 1;");
         else asm volatile("cp.async.wait_group 0;");
-#if TC_WGMMA
-        // cp.async writes shared memory through the generic proxy, wgmma reads it through the
-        // async proxy: each thread's writes are made visible to the latter before the barrier.
-        // And at most the previous step's group is unfinished, so that the barrier finds the stage
-        // that load_next refills read.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        wgmma_wait<1>();
-#endif
         // Every thread's copies of this step are in, and every warp is done with the stage that
         // load_next now refills.
         __syncthreads();
         load_next();
         u32 stage = compute_stage;
         compute_stage = compute_stage + 1 == stages ? 0 : compute_stage + 1;
+#endif
         return stage;
     };
 #if TC_WGMMA

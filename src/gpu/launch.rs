@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits, sys};
 
 use super::device::GpuDevice;
 use super::kernels::KernelModule;
@@ -24,9 +24,10 @@ const TC_QUEUE_BYTES: usize = 256 * 8;
 const TC_RESIDENT_CHUNKS: usize = 2;
 const TC_RESIDENT_BYTES: usize = TC_RESIDENT_CHUNKS * BRUTE_TILE * 36 * 4;
 
-/// brute_join_tc's static shared memory (`queue_len`, `row_bounds`, `col_offsets`; ptxas reports
-/// 2,064 bytes) and what the driver reserves per block besides (1 KB on sm_80 and later).
-const TC_STATIC_BYTES: usize = 2064 + 1024;
+/// brute_join_tc's static shared memory (`queue_len`, `row_bounds`, `col_offsets`, under wgmma
+/// the TMA barriers; ptxas reports 2,064 or 2,096 bytes) and what the driver reserves per block
+/// besides (1 KB on sm_80 and later).
+const TC_STATIC_BYTES: usize = 2096 + 1024;
 
 /// brute_join_tc's dynamic shared memory for rows of `dim` values: its queue, the resident left
 /// tile where rows are that short, and the most pipeline stages with which two blocks still fit a
@@ -51,6 +52,53 @@ fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, dim: usize, war
     let fit = |stages: usize| bytes(stages) <= per_block && 2 * (bytes(stages) + TC_STATIC_BYTES) <= per_multiprocessor;
     let fewest = if warpgroup_mma { 3 } else { 2 };
     bytes(if fit(fewest + 1) { fewest + 1 } else { fewest })
+}
+
+/// A TMA descriptor (`CUtensorMap`) passed by value: brute_join_tc's `TensorMap` parameters.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TensorMap([u64; 16]);
+
+// SAFETY: plain bytes with the kernel parameter's size and alignment (`struct __align__(64)
+// TensorMap` in kernels/sim_join.cu).
+unsafe impl DeviceRepr for TensorMap {}
+
+/// The TMA map brute_join_tc copies a side's f16 rows by under wgmma (sm_90a): `rows.len() /
+/// row_words` rows of `row_words` 32-bit words, a box of 32 words (one chunk, 128 bytes) × 128 rows
+/// (a tile) written to shared memory in the 128-byte swizzle that its wgmma descriptors name, zeros
+/// beyond the rows' end. Elsewhere the kernel copies by cp.async and gets zeros.
+fn half_row_map(device: &GpuDevice, rows: &CudaSlice<u32>, row_words: usize) -> Result<TensorMap, String> {
+    if device.arch != "sm_90a" || rows.is_empty() {
+        return Ok(TensorMap([0; 16]));
+    }
+    let dims = [row_words as u64, (rows.len() / row_words) as u64];
+    let row_stride = [4 * row_words as u64];
+    let box_dims = [32u32, BRUTE_TILE as u32];
+    let element_strides = [1u32, 1];
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let (address, _record) = rows.device_ptr(&device.stream);
+    // SAFETY: `map` is writable; the address is a live device allocation of `rows.len()` words
+    // (cudaMalloc's alignment ≥ 16 bytes), which the dimensions and the row stride (a multiple of
+    // 16 bytes: rows are whole groups of four words) stay within; the arrays hold rank 2 entries
+    // (rank − 1 strides).
+    let result = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+            2,
+            address as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            row_stride.as_ptr(),
+            box_dims.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    result.result().map_err(|e| format!("brute_join_tc: TMA map of {} rows × {row_words} words refused: {e}", dims[1]))?;
+    Ok(TensorMap(map.opaque))
 }
 
 /// The launch parameters of the join kernels: `struct JoinParams` of kernels/common.cuh, field
@@ -249,6 +297,11 @@ pub fn launch_join_pass(
         _ => None,
     };
     let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize) } else { 0 };
+    let row_words = tc_row_words(params.dim as usize);
+    let maps = match half_rows {
+        Some((l, r)) => Some((half_row_map(device, l, row_words)?, half_row_map(device, r, row_words)?)),
+        None => None,
+    };
     if shared_mem_bytes > 0 {
         // More than the 48 KB a block gets without asking.
         function
@@ -327,6 +380,9 @@ pub fn launch_join_pass(
             .arg(&mut pass.collected)
             .arg(&capacity)
             .arg(&write_flag);
+        if let Some((left_map, right_map)) = &maps {
+            builder.arg(left_map).arg(right_map);
+        }
         // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for
         // one (types and order). Every row buffer holds `dim` values per slot for all slots the
         // kernel reads: left slots < `end` ≤ left rows, right slots < `right_len` or within
@@ -336,9 +392,9 @@ pub fn launch_join_pass(
         // zeroed before the count pass). A collecting count pass stores a pair only at an index
         // below `capacity`, the length of all three output buffers; one with `slot_capacity`
         // only below (end − begin)·slot_capacity, which `out_right` and `out_distance` hold
-        // (checked above). brute_join_tc gets the dynamic shared memory of its queue and 2 or 3
+        // (checked above). brute_join_tc gets the dynamic shared memory of its queue and 2 to 4
         // pipeline stages (tc_shared_bytes, allowed by the attribute set above) and uses no more
-        // than the stages that size holds. A write pass's output buffers
+        // than the stages that size holds; its TMA maps (sm_90a) cover exactly its sides' f16 rows. A write pass's output buffers
         // hold at least the batch's total count, which it never exceeds because it re-finds
         // exactly the pairs the count pass counted (same inputs, same deterministic arithmetic),
         // each row within its own [offset, offset + count) range, whatever launches the right rows
