@@ -411,3 +411,53 @@ extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u
         out_position[(u64)q * k + i] = at[i];
     }
 }
+
+// The k nearest of each slotted query's candidates for k ≤ SELECT_SLOTS_K (knn_rank_slots' job,
+// same inputs and outputs): a warp per query takes the smallest remaining (distance, position) k
+// times. Each lane keeps the smallest of its entries (i ≡ lane mod 32) above the last taken; the
+// warp's smallest of those is the next neighbour, and only the lane that held it scans its entries
+// again. Positions are distinct within a slot (a base row is a query's candidate once), so the
+// order is strict and "above the last taken" excludes exactly the taken. At P1's k = 10 (~450
+// entries a slot) that is ~15 loads a lane and ten scans of one lane: a tenth of the bitonic
+// sort's work, without its ~45 block barriers (NOTES.md v61).
+#define SELECT_SLOTS_K 32
+
+struct Candidate {
+    u64 key;  // total_order_key of the distance
+    u32 at;   // base position
+};
+
+__device__ __forceinline__ bool ranks_before(Candidate a, Candidate b) { return a.key < b.key || (a.key == b.key && a.at < b.at); }
+
+extern "C" __global__ void __launch_bounds__(256) knn_select_slots(u32 queries, u32 capacity, u32 k, const u32* slot_len,
+        const double* distance, const u32* position, double* out_distance, u32* out_position) {
+    const u32 q = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (q >= queries) return;
+    const u32 len = slot_len[q];
+    if (len == 0) return;
+    const u64 first = (u64)q * capacity;
+    // After every entry: positions are below 2³² − 1 (a base has fewer rows).
+    const Candidate none = {~0ull, 0xffffffffu};
+    auto smallest_above = [&](Candidate floor, bool bounded) {
+        Candidate best = none;
+        for (u32 i = lane; i < len; i += 32) {
+            Candidate entry = {total_order_key(distance[first + i]), position[first + i]};
+            if ((!bounded || ranks_before(floor, entry)) && ranks_before(entry, best)) best = entry;
+        }
+        return best;
+    };
+    Candidate mine = smallest_above(none, false);
+    for (u32 r = 0; r < k; ++r) {
+        Candidate next = mine;
+#pragma unroll
+        for (u32 d = 16; d > 0; d >>= 1) {
+            Candidate other = {__shfl_xor_sync(0xffffffffu, next.key, d), __shfl_xor_sync(0xffffffffu, next.at, d)};
+            if (ranks_before(other, next)) next = other;
+        }
+        if (lane == 0) {
+            out_distance[(u64)q * k + r] = from_total_order_key(next.key);
+            out_position[(u64)q * k + r] = next.at;
+        }
+        if (mine.key == next.key && mine.at == next.at) mine = smallest_above(next, true);
+    }
+}

@@ -644,12 +644,17 @@ pub fn sample_radius_pass(
     stream.synchronize().map_err(|e| format!("knn_sample_radius failed: {e}"))
 }
 
+/// The largest k knn_select_slots ranks (`SELECT_SLOTS_K` in kernels/knn.cu): a warp per query takes
+/// the smallest remaining candidate k times, where knn_rank_slots sorts the whole slot.
+const KNN_SELECT_SLOTS_K: usize = 32;
+
 /// Most candidates knn_rank_slots sorts per query (`RANK_SLOTS` in kernels/knn.cu).
 pub const KNN_RANK_SLOTS: usize = 4096;
 
 /// The `k` nearest candidates of each query whose slot (of `capacity` entries in `pass`'s
 /// outputs, as the first count pass stored them) holds `slot_len[q]` ≥ k of them, ranked on the
-/// device by (distance, base position) as the host ranks them (knn_rank_slots in kernels/knn.cu);
+/// device by (distance, base position) as the host ranks them (knn_select_slots in kernels/knn.cu
+/// for k ≤ 32, knn_rank_slots above);
 /// queries with `slot_len[q] = 0` are left out. `k` (distances, positions) per query, nearest
 /// first, in query order (a left-out query's entries are meaningless).
 pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: usize, slot_len: &[u32]) -> Result<(Vec<f64>, Vec<u32>), String> {
@@ -665,23 +670,28 @@ pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: us
     let lengths = stream.clone_htod(slot_len).map_err(failed)?;
     let mut out_distance = stream.alloc_zeros::<f64>(queries * k).map_err(failed)?;
     let mut out_position = stream.alloc_zeros::<u32>(queries * k).map_err(failed)?;
-    let function = device.function(KernelModule::Knn, "knn_rank_slots")?;
+    let (queries_arg, capacity_arg, k_arg) = (queries as u32, capacity as u32, k as u32);
+    // Small k: a warp per query selects (knn_select_slots); else a block per query sorts.
+    let select = k <= KNN_SELECT_SLOTS_K;
+    let function = device.function(KernelModule::Knn, if select { "knn_select_slots" } else { "knn_rank_slots" })?;
     // Shared memory for the longest slot's sort: a key (8 bytes) and a position (4) an entry.
     let room = slot_len.iter().max().map_or(1, |&len| len.max(1).next_power_of_two());
-    let shared_mem_bytes = room * 12;
-    let config = LaunchConfig { grid_dim: (queries as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes };
-    let (capacity_arg, k_arg) = (capacity as u32, k as u32);
+    let config = match select {
+        true => LaunchConfig { grid_dim: (queries.div_ceil(BLOCK as usize / 32) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
+        false => LaunchConfig { grid_dim: (queries as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: room * 12 },
+    };
     let mut builder = stream.launch_builder(&function);
-    builder
-        .arg(&capacity_arg)
-        .arg(&k_arg)
-        .arg(&room)
-        .arg(&lengths)
-        .arg(&pass.out_distance)
-        .arg(&pass.out_right)
-        .arg(&mut out_distance)
-        .arg(&mut out_position);
-    // SAFETY: the arguments match knn_rank_slots's parameter list one for one. Block q reads
+    if select {
+        builder.arg(&queries_arg);
+    }
+    builder.arg(&capacity_arg).arg(&k_arg);
+    if !select {
+        builder.arg(&room);
+    }
+    builder.arg(&lengths).arg(&pass.out_distance).arg(&pass.out_right).arg(&mut out_distance).arg(&mut out_position);
+    // SAFETY: the arguments match the chosen kernel's parameter list one for one (knn_select_slots
+    // takes `queries` first and no `room`; its warp q < `queries` reads and writes what block q
+    // of knn_rank_slots does, without shared memory). Block q reads
     // slot_len[q] (q < `queries`, its length) and, when it is not 0, entries [q·capacity,
     // q·capacity + slot_len[q]) of the distances and positions, within both (checked above:
     // slot_len[q] ≤ capacity ≤ RANK_SLOTS, and queries · capacity entries fit), sorts the next
