@@ -412,7 +412,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 // step before. (One tile per block exposed the first chunk's load latency in every tile, and the
 // epilogue overlapped nothing: at d = 32 a tile has only two chunks, NOTES.md v16. Chunks of 16
 // dimensions, two stages and two barriers each left the tensor pipe 23 % busy, warps waiting
-// mostly at the barriers, NOTES.md v35.)
+// mostly at the barriers, NOTES.md v35.) On sm_90a (the H100 and H200) the stages are filled by
+// TMA instead, in the 128-byte swizzle, and each warpgroup multiplies its 64 rows of the tile by
+// wgmma from there (TC_WGMMA below; NOTES.md v58, v59).
 // The products of f16 values are exact in f32; the error of this dot product is covered by the
 // wider margin the host sets for this kernel (`tensor_core_margin` in src/backend/gpu.rs, with the
 // proof). Needs sm_80 or later; the host launches it only there.
@@ -727,9 +729,9 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
         const u32* left_order, const u32* right_order, const double* row_threshold, u32* counts, u64* cursors, u32* out_left, u32* out_right,
         double* out_distance, u64* collected, u64 capacity, int write) {
     // In two steps, as in brute_join's epilogue: the filter marks the passing pairs in a 64-bit
-    // mask, then the marked pairs are queued. Accumulator r of block (m, n) holds
-    // row 16m + group (+8 for r ≥ 2), column 8n + 2·quad (+1 for odd r); its bit is
-    // 2N(2m + h) + 2n + c for row half h = r / 2 and column c = r % 2. A pair costs one fused multiply-add and one comparison
+    // mask, then the marked pairs are queued. Accumulator r of block (m, n) holds row 16m +
+    // group (+8 for r ≥ 2), column 8n + 2·quad (+1 for odd r); its bit is 2N(2m + h) + 2n + c for
+    // row half h = r / 2 and column c = r % 2. A pair costs one fused multiply-add and one comparison
     // (tc_row_bound, tc_col_offset: computed once per block and once per tile into shared
     // memory, `row_bounds` and `col_offsets`); on the diagonal tiles of a self-join, right slot t
     // must follow left slot s: t − s = lead − (16m + 8h − 8n − c).
@@ -911,9 +913,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
 #endif
-    // Steps (tile, chunk) in order. The loader runs `ahead` steps ahead of the tensor cores, one
-    // cp.async group per step (empty past the last), so that a step's group is complete once at
-    // most ahead − 1 younger ones are pending.
+    // Steps (tile, chunk) in order. The loader runs `ahead` steps ahead of the tensor cores: under
+    // mma.sync one cp.async group per step (empty past the last), so that a step's group is complete
+    // once at most ahead − 1 younger ones are pending; under wgmma one TMA request per step,
+    // counted on its stage's barrier.
     const u32 steps = tiles * chunks;
 #if !TC_WGMMA
     TileCopy x_copy = tile_copy(row_words, left_rows, row0, slot_end), y_copy = tile_copy(row_words, right_rows, first_col, right_len);
