@@ -54,12 +54,13 @@ struct JoinParams {
     float tc_scale;     // brute_join_tc: 2^a, the power of two both sides' f16 rows are scaled by
     float tc_eta;       // brute_join_tc: 5·√d·2⁻¹⁴, the scaled score's error per unit of a norm from
                         // f16's subnormal range (tensor_core_margin in src/backend/gpu.rs)
+    u32 tc_run;         // brute_join_tc: right tiles per block (`tc_run` in src/gpu/launch.rs)
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
     double window;      // grid, windowed: half-width of that range (sortidu, seed 003 §4.3)
 };
 // The host's mirror (`JoinParams` in src/gpu/launch.rs) asserts the same size.
-static_assert(sizeof(JoinParams) == 208, "JoinParams layout changed: update src/gpu/launch.rs");
+static_assert(sizeof(JoinParams) == 216, "JoinParams layout changed: update src/gpu/launch.rs");
 
 // The exact distance of the contract: sums in dimension order, one term at a time (no FMA
 // contraction: --fmad=false), as the host's ExactCheck. exact_term is one term of a metric family's

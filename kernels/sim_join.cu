@@ -394,7 +394,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 
 // Brute force for the dot-product filters (FILTER_GEMM_L2, FILTER_NEG_DOT) on tensor cores: the
 // same 128 × 128 tiles, pairs and epilogue as brute_join, with x̃·ỹ from f16 mma.sync (m16n8k16,
-// f32 accumulation). Each block takes one left tile against a run of TC_RUN right tiles; each of
+// f32 accumulation). Each block takes one left tile against a run of p.tc_run right tiles; each of
 // its 8 warps owns a 64 × 32 sub-tile (4 × 4 mma tiles) of the tile at hand.
 // The rows are the sides' f32 filter rows scaled by one power of two 2^a and rounded to f16
 // (pack_half_rows below, run by the host on every side this kernel reads: to nearest, so each
@@ -421,7 +421,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
 // Words (two f16 coordinates each) of a row per chunk, and a tile row's stride in shared memory.
 #define TC_CHUNK 32
 #define TC_STRIDE (TC_CHUNK + 4)
-#define TC_RUN 8
 // Words of one pipeline stage: both sides' tiles (`TC_STAGE_BYTES` in src/gpu/launch.rs).
 #define TC_STAGE_WORDS (2 * TILE * TC_STRIDE)
 // Rows of at most TC_RESIDENT_CHUNKS chunks (128 dimensions) keep the block's left tile resident
@@ -756,7 +755,7 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
                         if (__fmaf_rd(scale, acc[m][n][2 * h + c], c ? offsets[n].y : offsets[n].x) <= bound)
                             marked |= 1ull << (2 * N * (2 * m + h) + 2 * n + c);
             }
-        // The order test on diagonal tiles only (at most one tile in TC_RUN of a block), apart from
+        // The order test on diagonal tiles only (at most one tile in a block's run), apart from
         // the filter so that the other tiles' pairs cost no integer comparison.
         if (diagonal) {
 #pragma unroll
@@ -881,11 +880,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     auto x_at = [&](u32 stage, u32 c) { return resident ? x_base + c * tile_bytes : stage_base + stage * stage_bytes; };
     auto y_at = [&](u32 stage) { return stage_base + stage * stage_bytes + (resident ? 0 : tile_bytes); };
     u32 row0, run_col;
-    if (!brute_tile(p, slot_begin, slot_end, right_begin, TC_RUN, row0, run_col)) return;
+    if (!brute_tile(p, slot_begin, slot_end, right_begin, p.tc_run, row0, run_col)) return;
     // The run's tiles within the data, from the first not wholly before the diagonal (self-joins).
     u32 first_col = run_col;
     if (p.self_join && row0 > run_col) first_col += (row0 - run_col) / TILE * TILE;
-    u32 end_col = min(run_col + TC_RUN * TILE, right_len);
+    u32 end_col = min(run_col + p.tc_run * TILE, right_len);
     u32 tiles = (end_col - first_col + TILE - 1) / TILE;
     u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     // The warp's part of the tile: under wgmma its warpgroup's 64 rows' 16 (all 128 columns),

@@ -4,7 +4,9 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use cudarc::driver::sys::CUdevice_attribute::{CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR};
+use cudarc::driver::sys::CUdevice_attribute::{
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
@@ -27,6 +29,8 @@ pub struct GpuDevice {
     pub shared_memory_per_block: usize,
     /// Shared memory of one multiprocessor (bytes), which its resident blocks share.
     pub shared_memory_per_multiprocessor: usize,
+    /// Streaming multiprocessors.
+    pub multiprocessors: usize,
     modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
     /// Two page-locked buffers that large uploads pass through (`launch::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
@@ -123,7 +127,8 @@ impl GpuDevice {
         let attribute = |attribute| ctx.attribute(attribute).map(|value| value as usize).map_err(|e| format!("GPU {} does not answer: {e}", info.ordinal));
         let shared_memory_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let shared_memory_per_multiprocessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
-        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, shared_memory_per_multiprocessor, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
+        let multiprocessors = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, shared_memory_per_multiprocessor, multiprocessors, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
     }
 
     /// Whether the device has the tensor cores brute_join_tc uses (`mma.sync.m16n8k16 … .f16` with

@@ -11,8 +11,16 @@ use super::kernels::KernelModule;
 const BLOCK: u32 = 256;
 /// Rows per side of one brute_join block's tile (`TILE` in kernels/sim_join.cu).
 const BRUTE_TILE: usize = 128;
-/// Right tiles per brute_join_tc block (`TC_RUN` in kernels/sim_join.cu).
-const TC_RUN: usize = 8;
+/// Right tiles per brute_join_tc block (`p.tc_run` in kernels/sim_join.cu): 16 where the grid
+/// still has at least 16 waves of two blocks an SM, else 8. Each block pays once for its left
+/// tile's copies and bounds, its pipeline's filling and its queue's draining, so longer runs pay
+/// off: P1 (79 left tiles × 489 runs of 16) kernel time 11.2 → 9.3 ms with 16 instead of 8. But
+/// fewer, longer blocks leave the last wave emptier: 60,000 × 784 (79 × 30 blocks of 16, 8.7
+/// waves) took 5.3–5.4 → 5.9–6.0 ms (NOTES.md v62).
+fn tc_run(device: &GpuDevice, left_tiles: usize, right_len: usize) -> usize {
+    let blocks = left_tiles * right_len.div_ceil(16 * BRUTE_TILE);
+    if blocks >= 16 * 2 * device.multiprocessors { 16 } else { 8 }
+}
 /// Bytes of one brute_join_tc pipeline stage (`TC_STAGE_WORDS` in kernels/sim_join.cu): both
 /// sides' 128 rows × 36 words.
 const TC_STAGE_BYTES: usize = 2 * BRUTE_TILE * 36 * 4;
@@ -128,6 +136,8 @@ pub struct JoinParams {
     pub tc_scale: f32,
     /// brute_join_tc: the scaled score's error per unit of a scaled norm from f16's subnormal range.
     pub tc_eta: f32,
+    /// brute_join_tc: right tiles per block ([`tc_run`], set by the launch).
+    pub tc_run: u32,
     pub cells: [u64; 8],
     pub strides: [u64; 8],
     /// Grid, windowed: the half-width of that range.
@@ -137,7 +147,7 @@ pub struct JoinParams {
 // SAFETY: `JoinParams` is `repr(C)` plain data laid out exactly as the CUDA struct it mirrors
 // (kernels/common.cuh asserts the same size).
 unsafe impl DeviceRepr for JoinParams {}
-const _: () = assert!(std::mem::size_of::<JoinParams>() == 208, "JoinParams layout changed: update kernels/common.cuh");
+const _: () = assert!(std::mem::size_of::<JoinParams>() == 216, "JoinParams layout changed: update kernels/common.cuh");
 
 /// The rows of one join side on the device, in slot order.
 #[derive(Debug)]
@@ -322,13 +332,15 @@ pub fn launch_join_pass(
     let (begin, end) = (slots.start, slots.end);
     // Launches as (first right row, blocks): the grid join one block per BLOCK left slots; brute
     // force one block per left tile of 128 rows and run of right tiles (brute_join one tile,
-    // brute_join_tc TC_RUN), left tiles fastest (brute_tile in sim_join.cu), in as many launches
+    // brute_join_tc tc_run), left tiles fastest (brute_tile in sim_join.cu), in as many launches
     // over consecutive runs as the 2³¹ − 1 blocks of a grid require.
+    let left_tiles = slots.len().div_ceil(BRUTE_TILE);
+    let run = if kernel == "brute_join_tc" { tc_run(device, left_tiles, right_len as usize) } else { 1 };
+    let params = &JoinParams { tc_run: run as u32, ..*params };
     let launches: Vec<(u32, u32)> = match grid {
         Some(_) => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
         None => {
-            let run_rows = BRUTE_TILE * if kernel == "brute_join_tc" { TC_RUN } else { 1 };
-            let left_tiles = slots.len().div_ceil(BRUTE_TILE);
+            let run_rows = BRUTE_TILE * run;
             let runs = (right_len as usize).div_ceil(run_rows);
             let per_launch = (i32::MAX as usize / left_tiles).min(runs).max(1);
             (0..runs)
