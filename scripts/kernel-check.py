@@ -75,7 +75,8 @@ def main():
         for line in log.splitlines():
             if m := re.search(r"Compiling entry function '(\w+)'", line):
                 kernel = m.group(1)
-            elif "spill" in line or "Used" in line or "arning" in line:
+            # ptxas's "Potential Performance Loss" notes name serialized wgmma (C7514, C7518, C7519).
+            elif "spill" in line or "Used" in line or "arning" in line or "Performance Loss" in line:
                 report = re.sub(r"^ptxas\s*(info\s*:)?[\s.]*", "", line)
                 print(f"{os.path.basename(path)} {kernel}: {report}")
         if args.sass:
