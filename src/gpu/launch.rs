@@ -11,15 +11,22 @@ use super::kernels::KernelModule;
 const BLOCK: u32 = 256;
 /// Rows per side of one brute_join block's tile (`TILE` in kernels/sim_join.cu).
 const BRUTE_TILE: usize = 128;
-/// Right tiles per brute_join_tc block (`p.tc_run` in kernels/sim_join.cu): 16 where the grid
-/// still has at least 16 waves of two blocks an SM, else 8. Each block pays once for its left
-/// tile's copies and bounds, its pipeline's filling and its queue's draining, so longer runs pay
-/// off: P1 (79 left tiles × 489 runs of 16) kernel time 11.2 → 9.3 ms with 16 instead of 8. But
+/// Right tiles per brute_join_tc block (`p.tc_run` in kernels/sim_join.cu). Each block pays once
+/// for its left tile's copies and bounds, its pipeline's filling and its queue's draining, so
+/// longer runs pay off where the grid is large: 16 where it still has at least 16 waves of two
+/// blocks an SM (P1, 79 left tiles × 489 runs of 16: kernel time 11.2 → 9.3 ms against 8). But
 /// fewer, longer blocks leave the last wave emptier: 60,000 × 784 (79 × 30 blocks of 16, 8.7
-/// waves) took 5.3–5.4 → 5.9–6.0 ms (NOTES.md v62).
+/// waves) took 5.3–5.4 → 5.9–6.0 ms (NOTES.md v62), so 8 there. A small grid (kNN's later passes
+/// over a few hundred queries) takes the longest run of at most 8 that still fills 4 waves, else
+/// runs of one tile: 60,000 × 784's second pass (2 left tiles) took 0.72 ms as 118 blocks of 8 on
+/// 132 SMs, 0.41 ms as 938 blocks of one (NOTES.md v63).
 fn tc_run(device: &GpuDevice, left_tiles: usize, right_len: usize) -> usize {
-    let blocks = left_tiles * right_len.div_ceil(16 * BRUTE_TILE);
-    if blocks >= 16 * 2 * device.multiprocessors { 16 } else { 8 }
+    let slots = 2 * device.multiprocessors;
+    let blocks = |run: usize| left_tiles * right_len.div_ceil(run * BRUTE_TILE);
+    if blocks(16) >= 16 * slots {
+        return 16;
+    }
+    [8, 4, 2].into_iter().find(|&run| blocks(run) >= 4 * slots).unwrap_or(1)
 }
 /// Bytes of one brute_join_tc pipeline stage (`TC_STAGE_WORDS` in kernels/sim_join.cu): both
 /// sides' 128 rows × 36 words.
