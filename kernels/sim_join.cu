@@ -789,39 +789,58 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
     }
 }
 
-// The sum of exact terms of the pairs `pairs[0, count)` (count ≤ 32) of a brute_join_tc block's
-// queue, lane i's pair i's: the warp brings their rows into `scratch` (2 × 32 rows of DRAIN_STRIDE
-// f64) DRAIN_DIMS dimensions at a time, one pair a load instruction (lanes 0–15 the left row's
-// values, 16–31 the right row's: two cache lines), then each lane adds its pair's terms from there
-// in dimension order, exact_distance's terms and order. One thread per pair reading its own rows made
+// The sum of exact terms of the pairs `pairs[0, count)` (count ≤ DRAIN_PAIRS) of a brute_join_tc
+// block's queue, lane i's pair i's (lanes 0–15): the warp brings their rows into `scratch` (2 ×
+// DRAIN_PAIRS rows of DRAIN_STRIDE f64) DRAIN_DIMS dimensions at a time, one pair's half of them a
+// load instruction (lanes 0–15 the left row's values, 16–31 the right row's: two cache lines), then
+// each lane adds its pair's terms from there in dimension order, exact_distance's terms and order,
+// while the next dimensions' loads are in flight. One thread per pair reading its own rows made
 // each load instruction touch 32 rows' cache lines, which the L1 serves one a cycle: at 784
-// dimensions those loads held 28 % of the count pass's stall samples (NOTES.md v51).
-#define DRAIN_DIMS 16
+// dimensions those loads held 28 % of the count pass's stall samples (NOTES.md v51). The drain is
+// bound by its round trips to memory, one per DRAIN_DIMS dimensions and warp: 32 pairs a warp at 16
+// dimensions a trip left half the warps idle (P1 queues ~116 pairs a block) and made 49 trips a
+// warp at 784 dimensions, 1.6 of the 3.6 ms of 60,000 × 784's count pass (NOTES.md v65).
+#define DRAIN_PAIRS 16
+#define DRAIN_DIMS 32
 #define DRAIN_STRIDE (DRAIN_DIMS + 1)  // a lane's row is read without bank conflicts
-// The warps' scratch (68 KB) fits in what every configuration has after the queue: two stages of
+// The warps' scratch (66 KB) fits in what every configuration has after the queue: two stages of
 // both tiles, or the resident left tile and two stages of right tiles (72 KB either way).
-static_assert(8 * 2 * 32 * DRAIN_STRIDE * 8 <= 2 * TC_STAGE_WORDS * 4, "brute_join_tc's drain scratch");
+static_assert(8 * 2 * DRAIN_PAIRS * DRAIN_STRIDE * 8 <= 2 * TC_STAGE_WORDS * 4, "brute_join_tc's drain scratch");
 
 template <u32 METRIC>
 __device__ __forceinline__ double drain_sum(u32 dim, const uint2* pairs, u32 count, const double* lx, const double* rx,
                                             double* scratch) {
     const u32 lane = threadIdx.x % 32, side = lane / 16, at = lane % 16;
     const double* rows = side ? rx : lx;
-    double (*staged)[32][DRAIN_STRIDE] = (double (*)[32][DRAIN_STRIDE])scratch;  // [side][pair][dimension]
-    double acc = 0.0;
-    for (u32 d0 = 0; d0 < dim; d0 += DRAIN_DIMS) {
-        const u32 d = d0 + at;
-        double values[32];  // all loads first, so that they are in flight together
+    double (*staged)[DRAIN_PAIRS][DRAIN_STRIDE] = (double (*)[DRAIN_PAIRS][DRAIN_STRIDE])scratch;  // [side][pair][dimension]
+    // Dimensions d0 + at and d0 + 16 + at of each pair's row on this lane's side: all loads of a
+    // trip issued together.
+    double values[DRAIN_PAIRS][2];
+    auto load = [&](u32 d0) {
 #pragma unroll
-        for (u32 j = 0; j < 32; ++j) {
+        for (u32 j = 0; j < DRAIN_PAIRS; ++j) {
             uint2 pair = pairs[min(j, count - 1)];
-            values[j] = j < count && d < dim ? rows[(u64)(side ? pair.y : pair.x) * dim + d] : 0.0;
-        }
+            const double* row = rows + (u64)(side ? pair.y : pair.x) * dim;
 #pragma unroll
-        for (u32 j = 0; j < 32; ++j) staged[side][j][at] = values[j];
+            for (u32 h = 0; h < 2; ++h) {
+                const u32 d = d0 + 16 * h + at;
+                values[j][h] = j < count && d < dim ? row[d] : 0.0;
+            }
+        }
+    };
+    double acc = 0.0;
+    load(0);
+    for (u32 d0 = 0; d0 < dim; d0 += DRAIN_DIMS) {
+#pragma unroll
+        for (u32 j = 0; j < DRAIN_PAIRS; ++j)
+#pragma unroll
+            for (u32 h = 0; h < 2; ++h) staged[side][j][16 * h + at] = values[j][h];
         __syncwarp();
-        const u32 width = min((u32)DRAIN_DIMS, dim - d0);
-        for (u32 i = 0; i < width; ++i) acc = exact_term<METRIC>(acc, staged[0][lane][i], staged[1][lane][i]);
+        if (d0 + DRAIN_DIMS < dim) load(d0 + DRAIN_DIMS);
+        if (lane < DRAIN_PAIRS) {
+            const u32 width = min((u32)DRAIN_DIMS, dim - d0);
+            for (u32 i = 0; i < width; ++i) acc = exact_term<METRIC>(acc, staged[0][lane][i], staged[1][lane][i]);
+        }
         __syncwarp();  // the scratch is rewritten for the next dimensions
     }
     return acc;
@@ -1074,15 +1093,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         ++tile;
     }
 #endif
-    // The queued pairs, a thread each: their exact distances computed side by side, the rows
-    // staged through the pipeline's stages, which no copy uses any more (every step's group is
-    // complete) once every warp is past its last step.
+    // The queued pairs, DRAIN_PAIRS a warp and a thread each: their exact distances computed side
+    // by side, the rows staged through the pipeline's stages, which no copy uses any more (every
+    // step's group is complete) once every warp is past its last step.
     __syncthreads();
     u32 queued = min(queue.len, (u32)TC_QUEUE);
-    double* scratch = (double*)x_resident + (threadIdx.x / 32) * 2 * 32 * DRAIN_STRIDE;
-    for (u32 first = threadIdx.x / 32 * 32; first < queued; first += blockDim.x) {
+    double* scratch = (double*)x_resident + (threadIdx.x / 32) * 2 * DRAIN_PAIRS * DRAIN_STRIDE;
+    for (u32 first = threadIdx.x / 32 * DRAIN_PAIRS; first < queued; first += blockDim.x / 32 * DRAIN_PAIRS) {
         const uint2* pairs = queue.pairs + first;
-        const u32 count = min(32u, queued - first);
+        const u32 count = min((u32)DRAIN_PAIRS, queued - first);
         double acc;
         switch (p.metric) {
         case METRIC_L2:
