@@ -288,15 +288,17 @@ __device__ __forceinline__ double sample_radius(u32 metric, float v) {
 // `distances` (knn_sample_distances of the same query_begin) as order keys, SAMPLE / 256 in each
 // thread's registers, and each level's rank found by radix selection: four passes of 8 bits from
 // the top, each counting the keys that share the digits found so far into a histogram in shared
-// memory and taking the digit whose bin holds the rank. 16 passes over 16 keys a thread, where
-// the bitonic sort of the row that came before took 78 steps over 4,096 f64 entries in shared
-// memory (most of P1's 3.9 ms of sampling, NOTES.md v48).
+// memory and taking the digit whose bin holds the rank. The levels take their passes together (a
+// histogram each, scanned by a warp each; the first pass's, where no digit is known yet, is one
+// for all): 4 rounds of block barriers where one level after another took 16 (0.30 ms for 8,192
+// queries, NOTES.md v66). The bitonic sort of the row that came before took 78 steps over 4,096
+// f64 entries in shared memory (most of P1's 3.9 ms of sampling, v48).
 #define SAMPLE_PER_THREAD (SAMPLE / 256)
 
 extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(u32 metric, u32 query_begin, const float* distances, u32 sample_len,
         u32 rank, double* radii) {
-    __shared__ u32 histogram[256];
-    __shared__ u32 digit, before;
+    __shared__ u32 histogram[LEVELS][256];
+    __shared__ u32 digit[LEVELS], before[LEVELS];
     u32 q = query_begin + blockIdx.x;
     const float* row = distances + (u64)blockIdx.x * SAMPLE;
     // Entries beyond the sample take the largest key, above every distance's (+∞'s is 0xff800000),
@@ -307,53 +309,77 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(u32 metric, 
         u32 e = threadIdx.x + 256 * i;
         keys[i] = e < sample_len ? f32_order_key(row[e]) : 0xffffffffu;
     }
-    const u32 lane = threadIdx.x % 32;
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    // Level j's (rank·4^j)-th smallest key: `prefix[j]` holds its digits found so far, `want[j]`
+    // its rank among the keys that share them (0: beyond the sample, +∞).
+    u32 prefix[LEVELS], want[LEVELS];
+#pragma unroll
     for (u32 level = 0; level < LEVELS; ++level) {
         u64 r = (u64)rank << (2 * level);
-        if (r > sample_len) {
-            if (threadIdx.x == 0) radii[(u64)q * LEVELS + level] = F64_INFINITY;
-            continue;
+        prefix[level] = 0;
+        want[level] = r > sample_len ? 0 : (u32)r;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        const bool first = shift == 24;
+        for (u32 i = threadIdx.x; i < LEVELS * 256; i += 256) (&histogram[0][0])[i] = 0;
+        __syncthreads();
+        u32 high = first ? 0u : 0xffffffffu << (shift + 8);
+#pragma unroll
+        for (u32 i = 0; i < SAMPLE_PER_THREAD; ++i) {
+            const u32 bin = (keys[i] >> shift) & 255;
+            if (first) {
+                atomicAdd(&histogram[0][bin], 1u);
+            } else {
+#pragma unroll
+                for (u32 level = 0; level < LEVELS; ++level)
+                    if (want[level] > 0 && (keys[i] & high) == prefix[level]) atomicAdd(&histogram[level][bin], 1u);
+            }
         }
-        // The r-th smallest key: `prefix` holds its digits found so far, `want` its rank among the
-        // keys that share them.
-        u32 prefix = 0, want = (u32)r;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            histogram[threadIdx.x] = 0;
-            __syncthreads();
-            u32 high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+        __syncthreads();
+        // Warp j scans level j's bins (the first pass's one histogram for all), 8 a lane; the
+        // lane whose bins hold rank `want` finds its digit and how many keys lie in the bins
+        // before it.
+        if (warp < LEVELS) {
+            u32 target = 0;
 #pragma unroll
-            for (u32 i = 0; i < SAMPLE_PER_THREAD; ++i)
-                if ((keys[i] & high) == prefix) atomicAdd(&histogram[(keys[i] >> shift) & 255], 1u);
-            __syncthreads();
-            // The first warp scans the bins, 8 a lane; the lane whose bins hold rank `want` finds
-            // its digit and how many keys lie in the bins before it.
-            if (threadIdx.x < 32) {
-                u32 bins[8], sum = 0;
+            for (u32 level = 0; level < LEVELS; ++level)
+                if (level == warp) target = want[level];
+            const u32* bins_of = histogram[first ? 0 : warp];
+            u32 bins[8], sum = 0;
 #pragma unroll
-                for (u32 j = 0; j < 8; ++j) sum += bins[j] = histogram[8 * lane + j];
-                u32 through = sum;  // keys in the bins up to this lane's last
+            for (u32 j = 0; j < 8; ++j) sum += bins[j] = bins_of[8 * lane + j];
+            u32 through = sum;  // keys in the bins up to this lane's last
 #pragma unroll
-                for (u32 d = 1; d < 32; d <<= 1) {
-                    u32 other = __shfl_up_sync(0xffffffffu, through, d);
-                    if (lane >= d) through += other;
-                }
-                u32 seen = through - sum;
-                if (seen < want && want <= through) {
-                    for (u32 j = 0; j < 8; ++j) {
-                        if (seen + bins[j] >= want) {
-                            digit = 8 * lane + j;
-                            before = seen;
-                            break;
-                        }
-                        seen += bins[j];
+            for (u32 d = 1; d < 32; d <<= 1) {
+                u32 other = __shfl_up_sync(0xffffffffu, through, d);
+                if (lane >= d) through += other;
+            }
+            u32 seen = through - sum;
+            if (target > 0 && seen < target && target <= through) {
+                for (u32 j = 0; j < 8; ++j) {
+                    if (seen + bins[j] >= target) {
+                        digit[warp] = 8 * lane + j;
+                        before[warp] = seen;
+                        break;
                     }
+                    seen += bins[j];
                 }
             }
-            __syncthreads();
-            prefix |= digit << shift;
-            want -= before;
         }
-        if (threadIdx.x == 0) radii[(u64)q * LEVELS + level] = sample_radius(metric, from_f32_order_key(prefix));
+        __syncthreads();
+#pragma unroll
+        for (u32 level = 0; level < LEVELS; ++level)
+            if (want[level] > 0) {
+                prefix[level] |= digit[level] << shift;
+                want[level] -= before[level];
+            }
+    }
+    if (threadIdx.x < LEVELS) {
+        double radius = F64_INFINITY;
+#pragma unroll
+        for (u32 level = 0; level < LEVELS; ++level)
+            if (level == threadIdx.x && want[level] > 0) radius = sample_radius(metric, from_f32_order_key(prefix[level]));
+        radii[(u64)q * LEVELS + threadIdx.x] = radius;
     }
 }
 
