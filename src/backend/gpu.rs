@@ -19,7 +19,7 @@ use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
     KNN_SAMPLE, KnnSample, PassBuffers, PassKind, SideBuffers, available_memory, filter_rows, gather_rows, tc_row_words, host_results, join_pass, launch_join_pass,
-    filter_max_abs, identity_order, pack_half_rows, rank_slots, sample_half_rows, sample_radius_pass, sample_rows, upload,
+    filter_max_abs, identity_order, pack_half_rows, rank_slots, host_ranked, KEPT_RANKED, sample_half_rows, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
@@ -303,9 +303,16 @@ impl GpuBackend {
         let mut levels = vec![0usize; nq];
         let mut counts = vec![0u32; nq];
         // The k nearest of the queries ranked from slots (`in_slots`), k a query in query order
-        // (every query ends with at least k ≤ n candidates).
+        // (every query ends with at least k ≤ n candidates): in page-locked memory the device
+        // keeps for the next query where they fit it (host_ranked), which the first pass's
+        // ranking is copied into directly.
         let table = if first_capacity > 0 { nq * k } else { 0 };
-        let (mut nearest_distance, mut nearest_position) = (vec![0f64; table], vec![0u32; table]);
+        let mut kept_table = if table <= KEPT_RANKED { Some(host_ranked(&self.device, table)?) } else { None };
+        let mut own_table = if kept_table.is_none() { (vec![0f64; table], vec![0u32; table]) } else { (Vec::new(), Vec::new()) };
+        let (nearest_distance, nearest_position): (&mut [f64], &mut [u32]) = match &mut kept_table {
+            Some(kept) => kept.table(table)?,
+            None => (&mut own_table.0, &mut own_table.1),
+        };
         let mut in_slots = vec![false; nq];
         // Queries for the write passes, at their final levels.
         let mut rest: Vec<u32> = Vec::new();
@@ -341,10 +348,17 @@ impl GpuBackend {
                     rest.push(q);
                 }
             }
-            if slot_len.iter().any(|&len| len > 0) {
+            if first_pass && ranked_on_device && slot_len.iter().any(|&len| len > 0) {
+                // The first pass's queries are all of them, in order: ranked into the table.
+                let ranking = Instant::now();
+                rank_slots(&self.device, &pass, capacity as usize, k, &slot_len, nearest_distance, nearest_position)?;
+                kernel += ranking.elapsed();
+                pending.iter().zip(&slot_len).filter(|&(_, &len)| len > 0).for_each(|(&q, _)| in_slots[q as usize] = true);
+            } else if slot_len.iter().any(|&len| len > 0) {
                 let ranked = if ranked_on_device {
                     let ranking = Instant::now();
-                    let ranked = rank_slots(&self.device, &pass, capacity as usize, k, &slot_len)?;
+                    let mut ranked = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
+                    rank_slots(&self.device, &pass, capacity as usize, k, &slot_len, &mut ranked.0, &mut ranked.1)?;
                     kernel += ranking.elapsed();
                     ranked
                 } else {
@@ -365,14 +379,10 @@ impl GpuBackend {
                     emit += ranking.elapsed();
                     (nearest, at)
                 };
-                if first_pass {
-                    (nearest_distance, nearest_position) = ranked;
-                } else {
-                    for (i, &q) in pending.iter().enumerate().filter(|&(i, _)| slot_len[i] > 0) {
-                        let (to, from) = (q as usize * k..(q as usize + 1) * k, i * k..(i + 1) * k);
-                        nearest_distance[to.clone()].copy_from_slice(&ranked.0[from.clone()]);
-                        nearest_position[to].copy_from_slice(&ranked.1[from]);
-                    }
+                for (i, &q) in pending.iter().enumerate().filter(|&(i, _)| slot_len[i] > 0) {
+                    let (to, from) = (q as usize * k..(q as usize + 1) * k, i * k..(i + 1) * k);
+                    nearest_distance[to.clone()].copy_from_slice(&ranked.0[from.clone()]);
+                    nearest_position[to].copy_from_slice(&ranked.1[from]);
                 }
                 pending.iter().zip(&slot_len).filter(|&(_, &len)| len > 0).for_each(|(&q, _)| in_slots[q as usize] = true);
             }

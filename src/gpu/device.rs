@@ -38,6 +38,9 @@ pub struct GpuDevice {
     /// Page-locked buffers that write passes copy their pairs into (`launch::host_results`),
     /// kept for the next run.
     pub(super) results: Mutex<Option<ResultBuffers>>,
+    /// Page-locked buffers that kNN's neighbours ranked on the device are copied into
+    /// (`launch::host_ranked`), kept for the next run.
+    pub(super) ranked: Mutex<Option<ResultBuffers>>,
     /// The streams of pipelined write passes, created on first use (from then on cudarc orders
     /// every buffer's uses across streams with events).
     pipeline: OnceLock<Result<[Arc<CudaStream>; PIPELINE_STREAMS], String>>,
@@ -128,7 +131,7 @@ impl GpuDevice {
         let shared_memory_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let shared_memory_per_multiprocessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
         let multiprocessors = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, shared_memory_per_multiprocessor, multiprocessors, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
+        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, shared_memory_per_multiprocessor, multiprocessors, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), ranked: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
     }
 
     /// Whether the device has the tensor cores brute_join_tc uses (`mma.sync.m16n8k16 … .f16` with

@@ -675,11 +675,15 @@ pub const KNN_RANK_SLOTS: usize = 4096;
 /// device by (distance, base position) as the host ranks them (knn_select_slots in kernels/knn.cu
 /// for k ≤ 32, knn_rank_slots above);
 /// queries with `slot_len[q] = 0` are left out. `k` (distances, positions) per query, nearest
-/// first, in query order (a left-out query's entries are meaningless).
-pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: usize, slot_len: &[u32]) -> Result<(Vec<f64>, Vec<u32>), String> {
+/// first, in query order, into the first `k` · queries places of `nearest_distance` and
+/// `nearest_position` (a left-out query's are zeros).
+pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: usize, slot_len: &[u32], nearest_distance: &mut [f64], nearest_position: &mut [u32]) -> Result<(), String> {
     let queries = slot_len.len();
     if capacity > KNN_RANK_SLOTS || queries == 0 || k == 0 || queries * capacity > pass.out_right.len().min(pass.out_distance.len()) {
         return Err(format!("knn_rank_slots: {queries} slots of {capacity} (at most {KNN_RANK_SLOTS}) for k = {k}"));
+    }
+    if nearest_distance.len().min(nearest_position.len()) < queries * k {
+        return Err(format!("knn_rank_slots: {} and {} places for {queries} queries' {k} neighbours", nearest_distance.len(), nearest_position.len()));
     }
     if let Some(q) = slot_len.iter().position(|&len| (len != 0 && (len as usize) < k) || len as usize > capacity) {
         return Err(format!("knn_rank_slots: query {q} has {} candidates, outside [{k}, {capacity}]", slot_len[q]));
@@ -718,7 +722,9 @@ pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: us
     // memory (≤ 48 KB: room ≤ RANK_SLOTS = 4,096), and writes k values at [q·k, q·k + k) of the
     // outputs, which hold queries · k.
     unsafe { builder.launch(config) }.map_err(|e| format!("knn_rank_slots launch failed: {e}"))?;
-    Ok((stream.clone_dtoh(&out_distance).map_err(failed)?, stream.clone_dtoh(&out_position).map_err(failed)?))
+    stream.memcpy_dtoh(&out_distance, &mut nearest_distance[..queries * k]).map_err(failed)?;
+    stream.memcpy_dtoh(&out_position, &mut nearest_position[..queries * k]).map_err(failed)?;
+    stream.synchronize().map_err(failed)
 }
 
 /// Most sample rows knn_sample_radius selects from (`SAMPLE` in kernels/knn.cu).
@@ -858,6 +864,17 @@ impl HostResults<'_> {
         Ok(all.into_pairs(n, with_left))
     }
 
+    /// The first `len` distances and positions of the buffers, for the host to fill and read
+    /// (kNN's table of ranked neighbours, [`host_ranked`]).
+    pub fn table(&mut self, len: usize) -> Result<(&mut [f64], &mut [u32]), String> {
+        let [all] = self.parts::<1>()?;
+        if len > all.capacity() {
+            return Err(format!("a table of {len} neighbours does not fit result buffers of {}", all.capacity()));
+        }
+        let HostPairs { right, distance, .. } = all;
+        Ok((&mut distance[..len], &mut right[..len]))
+    }
+
     /// The buffers cut into `N` views of an `N`th of the capacity each.
     pub fn parts<const N: usize>(&mut self) -> Result<[HostPairs<'_>; N], String> {
         let buffers = match &mut self.kept {
@@ -935,7 +952,28 @@ impl<'a> HostPairs<'a> {
 /// (NOTES.md v14). A run that finds the set held by another (which may be blocked on a slow
 /// consumer) allocates its own rather than wait.
 pub fn host_results(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>, String> {
-    match device.results.try_lock() {
+    kept_host_buffers(device, &device.results, capacity)
+}
+
+/// Most neighbours kNN ranks on the device into the page-locked buffers the device keeps
+/// ([`host_ranked`]; 64 MB of them, as the write passes' 2²² pairs): P1 at k = 100 has 10⁶.
+pub const KEPT_RANKED: usize = 1 << 22;
+
+/// Page-locked buffers for at most `capacity` ≤ [`KEPT_RANKED`] neighbours ranked on the device
+/// (`rank_slots`), kept by the device between runs as [`host_results`]' are. Copied into
+/// pageable memory allocated for each query, P1 k = 100's 10⁶ took 2 ms in most processes and
+/// 5–11 ms in some (NOTES.md v68).
+pub fn host_ranked(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>, String> {
+    if capacity > KEPT_RANKED {
+        return Err(format!("{capacity} ranked neighbours exceed the kept buffers' {KEPT_RANKED}"));
+    }
+    kept_host_buffers(device, &device.ranked, capacity)
+}
+
+/// The device's `kept` buffers, grown to `capacity` where smaller, or where another run holds
+/// them, buffers of this run's own.
+fn kept_host_buffers<'a>(device: &'a GpuDevice, kept: &'a std::sync::Mutex<Option<ResultBuffers>>, capacity: usize) -> Result<HostResults<'a>, String> {
+    match kept.try_lock() {
         Ok(mut kept) => {
             if kept.as_ref().is_none_or(|b| b.left.len() < capacity) {
                 *kept = None; // free the smaller set first
