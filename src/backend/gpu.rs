@@ -348,41 +348,42 @@ impl GpuBackend {
                     rest.push(q);
                 }
             }
-            if first_pass && ranked_on_device && slot_len.iter().any(|&len| len > 0) {
-                // The first pass's queries are all of them, in order: ranked into the table.
-                let ranking = Instant::now();
-                rank_slots(&self.device, &pass, capacity as usize, k, &slot_len, nearest_distance, nearest_position)?;
-                kernel += ranking.elapsed();
-                pending.iter().zip(&slot_len).filter(|&(_, &len)| len > 0).for_each(|(&q, _)| in_slots[q as usize] = true);
-            } else if slot_len.iter().any(|&len| len > 0) {
-                let ranked = if ranked_on_device {
+            if slot_len.iter().any(|&len| len > 0) {
+                if first_pass && ranked_on_device {
+                    // The first pass's queries are all of them, in order: ranked into the table.
                     let ranking = Instant::now();
-                    let mut ranked = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
-                    rank_slots(&self.device, &pass, capacity as usize, k, &slot_len, &mut ranked.0, &mut ranked.1)?;
+                    rank_slots(&self.device, &pass, capacity as usize, k, &slot_len, nearest_distance, nearest_position)?;
                     kernel += ranking.elapsed();
-                    ranked
                 } else {
-                    // Slots too long to sort on the device: copied back and ranked here.
-                    let copying = Instant::now();
-                    let cap = capacity as usize;
-                    let mut results = host_results(&self.device, pending.len() * cap)?;
-                    let (_, positions, distances) = results.download(stream, &pass, false, 0..pending.len() * cap)?;
-                    transfer += copying.elapsed();
-                    let ranking = Instant::now();
-                    let (mut nearest, mut at) = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
-                    nearest.par_chunks_mut(k).zip(at.par_chunks_mut(k)).zip(&slot_len).enumerate().filter(|&(_, (_, &len))| len > 0).for_each(|(i, ((nearest, at), &len))| {
-                        let all = (i * cap..i * cap + len as usize).map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
-                        for (j, neighbour) in k_smallest(all, k).into_iter().enumerate() {
-                            (nearest[j], at[j]) = (neighbour.distance, neighbour.position);
-                        }
-                    });
-                    emit += ranking.elapsed();
-                    (nearest, at)
-                };
-                for (i, &q) in pending.iter().enumerate().filter(|&(i, _)| slot_len[i] > 0) {
-                    let (to, from) = (q as usize * k..(q as usize + 1) * k, i * k..(i + 1) * k);
-                    nearest_distance[to.clone()].copy_from_slice(&ranked.0[from.clone()]);
-                    nearest_position[to].copy_from_slice(&ranked.1[from]);
+                    let ranked = if ranked_on_device {
+                        let ranking = Instant::now();
+                        let mut ranked = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
+                        rank_slots(&self.device, &pass, capacity as usize, k, &slot_len, &mut ranked.0, &mut ranked.1)?;
+                        kernel += ranking.elapsed();
+                        ranked
+                    } else {
+                        // Slots too long to sort on the device: copied back and ranked here.
+                        let copying = Instant::now();
+                        let cap = capacity as usize;
+                        let mut results = host_results(&self.device, pending.len() * cap)?;
+                        let (_, positions, distances) = results.download(stream, &pass, false, 0..pending.len() * cap)?;
+                        transfer += copying.elapsed();
+                        let ranking = Instant::now();
+                        let (mut nearest, mut at) = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
+                        nearest.par_chunks_mut(k).zip(at.par_chunks_mut(k)).zip(&slot_len).enumerate().filter(|&(_, (_, &len))| len > 0).for_each(|(i, ((nearest, at), &len))| {
+                            let all = (i * cap..i * cap + len as usize).map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
+                            for (j, neighbour) in k_smallest(all, k).into_iter().enumerate() {
+                                (nearest[j], at[j]) = (neighbour.distance, neighbour.position);
+                            }
+                        });
+                        emit += ranking.elapsed();
+                        (nearest, at)
+                    };
+                    for (i, &q) in pending.iter().enumerate().filter(|&(i, _)| slot_len[i] > 0) {
+                        let (to, from) = (q as usize * k..(q as usize + 1) * k, i * k..(i + 1) * k);
+                        nearest_distance[to.clone()].copy_from_slice(&ranked.0[from.clone()]);
+                        nearest_position[to].copy_from_slice(&ranked.1[from]);
+                    }
                 }
                 pending.iter().zip(&slot_len).filter(|&(_, &len)| len > 0).for_each(|(&q, _)| in_slots[q as usize] = true);
             }
