@@ -438,15 +438,14 @@ extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u
     }
 }
 
-// The k nearest of each slotted query's candidates for k ≤ SELECT_SLOTS_K (knn_rank_slots' job,
-// same inputs and outputs): a warp per query takes the smallest remaining (distance, position) k
+// The k nearest of each slotted query's candidates for small k (the host's KNN_SELECT_SLOTS_K;
+// knn_rank_slots' job, same inputs and outputs): a warp per query takes the smallest remaining (distance, position) k
 // times. Each lane keeps the smallest of its entries (i ≡ lane mod 32) above the last taken; the
 // warp's smallest of those is the next neighbour, and only the lane that held it scans its entries
 // again. Positions are distinct within a slot (a base row is a query's candidate once), so the
 // order is strict and "above the last taken" excludes exactly the taken. At P1's k = 10 (~450
 // entries a slot) that is ~15 loads a lane and ten scans of one lane: a tenth of the bitonic
 // sort's work, without its ~45 block barriers (NOTES.md v61).
-#define SELECT_SLOTS_K 32
 
 struct Candidate {
     u64 key;  // total_order_key of the distance

@@ -305,9 +305,9 @@ impl GpuBackend {
         // The k nearest of the queries ranked from slots (`in_slots`), k a query in query order
         // (every query ends with at least k ≤ n candidates): in page-locked memory the device
         // keeps for the next query where they fit it (host_ranked), which the first pass's
-        // ranking is copied into directly.
+        // ranking is copied into directly. A run without slots has no table and takes none.
         let table = if first_capacity > 0 { nq * k } else { 0 };
-        let mut kept_table = if table <= KEPT_RANKED { Some(host_ranked(&self.device, table)?) } else { None };
+        let mut kept_table = if (1..=KEPT_RANKED).contains(&table) { Some(host_ranked(&self.device, table)?) } else { None };
         let mut own_table = if kept_table.is_none() { (vec![0f64; table], vec![0u32; table]) } else { (Vec::new(), Vec::new()) };
         let (nearest_distance, nearest_position): (&mut [f64], &mut [u32]) = match &mut kept_table {
             Some(kept) => kept.table(table)?,

@@ -663,8 +663,9 @@ pub fn sample_radius_pass(
     stream.synchronize().map_err(|e| format!("knn_sample_radius failed: {e}"))
 }
 
-/// The largest k knn_select_slots ranks (`SELECT_SLOTS_K` in kernels/knn.cu): a warp per query takes
-/// the smallest remaining candidate k times, where knn_rank_slots sorts the whole slot.
+/// The largest k knn_select_slots ranks (kernels/knn.cu): a warp per query takes the smallest
+/// remaining candidate k times, where knn_rank_slots sorts the whole slot. Beyond a few dozen its
+/// rounds cost more than the sort (k = 100: 1.53 ms against 0.72, NOTES.md v67).
 const KNN_SELECT_SLOTS_K: usize = 32;
 
 /// Most candidates knn_rank_slots sorts per query (`RANK_SLOTS` in kernels/knn.cu).
