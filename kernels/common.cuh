@@ -204,6 +204,13 @@ __device__ __forceinline__ float fixed_filter_score(u32 filter, const float (&x)
     }
 }
 
+// ldmatrix.x4 from shared memory (rows of 16 bytes at shared address `at`, 16-byte aligned: the
+// callers' row strides, TC_STRIDE and TC_SAMPLE_STRIDE, are 144 bytes).
+__device__ __forceinline__ void load_matrix_x4(u32 at, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at));
+}
+
 // acc += A·B on f16 tensor cores (mma.sync m16n8k16, f32 accumulation): `a` a 16 × 16 fragment of
 // A (row-major), `b` a 16 × 8 one of B (column-major), two f16 a register; `acc` the 16 × 8 sums.
 __device__ __forceinline__ void mma_f16(float (&acc)[4], const u32 (&a)[4], const u32 (&b)[2]) {

@@ -179,8 +179,11 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParam
 // of a 10k × 60k × 784 kNN (NOTES.md v54).
 // A block takes TC_SAMPLE_QUERIES queries × TC_SAMPLE_COLUMNS sample rows, staging
 // TC_SAMPLE_WORDS words (64 dimensions) of each row at a time in shared memory; each of its 8
-// warps computes 32 × 32 of them (2 × 4 fragments). Rows are TC_SAMPLE_STRIDE words apart, so a
-// fragment's loads (rows g + [0, 8), words t + [0, 4)) fall in 32 distinct banks.
+// warps computes 32 × 32 of them (2 × 4 fragments). Rows are TC_SAMPLE_STRIDE words apart, so the
+// eight 16-byte rows of an ldmatrix block fall in 32 distinct banks. (Fragments word by word, 16
+// shared loads a step, and each stage loaded between the barriers took 0.55 ms of 60,000 × 784's
+// sample at 10,000 queries; ldmatrix and the next stage's loads in flight during the mma, 0.46:
+// NOTES.md v71.)
 #define TC_SAMPLE_QUERIES 64
 #define TC_SAMPLE_COLUMNS 128
 #define TC_SAMPLE_WORDS 32
@@ -199,36 +202,58 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc(u32 ro
     // Staged four words (16 bytes) a load: rows are whole groups of four words (tc_row_words), so a
     // group lies within a row or past its end, and every group and shared row is 16-byte aligned
     // (TC_SAMPLE_STRIDE is 144 bytes). Zero words past a row's end or past the last row add
-    // nothing (their sums are not written).
+    // nothing (their sums are not written). The next stage's groups are loaded into registers
+    // while this stage's mma run (a thread's QUERY_GROUPS + SAMPLE_GROUPS of them at the 256
+    // threads a block that the warp layout takes), so that the loads' latency is not waited out
+    // between the barriers.
+    constexpr u32 GROUPS = TC_SAMPLE_WORDS / 4;
+    constexpr u32 QUERY_GROUPS = TC_SAMPLE_QUERIES * GROUPS / 256, SAMPLE_GROUPS = TC_SAMPLE_COLUMNS * GROUPS / 256;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (u32 w0 = 0; w0 < row_words; w0 += TC_SAMPLE_WORDS) {
-        for (u32 e = threadIdx.x; e < TC_SAMPLE_QUERIES * TC_SAMPLE_WORDS / 4; e += blockDim.x) {
-            u32 r = e / (TC_SAMPLE_WORDS / 4), w = e % (TC_SAMPLE_WORDS / 4) * 4;
-            *(uint4*)&qs[r][w] = first + r < query_end && w0 + w < row_words
-                ? *(const uint4*)&query_rows[(u64)(first + r) * row_words + w0 + w] : zero;
+    uint4 next_queries[QUERY_GROUPS], next_sample[SAMPLE_GROUPS];
+    auto fetch = [&](u32 w0) {
+#pragma unroll
+        for (u32 i = 0; i < QUERY_GROUPS; ++i) {
+            u32 e = threadIdx.x + i * 256, r = e / GROUPS, w = w0 + e % GROUPS * 4;
+            next_queries[i] = first + r < query_end && w < row_words ? *(const uint4*)&query_rows[(u64)(first + r) * row_words + w] : zero;
         }
-        for (u32 e = threadIdx.x; e < TC_SAMPLE_COLUMNS * TC_SAMPLE_WORDS / 4; e += blockDim.x) {
-            u32 r = e / (TC_SAMPLE_WORDS / 4), w = e % (TC_SAMPLE_WORDS / 4) * 4;
-            *(uint4*)&ss[r][w] = s0 + r < sample_len && w0 + w < row_words
-                ? *(const uint4*)&sample_rows[(u64)(s0 + r) * row_words + w0 + w] : zero;
+#pragma unroll
+        for (u32 i = 0; i < SAMPLE_GROUPS; ++i) {
+            u32 e = threadIdx.x + i * 256, r = e / GROUPS, w = w0 + e % GROUPS * 4;
+            next_sample[i] = s0 + r < sample_len && w < row_words ? *(const uint4*)&sample_rows[(u64)(s0 + r) * row_words + w] : zero;
+        }
+    };
+    const u32 qs_at = (u32)__cvta_generic_to_shared(&qs[0][0]), ss_at = (u32)__cvta_generic_to_shared(&ss[0][0]);
+    const u32 block = lane / 8, block_row = lane % 8;
+    fetch(0);
+    for (u32 w0 = 0; w0 < row_words; w0 += TC_SAMPLE_WORDS) {
+#pragma unroll
+        for (u32 i = 0; i < QUERY_GROUPS; ++i) {
+            u32 e = threadIdx.x + i * 256;
+            *(uint4*)&qs[e / GROUPS][e % GROUPS * 4] = next_queries[i];
+        }
+#pragma unroll
+        for (u32 i = 0; i < SAMPLE_GROUPS; ++i) {
+            u32 e = threadIdx.x + i * 256;
+            *(uint4*)&ss[e / GROUPS][e % GROUPS * 4] = next_sample[i];
         }
         __syncthreads();
+        if (w0 + TC_SAMPLE_WORDS < row_words) fetch(w0 + TC_SAMPLE_WORDS);
 #pragma unroll
         for (u32 k = 0; k < TC_SAMPLE_WORDS; k += 8) {
+            // The fragments by ldmatrix, as brute_join_tc's mma.sync path takes them: lane i gives
+            // the address of row i % 8 of 8-row × 4-word block i / 8 and receives word `quad` of
+            // row `group` of each (a: rows +0/+8 × words +0/+4; b: two n tiles × words +0/+4).
+            // Four loads per step instead of 16.
             u32 a[2][4], b[4][2];
 #pragma unroll
             for (u32 m = 0; m < 2; ++m) {
-                u32 r = warp_row + m * 16 + group;
-                a[m][0] = qs[r][k + quad];
-                a[m][1] = qs[r + 8][k + quad];
-                a[m][2] = qs[r][k + quad + 4];
-                a[m][3] = qs[r + 8][k + quad + 4];
+                u32 row = warp_row + m * 16 + block_row + 8 * (block % 2);
+                load_matrix_x4(qs_at + (row * TC_SAMPLE_STRIDE + k + 4 * (block / 2)) * 4, a[m][0], a[m][1], a[m][2], a[m][3]);
             }
 #pragma unroll
-            for (u32 n = 0; n < 4; ++n) {
-                u32 c = warp_col + n * 8 + group;
-                b[n][0] = ss[c][k + quad];
-                b[n][1] = ss[c][k + quad + 4];
+            for (u32 n = 0; n < 4; n += 2) {
+                u32 col = warp_col + (n + block / 2) * 8 + block_row;
+                load_matrix_x4(ss_at + (col * TC_SAMPLE_STRIDE + k + 4 * (block % 2)) * 4, b[n][0], b[n][1], b[n + 1][0], b[n + 1][1]);
             }
 #pragma unroll
             for (u32 m = 0; m < 2; ++m)

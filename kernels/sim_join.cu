@@ -601,13 +601,6 @@ __device__ __forceinline__ float tc_col_offset(const JoinParams& p, u32 t, u32 r
     return p.filter == FILTER_GEMM_L2 ? __fsub_rd(__fmul_rd(rfsq[t], p.tc_scale * p.tc_scale), widening) : -widening;
 }
 
-// ldmatrix.x4 from shared memory (rows of 16 bytes at shared address `at`, 16-byte aligned:
-// TC_STRIDE is 144 bytes).
-__device__ __forceinline__ void load_matrix_x4(u32 at, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at));
-}
-
 // Hopper's warpgroup mma (sm_90a: `arch_for` in src/gpu/device.rs compiles for it on compute
 // capability 9.0). mma.sync left brute_join_tc's count pass latency-bound at 16 warps an SM: each
 // m16n8k16 waits on its fragments' ldmatrix and the tensor pipe was 29 % busy (NOTES.md v53, v55).
