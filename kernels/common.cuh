@@ -55,6 +55,7 @@ struct JoinParams {
     float tc_eta;       // brute_join_tc: 5·√d·2⁻¹⁴, the scaled score's error per unit of a norm from
                         // f16's subnormal range (tensor_core_margin in src/backend/gpu.rs)
     u32 tc_run;         // brute_join_tc: right tiles per block (`tc_run` in src/gpu/launch.rs)
+    u32 tc_queue;       // brute_join_tc: pairs its queue holds (`tc_queue` in src/gpu/launch.rs)
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
     double window;      // grid, windowed: half-width of that range (sortidu, seed 003 §4.3)

@@ -689,11 +689,9 @@ __device__ __forceinline__ void tma_tile(const TensorMap& map, u32 to, u32 word,
 #endif
 
 // The pairs of a brute_join_tc block that passed the filter, decided after its run of tiles:
-// `len` counts every pair pushed, the first TC_QUEUE of them stored (left slot, right row), in
-// dynamic shared memory ahead of the pipeline's stages (`TC_QUEUE_BYTES` in src/gpu/launch.rs).
-// P1's count pass queues ~33 pairs a block on average, P5's fewer; 256 leaves shared memory for
-// the filter's bounds and offsets below while two blocks still fit an H100's SM.
-#define TC_QUEUE 256
+// `len` counts every pair pushed, the first p.tc_queue of them stored (left slot, right row), in
+// dynamic shared memory ahead of the pipeline's stages (sized with the run: `tc_queue` in
+// src/gpu/launch.rs).
 // The filter's column offsets of the tiles in flight (tc_col_offset), written by the loader when
 // it starts a tile and read by that tile's epilogue: a ring of TC_OFFSET_RING tiles. The loader
 // runs `ahead` ≤ 2 steps ahead (steps are (tile, chunk) pairs, `chunks` per tile): tile T's
@@ -772,7 +770,7 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
         marked &= marked - 1;
         u32 s = row0 + warp_row + (bit / (4 * N)) * 16 + group + 8 * ((bit / (2 * N)) % 2);
         u32 t = col0 + warp_col + ((bit / 2) % N) * 8 + 2 * quad + bit % 2;
-        if (at < TC_QUEUE) {
+        if (at < p.tc_queue) {
             queue.pairs[at] = make_uint2(s, t);
         } else {
             exact_pair(p, s, t, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order, row_threshold, counts, cursors,
@@ -864,12 +862,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
     const u32 stage_words = resident ? TILE * TC_STRIDE : TC_STAGE_WORDS;
     // 2 or 3 under mma.sync, 3 or 4 under wgmma, as the host sized it (tc_dynamic_bytes).
-    const u32 stages = (shared_bytes - TC_QUEUE * 8 - (resident ? TC_RESIDENT_WORDS * 4 : 0)) / (stage_words * 4);
+    const u32 stages = (shared_bytes - p.tc_queue * 8 - (resident ? TC_RESIDENT_WORDS * 4 : 0)) / (stage_words * 4);
     // Steps the loader runs ahead. Under wgmma a step's group stays in flight across the next
     // step's barrier and loads, so the stage refilled at step s is step s − 2's, not s − 1's.
     const u32 ahead = stages - 1 - TC_WGMMA;
     TcQueue queue = {queue_len, (uint2*)tc_shared};
-    u32* x_resident = tc_shared + TC_QUEUE * 2;
+    u32* x_resident = tc_shared + p.tc_queue * 2;
     // The shared addresses of a step's chunk tiles: the left one (the resident tile's chunk c, or
     // the stage's) and the right one.
 #if TC_WGMMA
@@ -1090,7 +1088,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     // by side, the rows staged through the pipeline's stages, which no copy uses any more (every
     // step's group is complete) once every warp is past its last step.
     __syncthreads();
-    u32 queued = min(queue.len, (u32)TC_QUEUE);
+    u32 queued = min(queue.len, p.tc_queue);
     double* scratch = (double*)x_resident + (threadIdx.x / 32) * 2 * DRAIN_PAIRS * DRAIN_STRIDE;
     for (u32 first = threadIdx.x / 32 * DRAIN_PAIRS; first < queued; first += blockDim.x / 32 * DRAIN_PAIRS) {
         const uint2* pairs = queue.pairs + first;

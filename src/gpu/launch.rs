@@ -13,26 +13,37 @@ const BLOCK: u32 = 256;
 const BRUTE_TILE: usize = 128;
 /// Right tiles per brute_join_tc block (`p.tc_run` in kernels/sim_join.cu). Each block pays once
 /// for its left tile's copies and bounds, its pipeline's filling and its queue's draining, so
-/// longer runs pay off where the grid is large: 16 where it still has at least 16 waves of two
-/// blocks an SM (P1, 79 left tiles × 489 runs of 16: kernel time 11.2 → 9.3 ms against 8). But
-/// fewer, longer blocks leave the last wave emptier: 60,000 × 784 (79 × 30 blocks of 16, 8.7
-/// waves) took 5.3–5.4 → 5.9–6.0 ms (NOTES.md v62), so 8 there. A small grid (kNN's later passes
-/// over a few hundred queries) takes the longest run of at most 8 that still fills 4 waves, else
-/// runs of one tile: 60,000 × 784's second pass (2 left tiles) took 0.72 ms as 118 blocks of 8 on
-/// 132 SMs, 0.41 ms as 938 blocks of one (NOTES.md v63).
+/// longer runs pay off where the grid is large: 64 where it still has at least 16 waves of two
+/// blocks an SM (P1, 79 left tiles × 123 runs of 64: kernel time 8.6–8.7 → 8.1–8.3 ms against
+/// 16, NOTES.md v73; 16 against 8 was 11.2 → 9.3 ms, v62). But fewer, longer blocks leave the
+/// last wave emptier: 60,000 × 784 (79 × 30 blocks of 16, 8.7 waves) took 5.3–5.4 → 5.9–6.0 ms
+/// (v62), so 8 there. A small grid (kNN's later passes over a few hundred queries) takes the
+/// longest run of at most 8 that still fills 4 waves, else runs of one tile: 60,000 × 784's
+/// second pass (2 left tiles) took 0.72 ms as 118 blocks of 8 on 132 SMs, 0.41 ms as 938 blocks
+/// of one (v63).
 fn tc_run(device: &GpuDevice, left_tiles: usize, right_len: usize) -> usize {
     let slots = 2 * device.multiprocessors;
     let blocks = |run: usize| left_tiles * right_len.div_ceil(run * BRUTE_TILE);
-    if blocks(16) >= 16 * slots {
-        return 16;
+    if let Some(run) = [64, 16].into_iter().find(|&run| blocks(run) >= 16 * slots) {
+        return run;
     }
     [8, 4, 2].into_iter().find(|&run| blocks(run) >= 4 * slots).unwrap_or(1)
+}
+
+/// Pairs brute_join_tc's queue holds for a run of `run` right tiles (`p.tc_queue`): 16 a tile, at
+/// least 256. A pair beyond the queue is decided by its thread at once, which holds up the block
+/// (NOTES.md v35): P1 queues ~7 pairs a tile and block on average (4.5 M in 617,000 tiles), and its
+/// runs of 32 with a queue of 256 ran 8.9–9.1 ms against 8.2–8.3 with 512 (v73). Shared memory
+/// spent on a longer queue is not spent on stages: 60,000 × 784 (runs of 8) took 4.0 → 4.7 ms
+/// with a queue of 512, whose 2 KB more left two stages instead of three.
+fn tc_queue(run: usize) -> usize {
+    (16 * run).max(256)
 }
 /// Bytes of one brute_join_tc pipeline stage (`TC_STAGE_WORDS` in kernels/sim_join.cu): both
 /// sides' 128 rows × 36 words.
 const TC_STAGE_BYTES: usize = 2 * BRUTE_TILE * 36 * 4;
-/// Bytes of brute_join_tc's queue of pairs to decide (`TC_QUEUE` pairs of two u32).
-const TC_QUEUE_BYTES: usize = 256 * 8;
+/// Bytes of a brute_join_tc queue entry (two u32: left slot, right row).
+const TC_QUEUE_ENTRY_BYTES: usize = 8;
 /// Rows of at most this many chunks of 32 words keep brute_join_tc's left tile resident in shared
 /// memory (`TC_RESIDENT_CHUNKS` in kernels/sim_join.cu), in `TC_RESIDENT_BYTES` ahead of stages
 /// that hold the right tile's chunks only.
@@ -51,18 +62,20 @@ const TC_STATIC_BYTES: usize = 2096 + 1024;
 /// that hide the tensor cores' latency. Under mma.sync two or three stages (sm_90: 228 KB, two
 /// blocks of 110 + 3 KB; sm_80: 164 KB; sm_86, sm_89: 100 KB, where even two stages leave one
 /// block). Under wgmma (sm_90a) three or four, since one step's wgmma stay in flight while the
-/// loader runs one or two steps ahead: four for rows of at most 128 dimensions (two blocks of
-/// 110 + 3 KB), three for longer ones.
-fn tc_shared_bytes(device: &GpuDevice, dim: usize) -> u32 {
+/// loader runs one or two steps ahead: four for rows of at most 128 dimensions with a queue of
+/// 256 pairs (two blocks of 110 + 3 KB), three for longer ones or a longer queue (`queue` pairs:
+/// [`tc_queue`]).
+fn tc_shared_bytes(device: &GpuDevice, dim: usize, queue: usize) -> u32 {
     let warpgroup_mma = device.arch == "sm_90a";
-    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, dim, warpgroup_mma) as u32
+    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, dim, queue, warpgroup_mma) as u32
 }
 
-fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, dim: usize, warpgroup_mma: bool) -> usize {
+fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, dim: usize, queue: usize, warpgroup_mma: bool) -> usize {
     let resident = tc_row_words(dim).div_ceil(32) <= TC_RESIDENT_CHUNKS;
+    let queue_bytes = queue * TC_QUEUE_ENTRY_BYTES;
     let bytes = |stages: usize| match resident {
-        true => TC_QUEUE_BYTES + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2,
-        false => TC_QUEUE_BYTES + stages * TC_STAGE_BYTES,
+        true => queue_bytes + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2,
+        false => queue_bytes + stages * TC_STAGE_BYTES,
     };
     let fit = |stages: usize| bytes(stages) <= per_block && 2 * (bytes(stages) + TC_STATIC_BYTES) <= per_multiprocessor;
     let fewest = if warpgroup_mma { 3 } else { 2 };
@@ -145,6 +158,8 @@ pub struct JoinParams {
     pub tc_eta: f32,
     /// brute_join_tc: right tiles per block ([`tc_run`], set by the launch).
     pub tc_run: u32,
+    /// brute_join_tc: pairs its queue holds ([`tc_queue`], set by the launch).
+    pub tc_queue: u32,
     pub cells: [u64; 8],
     pub strides: [u64; 8],
     /// Grid, windowed: the half-width of that range.
@@ -313,7 +328,10 @@ pub fn launch_join_pass(
         ("brute_join_tc", ..) => return Err("brute_join_tc: a side has no f16 rows".to_string()),
         _ => None,
     };
-    let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize) } else { 0 };
+    let left_tiles = slots.len().div_ceil(BRUTE_TILE);
+    let run = if kernel == "brute_join_tc" { tc_run(device, left_tiles, right_len as usize) } else { 1 };
+    let params = &JoinParams { tc_run: run as u32, tc_queue: tc_queue(run) as u32, ..*params };
+    let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize, tc_queue(run)) } else { 0 };
     let row_words = tc_row_words(params.dim as usize);
     let maps = match half_rows {
         Some((l, r)) => Some((half_row_map(device, l, row_words)?, half_row_map(device, r, row_words)?)),
@@ -341,9 +359,6 @@ pub fn launch_join_pass(
     // force one block per left tile of 128 rows and run of right tiles (brute_join one tile,
     // brute_join_tc tc_run), left tiles fastest (brute_tile in sim_join.cu), in as many launches
     // over consecutive runs as the 2³¹ − 1 blocks of a grid require.
-    let left_tiles = slots.len().div_ceil(BRUTE_TILE);
-    let run = if kernel == "brute_join_tc" { tc_run(device, left_tiles, right_len as usize) } else { 1 };
-    let params = &JoinParams { tc_run: run as u32, ..*params };
     let launches: Vec<(u32, u32)> = match grid {
         Some(_) => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
         None => {
@@ -1212,31 +1227,38 @@ pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: &C
 mod tests {
     use super::*;
 
+    /// The queue of runs of up to 16 tiles.
+    const QUEUE: usize = 256;
+    const QUEUE_BYTES: usize = QUEUE * TC_QUEUE_ENTRY_BYTES;
+
     #[test]
     fn three_stages_only_where_two_blocks_still_fit() {
         // 227 KB a block, 228 KB a multiprocessor (an H100 as if it had no wgmma).
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, false), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, QUEUE, false), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
         // sm_80 (A100): three stages would fit one block (163 KB) but not two in 164 KB.
-        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 784, false), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 784, QUEUE, false), QUEUE_BYTES + 2 * TC_STAGE_BYTES);
         // sm_86, sm_89: 99 KB a block.
-        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 784, false), TC_QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 784, QUEUE, false), QUEUE_BYTES + 2 * TC_STAGE_BYTES);
     }
 
     #[test]
     fn warpgroup_mma_takes_a_stage_more_where_two_blocks_fit() {
         // sm_90a (H100): 784 dimensions, three stages of both tiles; 128, four of the right tile's.
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, true), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, true), TC_QUEUE_BYTES + TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, QUEUE, true), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, QUEUE, true), QUEUE_BYTES + TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
+        // Runs of 64 (P1): the queue of 1,024 pairs leaves room for three.
+        assert_eq!(tc_queue(64), 1024);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, 1024, true), 1024 * TC_QUEUE_ENTRY_BYTES + TC_RESIDENT_BYTES + 3 * TC_STAGE_BYTES / 2);
     }
 
     #[test]
     fn rows_of_two_chunks_keep_the_left_tile_resident() {
-        let resident = |stages: usize| TC_QUEUE_BYTES + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2;
+        let resident = |stages: usize| QUEUE_BYTES + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2;
         // 128 dimensions: 64 words, two chunks; 129: 68 words, three.
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, false), resident(3));
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 1, false), resident(3));
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 129, false), TC_QUEUE_BYTES + 3 * TC_STAGE_BYTES);
-        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 128, false), resident(2));
-        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 128, false), resident(2));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, QUEUE, false), resident(3));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 1, QUEUE, false), resident(3));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 129, QUEUE, false), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 128, QUEUE, false), resident(2));
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 128, QUEUE, false), resident(2));
     }
 }
