@@ -212,6 +212,22 @@ __device__ __forceinline__ void load_matrix_x4(u32 at, u32& r0, u32& r1, u32& r2
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(at));
 }
 
+// mma_f16's fragments from f16 rows in shared memory (at shared address `tile`, rows `stride`
+// words apart, two coordinates a word), one ldmatrix.x4 each: lane i gives the address of row i % 8
+// of 8-row × 4-word block i / 8 and receives word `quad` of row `group` of each, which is exactly
+// the m16n8k16 layout. The A fragment of rows row0 + [0, 16), words k + [0, 8) (blocks: rows +0/+8
+// × words +0/+4); the B fragments of the two n tiles of rows col0 + [0, 8) and + [8, 16), same
+// words (blocks: words +0/+4 × tiles).
+__device__ __forceinline__ void load_a_fragment(u32 tile, u32 stride, u32 row0, u32 k, u32 lane, u32 (&a)[4]) {
+    u32 row = row0 + lane % 8 + 8 * (lane / 8 % 2);
+    load_matrix_x4(tile + (row * stride + k + 4 * (lane / 16)) * 4, a[0], a[1], a[2], a[3]);
+}
+
+__device__ __forceinline__ void load_b_fragments(u32 tile, u32 stride, u32 col0, u32 k, u32 lane, u32 (&b0)[2], u32 (&b1)[2]) {
+    u32 col = col0 + 8 * (lane / 16) + lane % 8;
+    load_matrix_x4(tile + (col * stride + k + 4 * (lane / 8 % 2)) * 4, b0[0], b0[1], b1[0], b1[1]);
+}
+
 // acc += A·B on f16 tensor cores (mma.sync m16n8k16, f32 accumulation): `a` a 16 × 16 fragment of
 // A (row-major), `b` a 16 × 8 one of B (column-major), two f16 a register; `acc` the 16 × 8 sums.
 __device__ __forceinline__ void mma_f16(float (&acc)[4], const u32 (&a)[4], const u32 (&b)[2]) {

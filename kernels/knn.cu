@@ -223,7 +223,6 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc(u32 ro
         }
     };
     const u32 qs_at = (u32)__cvta_generic_to_shared(&qs[0][0]), ss_at = (u32)__cvta_generic_to_shared(&ss[0][0]);
-    const u32 block = lane / 8, block_row = lane % 8;
     fetch(0);
     for (u32 w0 = 0; w0 < row_words; w0 += TC_SAMPLE_WORDS) {
 #pragma unroll
@@ -240,21 +239,13 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc(u32 ro
         if (w0 + TC_SAMPLE_WORDS < row_words) fetch(w0 + TC_SAMPLE_WORDS);
 #pragma unroll
         for (u32 k = 0; k < TC_SAMPLE_WORDS; k += 8) {
-            // The fragments by ldmatrix, as brute_join_tc's mma.sync path takes them: lane i gives
-            // the address of row i % 8 of 8-row × 4-word block i / 8 and receives word `quad` of
-            // row `group` of each (a: rows +0/+8 × words +0/+4; b: two n tiles × words +0/+4).
-            // Four loads per step instead of 16.
+            // The fragments by ldmatrix, as brute_join_tc's mma.sync path takes them
+            // (load_a_fragment, load_b_fragments): four loads per step instead of 16.
             u32 a[2][4], b[4][2];
 #pragma unroll
-            for (u32 m = 0; m < 2; ++m) {
-                u32 row = warp_row + m * 16 + block_row + 8 * (block % 2);
-                load_matrix_x4(qs_at + (row * TC_SAMPLE_STRIDE + k + 4 * (block / 2)) * 4, a[m][0], a[m][1], a[m][2], a[m][3]);
-            }
+            for (u32 m = 0; m < 2; ++m) load_a_fragment(qs_at, TC_SAMPLE_STRIDE, warp_row + m * 16, k, lane, a[m]);
 #pragma unroll
-            for (u32 n = 0; n < 4; n += 2) {
-                u32 col = warp_col + (n + block / 2) * 8 + block_row;
-                load_matrix_x4(ss_at + (col * TC_SAMPLE_STRIDE + k + 4 * (block % 2)) * 4, b[n][0], b[n][1], b[n + 1][0], b[n + 1][1]);
-            }
+            for (u32 n = 0; n < 4; n += 2) load_b_fragments(ss_at, TC_SAMPLE_STRIDE, warp_col + n * 8, k, lane, b[n], b[n + 1]);
 #pragma unroll
             for (u32 m = 0; m < 2; ++m)
 #pragma unroll

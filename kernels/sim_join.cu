@@ -1048,23 +1048,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #pragma unroll
         for (u32 k = 0; k < TC_CHUNK; k += 8) {
             if (k >= width) break;
-            // The fragments by ldmatrix: one .x4 loads four 8-row × 4-word blocks, lane i giving
-            // the address of row i % 8 of block i / 8 and receiving word `quad` of row `group` of
-            // each, which is exactly the m16n8k16 f16 fragment layout, a word holding two
-            // coordinates (a: rows +0/+8 × words +0/+4; b: two n tiles × words +0/+4). Six loads
-            // per step instead of 24.
+            // The fragments by ldmatrix (load_a_fragment, load_b_fragments): six loads per step
+            // instead of 24.
             u32 a[4][4], b[4][2];
-            u32 block = lane / 8, block_row = lane % 8;
 #pragma unroll
-            for (int m = 0; m < 4; ++m) {
-                u32 row = warp_row + m * 16 + block_row + 8 * (block % 2);
-                load_matrix_x4(x_tile + (row * TC_STRIDE + k + 4 * (block / 2)) * 4, a[m][0], a[m][1], a[m][2], a[m][3]);
-            }
+            for (int m = 0; m < 4; ++m) load_a_fragment(x_tile, TC_STRIDE, warp_row + m * 16, k, lane, a[m]);
 #pragma unroll
-            for (int n = 0; n < 4; n += 2) {
-                u32 col = warp_col + (n + block / 2) * 8 + block_row;
-                load_matrix_x4(y_tile + (col * TC_STRIDE + k + 4 * (block % 2)) * 4, b[n][0], b[n][1], b[n + 1][0], b[n + 1][1]);
-            }
+            for (int n = 0; n < 4; n += 2) load_b_fragments(y_tile, TC_STRIDE, warp_col + n * 8, k, lane, b[n], b[n + 1]);
 #pragma unroll
             for (int m = 0; m < 4; ++m)
 #pragma unroll

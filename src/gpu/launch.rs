@@ -331,7 +331,7 @@ pub fn launch_join_pass(
     let left_tiles = slots.len().div_ceil(BRUTE_TILE);
     let run = if kernel == "brute_join_tc" { tc_run(device, left_tiles, right_len as usize) } else { 1 };
     let params = &JoinParams { tc_run: run as u32, tc_queue: tc_queue(run) as u32, ..*params };
-    let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize, tc_queue(run)) } else { 0 };
+    let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize, params.tc_queue as usize) } else { 0 };
     let row_words = tc_row_words(params.dim as usize);
     let maps = match half_rows {
         Some((l, r)) => Some((half_row_map(device, l, row_words)?, half_row_map(device, r, row_words)?)),
