@@ -177,6 +177,12 @@ impl ExecutionPlan for SimilarityExec {
         )?))
     }
 
+    /// The operator gathers every partition of its inputs itself (in order, concurrently), so a
+    /// repartition between it and an input would only add a hand-off.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false; self.children.len()]
+    }
+
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         if partition != 0 {
             return internal_err!("SimilarityExec has one output partition, asked for {partition}");

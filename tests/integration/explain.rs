@@ -83,3 +83,24 @@ async fn in_memory_inputs_are_converted_once_and_files_every_time() {
     assert_eq!(operator_metrics(&ctx, count).await["cached_inputs"], 0);
     check(&ctx, sql, &crate::common::oracle_knn("l2", &replaced, &queries, 4)).await;
 }
+
+/// The operator reads every partition of its inputs itself, so no repartition is put between it
+/// and an input, even a one-partition file of more rows than a batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_repartition_feeds_the_operator() {
+    let ctx = ctx();
+    let base = vectors(400, 3, 21);
+    register(&ctx, "base", &base, 3, Shape::FixedF32);
+    let dir = std::env::temp_dir().join(format!("simjoin-inputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("queries.parquet");
+    let flat = simjoin::datagen::generate(simjoin::datagen::Distribution::Uniform, 300, 3, 22);
+    simjoin::datagen::write(&flat, 3, &file).unwrap();
+    let text = explain(&ctx, &format!("EXPLAIN SELECT count(*) FROM knn(base, '{}', 5)", file.display())).await;
+    let below = text.split("SimilarityExec:").nth(1).unwrap_or_else(|| panic!("{text}"));
+    assert!(below.contains("queries.parquet") && !below.contains("RepartitionExec"), "{text}");
+    let queries: Vec<Option<Vec<f64>>> = flat.chunks(3).map(|v| Some(v.to_vec())).collect();
+    let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(base, '{}', 5)", file.display());
+    check(&ctx, &sql, &crate::common::oracle_knn("l2", &base, &queries, 5)).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
