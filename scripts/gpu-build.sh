@@ -18,6 +18,6 @@ cat <<'RUN'
 On the GPU machine, from the repository root (with .gpubin carried):
   xz -dk .gpubin/simjoin.xz && chmod +x .gpubin/simjoin
   .gpubin/simjoin selftest
-  .gpubin/simjoin bench --gpu-workloads --device gpu --dir /tmp/bench --fashion-mnist .gpubin/fashion-mnist \
-    && python3 .gpubin/torch_peer.py --dir /tmp/bench
+  .gpubin/simjoin bench --gpu-workloads --device gpu --dir /tmp/bench --repeat 10 --fashion-mnist .gpubin/fashion-mnist \
+    && python3 .gpubin/torch_peer.py --dir /tmp/bench --repeat 10
 RUN

@@ -196,55 +196,61 @@ impl GpuBackend {
         let uploading = Instant::now();
         // A kept base's side for the GEMM form of L2 and L2² (whose filter centres on the base's
         // mean alone), as an earlier query built it: its filter rows, f16 rows and largest
-        // coordinate are not built again (DerivedSide).
+        // coordinate are not built again (DerivedSide). Likewise a kept query table's side,
+        // centred on that kept base's mean: a service's repeated queries (P2: ~0.3 ms of its
+        // ~6.5, NOTES.md v75).
         let keep_key = resident_key(base).filter(|_| gemm && metric != Metric::Cosine);
-        let mut kept = keep_key.as_ref().and_then(|key| self.device.derived_side(key, metric_code(metric)));
-        let mut query_buffers = self.upload(&query_host)?;
+        let query_key = resident_key(queries).filter(|_| keep_key.is_some());
+        let mut kept = keep_key.as_ref().and_then(|key| self.device.derived_side(key, metric_code(metric), None));
+        let mut kept_query = query_key.as_ref().zip(keep_key.as_ref()).and_then(|(key, base_key)| self.device.derived_side(key, metric_code(metric), Some(base_key)));
+        let mut query_built = if kept_query.is_some() { None } else { Some(self.upload(&query_host)?) };
         let mut built = if kept.is_some() { None } else { Some(self.upload(&base_host)?) };
         // A kept side fitted the GEMM form when it was built.
-        let base_fits = match &built {
-            Some(base_buffers) => self.gemm_fits(&[(&base_host, base_buffers)])?,
-            None => true,
+        let fits = |host: &HostSide, built: &Option<SideBuffers>| match built {
+            Some(buffers) => self.gemm_fits(&[(host, buffers)]),
+            None => Ok(true),
         };
-        if gemm && !(base_fits && self.gemm_fits(&[(&query_host, &query_buffers)])?) {
+        if gemm && !(fits(&base_host, &built)? && fits(&query_host, &query_built)?) {
             gemm = false;
-            kept = None;
+            (kept, kept_query) = (None, None);
             (query_host, base_host) = sides(false);
-            (query_buffers, built) = (self.upload(&query_host)?, Some(self.upload(&base_host)?));
+            (query_built, built) = (Some(self.upload(&query_host)?), Some(self.upload(&base_host)?));
         }
         stats.transfer_time += uploading.elapsed();
         let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
         let uploading = Instant::now();
-        let base_largest = match (&kept, &built) {
-            (Some(kept), _) => vec![kept.largest],
-            (None, Some(built)) => self.largest_coordinates(metric, gemm, &[built])?,
-            (None, None) => Vec::new(),
+        let largest_of = |kept: &Option<Arc<DerivedSide>>, built: &Option<SideBuffers>| match (kept, built) {
+            (Some(kept), _) => Ok(vec![kept.largest]),
+            (None, Some(built)) => self.largest_coordinates(metric, gemm, &[built]),
+            (None, None) => Ok(Vec::new()),
         };
-        let largest: Vec<f32> = self.largest_coordinates(metric, gemm, &[&query_buffers])?.into_iter().chain(base_largest.iter().copied()).collect();
+        let (query_largest, base_largest) = (largest_of(&kept_query, &query_built)?, largest_of(&kept, &built)?);
+        let largest: Vec<f32> = query_largest.iter().chain(&base_largest).copied().collect();
         let tc = self.tensor_core_scale(metric, gemm, &largest);
         let sample_len = knn_sample_len(n, tc.is_some());
         let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tc) };
-        query_buffers = self.with_half_rows(query_buffers, dim, tc)?;
-        // The kept side serves only at the scale this run's queries allow.
-        let reused = kept.as_ref().is_some_and(|kept| kept.scale_exponent == tc);
-        let base_side = match kept.filter(|_| reused) {
-            Some(kept) => kept,
-            None => {
-                let side = match built {
-                    Some(side) => side,
-                    None => self.upload(&base_host)?,
-                };
-                let side = self.with_half_rows(side, dim, tc)?;
-                let largest = base_largest.first().copied().unwrap_or(f32::NAN);
-                let derived = Arc::new(DerivedSide { metric: metric_code(metric), scale_exponent: tc, largest, side });
-                if let Some(key) = keep_key.as_ref().filter(|_| gemm && !base_largest.is_empty()) {
-                    self.device.keep_derived_side(key, derived.clone());
-                }
-                derived
+        // A kept side serves only at the scale this run's sides allow; else it is built (and kept,
+        // where its rows are) at this scale.
+        let derive = |kept: Option<Arc<DerivedSide>>, built: Option<SideBuffers>, host: &HostSide, largest: &[f32], key: Option<&ResidentKey>, centre: Option<&ResidentKey>| -> Result<(Arc<DerivedSide>, bool), String> {
+            if let Some(kept) = kept.filter(|kept| kept.scale_exponent == tc) {
+                return Ok((kept, true));
             }
+            let side = match built {
+                Some(side) => side,
+                None => self.upload(host)?,
+            };
+            let side = self.with_half_rows(side, dim, tc)?;
+            let centred_on = centre.map(Arc::downgrade);
+            let derived = Arc::new(DerivedSide { metric: metric_code(metric), centred_on, scale_exponent: tc, largest: largest.first().copied().unwrap_or(f32::NAN), side });
+            if let Some(key) = key.filter(|_| gemm && !largest.is_empty()) {
+                self.device.keep_derived_side(key, derived.clone());
+            }
+            Ok((derived, false))
         };
-        let base_buffers = &base_side.side;
-        stats.resident_inputs = usize::from(query_buffers.resident) + usize::from(reused || base_buffers.resident);
+        let (base_side, reused) = derive(kept, built, &base_host, &base_largest, keep_key.as_ref(), None)?;
+        let (query_side, query_reused) = derive(kept_query, query_built, &query_host, &query_largest, query_key.as_ref(), keep_key.as_ref())?;
+        let (base_buffers, query_buffers) = (&base_side.side, &query_side.side);
+        stats.resident_inputs = usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
         // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
         // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
         // rounding below the k-th distance about half the time, would leave those queries short.
@@ -263,7 +269,7 @@ impl GpuBackend {
         // The sample distances' scratch (a row of KNN_SAMPLE f32 per query of a round) within an
         // eighth of the budget, 16 to 8,192 queries a round (128 MiB).
         let chunk_queries = (budget / 8 / (KNN_SAMPLE * 4)).clamp(16, 8192);
-        sample_radius_pass(&self.device, &params, 0..nq as u32, &query_buffers, &sample, sample_len as u32, rank, chunk_queries, &mut radii_buffer)?;
+        sample_radius_pass(&self.device, &params, 0..nq as u32, query_buffers, &sample, sample_len as u32, rank, chunk_queries, &mut radii_buffer)?;
         stats.kernel_time += sampling.elapsed();
         let radii = stream.clone_dtoh(&radii_buffer).map_err(copy)?;
         drop(radii_buffer);
@@ -325,7 +331,7 @@ impl GpuBackend {
             let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
-            let side = subset_buffers.as_ref().unwrap_or(&query_buffers);
+            let side = subset_buffers.as_ref().unwrap_or(query_buffers);
             let inputs = JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None };
             let pass_params = JoinParams { slot_capacity: capacity, ..params };
             let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, PassKind::Count, &mut stats)?;
@@ -391,15 +397,15 @@ impl GpuBackend {
             // The next pass's slots, where ranked on the device: as long as the buffers allow for
             // its fewer queries, at most KNN_RANK_SLOTS.
             capacity = if ranked_on_device && !next.is_empty() { (slot_values / next.len()).min(KNN_RANK_SLOTS) as u32 } else { 0 };
-            subset_buffers = if next.is_empty() { None } else { Some(subset_side(&self.device, &query_buffers, &next, dim)?) };
+            subset_buffers = if next.is_empty() { None } else { Some(subset_side(&self.device, query_buffers, &next, dim)?) };
             pending = next;
         }
         stats.candidates = counts.iter().map(|&c| c as u64).sum();
         // The write passes cover the rest, in query order, each query with its final radius: all
         // queries (the query side as uploaded) or a side of their own.
         rest.sort_unstable();
-        let rest_buffers = if rest.len() == nq || rest.is_empty() { None } else { Some(subset_side(&self.device, &query_buffers, &rest, dim)?) };
-        let rest_side = rest_buffers.as_ref().unwrap_or(&query_buffers);
+        let rest_buffers = if rest.len() == nq || rest.is_empty() { None } else { Some(subset_side(&self.device, query_buffers, &rest, dim)?) };
+        let rest_side = rest_buffers.as_ref().unwrap_or(query_buffers);
         if !rest.is_empty() {
             let (thresholds, limits) = row_radii(&mut rest.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..rest.len())).map_err(copy)?;

@@ -82,6 +82,14 @@ struct ResidentEntry {
     last_used: u64,
 }
 
+fn same_centre(derived: &DerivedSide, centre: Option<&ResidentKey>) -> bool {
+    match (&derived.centred_on, centre) {
+        (None, None) => true,
+        (Some(kept), Some(centre)) => std::ptr::addr_eq(kept.as_ptr(), Arc::as_ptr(centre)),
+        _ => false,
+    }
+}
+
 impl ResidentEntry {
     /// Device bytes the entry keeps: its rows and the derived sides' own buffers (their exact
     /// rows are `rows`).
@@ -90,14 +98,18 @@ impl ResidentEntry {
     }
 }
 
-/// A side built on the device from kept rows alone (its filter's origin depends on them alone: the
-/// GEMM form of L2 and L2² centres on their mean), with its f16 rows at one scale and its largest
+/// A side built on the device from kept rows, with its f16 rows at one scale and its largest
 /// |filter coordinate|: a kNN over a kept base would otherwise build it again for every query
-/// (P1: ~1.2 ms of its 21, NOTES.md v56).
+/// (P1: ~1.2 ms of its 21, NOTES.md v56), and a repeated query table its own side (NOTES.md v75).
+/// The GEMM form of L2 and L2² centres its filter on the base's mean, so a base's side depends on
+/// its rows alone and a query side on its rows and the base's.
 #[derive(Debug)]
 pub struct DerivedSide {
     /// The METRIC_* code it was built for.
     pub metric: u32,
+    /// The kept base whose mean a query side's filter centres on (`None`: a base's own side).
+    /// Compared by address, which the weak reference keeps from being reused.
+    pub centred_on: Option<Weak<dyn Any + Send + Sync>>,
     /// The exponent its f16 rows are scaled by (`None`: no f16 rows).
     pub scale_exponent: Option<i32>,
     /// Its largest |filter coordinate| (NaN if one is NaN).
@@ -168,29 +180,30 @@ impl GpuDevice {
         Ok((rows, false))
     }
 
-    /// The side derived from `key`'s kept rows for `metric`, if one was kept
-    /// ([`GpuDevice::keep_derived_side`]).
+    /// The side derived from `key`'s kept rows for `metric`, centred on `centre`'s mean where
+    /// that is given, if one was kept ([`GpuDevice::keep_derived_side`]).
     /// A query that finds one does not ask for the rows themselves, so this counts as their use.
-    pub fn derived_side(&self, key: &ResidentKey, metric: u32) -> Option<Arc<DerivedSide>> {
+    pub fn derived_side(&self, key: &ResidentKey, metric: u32, centre: Option<&ResidentKey>) -> Option<Arc<DerivedSide>> {
         let mut resident = self.resident.lock().ok()?;
         resident.clock += 1;
         let now = resident.clock;
         let entry = resident.entry(key)?;
-        let derived = entry.derived.iter().find(|d| d.metric == metric).cloned()?;
+        let derived = entry.derived.iter().find(|d| d.metric == metric && same_centre(d, centre)).cloned()?;
         entry.last_used = now;
         Some(derived)
     }
 
     /// Keeps `derived` (built from `key`'s kept rows, `side.exact` being them) beside those rows,
-    /// in place of any kept for its metric, while they stay and everything kept fits the share
-    /// (the least recently used rows leave first, with their derived sides).
+    /// in place of any kept for its metric and kind (a base's own side, or a query side: one of
+    /// each a metric), while they stay and everything kept fits the share (the least recently used
+    /// rows leave first, with their derived sides).
     pub fn keep_derived_side(&self, key: &ResidentKey, derived: Arc<DerivedSide>) {
         let Ok(mut resident) = self.resident.lock() else { return };
         let Some(entry) = resident.entry(key) else { return };
         if !Arc::ptr_eq(&entry.rows, &derived.side.exact) {
             return;
         }
-        entry.derived.retain(|d| d.metric != derived.metric);
+        entry.derived.retain(|d| d.metric != derived.metric || d.centred_on.is_some() != derived.centred_on.is_some());
         entry.derived.push(derived);
         resident.evict(self.info.total_memory / RESIDENT_SHARE);
     }
