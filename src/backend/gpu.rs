@@ -23,7 +23,7 @@ use crate::gpu::launch::{
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
-use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use rayon::prelude::*;
 use crate::index::JoinStrategy;
 use crate::op::{Metric, dot};
@@ -406,17 +406,32 @@ impl GpuBackend {
         rest.sort_unstable();
         let rest_buffers = if rest.len() == nq || rest.is_empty() { None } else { Some(subset_side(&self.device, query_buffers, &rest, dim)?) };
         let rest_side = rest_buffers.as_ref().unwrap_or(query_buffers);
-        if !rest.is_empty() {
-            let (thresholds, limits) = row_radii(&mut rest.iter().map(|&q| q as usize), &levels);
-            stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..rest.len())).map_err(copy)?;
-            stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..rest.len())).map_err(copy)?;
-        }
         let rest_counts: Vec<u32> = rest.iter().map(|&q| counts[q as usize]).collect();
-        let (batches, capacity) = if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts, output_pairs(budget).min(MAX_BATCH_PAIRS)) };
-        if capacity > pass.out_right.len() {
-            pass.size_outputs(&self.device, capacity)?;
+        // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
+        let most = output_pairs(budget).min(MAX_BATCH_PAIRS) / PIPELINE_STREAMS as u64;
+        let (batches, capacity) = if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts, most.max(1)) };
+        drop(pass);
+        // Write passes take turns on PIPELINE_STREAMS streams, each with output buffers, the
+        // rest's radii and limits, and a part of the host buffers of its own, as the joins' do:
+        // batch i is queued on stream i mod 3 once the host has taken batch i − 3's candidates
+        // from that stream's part, so the kernels of the next batches run while the host ranks
+        // and emits this one (P1 k = 10,000: 6 passes, 0.38 s of kernels beside 0.8–1.0 s of
+        // ranking and emission, NOTES.md v76).
+        let lanes_needed = batches.len().min(PIPELINE_STREAMS);
+        let mut lanes = Vec::with_capacity(lanes_needed);
+        if lanes_needed > 0 {
+            let (thresholds, limits) = row_radii(&mut rest.iter().map(|&q| q as usize), &levels);
+            let slots_most = batches.iter().map(|&(begin, end, _)| end - begin).max().unwrap_or(1);
+            for _ in 0..lanes_needed {
+                let mut lane = PassBuffers::new(&self.device, slots_most, rest.len())?;
+                lane.size_outputs(&self.device, capacity)?;
+                lane.offsets = stream.alloc_zeros::<u64>(slots_most + 1).map_err(alloc)?;
+                stream.memcpy_htod(&thresholds, &mut lane.row_threshold.slice_mut(0..rest.len())).map_err(copy)?;
+                stream.memcpy_htod(&limits, &mut lane.row_limit.slice_mut(0..rest.len())).map_err(copy)?;
+                lanes.push(lane);
+            }
         }
-        let mut results = host_results(&self.device, capacity)?;
+        let mut results = host_results(&self.device, capacity * PIPELINE_STREAMS)?;
         // Progress: the queries ranked from slots as one unit, each write batch as one.
         sink.start(batches.len() as u64 + u64::from(first_capacity > 0));
         stats.write_passes = batches.len() as u64;
@@ -429,24 +444,36 @@ impl GpuBackend {
         };
         let outcome = (|| -> Result<()> {
             let exec = |e: String| DataFusionError::Execution(e);
-            let d2h = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
+            let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
+            let streams = self.device.pipeline_streams().map_err(exec)?;
+            let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;
+            // Queues batch `i` on its stream; the events around its kernel time it.
+            let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let queue = |i: usize, lane: &mut PassBuffers, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
+                let (begin, end, total) = batches[i];
+                let stream = &streams[i % PIPELINE_STREAMS];
+                let offsets = exclusive_offsets(&rest_counts[begin..end]);
+                stream.memcpy_htod(&offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(sync)?;
+                let started = stream.record_event(timing).map_err(sync)?;
+                let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None };
+                launch_join_pass(&self.device, stream, &params, begin as u32..end as u32, inputs, lane, PassKind::Write).map_err(exec)?;
+                let written = stream.record_event(timing).map_err(sync)?;
+                part.start_download(stream, lane, false, 0..total as usize).map_err(exec)?;
+                Ok([started, written])
+            };
+            let mut in_flight = Vec::with_capacity(batches.len());
+            for i in 0..lanes_needed {
+                in_flight.push(queue(i, &mut lanes[i], &mut parts[i])?);
+            }
             // Queries in order: those ranked from slots up to each write batch's query, then it.
             let mut next = 0usize;
-            for &(begin, end, total) in &batches {
-                let offsets = exclusive_offsets(&rest_counts[begin..end]);
-                let copying = Instant::now();
-                pass.offsets = stream.clone_htod(&offsets[..end - begin]).map_err(d2h)?;
-                transfer += copying.elapsed();
-                let writing = Instant::now();
-                let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None };
-                join_pass(&self.device, &params, begin as u32..end as u32, inputs, &mut pass, PassKind::Write)
-                    .map_err(exec)?;
-                kernel += writing.elapsed();
-                let copying = Instant::now();
-                let rows = total as usize;
-                let (_, positions, distances) = results.download(stream, &pass, false, 0..rows).map_err(exec)?;
-                transfer += copying.elapsed();
+            for (i, &(begin, end, total)) in batches.iter().enumerate() {
+                let lane = i % PIPELINE_STREAMS;
+                let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
+                (transfer, kernel) = (transfer + waited, kernel + ran);
                 let emitting = Instant::now();
+                let offsets = exclusive_offsets(&rest_counts[begin..end]);
+                let (_, positions, distances) = parts[lane].pairs(total as usize, false);
                 // Each query's rows lie in its own [offset, next offset) range, in no set order.
                 let nearest: Vec<Vec<Neighbour>> = (begin..end)
                     .into_par_iter()
@@ -456,6 +483,10 @@ impl GpuBackend {
                         k_smallest(all, k)
                     })
                     .collect();
+                // The part is read: its stream may take batch i + 3 while this one is ranked and sent.
+                if i + PIPELINE_STREAMS < batches.len() {
+                    in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], &mut parts[lane])?);
+                }
                 let mut ordered = Vec::with_capacity(end - begin);
                 for (i, list) in (begin..end).zip(nearest) {
                     let q = rest[i] as usize;
@@ -475,12 +506,30 @@ impl GpuBackend {
             emit += emitting.elapsed();
             Ok(())
         })();
+        // No copy may still be writing into the host buffers when they are released, nor a pass
+        // reading the sides when they are freed (an early return above, e.g. a cancelled query,
+        // can leave some in flight).
+        if lanes_needed > 0 {
+            for lane in self.device.pipeline_streams()? {
+                lane.synchronize().map_err(copy)?;
+            }
+        }
         stats.probe_time = probe.elapsed();
         stats.transfer_time += transfer;
         stats.kernel_time += kernel;
         stats.emit_time += emit;
         Ok(outcome.map(|()| stats))
     }
+}
+
+/// Waits for the write pass queued on `stream` (its kernel between `events`, then its copy to the
+/// host): the time waited, and the kernel's own time.
+fn finish_queued(stream: &CudaStream, events: &[CudaEvent; 2]) -> Result<(Duration, Duration), cudarc::driver::DriverError> {
+    let waiting = Instant::now();
+    stream.synchronize()?;
+    let waited = waiting.elapsed();
+    let [started, written] = events;
+    Ok((waited, Duration::from_secs_f32(started.elapsed_ms(written)? / 1e3)))
 }
 
 /// Host-side rows of one side in slot order, ready to upload.
@@ -904,11 +953,8 @@ impl GpuBackend {
                 }
                 for i in 0..batches.len() {
                     let lane = i % PIPELINE_STREAMS;
-                    let waiting = Instant::now();
-                    streams[lane].synchronize().map_err(sync)?;
-                    transfer += waiting.elapsed();
-                    let [started, written] = &in_flight[i];
-                    kernel += Duration::from_secs_f32(started.elapsed_ms(written).map_err(sync)? / 1e3);
+                    let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
+                    (transfer, kernel) = (transfer + waited, kernel + ran);
                     stats.write_passes += 1;
                     let emitting = Instant::now();
                     emit_pairs(parts[lane].pairs(batches[i].pairs() as usize, true))?;
