@@ -431,7 +431,11 @@ impl GpuBackend {
                 lanes.push(lane);
             }
         }
-        let mut results = host_results(&self.device, capacity * PIPELINE_STREAMS)?;
+        // Where each batch's queries' candidates start in its output.
+        let batch_offsets: Vec<Vec<u64>> = batches.iter().map(|&(begin, end, _)| exclusive_offsets(&rest_counts[begin..end])).collect();
+        // Only write passes need the pipeline's streams and result buffers (a kNN ranked from its
+        // slots alone, P1 and P2 at k = 10, creates neither).
+        let mut results = if batches.is_empty() { None } else { Some(host_results(&self.device, capacity * PIPELINE_STREAMS)?) };
         // Progress: the queries ranked from slots as one unit, each write batch as one.
         sink.start(batches.len() as u64 + u64::from(first_capacity > 0));
         stats.write_passes = batches.len() as u64;
@@ -445,58 +449,60 @@ impl GpuBackend {
         let outcome = (|| -> Result<()> {
             let exec = |e: String| DataFusionError::Execution(e);
             let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
-            let streams = self.device.pipeline_streams().map_err(exec)?;
-            let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;
-            // Queues batch `i` on its stream; the events around its kernel time it.
-            let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let queue = |i: usize, lane: &mut PassBuffers, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
-                let (begin, end, total) = batches[i];
-                let stream = &streams[i % PIPELINE_STREAMS];
-                let offsets = exclusive_offsets(&rest_counts[begin..end]);
-                stream.memcpy_htod(&offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(sync)?;
-                let started = stream.record_event(timing).map_err(sync)?;
-                let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None };
-                launch_join_pass(&self.device, stream, &params, begin as u32..end as u32, inputs, lane, PassKind::Write).map_err(exec)?;
-                let written = stream.record_event(timing).map_err(sync)?;
-                part.start_download(stream, lane, false, 0..total as usize).map_err(exec)?;
-                Ok([started, written])
-            };
-            let mut in_flight = Vec::with_capacity(batches.len());
-            for i in 0..lanes_needed {
-                in_flight.push(queue(i, &mut lanes[i], &mut parts[i])?);
-            }
             // Queries in order: those ranked from slots up to each write batch's query, then it.
             let mut next = 0usize;
-            for (i, &(begin, end, total)) in batches.iter().enumerate() {
-                let lane = i % PIPELINE_STREAMS;
-                let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
-                (transfer, kernel) = (transfer + waited, kernel + ran);
-                let emitting = Instant::now();
-                let offsets = exclusive_offsets(&rest_counts[begin..end]);
-                let (_, positions, distances) = parts[lane].pairs(total as usize, false);
-                // Each query's rows lie in its own [offset, next offset) range, in no set order.
-                let nearest: Vec<Vec<Neighbour>> = (begin..end)
-                    .into_par_iter()
-                    .map(|i| {
-                        let range = offsets[i - begin] as usize..offsets[i - begin + 1] as usize;
-                        let all = range.map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
-                        k_smallest(all, k)
-                    })
-                    .collect();
-                // The part is read: its stream may take batch i + 3 while this one is ranked and sent.
-                if i + PIPELINE_STREAMS < batches.len() {
-                    in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], &mut parts[lane])?);
+            if let Some(results) = results.as_mut() {
+                let streams = self.device.pipeline_streams().map_err(exec)?;
+                let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;
+                // Queues batch `i` on its stream; the events around its kernel time it.
+                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let queue = |i: usize, lane: &mut PassBuffers, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
+                    let (begin, end, total) = batches[i];
+                    let stream = &streams[i % PIPELINE_STREAMS];
+                    let offsets = &batch_offsets[i];
+                    stream.memcpy_htod(offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(sync)?;
+                    let started = stream.record_event(timing).map_err(sync)?;
+                    let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None };
+                    launch_join_pass(&self.device, stream, &params, begin as u32..end as u32, inputs, lane, PassKind::Write).map_err(exec)?;
+                    let written = stream.record_event(timing).map_err(sync)?;
+                    part.start_download(stream, lane, false, 0..total as usize).map_err(exec)?;
+                    Ok([started, written])
+                };
+                let mut in_flight = Vec::with_capacity(batches.len());
+                for i in 0..lanes_needed {
+                    in_flight.push(queue(i, &mut lanes[i], &mut parts[i])?);
                 }
-                let mut ordered = Vec::with_capacity(end - begin);
-                for (i, list) in (begin..end).zip(nearest) {
-                    let q = rest[i] as usize;
-                    ordered.extend(slotted(next, q));
-                    ordered.push((q, Ranked::List(list)));
-                    next = q + 1;
+                for (i, &(begin, end, total)) in batches.iter().enumerate() {
+                    let lane = i % PIPELINE_STREAMS;
+                    let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
+                    (transfer, kernel) = (transfer + waited, kernel + ran);
+                    let emitting = Instant::now();
+                    let offsets = &batch_offsets[i];
+                    let (_, positions, distances) = parts[lane].pairs(total as usize, false);
+                    // Each query's rows lie in its own [offset, next offset) range, in no set order.
+                    let nearest: Vec<Vec<Neighbour>> = (begin..end)
+                        .into_par_iter()
+                        .map(|i| {
+                            let range = offsets[i - begin] as usize..offsets[i - begin + 1] as usize;
+                            let all = range.map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
+                            k_smallest(all, k)
+                        })
+                        .collect();
+                    // The part is read: its stream may take batch i + 3 while this one is ranked and sent.
+                    if i + PIPELINE_STREAMS < batches.len() {
+                        in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], &mut parts[lane])?);
+                    }
+                    let mut ordered = Vec::with_capacity(end - begin);
+                    for (i, list) in (begin..end).zip(nearest) {
+                        let q = rest[i] as usize;
+                        ordered.extend(slotted(next, q));
+                        ordered.push((q, Ranked::List(list)));
+                        next = q + 1;
+                    }
+                    send_ranked(sink, ordered)?;
+                    emit += emitting.elapsed();
+                    sink.advance(1);
                 }
-                send_ranked(sink, ordered)?;
-                emit += emitting.elapsed();
-                sink.advance(1);
             }
             let emitting = Instant::now();
             send_ranked(sink, slotted(next, nq).collect())?;
