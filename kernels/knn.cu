@@ -418,6 +418,22 @@ __device__ __forceinline__ double from_total_order_key(u64 key) {
     return __longlong_as_double((long long)((key >> 63) ? key & 0x7fffffffffffffffull : ~key));
 }
 
+// Sorts `size` (a power of two) shared-memory entries, keys `key` and base positions `at`, by key
+// then position (bitonic_sort): the host's Neighbour order where the keys are total_order_key's.
+__device__ __forceinline__ void sort_by_key_and_position(u32 size, u64* key, u32* at) {
+    bitonic_sort(size, [&](u32 i, u32 j, bool ascending) {
+        u64 a = key[i], b = key[j];
+        bool greater = a > b || (a == b && at[i] > at[j]);
+        if (greater == ascending) {
+            key[i] = b;
+            key[j] = a;
+            u32 t = at[i];
+            at[i] = at[j];
+            at[j] = t;
+        }
+    });
+}
+
 extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u32 k, u32 room, const u32* slot_len,
         const double* distance, const u32* position, double* out_distance, u32* out_position) {
     // `room` (a power of two ≥ every slot_len, ≤ RANK_SLOTS) keys, then as many positions, in
@@ -437,17 +453,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u
         at[i] = i < len ? position[first + i] : 0xffffffffu;
     }
     __syncthreads();
-    bitonic_sort(size, [&](u32 i, u32 j, bool ascending) {
-        u64 a = key[i], b = key[j];
-        bool greater = a > b || (a == b && at[i] > at[j]);
-        if (greater == ascending) {
-            key[i] = b;
-            key[j] = a;
-            u32 t = at[i];
-            at[i] = at[j];
-            at[j] = t;
-        }
-    });
+    sort_by_key_and_position(size, key, at);
     for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
         out_distance[(u64)q * k + i] = from_total_order_key(key[i]);
         out_position[(u64)q * k + i] = at[i];
@@ -500,5 +506,163 @@ extern "C" __global__ void __launch_bounds__(256) knn_select_slots(u32 queries, 
             out_position[(u64)q * k + r] = next.at;
         }
         if (mine.key == next.key && mine.at == next.at) mine = smallest_above(next, true);
+    }
+}
+
+// The k nearest of each list a kNN write pass wrote (knn_rank_lists; the host's KNN_RANK_LISTS
+// decides which runs): list i of the batch is [ends[i − 1], ends[i]) of `distance` and `position`
+// (ends[−1] = 0), at least k candidates in no set order. These are the write pass's cursors as it
+// leaves them: each started at its list's exclusive offset and was advanced once per candidate
+// written. One block per list selects its k smallest by (total_order_key(distance), position),
+// the host's Neighbour order, as a 96-bit composite key; positions are distinct within a list, so
+// the keys are too, and exactly k are at or below the k-th. It sorts those k in shared memory
+// (bitonic, `room` = the next power of two ≥ k) and writes them, nearest first, to out[i·k, i·k +
+// k). Before, the host copied every candidate back (P1 at k = 10,000: ~2·10⁴ a query) and ranked
+// them itself: a select and a sort of 10⁴ a query, 0.4 ms each, the larger part of the run's
+// 0.8 s (NOTES.md v75, v77).
+//
+// The selection is a radix select over the composite key, RANK_DIGIT_BITS at a time from the
+// digit that holds the highest bit in which the list's keys differ: one query's candidate
+// distances share their sign, exponent and first mantissa bits, which a round would only find
+// all in one bin. Each round counts, by digit, the entries whose higher bits equal the prefix
+// chosen so far, and chooses the digit in which the `want`-th of them lies (`want` the entries
+// still to take among those matching); the entries of the smaller digits are taken. It ends when
+// the chosen digit's entries are exactly the `want` still wanted (at the last digit at the latest,
+// where each key is alone in its bin). The k are then the entries whose bits from the last chosen
+// digit up are at most the prefix.
+#define RANK_DIGIT_BITS 8
+#define RANK_DIGITS (1u << RANK_DIGIT_BITS)
+#define KEY_BITS 96  // total_order_key's 64 bits above the position's 32
+
+// The composite key's bits from `from` up (the rest zero), as its key part and its position part.
+__device__ __forceinline__ u64 key_bits_from(u64 key, u32 from) { return from >= KEY_BITS ? 0 : from <= 32 ? key : key & (~0ull << (from - 32)); }
+__device__ __forceinline__ u32 position_bits_from(u32 at, u32 from) { return from >= 32 ? 0 : at & (~0u << from); }
+
+// The composite key's digit at bits [from, from + RANK_DIGIT_BITS): digits do not straddle the
+// position's 32 bits, a multiple of RANK_DIGIT_BITS.
+__device__ __forceinline__ u32 key_digit(u64 key, u32 at, u32 from) {
+    return (from >= 32 ? (u32)(key >> (from - 32)) : at >> from) & (RANK_DIGITS - 1);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) knn_rank_lists(u32 k, u32 room, const u64* ends, const double* distance,
+        const u32* position, double* out_distance, u32* out_position) {
+    // `room` keys, then as many positions, in dynamic shared memory sized by the host.
+    extern __shared__ u64 rank_shared[];
+    u64* key = rank_shared;
+    u32* at = (u32*)(rank_shared + room);
+    __shared__ u32 histogram[RANK_DIGITS];
+    __shared__ u64 lowest, highest;
+    __shared__ u32 chosen_digit, chosen_before, chosen_count, gathered;
+    const u32 q = blockIdx.x, lane = threadIdx.x % 32;
+    const u64 first = q == 0 ? 0 : ends[q - 1], len = ends[q] - first;
+    auto entry_key = [&](u64 i) { return total_order_key(distance[first + i]); };
+    // The digit that holds the highest bit in which the keys differ (the position's top digit
+    // where they are all equal), and the bits above it, which every entry shares.
+    if (threadIdx.x == 0) {
+        lowest = ~0ull;
+        highest = 0;
+    }
+    __syncthreads();
+    {
+        u64 low = ~0ull, high = 0;
+        for (u64 i = threadIdx.x; i < len; i += blockDim.x) {
+            u64 e = entry_key(i);
+            low = min(low, e);
+            high = max(high, e);
+        }
+#pragma unroll
+        for (u32 d = 16; d > 0; d >>= 1) {
+            low = min(low, __shfl_xor_sync(0xffffffffu, low, d));
+            high = max(high, __shfl_xor_sync(0xffffffffu, high, d));
+        }
+        if (lane == 0) {
+            atomicMin(&lowest, low);
+            atomicMax(&highest, high);
+        }
+    }
+    __syncthreads();
+    const u64 differ = lowest ^ highest;
+    u32 from = differ ? (95 - __clzll(differ)) / RANK_DIGIT_BITS * RANK_DIGIT_BITS : 32 - RANK_DIGIT_BITS;
+    u64 prefix_key = key_bits_from(lowest, from + RANK_DIGIT_BITS);
+    u32 prefix_at = 0, want = k;
+    while (true) {
+        for (u32 i = threadIdx.x; i < RANK_DIGITS; i += blockDim.x) histogram[i] = 0;
+        __syncthreads();
+        const u32 above = from + RANK_DIGIT_BITS;
+        for (u64 i = threadIdx.x; i < len; i += blockDim.x) {
+            u64 e = entry_key(i);
+            u32 a = position[first + i];
+            if (key_bits_from(e, above) == prefix_key && position_bits_from(a, above) == prefix_at) atomicAdd(&histogram[key_digit(e, a, from)], 1u);
+        }
+        __syncthreads();
+        // The first warp finds the digit of the want-th matching entry: each lane sums 8 bins,
+        // a scan over the lanes, and the lane whose bins reach `want` walks them.
+        if (threadIdx.x < 32) {
+            const u32 per_lane = RANK_DIGITS / 32;
+            u32 bins[per_lane], sum = 0;
+#pragma unroll
+            for (u32 j = 0; j < per_lane; ++j) sum += bins[j] = histogram[per_lane * lane + j];
+            u32 through = sum;
+#pragma unroll
+            for (u32 d = 1; d < 32; d <<= 1) {
+                u32 before = __shfl_up_sync(0xffffffffu, through, d);
+                if (lane >= d) through += before;
+            }
+            u32 seen = through - sum;
+            if (seen < want && want <= through) {
+                for (u32 j = 0; j < per_lane; ++j) {
+                    if (seen + bins[j] >= want) {
+                        chosen_digit = per_lane * lane + j;
+                        chosen_before = seen;
+                        chosen_count = bins[j];
+                        break;
+                    }
+                    seen += bins[j];
+                }
+            }
+        }
+        __syncthreads();
+        // Every thread reads the same choice; warp 0 writes the next one only after the next
+        // round's two barriers.
+        want -= chosen_before;
+        if (from >= 32) prefix_key |= (u64)chosen_digit << (from - 32);
+        else prefix_at |= chosen_digit << from;
+        if (chosen_count == want || from == 0) break;
+        from -= RANK_DIGIT_BITS;
+    }
+    // The k: entries whose bits from `from` up are below the prefix, or equal to it (the chosen
+    // digit's, all wanted), gathered in no order (a warp's with one atomic).
+    if (threadIdx.x == 0) gathered = 0;
+    __syncthreads();
+    for (u64 base = 0; base < len; base += blockDim.x) {
+        const u64 i = base + threadIdx.x;
+        bool taken = false;
+        u64 e = 0;
+        u32 a = 0;
+        if (i < len) {
+            e = entry_key(i);
+            a = position[first + i];
+            const u64 high_bits = key_bits_from(e, from);
+            taken = high_bits < prefix_key || (high_bits == prefix_key && position_bits_from(a, from) <= prefix_at);
+        }
+        const u32 takers = __ballot_sync(0xffffffffu, taken);
+        u32 slot = 0;
+        if (lane == 0 && takers) slot = atomicAdd(&gathered, (u32)__popc(takers));
+        slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(takers & ((1u << lane) - 1));
+        if (taken && slot < k) {
+            key[slot] = e;
+            at[slot] = a;
+        }
+    }
+    // After every entry: positions are below 2³² − 1 (a base has fewer rows).
+    for (u32 i = k + threadIdx.x; i < room; i += blockDim.x) {
+        key[i] = ~0ull;
+        at[i] = 0xffffffffu;
+    }
+    __syncthreads();
+    sort_by_key_and_position(room, key, at);
+    for (u32 i = threadIdx.x; i < k; i += blockDim.x) {
+        out_distance[(u64)q * k + i] = from_total_order_key(key[i]);
+        out_position[(u64)q * k + i] = at[i];
     }
 }

@@ -8,7 +8,7 @@ pub enum KernelModule {
     /// `kernels/sim_join.cu`: ε-join and range-query kernels.
     SimJoin,
     /// `kernels/knn.cu`: kNN's sampled radii (the candidates come from `brute_join`) and the
-    /// ranking of candidate slots.
+    /// ranking of candidate slots and of the write passes' lists.
     Knn,
     /// `kernels/grid.cu`: the ε-grid built on the device (radix sort of the points by cell, the
     /// cells' bounds, rows gathered into slot order).
@@ -41,7 +41,7 @@ impl KernelModule {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             KernelModule::SimJoin => &["grid_join", "brute_join", "brute_join_tc", "filter_max_abs", "pack_half_rows", "filter_rows", "identity_order"],
-            KernelModule::Knn => &["knn_sample_rows", "knn_sample_distances", "knn_sample_distances_tc", "knn_sample_radius", "knn_rank_slots", "knn_select_slots"],
+            KernelModule::Knn => &["knn_sample_rows", "knn_sample_distances", "knn_sample_distances_tc", "knn_sample_radius", "knn_rank_slots", "knn_select_slots", "knn_rank_lists"],
             KernelModule::Grid => &[
                 "radix_histogram",
                 "radix_scatter",

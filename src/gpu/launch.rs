@@ -743,6 +743,87 @@ pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: us
     stream.synchronize().map_err(failed)
 }
 
+/// Threads of a knn_rank_lists block (its `__launch_bounds__`): each round of its selection reads
+/// the whole list, and its sort is a thousand entries a thread at most.
+const RANK_LISTS_BLOCK: u32 = 1024;
+
+/// knn_rank_lists' static shared memory (its histogram and choices; ptxas: 1,056 bytes), beside
+/// the dynamic `room` entries.
+const RANK_LISTS_STATIC_BYTES: usize = 1024 + 64;
+
+/// The largest k knn_rank_lists ranks on `device` ([`rank_lists_most_entries`]).
+pub fn rank_lists_most_k(device: &GpuDevice) -> usize {
+    rank_lists_most_entries(device.shared_memory_per_block)
+}
+
+/// The largest k knn_rank_lists ranks with `per_block` bytes of shared memory a block: it sorts
+/// the next power of two ≥ k entries (a key of 8 bytes and a position of 4) in one block's shared
+/// memory, beside its static memory. H100 (227 KB a block): 16,384; A100 (163 KB): 8,192.
+fn rank_lists_most_entries(per_block: usize) -> usize {
+    let entries = per_block.saturating_sub(RANK_LISTS_STATIC_BYTES) / 12;
+    if entries == 0 { 0 } else { 1 << entries.ilog2() }
+}
+
+/// Device buffers for the k nearest of each list of a kNN write pass ([`start_rank_lists`]).
+#[derive(Debug)]
+pub struct RankedLists {
+    /// Exact distances, k a list, nearest first.
+    pub distance: CudaSlice<f64>,
+    /// Base positions, as `distance`.
+    pub position: CudaSlice<u32>,
+}
+
+impl RankedLists {
+    /// Buffers for `neighbours` (lists · k) ranked neighbours.
+    pub fn new(device: &GpuDevice, neighbours: usize) -> Result<Self, String> {
+        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation of {neighbours} ranked neighbours failed: {e}");
+        Ok(Self {
+            distance: device.stream.alloc_zeros::<f64>(neighbours.max(1)).map_err(alloc)?,
+            position: device.stream.alloc_zeros::<u32>(neighbours.max(1)).map_err(alloc)?,
+        })
+    }
+}
+
+/// Queues on `stream`, behind the kNN write pass that filled `pass`'s outputs for `lists` queries
+/// (each with at least k candidates), the ranking of each query's k nearest by (distance, base
+/// position), as the host ranks them (knn_rank_lists in kernels/knn.cu), into the first lists · k
+/// places of `ranked`, nearest first, in list order. The pass must have run on the same stream:
+/// the kernel finds each list's end in `pass.offsets`, where the write pass leaves its cursors.
+pub fn start_rank_lists(device: &GpuDevice, stream: &Arc<CudaStream>, pass: &PassBuffers, lists: usize, k: usize, ranked: &mut RankedLists) -> Result<(), String> {
+    let most = rank_lists_most_k(device);
+    if lists == 0 || k == 0 || k > most || pass.offsets.len() < lists || ranked.distance.len().min(ranked.position.len()) < lists * k {
+        return Err(format!(
+            "knn_rank_lists: {lists} lists at k = {k} (at most {most}) for {} offsets and {} places",
+            pass.offsets.len(),
+            ranked.distance.len().min(ranked.position.len())
+        ));
+    }
+    let function = device.function(KernelModule::Knn, "knn_rank_lists")?;
+    let room = k.next_power_of_two();
+    let shared_mem_bytes = (room * 12) as u32;
+    if shared_mem_bytes as usize + RANK_LISTS_STATIC_BYTES > 48 << 10 {
+        // More than the 48 KB a block gets without asking, static memory included (k = 4,000:
+        // 48 KB of entries and the histogram), within the device's (k ≤ most).
+        function
+            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
+            .map_err(|e| format!("knn_rank_lists: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
+    }
+    let config = LaunchConfig { grid_dim: (lists as u32, 1, 1), block_dim: (RANK_LISTS_BLOCK, 1, 1), shared_mem_bytes };
+    let (k_arg, room_arg) = (k as u32, room as u32);
+    let mut builder = stream.launch_builder(&function);
+    builder.arg(&k_arg).arg(&room_arg).arg(&pass.offsets).arg(&pass.out_distance).arg(&pass.out_right).arg(&mut ranked.distance).arg(&mut ranked.position);
+    // SAFETY: the arguments match knn_rank_lists' parameter list one for one. Block q < `lists`
+    // reads offsets[q − 1] and offsets[q] (within the `lists` checked above): the write pass
+    // before it on this stream advanced each cursor from its list's exclusive offset by its
+    // count, so they bound list q inside the batch's total, for which the host sized the
+    // outputs it reads (`distance`, `position`). It gathers at most k entries (its `slot < k`)
+    // into the 12·room bytes of dynamic shared memory given here (room ≥ k, within the device's
+    // opt-in: k ≤ rank_lists_most_k) and writes [q·k, q·k + k) of the outputs, which hold
+    // lists · k (checked above).
+    unsafe { builder.launch(config) }.map_err(|e| format!("knn_rank_lists launch failed: {e}"))?;
+    Ok(())
+}
+
 /// Most sample rows knn_sample_radius selects from (`SAMPLE` in kernels/knn.cu).
 pub const KNN_SAMPLE: usize = 4096;
 /// Radii per query knn_sample_radius writes (`LEVELS` in kernels/knn.cu): ranks r, 4r, 16r, 64r.
@@ -947,6 +1028,20 @@ impl<'a> HostPairs<'a> {
             }
             stream.memcpy_dtoh(&pass.out_right.slice(pairs.clone()), &mut self.right[..n]).map_err(copy)?;
             stream.memcpy_dtoh(&pass.out_distance.slice(pairs), &mut self.distance[..n]).map_err(copy)?;
+        }
+        Ok(())
+    }
+
+    /// Starts copying the first `n` ranked neighbours of `ranked` into this view's positions and
+    /// distances, as [`HostPairs::start_download`] copies pairs.
+    pub fn start_download_ranked(&mut self, stream: &Arc<CudaStream>, ranked: &RankedLists, n: usize) -> Result<(), String> {
+        if n > self.capacity() {
+            return Err(format!("{n} ranked neighbours do not fit result buffers of {}", self.capacity()));
+        }
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        if n > 0 {
+            stream.memcpy_dtoh(&ranked.position.slice(0..n), &mut self.right[..n]).map_err(copy)?;
+            stream.memcpy_dtoh(&ranked.distance.slice(0..n), &mut self.distance[..n]).map_err(copy)?;
         }
         Ok(())
     }
@@ -1226,6 +1321,18 @@ pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: &C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_lists_sort_the_largest_power_of_two_that_fits_a_block() {
+        // H100, A100 and the 48 KB every device gives without opting in.
+        assert_eq!(rank_lists_most_entries(232_448), 16_384);
+        assert_eq!(rank_lists_most_entries(166_912), 8_192);
+        assert_eq!(rank_lists_most_entries(48 << 10), 2_048);
+        assert_eq!(rank_lists_most_entries(1_000), 0);
+        // 16,384 entries and the static memory need 197,696 bytes: one byte less leaves 8,192.
+        assert_eq!(rank_lists_most_entries(16_384 * 12 + RANK_LISTS_STATIC_BYTES), 16_384);
+        assert_eq!(rank_lists_most_entries(16_384 * 12 + RANK_LISTS_STATIC_BYTES - 1), 8_192);
+    }
 
     /// The queue of runs of up to 16 tiles.
     const QUEUE: usize = 256;

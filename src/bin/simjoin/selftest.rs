@@ -172,6 +172,27 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let eps = datagen::calibrate_threshold(&values, 2, 600.0, Metric::L2, 9);
     let sql = format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, 'pairs=unordered')");
     failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut table).await?;
+    // kNN lists ranked on the device after write passes (knn_rank_lists), ties included: under a
+    // limit that leaves the first count pass no candidate slots (a quarter of 1 MB holds 21,845
+    // values; the lattice's 700 queries at k = 10 want ~82,000), every query's candidates come
+    // from write passes. The lattice's 13 values a coordinate make many equal distances (ties by
+    // base position); the special set has zero vectors, NaN rows and an outlier.
+    for (name, values, dim) in [&datasets[5], &datasets[6]] {
+        let n = register_pair(&ctx, values, *dim)?;
+        for metric in [Metric::L2, Metric::L1, Metric::Cosine] {
+            for k in [1, 10, 100, n] {
+                let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric={metric}, gpu_memory_limit=1M')");
+                failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} write passes"), &mut table).await?;
+            }
+        }
+        let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'gpu_memory_limit=1M, device=gpu')";
+        let passes = explained_metric(&ctx, explain, "write_passes").await?;
+        println!("selftest: {name} {n} × {dim} kNN under gpu_memory_limit=1M: {passes} write passes");
+        if passes == 0 {
+            failures += 1;
+            println!("selftest: MISMATCH: gpu_memory_limit=1M should leave {name}'s kNN to write passes, got none");
+        }
+    }
     // Inputs larger than the device memory a run may use (gpu_memory_limit): tiles of ~1,000 rows
     // (a quarter of the limit at 14·d + 78 bytes a row), with result buffers small enough that
     // most tiles take write passes too.
