@@ -1274,18 +1274,23 @@ fn knn_sample_len(n: usize, tensor_cores: bool) -> usize {
 }
 
 /// The sample rank of kNN's first radius. With the whole base as the sample it is k itself (the
-/// radius is then the exact k-th distance). Otherwise the larger of two ranks:
+/// radius is then the exact k-th distance). Otherwise it comes from two ranks:
 /// - about `c·k` base rows fall within the (c·k·s/n)-th smallest of s evenly spread sample
 ///   distances, and `c = 2 + 6/√k` puts c·k more than 4.6 standard deviations of that count
 ///   (near-Poisson) above k;
 /// - the sample itself varies: the r-th smallest sample distance lies below the k-th smallest base
 ///   distance, leaving the query short of k (and a second count pass, then a write pass, for it),
-///   when at least r sample rows are among its k nearest, a count near Poisson(λ), λ = k·s/n. The
-///   rank is the smallest r with P(Poisson(λ) ≥ r) ≤ 1 %, but at most 2: each rank adds n/s
-///   candidates a query, each an exact f64 check whose cost grows with d. Measured on the H100
-///   (NOTES.md v49): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
-///   instead of 4.5 % and ran ~2 ms faster; 60,000 × 784 rows (k = 10, λ = 0.31) at rank 3
-///   instead of 2 ran 2.5–3 ms slower.
+///   when at least r sample rows are among its k nearest, a count near Poisson(λ), λ = k·s/n. That
+///   rank is the smallest r with P(Poisson(λ) ≥ r) ≤ 1 %.
+///
+/// For small λ the rank is the first, or the second where larger but at most 2: each rank adds
+/// n/s candidates a query, each an exact f64 check whose cost grows with d. Measured on the H100
+/// (NOTES.md v49): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
+/// instead of 4.5 % and ran ~2 ms faster; 60,000 × 784 rows (k = 10, λ = 0.31) at rank 3 instead
+/// of 2 ran 2.5–3 ms slower. For large λ the second rank, about λ + 2.3√λ, is the smaller, and is
+/// the one: the sample's own variation is what leaves a query short, and c·k then only adds
+/// candidates (P1 at k = 10,000, λ = 41: rank 58 instead of 85, 1.4·10⁴ candidates a query
+/// instead of 2.1·10⁴, NOTES.md v78).
 fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
     if sample_len >= n {
         return k as u32;
@@ -1293,15 +1298,16 @@ fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
     let lambda = k as f64 * sample_len as f64 / n as f64;
     let c = 2.0 + 6.0 / (k as f64).sqrt();
     let by_count = (c * lambda).ceil() as usize;
-    // P(X ≤ r − 1) summed term by term until the tail P(X ≥ r) is at most 1 %.
-    let (mut by_sample, mut term) = (1usize, (-lambda).exp());
-    let mut below = term;
+    // P(X ≤ r − 1) summed term by term, each in logarithms (e^−λ underflows beyond λ ≈ 745),
+    // until the tail P(X ≥ r) is at most 1 %.
+    let (mut by_sample, mut log_term) = (1usize, -lambda);
+    let mut below = log_term.exp();
     while 1.0 - below > 0.01 && by_sample <= sample_len {
-        term *= lambda / by_sample as f64;
-        below += term;
+        log_term += (lambda / by_sample as f64).ln();
+        below += log_term.exp();
         by_sample += 1;
     }
-    by_count.max(by_sample.min(2)).clamp(1, sample_len + 1) as u32
+    by_count.min(by_sample).max(by_sample.min(2)).clamp(1, sample_len + 1) as u32
 }
 
 /// `x` as f32, rounded up.
@@ -1405,8 +1411,17 @@ mod tests {
         assert_eq!(knn_sample_rank(10, 60_000, 1875), 2);
         // 4,096 sampled (λ = 0.68): 3 by the count (3.2 % short; 4 would leave 0.5 %).
         assert_eq!(knn_sample_rank(10, 60_000, 4096), 3);
-        // More than the sample: rank sample_len + 1, i.e. an infinite first radius.
-        assert_eq!(knn_sample_rank(900_000, 1_000_000, 4096), 4097);
+        // k = 10,000 (λ = 41): the sample's rank, 58 (1 % short), below the count's 85.
+        assert_eq!(knn_sample_rank(10_000, 1_000_000, 4096), 58);
+        // λ = 1,000, where e^−λ underflows: still the sample's rank (λ + 2.3√λ), not an infinite
+        // radius.
+        let rank = knn_sample_rank(244_141, 1_000_000, 4096);
+        assert!((1070..1080).contains(&rank), "{rank}");
+        // k = 900,000 (λ = 3,686): the sample's rank, 3,829 of its 4,096 (the count's 7,400 is
+        // beyond the sample).
+        assert_eq!(knn_sample_rank(900_000, 1_000_000, 4096), 3829);
+        // More than the sample holds: rank sample_len + 1, i.e. an infinite first radius.
+        assert_eq!(knn_sample_rank(999_990, 1_000_000, 4096), 4097);
     }
 
     #[test]
