@@ -306,6 +306,12 @@ impl GpuBackend {
             let limits = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
             (thresholds, limits)
         };
+        // The share of base rows within a radius of `level`: about rank·4^level of the sample's
+        // s rows, and every row at the last level (+∞).
+        let expected_share = |level: usize| match level {
+            KNN_LEVELS.. => 1.0,
+            _ => (rank as f64 * 4f64.powi(level as i32) / sample_len as f64).min(1.0),
+        };
         let mut levels = vec![0usize; nq];
         let mut counts = vec![0u32; nq];
         // The k nearest of the queries ranked from slots (`in_slots`), k a query in query order
@@ -332,7 +338,9 @@ impl GpuBackend {
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
             let side = subset_buffers.as_ref().unwrap_or(query_buffers);
-            let inputs = JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None };
+            // The pass's densest radius sets brute_join_tc's runs and queue.
+            let expected_share = pending.iter().map(|&q| expected_share(levels[q as usize])).fold(0.0, f64::max);
+            let inputs = JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
             let pass_params = JoinParams { slot_capacity: capacity, ..params };
             let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, PassKind::Count, &mut stats)?;
             // Candidates of the pass's queries ranked from its slots (0: not ranked from them).
@@ -475,7 +483,8 @@ impl GpuBackend {
                     let offsets = &batch_offsets[i];
                     stream.memcpy_htod(offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(sync)?;
                     let started = stream.record_event(timing).map_err(sync)?;
-                    let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None };
+                    let expected_share = total as f64 / ((end - begin) as f64 * n as f64);
+                    let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
                     launch_join_pass(&self.device, stream, &params, begin as u32..end as u32, inputs, lane, PassKind::Write).map_err(exec)?;
                     match ranked {
                         Some(ranked) => {
@@ -903,7 +912,7 @@ impl GpuBackend {
         let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
         let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         pass.size_outputs(&self.device, collect_capacity)?;
-        let inputs = JoinInputs { left: &left_buffers, right: right_buffers_ref, right_len, grid: grid.as_ref() };
+        let inputs = JoinInputs { left: &left_buffers, right: right_buffers_ref, right_len, grid: grid.as_ref(), expected_share: 0.0 };
         let counts = self.count_pass(&params, n_left, inputs, &mut pass, PassKind::CountAndCollect, &mut stats)?;
         let collected = stream.clone_dtoh(&pass.collected).map_err(copy)?[0];
         let batches: Vec<ResultBatch> = if collected <= collect_capacity as u64 {

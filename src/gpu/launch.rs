@@ -21,23 +21,48 @@ const BRUTE_TILE: usize = 128;
 /// longest run of at most 8 that still fills 4 waves, else runs of one tile: 60,000 × 784's
 /// second pass (2 left tiles) took 0.72 ms as 118 blocks of 8 on 132 SMs, 0.41 ms as 938 blocks
 /// of one (v63).
-fn tc_run(device: &GpuDevice, left_tiles: usize, right_len: usize) -> usize {
+///
+/// A pass expected to find many pairs (kNN at large k: `per_tile`, twice the pairs it expects a
+/// tile) takes runs short enough that its queue holds them ([`tc_queue`], at most `queue_most`):
+/// a pair beyond the queue is decided by its thread at once, and at P1 k = 10,000 (~230 pairs a
+/// tile) runs of 64 decided most of them that way: 0.33 s against 0.15 with runs of 4 and a queue
+/// of 2,048 (NOTES.md v79).
+fn tc_run(device: &GpuDevice, left_tiles: usize, right_len: usize, per_tile: f64, queue_most: usize) -> usize {
     let slots = 2 * device.multiprocessors;
     let blocks = |run: usize| left_tiles * right_len.div_ceil(run * BRUTE_TILE);
-    if let Some(run) = [64, 16].into_iter().find(|&run| blocks(run) >= 16 * slots) {
-        return run;
+    let by_grid = match [64, 16].into_iter().find(|&run| blocks(run) >= 16 * slots) {
+        Some(run) => run,
+        None => [8, 4, 2].into_iter().find(|&run| blocks(run) >= 4 * slots).unwrap_or(1),
+    };
+    let mut run = by_grid;
+    while run > 1 && run as f64 * per_tile > queue_most as f64 {
+        run /= 2;
     }
-    [8, 4, 2].into_iter().find(|&run| blocks(run) >= 4 * slots).unwrap_or(1)
+    run
 }
 
 /// Pairs brute_join_tc's queue holds for a run of `run` right tiles (`p.tc_queue`): 16 a tile, at
-/// least 256. A pair beyond the queue is decided by its thread at once, which holds up the block
-/// (NOTES.md v35): P1 queues ~7 pairs a tile and block on average (4.5 M in 617,000 tiles), and its
-/// runs of 32 with a queue of 256 ran 8.9–9.1 ms against 8.2–8.3 with 512 (v73). Shared memory
-/// spent on a longer queue is not spent on stages: 60,000 × 784 (runs of 8) took 4.0 → 4.7 ms
-/// with a queue of 512, whose 2 KB more left two stages instead of three.
-fn tc_queue(run: usize) -> usize {
-    (16 * run).max(256)
+/// least 256, or where more are expected (`per_tile`, twice the pairs expected a tile) those of
+/// the run, at most `queue_most`. A pair beyond the queue is decided by its thread at once, which
+/// holds up the block (NOTES.md v35): P1 at k = 10 queues ~7 pairs a tile and block on average
+/// (4.5 M in 617,000 tiles), and its runs of 32 with a queue of 256 ran 8.9–9.1 ms against 8.2–8.3
+/// with 512 (v73). Shared memory spent on a longer queue is not spent on stages: 60,000 × 784
+/// (runs of 8) took 4.0 → 4.7 ms with a queue of 512, whose 2 KB more left two stages instead of
+/// three.
+fn tc_queue(run: usize, per_tile: f64, queue_most: usize) -> usize {
+    let expected = (run as f64 * per_tile).ceil() as usize;
+    (16 * run).max(256).max(expected.min(queue_most))
+}
+
+/// The longest queue (a multiple of 64, 256 to 2,048 pairs: 16 KB) with which two brute_join_tc
+/// blocks with rows of `dim` values and their fewest stages still fit a multiprocessor
+/// ([`tc_dynamic_bytes`]): 2,048 at 128 dimensions on an H100, 320 at 784.
+fn tc_queue_most(per_block: usize, per_multiprocessor: usize, dim: usize, warpgroup_mma: bool) -> usize {
+    let fits = |queue: usize| {
+        let bytes = tc_dynamic_bytes(per_block, per_multiprocessor, dim, queue, warpgroup_mma);
+        bytes <= per_block && 2 * (bytes + TC_STATIC_BYTES) <= per_multiprocessor
+    };
+    (256..=2048).rev().step_by(64).find(|&queue| fits(queue)).unwrap_or(256)
 }
 /// Bytes of one brute_join_tc pipeline stage (`TC_STAGE_WORDS` in kernels/sim_join.cu): both
 /// sides' 128 rows × 36 words.
@@ -230,6 +255,9 @@ pub struct JoinInputs<'a> {
     pub right_len: u32,
     /// The grid over the right side, or `None` for brute force.
     pub grid: Option<&'a GridBuffers>,
+    /// The share of the pass's (left, right) pairs expected to pass the filter, where known (kNN,
+    /// from its radii), else 0: sizes brute_join_tc's runs and queue ([`tc_run`]).
+    pub expected_share: f64,
 }
 
 /// Where a pass puts its results.
@@ -312,7 +340,7 @@ pub fn launch_join_pass(
     pass: &mut PassBuffers,
     kind: PassKind,
 ) -> Result<&'static str, String> {
-    let JoinInputs { left, right, right_len, grid } = inputs;
+    let JoinInputs { left, right, right_len, grid, expected_share } = inputs;
     let kernel = match grid {
         Some(_) => "grid_join",
         None if params.tensor_cores != 0 => "brute_join_tc",
@@ -329,8 +357,12 @@ pub fn launch_join_pass(
         _ => None,
     };
     let left_tiles = slots.len().div_ceil(BRUTE_TILE);
-    let run = if kernel == "brute_join_tc" { tc_run(device, left_tiles, right_len as usize) } else { 1 };
-    let params = &JoinParams { tc_run: run as u32, tc_queue: tc_queue(run) as u32, ..*params };
+    // Twice the pairs expected a tile, where the pass expects many (kNN: `expected_share`).
+    let per_tile = 2.0 * expected_share * (BRUTE_TILE * BRUTE_TILE) as f64;
+    let warpgroup_mma = device.arch == "sm_90a";
+    let queue_most = tc_queue_most(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, params.dim as usize, warpgroup_mma);
+    let run = if kernel == "brute_join_tc" { tc_run(device, left_tiles, right_len as usize, per_tile, queue_most) } else { 1 };
+    let params = &JoinParams { tc_run: run as u32, tc_queue: tc_queue(run, per_tile, queue_most) as u32, ..*params };
     let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize, params.tc_queue as usize) } else { 0 };
     let row_words = tc_row_words(params.dim as usize);
     let maps = match half_rows {
@@ -1323,6 +1355,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dense_passes_take_longer_queues_that_leave_two_blocks_a_multiprocessor() {
+        // H100 (sm_90a): rows of 128 dimensions leave room for the longest queue; of 784, only
+        // for what two blocks of three stages of both tiles leave.
+        assert_eq!(tc_queue_most(232_448, 233_472, 128, true), 2048);
+        assert_eq!(tc_queue_most(232_448, 233_472, 784, true), 320);
+        // P1 at k = 10 (rank 2 of a sample of 4,096: 8 pairs a tile, doubled) keeps runs of 64's
+        // 1,024; at k = 10,000 (rank 58: ~232, doubled) runs of 4 queue what they expect.
+        assert_eq!(tc_queue(64, 16.0, 2048), 1024);
+        assert_eq!(tc_queue(4, 464.0, 2048), 1856);
+        // Every row (kNN's last radius) at runs of one: the longest queue; none expected: 256.
+        assert_eq!(tc_queue(1, 32_768.0, 2048), 2048);
+        assert_eq!(tc_queue(1, 0.0, 2048), 256);
+    }
+
+    #[test]
     fn rank_lists_sort_the_largest_power_of_two_that_fits_a_block() {
         // H100, A100 and the 48 KB every device gives without opting in.
         assert_eq!(rank_lists_most_entries(232_448), 16_384);
@@ -1354,7 +1401,7 @@ mod tests {
         assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, QUEUE, true), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
         assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, QUEUE, true), QUEUE_BYTES + TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
         // Runs of 64 (P1): the queue of 1,024 pairs leaves room for three.
-        assert_eq!(tc_queue(64), 1024);
+        assert_eq!(tc_queue(64, 0.0, 2048), 1024);
         assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, 1024, true), 1024 * TC_QUEUE_ENTRY_BYTES + TC_RESIDENT_BYTES + 3 * TC_STAGE_BYTES / 2);
     }
 
