@@ -428,7 +428,7 @@ impl GpuBackend {
         // Write passes take turns on PIPELINE_STREAMS streams, each with output buffers, the
         // rest's radii and limits, and a part of the host buffers of its own, as the joins' do:
         // batch i is queued on stream i mod 3 once the host is done with batch i − 3's part, so
-        // the kernels of the next batches run while the host emits this one (P1 k = 10,000: 18
+        // the kernels of the next batches run while the host emits this one (P1 k = 10,000: 23
         // passes, NOTES.md v76, v77).
         let lanes_needed = batches.len().min(PIPELINE_STREAMS);
         let slots_most = batches.iter().map(|&(begin, end, _)| end - begin).max().unwrap_or(1);
@@ -477,7 +477,7 @@ impl GpuBackend {
                 // that runs on the device, and the copy back; the events around its kernels time
                 // them.
                 let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let queue = |i: usize, lane: &mut PassBuffers, ranked: Option<&mut RankedLists>, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
+                let queue = |i: usize, lane: &mut PassBuffers, mut ranked: Option<&mut RankedLists>, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
                     let (begin, end, total) = batches[i];
                     let stream = &streams[i % PIPELINE_STREAMS];
                     let offsets = &batch_offsets[i];
@@ -486,19 +486,15 @@ impl GpuBackend {
                     let expected_share = total as f64 / ((end - begin) as f64 * n as f64);
                     let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
                     launch_join_pass(&self.device, stream, &params, begin as u32..end as u32, inputs, lane, PassKind::Write).map_err(exec)?;
-                    match ranked {
-                        Some(ranked) => {
-                            start_rank_lists(&self.device, stream, lane, end - begin, k, ranked).map_err(exec)?;
-                            let written = stream.record_event(timing).map_err(sync)?;
-                            part.start_download_ranked(stream, ranked, (end - begin) * k).map_err(exec)?;
-                            Ok([started, written])
-                        }
-                        None => {
-                            let written = stream.record_event(timing).map_err(sync)?;
-                            part.start_download(stream, lane, false, 0..total as usize).map_err(exec)?;
-                            Ok([started, written])
-                        }
+                    if let Some(ranked) = ranked.as_deref_mut() {
+                        start_rank_lists(&self.device, stream, lane, end - begin, k, ranked).map_err(exec)?;
                     }
+                    let written = stream.record_event(timing).map_err(sync)?;
+                    match ranked {
+                        Some(ranked) => part.start_download_ranked(stream, ranked, (end - begin) * k).map_err(exec)?,
+                        None => part.start_download(stream, lane, false, 0..total as usize).map_err(exec)?,
+                    }
+                    Ok([started, written])
                 };
                 let mut in_flight = Vec::with_capacity(batches.len());
                 for (i, (lane, part)) in lanes.iter_mut().zip(parts.iter_mut()).enumerate() {
