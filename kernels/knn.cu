@@ -30,6 +30,35 @@ __device__ __forceinline__ void bitonic_sort(u32 size, Exchange exchange) {
     }
 }
 
+// A radix selection's step, by one warp: the digit among 256 bins (`bins_of`, counts of the keys
+// that share the digits chosen so far) in which the `target`-th of those keys lies. Each lane sums
+// 8 bins, a scan over the lanes gives the keys up to each lane's last bin, and the lane whose bins
+// reach `target` walks them: it alone returns true, with the digit, the keys in the bins before
+// it (`before`) and in its bin (`count`). No lane does for a target of 0 or beyond the keys.
+__device__ __forceinline__ bool digit_of_rank(const u32* bins_of, u32 target, u32 lane, u32& digit, u32& before, u32& count) {
+    u32 bins[8], sum = 0;
+#pragma unroll
+    for (u32 j = 0; j < 8; ++j) sum += bins[j] = bins_of[8 * lane + j];
+    u32 through = sum;  // keys in the bins up to this lane's last
+#pragma unroll
+    for (u32 d = 1; d < 32; d <<= 1) {
+        u32 other = __shfl_up_sync(0xffffffffu, through, d);
+        if (lane >= d) through += other;
+    }
+    u32 seen = through - sum;
+    if (target == 0 || seen >= target || target > through) return false;
+    for (u32 j = 0; j < 8; ++j) {
+        if (seen + bins[j] >= target) {
+            digit = 8 * lane + j;
+            before = seen;
+            count = bins[j];
+            return true;
+        }
+        seen += bins[j];
+    }
+    return false;
+}
+
 // knn_sample_rows: the sample, gathered from the base's own f32 filter rows on the device
 // (row-major, `dim` values a row, in input order): sample row i is base row ⌊i·n/sample_len⌋ (spread
 // evenly), written dimension-major, `sample[d·sample_len + i]`, so that knn_sample_distances'
@@ -360,26 +389,10 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(u32 metric, 
 #pragma unroll
             for (u32 level = 0; level < LEVELS; ++level)
                 if (level == warp) target = want[level];
-            const u32* bins_of = histogram[first ? 0 : warp];
-            u32 bins[8], sum = 0;
-#pragma unroll
-            for (u32 j = 0; j < 8; ++j) sum += bins[j] = bins_of[8 * lane + j];
-            u32 through = sum;  // keys in the bins up to this lane's last
-#pragma unroll
-            for (u32 d = 1; d < 32; d <<= 1) {
-                u32 other = __shfl_up_sync(0xffffffffu, through, d);
-                if (lane >= d) through += other;
-            }
-            u32 seen = through - sum;
-            if (target > 0 && seen < target && target <= through) {
-                for (u32 j = 0; j < 8; ++j) {
-                    if (seen + bins[j] >= target) {
-                        digit[warp] = 8 * lane + j;
-                        before[warp] = seen;
-                        break;
-                    }
-                    seen += bins[j];
-                }
+            u32 found, keys_before, in_bin;
+            if (digit_of_rank(histogram[first ? 0 : warp], target, lane, found, keys_before, in_bin)) {
+                digit[warp] = found;
+                before[warp] = keys_before;
             }
         }
         __syncthreads();
@@ -509,8 +522,8 @@ extern "C" __global__ void __launch_bounds__(256) knn_select_slots(u32 queries, 
     }
 }
 
-// The k nearest of each list a kNN write pass wrote (knn_rank_lists; the host's KNN_RANK_LISTS
-// decides which runs): list i of the batch is [ends[i − 1], ends[i]) of `distance` and `position`
+// The k nearest of each list a kNN write pass wrote (knn_rank_lists, where the host's
+// rank_lists_most_k allows k): list i of the batch is [ends[i − 1], ends[i]) of `distance` and `position`
 // (ends[−1] = 0), at least k candidates in no set order. These are the write pass's cursors as it
 // leaves them: each started at its list's exclusive offset and was advanced once per candidate
 // written. One block per list selects its k smallest by (total_order_key(distance), position),
@@ -595,30 +608,13 @@ extern "C" __global__ void __launch_bounds__(1024) knn_rank_lists(u32 k, u32 roo
             if (key_bits_from(e, above) == prefix_key && position_bits_from(a, above) == prefix_at) atomicAdd(&histogram[key_digit(e, a, from)], 1u);
         }
         __syncthreads();
-        // The first warp finds the digit of the want-th matching entry: each lane sums 8 bins,
-        // a scan over the lanes, and the lane whose bins reach `want` walks them.
+        // The first warp finds the digit of the want-th matching entry.
         if (threadIdx.x < 32) {
-            const u32 per_lane = RANK_DIGITS / 32;
-            u32 bins[per_lane], sum = 0;
-#pragma unroll
-            for (u32 j = 0; j < per_lane; ++j) sum += bins[j] = histogram[per_lane * lane + j];
-            u32 through = sum;
-#pragma unroll
-            for (u32 d = 1; d < 32; d <<= 1) {
-                u32 before = __shfl_up_sync(0xffffffffu, through, d);
-                if (lane >= d) through += before;
-            }
-            u32 seen = through - sum;
-            if (seen < want && want <= through) {
-                for (u32 j = 0; j < per_lane; ++j) {
-                    if (seen + bins[j] >= want) {
-                        chosen_digit = per_lane * lane + j;
-                        chosen_before = seen;
-                        chosen_count = bins[j];
-                        break;
-                    }
-                    seen += bins[j];
-                }
+            u32 found, keys_before, in_bin;
+            if (digit_of_rank(histogram, want, lane, found, keys_before, in_bin)) {
+                chosen_digit = found;
+                chosen_before = keys_before;
+                chosen_count = in_bin;
             }
         }
         __syncthreads();

@@ -91,8 +91,12 @@ const TC_STATIC_BYTES: usize = 2096 + 1024;
 /// 256 pairs (two blocks of 110 + 3 KB), three for longer ones or a longer queue (`queue` pairs:
 /// [`tc_queue`]).
 fn tc_shared_bytes(device: &GpuDevice, dim: usize, queue: usize) -> u32 {
-    let warpgroup_mma = device.arch == "sm_90a";
-    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, dim, queue, warpgroup_mma) as u32
+    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, dim, queue, warpgroup_mma(device)) as u32
+}
+
+/// Whether brute_join_tc multiplies by wgmma on `device` (compiled for sm_90a).
+fn warpgroup_mma(device: &GpuDevice) -> bool {
+    device.arch == "sm_90a"
 }
 
 fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, dim: usize, queue: usize, warpgroup_mma: bool) -> usize {
@@ -357,12 +361,17 @@ pub fn launch_join_pass(
         _ => None,
     };
     let left_tiles = slots.len().div_ceil(BRUTE_TILE);
-    // Twice the pairs expected a tile, where the pass expects many (kNN: `expected_share`).
-    let per_tile = 2.0 * expected_share * (BRUTE_TILE * BRUTE_TILE) as f64;
-    let warpgroup_mma = device.arch == "sm_90a";
-    let queue_most = tc_queue_most(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, params.dim as usize, warpgroup_mma);
-    let run = if kernel == "brute_join_tc" { tc_run(device, left_tiles, right_len as usize, per_tile, queue_most) } else { 1 };
-    let params = &JoinParams { tc_run: run as u32, tc_queue: tc_queue(run, per_tile, queue_most) as u32, ..*params };
+    // brute_join_tc's run and queue, from twice the pairs expected a tile where the pass expects
+    // many (kNN: `expected_share`); the other kernels have neither.
+    let (run, queue) = if kernel == "brute_join_tc" {
+        let per_tile = 2.0 * expected_share * (BRUTE_TILE * BRUTE_TILE) as f64;
+        let queue_most = tc_queue_most(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, params.dim as usize, warpgroup_mma(device));
+        let run = tc_run(device, left_tiles, right_len as usize, per_tile, queue_most);
+        (run, tc_queue(run, per_tile, queue_most))
+    } else {
+        (1, 0)
+    };
+    let params = &JoinParams { tc_run: run as u32, tc_queue: queue as u32, ..*params };
     let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize, params.tc_queue as usize) } else { 0 };
     let row_words = tc_row_words(params.dim as usize);
     let maps = match half_rows {
