@@ -525,6 +525,65 @@ extern "C" __global__ void pack_half_rows(const float* filter, u64 n, u32 dim, u
 // (`tc_row_words` in src/gpu/launch.rs).
 __device__ __forceinline__ u32 tc_row_words(u32 dim) { return (dim + 7) / 8 * 4; }
 
+// Words of a brute_join_tc_bytes row: four byte coordinates a word, padded to whole 16-byte
+// groups (`byte_row_words` in src/gpu/launch.rs).
+__device__ __forceinline__ u32 byte_row_words(u32 dim) { return (dim + 15) / 16 * 4; }
+
+// Whether byte rows can hold a side (brute_join_tc_bytes): into result = {least, greatest,
+// others}, which the host set to {2³¹ − 1, −2³¹, 0}, the least and greatest of `len` f64 values
+// where each is an integer of magnitude at most 2²⁴, and others = 1 where one is not (NaN and
+// infinities included).
+extern "C" __global__ void integer_range(const double* values, u64 len, int* result) {
+    int least = 0x7fffffff, greatest = -0x7fffffff - 1;
+    u32 others = 0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x) {
+        const double v = values[i];
+        if (v == rint(v) && fabs(v) <= 16777216.0) {
+            least = min(least, (int)v);
+            greatest = max(greatest, (int)v);
+        } else {
+            others = 1;
+        }
+    }
+#pragma unroll
+    for (u32 d = 16; d > 0; d >>= 1) {
+        least = min(least, __shfl_xor_sync(0xffffffffu, least, d));
+        greatest = max(greatest, __shfl_xor_sync(0xffffffffu, greatest, d));
+        others |= __shfl_xor_sync(0xffffffffu, others, d);
+    }
+    if (threadIdx.x % 32 == 0) {
+        atomicMin(&result[0], least);
+        atomicMax(&result[1], greatest);
+        if (others) atomicOr(&result[2], 1);
+    }
+}
+
+// brute_join_tc_bytes's rows: `n` rows of `dim` integer values (integer_range) shifted by
+// −offset into [0, 255] and packed four to a word (dimension 4w + j in byte j of word w),
+// `row_words` words a row, zeros beyond `dim`; and each row's Σ(x − offset)², exact in u32 (below
+// 2³¹ at d ≤ 8,192). A warp a row, its lanes on consecutive words.
+extern "C" __global__ void pack_byte_rows(const double* exact, u64 n, u32 dim, u32 row_words, int offset, u32* out, u32* sq_norms) {
+    const u32 lane = threadIdx.x % 32;
+    const u64 warps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 r = (blockIdx.x * (u64)blockDim.x + threadIdx.x) / 32; r < n; r += warps) {
+        u32 sq = 0;
+        for (u32 w = lane; w < row_words; w += 32) {
+            u32 packed = 0;
+#pragma unroll
+            for (u32 j = 0; j < 4; ++j) {
+                const u32 d = 4 * w + j;
+                const u32 b = d < dim ? (u32)((int)exact[r * dim + d] - offset) : 0;
+                sq += b * b;
+                packed |= b << (8 * j);
+            }
+            out[r * row_words + w] = packed;
+        }
+#pragma unroll
+        for (u32 d = 16; d > 0; d >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, d);
+        if (lane == 0) sq_norms[r] = sq;
+    }
+}
+
 // What one thread copies of a tile's rows, chunk after chunk: four words (eight f16 coordinates)
 // from word w of rows r, r + 32, r + 64 and r + 96, their address computed once per tile rather
 // than once per chunk (that arithmetic was about half of the kernel's instructions: NOTES.md v11).
@@ -642,6 +701,19 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[1][16][4], u64 a, u6
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// d (+)= A·Bᵀ for A 64 rows and B 128 rows of 32 byte coordinates (unsigned), both K-major, into
+// s32 accumulators: brute_join_tc_bytes's product. 32 bytes of a row an instruction, as
+// wgmma_m64n128k16's 16 f16, so the same descriptors and steps serve both. Exact: each product
+// is at most 255², a row's sum at most 8,192·255² < 2³¹ (`byte_rows` in src/gpu/launch.rs keeps
+// d ≤ 8,192).
+__device__ __forceinline__ void wgmma_m64n128k32_u8(int (&d)[1][16][4], u64 a, u64 b, u32 accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
+        : "+r"(d[0][0][0]), "+r"(d[0][0][1]), "+r"(d[0][0][2]), "+r"(d[0][0][3]), "+r"(d[0][1][0]), "+r"(d[0][1][1]), "+r"(d[0][1][2]), "+r"(d[0][1][3]), "+r"(d[0][2][0]), "+r"(d[0][2][1]), "+r"(d[0][2][2]), "+r"(d[0][2][3]), "+r"(d[0][3][0]), "+r"(d[0][3][1]), "+r"(d[0][3][2]), "+r"(d[0][3][3]), "+r"(d[0][4][0]), "+r"(d[0][4][1]), "+r"(d[0][4][2]), "+r"(d[0][4][3]), "+r"(d[0][5][0]), "+r"(d[0][5][1]), "+r"(d[0][5][2]), "+r"(d[0][5][3]), "+r"(d[0][6][0]), "+r"(d[0][6][1]), "+r"(d[0][6][2]), "+r"(d[0][6][3]), "+r"(d[0][7][0]), "+r"(d[0][7][1]), "+r"(d[0][7][2]), "+r"(d[0][7][3]), "+r"(d[0][8][0]), "+r"(d[0][8][1]), "+r"(d[0][8][2]), "+r"(d[0][8][3]), "+r"(d[0][9][0]), "+r"(d[0][9][1]), "+r"(d[0][9][2]), "+r"(d[0][9][3]), "+r"(d[0][10][0]), "+r"(d[0][10][1]), "+r"(d[0][10][2]), "+r"(d[0][10][3]), "+r"(d[0][11][0]), "+r"(d[0][11][1]), "+r"(d[0][11][2]), "+r"(d[0][11][3]), "+r"(d[0][12][0]), "+r"(d[0][12][1]), "+r"(d[0][12][2]), "+r"(d[0][12][3]), "+r"(d[0][13][0]), "+r"(d[0][13][1]), "+r"(d[0][13][2]), "+r"(d[0][13][3]), "+r"(d[0][14][0]), "+r"(d[0][14][1]), "+r"(d[0][14][2]), "+r"(d[0][14][3]), "+r"(d[0][15][0]), "+r"(d[0][15][1]), "+r"(d[0][15][2]), "+r"(d[0][15][3])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
 // Orders the warpgroup's earlier register and shared-memory accesses before its next wgmma.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 
@@ -655,6 +727,8 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // After a wait: accumulators the compiler must read only from here on (they are this statement's
 // outputs, and it stays after the wait as volatile statements keep their order).
 __device__ __forceinline__ void wgmma_settled(float (&d)[1][16][4]) { asm volatile("" : "+f"(d[0][0][0]), "+f"(d[0][0][1]), "+f"(d[0][0][2]), "+f"(d[0][0][3]), "+f"(d[0][1][0]), "+f"(d[0][1][1]), "+f"(d[0][1][2]), "+f"(d[0][1][3]), "+f"(d[0][2][0]), "+f"(d[0][2][1]), "+f"(d[0][2][2]), "+f"(d[0][2][3]), "+f"(d[0][3][0]), "+f"(d[0][3][1]), "+f"(d[0][3][2]), "+f"(d[0][3][3]), "+f"(d[0][4][0]), "+f"(d[0][4][1]), "+f"(d[0][4][2]), "+f"(d[0][4][3]), "+f"(d[0][5][0]), "+f"(d[0][5][1]), "+f"(d[0][5][2]), "+f"(d[0][5][3]), "+f"(d[0][6][0]), "+f"(d[0][6][1]), "+f"(d[0][6][2]), "+f"(d[0][6][3]), "+f"(d[0][7][0]), "+f"(d[0][7][1]), "+f"(d[0][7][2]), "+f"(d[0][7][3]), "+f"(d[0][8][0]), "+f"(d[0][8][1]), "+f"(d[0][8][2]), "+f"(d[0][8][3]), "+f"(d[0][9][0]), "+f"(d[0][9][1]), "+f"(d[0][9][2]), "+f"(d[0][9][3]), "+f"(d[0][10][0]), "+f"(d[0][10][1]), "+f"(d[0][10][2]), "+f"(d[0][10][3]), "+f"(d[0][11][0]), "+f"(d[0][11][1]), "+f"(d[0][11][2]), "+f"(d[0][11][3]), "+f"(d[0][12][0]), "+f"(d[0][12][1]), "+f"(d[0][12][2]), "+f"(d[0][12][3]), "+f"(d[0][13][0]), "+f"(d[0][13][1]), "+f"(d[0][13][2]), "+f"(d[0][13][3]), "+f"(d[0][14][0]), "+f"(d[0][14][1]), "+f"(d[0][14][2]), "+f"(d[0][14][3]), "+f"(d[0][15][0]), "+f"(d[0][15][1]), "+f"(d[0][15][2]), "+f"(d[0][15][3]) :: "memory"); }
+
+__device__ __forceinline__ void wgmma_settled(int (&d)[1][16][4]) { asm volatile("" : "+r"(d[0][0][0]), "+r"(d[0][0][1]), "+r"(d[0][0][2]), "+r"(d[0][0][3]), "+r"(d[0][1][0]), "+r"(d[0][1][1]), "+r"(d[0][1][2]), "+r"(d[0][1][3]), "+r"(d[0][2][0]), "+r"(d[0][2][1]), "+r"(d[0][2][2]), "+r"(d[0][2][3]), "+r"(d[0][3][0]), "+r"(d[0][3][1]), "+r"(d[0][3][2]), "+r"(d[0][3][3]), "+r"(d[0][4][0]), "+r"(d[0][4][1]), "+r"(d[0][4][2]), "+r"(d[0][4][3]), "+r"(d[0][5][0]), "+r"(d[0][5][1]), "+r"(d[0][5][2]), "+r"(d[0][5][3]), "+r"(d[0][6][0]), "+r"(d[0][6][1]), "+r"(d[0][6][2]), "+r"(d[0][6][3]), "+r"(d[0][7][0]), "+r"(d[0][7][1]), "+r"(d[0][7][2]), "+r"(d[0][7][3]), "+r"(d[0][8][0]), "+r"(d[0][8][1]), "+r"(d[0][8][2]), "+r"(d[0][8][3]), "+r"(d[0][9][0]), "+r"(d[0][9][1]), "+r"(d[0][9][2]), "+r"(d[0][9][3]), "+r"(d[0][10][0]), "+r"(d[0][10][1]), "+r"(d[0][10][2]), "+r"(d[0][10][3]), "+r"(d[0][11][0]), "+r"(d[0][11][1]), "+r"(d[0][11][2]), "+r"(d[0][11][3]), "+r"(d[0][12][0]), "+r"(d[0][12][1]), "+r"(d[0][12][2]), "+r"(d[0][12][3]), "+r"(d[0][13][0]), "+r"(d[0][13][1]), "+r"(d[0][13][2]), "+r"(d[0][13][3]), "+r"(d[0][14][0]), "+r"(d[0][14][1]), "+r"(d[0][14][2]), "+r"(d[0][14][3]), "+r"(d[0][15][0]), "+r"(d[0][15][1]), "+r"(d[0][15][2]), "+r"(d[0][15][3]) :: "memory"); }
 
 // The Hopper tensor memory accelerator (TMA) copies a chunk's tile (128 rows × 32 words) into
 // shared memory on one thread's request, in the 128-byte swizzle (the map's, src/gpu/launch.rs
@@ -780,6 +854,82 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
     }
 }
 
+// brute_join_tc_bytes: the GEMM form of L2 and L2² on rows whose coordinates are all integers
+// within one window of 256 values, both sides shifted by the same offset into bytes
+// (pack_byte_rows; a shift changes no distance). x·y is then exact in the s32 accumulators, and so
+// is D² = ‖x‖² + ‖y‖² − 2x·y, every term an integer below 2³⁰ (d ≤ 8,192). exact_distance's f64
+// sum of such rows is exact as well (integer terms, partial sums below 2⁵³), so exact_finish(D²),
+// √D² for L2 and D² for L2², is the contract's distance bit for bit: the filter is the exact test
+// and no pair's rows are read again. A pair passes when D² ≤ L(s), written as
+//     offset(t) − 2x·y ≤ bound(s),   offset(t) = ‖y‖²,   bound(s) = L(s) − ‖x‖²,
+// with L(s) = ⌊fl(r²)⌋ + 1 for L2's threshold r (⌊r⌋ + 1 for L2²), at most 2²⁹ (above every D²),
+// and record_pair then decides by the distance itself, so L only has to keep every pair within r:
+// fl(√D²) ≤ r means √D²·(1 − 2⁻⁵³) ≤ r, so D² ≤ r²·(1 + 2⁻⁵¹) ≤ fl(r²)·(1 + 2⁻⁵⁰), less than
+// fl(r²) + 1 while fl(r²) < 2³⁰ (beyond that L is 2²⁹ and takes every pair), hence D² ≤ L.
+// Sentinels: a slot outside the pass has bound −2³¹ (nothing passes: offset − 2x·y > −2³¹), one
+// that takes every row 2³⁰ − 1 (every column of the side: offset − 2x·y ≤ ‖y‖² < 2²⁹), a column
+// outside the side offset 2³¹ − 1 (nothing passes: 2³¹ − 1 − 2x·y ≥ 2³⁰ > any bound).
+#define BYTES_NO_SLOT (-0x7fffffff - 1)
+#define BYTES_TAKE_ALL ((1 << 30) - 1)
+#define BYTES_NO_COLUMN 0x7fffffff
+
+__device__ __forceinline__ int bytes_row_bound(const JoinParams& p, u32 s, u32 slot_end, const u32* left_sq,
+                                               const double* row_threshold) {
+    if (s >= slot_end) return BYTES_NO_SLOT;
+    if (takes_every_row(p, row_threshold, s)) return BYTES_TAKE_ALL;
+    const double r = p.per_row ? row_threshold[s] : p.threshold;
+    if (!(r >= 0.0)) return BYTES_NO_SLOT;  // NaN or negative: no distance is within it
+    const double squared = p.metric == METRIC_L2 ? r * r : r;
+    return (int)fmin(floor(squared) + 1.0, (double)(1 << 29)) - (int)left_sq[s];
+}
+
+__device__ __forceinline__ int bytes_col_offset(u32 t, u32 right_len, const u32* right_sq) {
+    return t < right_len ? (int)right_sq[t] : BYTES_NO_COLUMN;
+}
+
+// brute_join_tc_bytes's epilogue for the tile (row0, col0), from a warpgroup's accumulators (one
+// block of 16 rows by 16 of 8 columns, tc_epilogue's layout and bits): each passing pair is
+// recorded here with its exact distance. The filter marks the pairs first, as tc_epilogue's does,
+// so that the 64 unrolled positions hold no record_pair; a marked pair's accumulator is then
+// selected by its bit (an unrolled select: few pairs pass, ~12 of P2's 16,384 a tile).
+__device__ __forceinline__ void bytes_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 group,
+        u32 quad, const int (&acc)[1][16][4], const int* row_bounds, const int* col_offsets, const u32* left_sq,
+        u32 slot_begin, const u32* left_order, const u32* right_order, const double* row_threshold, u32* counts,
+        u64* cursors, u32* out_left, u32* out_right, double* out_distance, u64* collected, u64 capacity, int write) {
+    const bool diagonal = p.self_join && col0 < row0 + TILE;
+    const int lead = (int)(col0 + 2 * quad) - (int)(row0 + warp_row + group);
+    int2 offsets[16];
+#pragma unroll
+    for (int n = 0; n < 16; ++n) offsets[n] = *(const int2*)&col_offsets[n * 8 + 2 * quad];
+    u64 marked = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int bound = row_bounds[warp_row + group + 8 * h];
+#pragma unroll
+        for (int n = 0; n < 16; ++n)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                if ((c ? offsets[n].y : offsets[n].x) - 2 * acc[0][n][2 * h + c] <= bound && !(diagonal && lead <= 8 * h - 8 * n - c))
+                    marked |= 1ull << (32 * h + 2 * n + c);
+    }
+    while (marked) {
+        const u32 bit = __ffsll((long long)marked) - 1;
+        marked &= marked - 1;
+        const u32 h = bit / 32, n = bit / 2 % 16, c = bit % 2;
+        int product = 0, offset = 0;
+#pragma unroll
+        for (u32 i = 0; i < 64; ++i)
+            if (i == bit) {
+                product = acc[0][i / 2 % 16][2 * (i / 32) + i % 2];
+                offset = i % 2 ? offsets[i / 2 % 16].y : offsets[i / 2 % 16].x;
+            }
+        const u32 s = row0 + warp_row + group + 8 * h, t = col0 + n * 8 + 2 * quad + c;
+        const double squared = (double)((int)left_sq[s] + offset - 2 * product);
+        record_pair(p, s, t, exact_finish(p.metric, squared, 0.0, 0.0), slot_begin, left_order, right_order, row_threshold,
+                    counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
+    }
+}
+
 // The sum of exact terms of the pairs `pairs[0, count)` (count ≤ DRAIN_PAIRS) of a brute_join_tc
 // block's queue, lane i's pair i's (lanes 0–15): the warp brings their rows into `scratch` (2 ×
 // DRAIN_PAIRS rows of DRAIN_STRIDE f64) DRAIN_DIMS dimensions at a time, one pair's half of them a
@@ -837,25 +987,29 @@ __device__ __forceinline__ double drain_sum(u32 dim, const uint2* pairs, u32 cou
     return acc;
 }
 
-// Two blocks an SM, so that one block's warps hide the other's latencies. (Under wgmma, one block
-// with 255 registers a thread for two sets of accumulators, tile T's epilogue running while tile
-// T + 1's wgmma did, took 1.5 times as long: with 8 warps an SM every barrier and epilogue was
-// exposed, NOTES.md v58.)
-extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS, const __grid_constant__ TensorMap left_map,
-                                                                   const __grid_constant__ TensorMap right_map) {
+// The accumulators' element: f32 for f16 rows, s32 for byte rows (brute_join_tc_bytes).
+template <bool BYTES> struct TcElement { typedef float Type; };
+template <> struct TcElement<true> { typedef int Type; };
+
+// brute_join_tc on f16 rows (BYTES false) or, under wgmma only, brute_join_tc_bytes on byte rows:
+// the same pipeline with half the chunks a row (128 bytes hold 128 coordinates instead of 64),
+// the exact integer test of bytes_row_bound, and no queue to drain.
+template <bool BYTES>
+__device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const TensorMap& left_map, const TensorMap& right_map) {
 #if __CUDA_ARCH__ >= 800
+    typedef typename TcElement<BYTES>::Type Element;
     // Dynamic shared memory: the queue's pairs, the resident left tile's chunks (rows of at most
     // TC_RESIDENT_CHUNKS chunks), then the pipeline's stages (16-byte aligned), sized by the host
     // for the mma.sync layout.
     extern __shared__ __align__(16) u32 tc_shared[];
     __shared__ u32 queue_len;
-    __shared__ float row_bounds[TILE];
-    __shared__ __align__(8) float col_offsets[TC_OFFSET_RING][TILE];
+    __shared__ Element row_bounds[TILE];
+    __shared__ __align__(8) Element col_offsets[TC_OFFSET_RING][TILE];
 #if TC_WGMMA
     // Completed by each stage's TMA copies (one phase a use), and by the resident left tile's.
     __shared__ u64 stage_full[4], left_full;
 #endif
-    const u32 row_words = tc_row_words(p.dim);
+    const u32 row_words = BYTES ? byte_row_words(p.dim) : tc_row_words(p.dim);
     const u32 chunks = (row_words + TC_CHUNK - 1) / TC_CHUNK;
     const bool resident = chunks <= TC_RESIDENT_CHUNKS;
     u32 shared_bytes;
@@ -907,10 +1061,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k16 layout
     if (threadIdx.x == 0) queue.len = 0;  // before any push: the first step's barrier orders them
     // The left tile's filter bounds, likewise ordered before the first epilogue.
-    if (threadIdx.x < TILE)
-        row_bounds[threadIdx.x] = tc_row_bound(p, row0 + threadIdx.x, slot_end, lfnorm, lfsq, row_threshold, row_limit);
+    if (threadIdx.x < TILE) {
+        if constexpr (BYTES) row_bounds[threadIdx.x] = bytes_row_bound(p, row0 + threadIdx.x, slot_end, (const u32*)lfsq, row_threshold);
+        else row_bounds[threadIdx.x] = tc_row_bound(p, row0 + threadIdx.x, slot_end, lfnorm, lfsq, row_threshold, row_limit);
+    }
 #if TC_WGMMA
-    typedef float TileAcc[1][16][4];
+    typedef Element TileAcc[1][16][4];
     TileAcc acc = {};
 #else
     typedef float TileAcc[4][4][4];
@@ -935,8 +1091,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
     u32 load = 0, load_stage = 0, load_chunk = 0, load_col = first_col, load_tile = 0;
     auto load_next = [&]() {
         if (load < steps) {
-            if (load_chunk == 0 && threadIdx.x < TILE)
-                col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x] = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
+            if (load_chunk == 0 && threadIdx.x < TILE) {
+                Element& offset = col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x];
+                if constexpr (BYTES) offset = bytes_col_offset(load_col + threadIdx.x, right_len, (const u32*)rfsq);
+                else offset = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
+            }
             u32 stage = load_stage;
             load_stage = load_stage + 1 == stages ? 0 : load_stage + 1;
 #if TC_WGMMA
@@ -985,9 +1144,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #endif
     u32 col0 = first_col, tile = 0, compute_stage = 0;  // the tile being computed, and the stage of its step
     auto epilogue = [&](TileAcc& tile_acc, u32 tile_col0, u32 tile_index) {
-        tc_epilogue(p, row0, tile_col0, warp_row, warp_col, group, quad, lane, queue, tile_acc, row_bounds,
-                    col_offsets[tile_index % TC_OFFSET_RING], slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
-                    row_threshold, counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
+        if constexpr (BYTES)
+            bytes_epilogue(p, row0, tile_col0, warp_row, group, quad, tile_acc, row_bounds, col_offsets[tile_index % TC_OFFSET_RING],
+                           (const u32*)lfsq, slot_begin, left_order, right_order, row_threshold, counts, cursors, out_left,
+                           out_right, out_distance, collected, capacity, write);
+        else
+            tc_epilogue(p, row0, tile_col0, warp_row, warp_col, group, quad, lane, queue, tile_acc, row_bounds,
+                        col_offsets[tile_index % TC_OFFSET_RING], slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
+                        row_threshold, counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
     };
     // The start of every step: the stage that load_next refills free, and this step's data in.
     auto begin_step = [&]() {
@@ -1027,9 +1191,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
         const u32 stage = begin_step();
         const u64 a = tc_descriptor(x_at(stage, c) + warp / 4 * 64 * 128), b = tc_descriptor(y_at(stage));
         wgmma_fence();
-        wgmma_m64n128k16(acc, a, b, c > 0);
+        if constexpr (BYTES) {
+            wgmma_m64n128k32_u8(acc, a, b, c > 0);
 #pragma unroll
-        for (u32 k = 8; k < TC_CHUNK; k += 8) wgmma_m64n128k16(acc, a + k / 4, b + k / 4, 1);
+            for (u32 k = 8; k < TC_CHUNK; k += 8) wgmma_m64n128k32_u8(acc, a + k / 4, b + k / 4, 1);
+        } else {
+            wgmma_m64n128k16(acc, a, b, c > 0);
+#pragma unroll
+            for (u32 k = 8; k < TC_CHUNK; k += 8) wgmma_m64n128k16(acc, a + k / 4, b + k / 4, 1);
+        }
         wgmma_commit();
     };
     for (; tile < tiles; ++tile, col0 += TILE) {
@@ -1076,7 +1246,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #endif
     // The queued pairs, DRAIN_PAIRS a warp and a thread each: their exact distances computed side
     // by side, the rows staged through the pipeline's stages, which no copy uses any more (every
-    // step's group is complete) once every warp is past its last step.
+    // step's group is complete) once every warp is past its last step. Byte rows queue none.
+    if constexpr (BYTES) return;
     __syncthreads();
     u32 queued = min(queue.len, p.tc_queue);
     double* scratch = (double*)x_resident + (threadIdx.x / 32) * 2 * DRAIN_PAIRS * DRAIN_STRIDE;
@@ -1102,3 +1273,25 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PA
 #endif
 }
 
+#define BRUTE_JOIN_ARGS                                                                                    \
+    p, slot_begin, slot_end, right_begin, right_len, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, \
+        right_order, lfsq, rfsq, row_threshold, row_limit, counts, cursors, out_left, out_right, out_distance,  \
+        collected, capacity, write
+
+// Two blocks an SM, so that one block's warps hide the other's latencies. (Under wgmma, one block
+// with 255 registers a thread for two sets of accumulators, tile T's epilogue running while tile
+// T + 1's wgmma did, took 1.5 times as long: with 8 warps an SM every barrier and epilogue was
+// exposed, NOTES.md v58.)
+extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS, const __grid_constant__ TensorMap left_map,
+                                                                   const __grid_constant__ TensorMap right_map) {
+    brute_join_tc_run<false>(BRUTE_JOIN_ARGS, left_map, right_map);
+}
+
+// brute_join_tc on byte rows (pack_byte_rows), passed in the f32 filter rows' place, with their
+// integer squared norms in lfsq's and rfsq's: sm_90a only (the host launches it only there).
+extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc_bytes(BRUTE_JOIN_PARAMS, const __grid_constant__ TensorMap left_map,
+                                                                         const __grid_constant__ TensorMap right_map) {
+#if TC_WGMMA
+    brute_join_tc_run<true>(BRUTE_JOIN_ARGS, left_map, right_map);
+#endif
+}

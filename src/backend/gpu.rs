@@ -17,8 +17,8 @@ use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
-    KNN_SAMPLE, KnnSample, PassBuffers, PassKind, RankedLists, SideBuffers, rank_lists_most_k, start_rank_lists, available_memory, filter_rows, gather_rows, tc_row_words, host_results, join_pass, launch_join_pass,
+    ByteRows, DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
+    KNN_SAMPLE, KnnSample, PassBuffers, PassKind, RankedLists, SideBuffers, rank_lists_most_k, start_rank_lists, available_memory, filter_rows, gather_rows, tc_row_words, byte_row_words, byte_rows, byte_sides, host_results, join_pass, launch_join_pass,
     filter_max_abs, identity_order, pack_half_rows, rank_slots, host_ranked, KEPT_RANKED, sample_half_rows, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
@@ -239,7 +239,7 @@ impl GpuBackend {
                 Some(side) => side,
                 None => self.upload(host)?,
             };
-            let side = self.with_half_rows(side, dim, tc)?;
+            let side = self.with_tensor_core_rows(side, dim, tc, metric)?;
             let centred_on = centre.map(Arc::downgrade);
             let derived = Arc::new(DerivedSide { metric: metric_code(metric), centred_on, scale_exponent: tc, largest: largest.first().copied().unwrap_or(f32::NAN), side });
             if let Some(key) = key.filter(|_| gemm && !largest.is_empty()) {
@@ -250,6 +250,7 @@ impl GpuBackend {
         let (base_side, reused) = derive(kept, built, &base_host, &base_largest, keep_key.as_ref(), None)?;
         let (query_side, query_reused) = derive(kept_query, query_built, &query_host, &query_largest, query_key.as_ref(), keep_key.as_ref())?;
         let (base_buffers, query_buffers) = (&base_side.side, &query_side.side);
+        stats.byte_row_tiles = byte_sides(&self.device, &params, query_buffers, base_buffers).is_some().into();
         stats.resident_inputs = usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
         // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
         // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
@@ -664,11 +665,13 @@ fn device_side<'a>(v: &'a Vectors, origin: &[f64]) -> HostSide<'a> {
 /// value, which a one-row side gathers harmlessly).
 fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::CudaSlice<u32>, dim: usize) -> Result<SideBuffers, String> {
     let n = order.len();
-    // A grid's sides are never the tensor cores' (gpu_join), so they have no f16 rows to gather.
-    let SideBuffers { filter, half_rows: _, exact, norms, filter_norms, filter_sq_norms, order: _, resident } = side;
+    // A grid's sides are never the tensor cores' (gpu_join), so they have no f16 or byte rows to
+    // gather.
+    let SideBuffers { filter, exact, norms, filter_norms, filter_sq_norms, resident, .. } = side;
     let per_row = |buffer: cudarc::driver::CudaSlice<f32>| if buffer.len() == n { gather_rows(device, &buffer, n, &order, n, 1) } else { Ok(buffer) };
     Ok(SideBuffers {
         half_rows: None,
+        byte_rows: None,
         filter: gather_rows(device, &filter, n, &order, n, dim)?,
         exact: Arc::new(gather_rows(device, &exact, n, &order, n, dim)?),
         norms: if norms.len() == n { gather_rows(device, &norms, n, &order, n, 1)? } else { norms },
@@ -699,6 +702,14 @@ fn subset_side(device: &GpuDevice, side: &SideBuffers, rows: &[u32], dim: usize)
     Ok(SideBuffers {
         filter: gather_rows(device, &side.filter, source, &picked, n, dim)?,
         half_rows: side.half_rows.as_ref().map(|h| gather_rows(device, h, source, &picked, n, tc_row_words(dim))).transpose()?,
+        byte_rows: match &side.byte_rows {
+            Some(b) => Some(ByteRows {
+                rows: gather_rows(device, &b.rows, source, &picked, n, byte_row_words(dim))?,
+                sq_norms: gather_rows(device, &b.sq_norms, source, &picked, n, 1)?,
+                offset: b.offset,
+            }),
+            None => None,
+        },
         exact: Arc::new(gather_rows(device, &side.exact, source, &picked, n, dim)?),
         norms: per_row(device, &side.norms, source, &picked)?,
         filter_norms: per_row(device, &side.filter_norms, source, &picked)?,
@@ -727,7 +738,7 @@ impl GpuBackend {
             Some(order) => upload(device, order)?,
             None => identity_order(device, side.rows)?,
         };
-        Ok(SideBuffers { filter, half_rows: None, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order, resident })
+        Ok(SideBuffers { filter, half_rows: None, byte_rows: None, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order, resident })
     }
 
     /// The exponent `a` of the power of two brute_join_tc scales every side's f16 rows by (the
@@ -756,10 +767,15 @@ impl GpuBackend {
         }
     }
 
-    /// `side` with its f16 rows for brute_join_tc, scaled by 2^a, where the tensor cores filter.
-    fn with_half_rows(&self, mut side: SideBuffers, dim: usize, tc: Option<i32>) -> Result<SideBuffers, String> {
+    /// `side` with its rows for the tensor cores where they filter: its f16 rows for brute_join_tc,
+    /// scaled by 2^a, and for L2 and L2² its byte rows where every value is an integer within one
+    /// window of 256 ([`byte_rows`]: brute_join_tc_bytes, whose integer filter is exact).
+    fn with_tensor_core_rows(&self, mut side: SideBuffers, dim: usize, tc: Option<i32>, metric: Metric) -> Result<SideBuffers, String> {
         if let Some(a) = tc {
             side.half_rows = Some(pack_half_rows(&self.device, &side.filter, side.order.len(), dim, 2f32.powi(a))?);
+            if matches!(metric, Metric::L2 | Metric::L2Squared) {
+                side.byte_rows = byte_rows(&self.device, &side.exact, side.order.len(), dim)?;
+            }
         }
         Ok(side)
     }
@@ -849,8 +865,9 @@ impl GpuBackend {
             ..filter_params(metric, dim, gemm, tc)
         };
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
-        left_buffers = self.with_half_rows(left_buffers, dim, tc)?;
-        right_buffers = right_buffers.map(|side| self.with_half_rows(side, dim, tc)).transpose()?;
+        left_buffers = self.with_tensor_core_rows(left_buffers, dim, tc, metric)?;
+        right_buffers = right_buffers.map(|side| self.with_tensor_core_rows(side, dim, tc, metric)).transpose()?;
+        stats.byte_row_tiles = byte_sides(&self.device, &params, &left_buffers, right_buffers.as_ref().unwrap_or(&left_buffers)).is_some().into();
         let right_len = right_host.as_ref().map_or(left_host.rows, |h| h.rows) as u32;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");

@@ -125,6 +125,9 @@ pub struct RunStats {
     pub tiles: u64,
     /// GPU: inputs whose rows were already on the device (kept from an earlier query).
     pub resident_inputs: usize,
+    /// GPU: tiles whose brute-force passes ran on byte rows (integer coordinates within one window
+    /// of 256: brute_join_tc_bytes, an exact filter on the tensor cores).
+    pub byte_row_tiles: u64,
     /// Time spent choosing the strategy and building indexes.
     pub build_time: Duration,
     /// Time spent finding and sending results.
@@ -146,6 +149,7 @@ impl RunStats {
         self.write_passes += other.write_passes;
         self.tiles += other.tiles;
         self.resident_inputs += other.resident_inputs;
+        self.byte_row_tiles += other.byte_row_tiles;
         self.build_time += other.build_time;
         self.probe_time += other.probe_time;
         self.transfer_time += other.transfer_time;

@@ -41,6 +41,8 @@ struct SimilarityMetrics {
     cached_inputs: Count,
     /// GPU: inputs whose rows were already on the device.
     resident_inputs: Count,
+    /// GPU: tiles whose brute-force passes ran on byte rows (exact integer filter).
+    byte_row_tiles: Count,
     /// Concatenating each input's batches and converting them to f64 vectors (before the backend).
     convert_time: Time,
     build_time: Time,
@@ -63,6 +65,7 @@ impl SimilarityMetrics {
             indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
             cached_inputs: MetricBuilder::new(set).counter("cached_inputs", 0),
             resident_inputs: MetricBuilder::new(set).counter("resident_inputs", 0),
+            byte_row_tiles: MetricBuilder::new(set).counter("byte_row_tiles", 0),
             convert_time: MetricBuilder::new(set).subset_time("convert_time", 0),
             build_time: MetricBuilder::new(set).subset_time("build_time", 0),
             probe_time: MetricBuilder::new(set).subset_time("probe_time", 0),
@@ -84,6 +87,7 @@ impl SimilarityMetrics {
         self.write_passes.add(stats.write_passes as usize);
         self.tiles.add(stats.tiles as usize);
         self.resident_inputs.add(stats.resident_inputs);
+        self.byte_row_tiles.add(stats.byte_row_tiles as usize);
         self.indexed_dims.set(stats.indexed_dims);
         self.build_time.add_duration(stats.build_time);
         self.probe_time.add_duration(stats.probe_time);

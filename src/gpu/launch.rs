@@ -55,11 +55,11 @@ fn tc_queue(run: usize, per_tile: f64, queue_most: usize) -> usize {
 }
 
 /// The longest queue (a multiple of 64, 256 to 2,048 pairs: 16 KB) with which two brute_join_tc
-/// blocks with rows of `dim` values and their fewest stages still fit a multiprocessor
+/// blocks with rows of `row_words` words and their fewest stages still fit a multiprocessor
 /// ([`tc_dynamic_bytes`]): 2,048 at 128 dimensions on an H100, 320 at 784.
-fn tc_queue_most(per_block: usize, per_multiprocessor: usize, dim: usize, warpgroup_mma: bool) -> usize {
+fn tc_queue_most(per_block: usize, per_multiprocessor: usize, row_words: usize, warpgroup_mma: bool) -> usize {
     let fits = |queue: usize| {
-        let bytes = tc_dynamic_bytes(per_block, per_multiprocessor, dim, queue, warpgroup_mma);
+        let bytes = tc_dynamic_bytes(per_block, per_multiprocessor, row_words, queue, warpgroup_mma);
         bytes <= per_block && 2 * (bytes + TC_STATIC_BYTES) <= per_multiprocessor
     };
     (256..=2048).rev().step_by(64).find(|&queue| fits(queue)).unwrap_or(256)
@@ -80,7 +80,7 @@ const TC_RESIDENT_BYTES: usize = TC_RESIDENT_CHUNKS * BRUTE_TILE * 36 * 4;
 /// besides (1 KB on sm_80 and later).
 const TC_STATIC_BYTES: usize = 2096 + 1024;
 
-/// brute_join_tc's dynamic shared memory for rows of `dim` values: its queue, the resident left
+/// brute_join_tc's dynamic shared memory for rows of `row_words` words: its queue, the resident left
 /// tile where rows are that short, and the most pipeline stages with which two blocks still fit a
 /// multiprocessor; the kernel reads the stage count off the size. It is built for two resident
 /// blocks (`__launch_bounds__(256, 2)`): a stage that cost the second block would halve the warps
@@ -90,8 +90,8 @@ const TC_STATIC_BYTES: usize = 2096 + 1024;
 /// loader runs one or two steps ahead: four for rows of at most 128 dimensions with a queue of
 /// 256 pairs (two blocks of 110 + 3 KB), three for longer ones or a longer queue (`queue` pairs:
 /// [`tc_queue`]).
-fn tc_shared_bytes(device: &GpuDevice, dim: usize, queue: usize) -> u32 {
-    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, dim, queue, warpgroup_mma(device)) as u32
+fn tc_shared_bytes(device: &GpuDevice, row_words: usize, queue: usize) -> u32 {
+    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, row_words, queue, warpgroup_mma(device)) as u32
 }
 
 /// Whether brute_join_tc multiplies by wgmma on `device` (compiled for sm_90a).
@@ -99,8 +99,8 @@ fn warpgroup_mma(device: &GpuDevice) -> bool {
     device.arch == "sm_90a"
 }
 
-fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, dim: usize, queue: usize, warpgroup_mma: bool) -> usize {
-    let resident = tc_row_words(dim).div_ceil(32) <= TC_RESIDENT_CHUNKS;
+fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, row_words: usize, queue: usize, warpgroup_mma: bool) -> usize {
+    let resident = row_words.div_ceil(32) <= TC_RESIDENT_CHUNKS;
     let queue_bytes = queue * TC_QUEUE_ENTRY_BYTES;
     let bytes = |stages: usize| match resident {
         true => queue_bytes + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2,
@@ -208,6 +208,9 @@ pub struct SideBuffers {
     /// brute_join_tc's rows: `filter` scaled and rounded to f16 ([`pack_half_rows`]); `None`
     /// where the tensor cores do not filter.
     pub half_rows: Option<CudaSlice<u32>>,
+    /// brute_join_tc_bytes's rows where every value is an integer within one window of 256
+    /// ([`byte_rows`]); `None` elsewhere.
+    pub byte_rows: Option<ByteRows>,
     /// f64 exact rows (shared with the device's resident rows when kept across queries).
     pub exact: Arc<CudaSlice<f64>>,
     /// Cosine: Σx² per row (else one unused value).
@@ -225,9 +228,21 @@ pub struct SideBuffers {
 impl SideBuffers {
     /// Device bytes of the side's buffers but its exact rows (which may be shared).
     pub fn own_bytes(&self) -> usize {
-        4 * (self.filter.len() + self.half_rows.as_ref().map_or(0, |h| h.len()) + self.filter_norms.len() + self.filter_sq_norms.len() + self.order.len())
+        let byte_words = self.byte_rows.as_ref().map_or(0, |b| b.rows.len() + b.sq_norms.len());
+        4 * (self.filter.len() + self.half_rows.as_ref().map_or(0, |h| h.len()) + byte_words + self.filter_norms.len() + self.filter_sq_norms.len() + self.order.len())
             + 8 * self.norms.len()
     }
+}
+
+/// A side's rows for brute_join_tc_bytes (pack_byte_rows in kernels/sim_join.cu): each value
+/// minus `offset`, a byte, four to a word ([`byte_row_words`] a row), and each row's sum of
+/// squares of those bytes.
+#[derive(Debug)]
+pub struct ByteRows {
+    pub rows: CudaSlice<u32>,
+    pub sq_norms: CudaSlice<u32>,
+    /// 0 for values in [0, 255], −128 for values in [−128, 127]: both sides of a pass need the same.
+    pub offset: i32,
 }
 
 /// The grid of a join on the device.
@@ -345,36 +360,43 @@ pub fn launch_join_pass(
     kind: PassKind,
 ) -> Result<&'static str, String> {
     let JoinInputs { left, right, right_len, grid, expected_share } = inputs;
+    let byte_sides = byte_sides(device, params, left, right);
     let kernel = match grid {
         Some(_) => "grid_join",
+        None if byte_sides.is_some() => "brute_join_tc_bytes",
         None if params.tensor_cores != 0 => "brute_join_tc",
         None => "brute_join",
     };
+    let tensor_cores = kernel.starts_with("brute_join_tc");
     if slots.is_empty() {
         return Ok(kernel);
     }
     let function = device.function(KernelModule::SimJoin, kernel)?;
-    // brute_join_tc reads the sides' f16 rows in the f32 filter rows' place.
-    let half_rows = match (kernel, &left.half_rows, &right.half_rows) {
-        ("brute_join_tc", Some(l), Some(r)) => Some((l, r)),
-        ("brute_join_tc", ..) => return Err("brute_join_tc: a side has no f16 rows".to_string()),
-        _ => None,
+    // brute_join_tc reads the sides' f16 rows, brute_join_tc_bytes their byte rows, in the f32
+    // filter rows' place (and the byte rows' squared norms in the f32 ones').
+    let (tc_rows, row_words) = match (byte_sides, &left.half_rows, &right.half_rows) {
+        (Some((l, r)), ..) => (Some((&l.rows, &r.rows)), byte_row_words(params.dim as usize)),
+        (None, Some(l), Some(r)) if tensor_cores => (Some((l, r)), tc_row_words(params.dim as usize)),
+        _ if tensor_cores => return Err("brute_join_tc: a side has no f16 rows".to_string()),
+        _ => (None, 0),
     };
     let left_tiles = slots.len().div_ceil(BRUTE_TILE);
     // brute_join_tc's run and queue, from twice the pairs expected a tile where the pass expects
-    // many (kNN: `expected_share`); the other kernels have neither.
-    let (run, queue) = if kernel == "brute_join_tc" {
-        let per_tile = 2.0 * expected_share * (BRUTE_TILE * BRUTE_TILE) as f64;
-        let queue_most = tc_queue_most(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, params.dim as usize, warpgroup_mma(device));
-        let run = tc_run(device, left_tiles, right_len as usize, per_tile, queue_most);
-        (run, tc_queue(run, per_tile, queue_most))
-    } else {
-        (1, 0)
+    // many (kNN: `expected_share`); brute_join_tc_bytes decides every pair in its epilogue and
+    // queues none; the other kernels have neither.
+    let (run, queue) = match kernel {
+        "brute_join_tc" => {
+            let per_tile = 2.0 * expected_share * (BRUTE_TILE * BRUTE_TILE) as f64;
+            let queue_most = tc_queue_most(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, row_words, warpgroup_mma(device));
+            let run = tc_run(device, left_tiles, right_len as usize, per_tile, queue_most);
+            (run, tc_queue(run, per_tile, queue_most))
+        }
+        "brute_join_tc_bytes" => (tc_run(device, left_tiles, right_len as usize, 0.0, 0), 0),
+        _ => (1, 0),
     };
     let params = &JoinParams { tc_run: run as u32, tc_queue: queue as u32, ..*params };
-    let shared_mem_bytes = if kernel == "brute_join_tc" { tc_shared_bytes(device, params.dim as usize, params.tc_queue as usize) } else { 0 };
-    let row_words = tc_row_words(params.dim as usize);
-    let maps = match half_rows {
+    let shared_mem_bytes = if tensor_cores { tc_shared_bytes(device, row_words, params.tc_queue as usize) } else { 0 };
+    let maps = match tc_rows {
         Some((l, r)) => Some((half_row_map(device, l, row_words)?, half_row_map(device, r, row_words)?)),
         None => None,
     };
@@ -419,7 +441,7 @@ pub fn launch_join_pass(
         if grid.is_none() {
             builder.arg(&right_begin).arg(&right_len);
         }
-        match half_rows {
+        match tc_rows {
             Some((l, r)) => builder.arg(l).arg(r),
             None => builder.arg(&left.filter).arg(&right.filter),
         };
@@ -440,11 +462,13 @@ pub fn launch_join_pass(
                 .arg(&g.cell_table)
                 .arg(&g.left_sort_keys)
                 .arg(&g.right_sort_keys),
-            None => builder
-                .arg(&left.filter_sq_norms)
-                .arg(&right.filter_sq_norms)
-                .arg(&pass.row_threshold)
-                .arg(&pass.row_limit),
+            None => {
+                match byte_sides {
+                    Some((l, r)) => builder.arg(&l.sq_norms).arg(&r.sq_norms),
+                    None => builder.arg(&left.filter_sq_norms).arg(&right.filter_sq_norms),
+                };
+                builder.arg(&pass.row_threshold).arg(&pass.row_limit)
+            }
         };
         builder
             .arg(&mut pass.counts)
@@ -469,7 +493,9 @@ pub fn launch_join_pass(
         // only below (end − begin)·slot_capacity, which `out_right` and `out_distance` hold
         // (checked above). brute_join_tc gets the dynamic shared memory of its queue and 2 to 4
         // pipeline stages (tc_shared_bytes, allowed by the attribute set above) and uses no more
-        // than the stages that size holds; its TMA maps (sm_90a) cover exactly its sides' f16 rows. A write pass's output buffers
+        // than the stages that size holds; its TMA maps (sm_90a) cover exactly its sides' f16 rows
+        // (brute_join_tc_bytes: byte rows, `byte_row_words` a row, and one u32 squared norm a row
+        // in the squared norms' place, which it reads as u32). A write pass's output buffers
         // hold at least the batch's total count, which it never exceeds because it re-finds
         // exactly the pairs the count pass counted (same inputs, same deterministic arithmetic),
         // each row within its own [offset, offset + count) range, whatever launches the right rows
@@ -483,6 +509,63 @@ pub fn launch_join_pass(
 /// f16 a word, padded to whole groups of four words.
 pub fn tc_row_words(dim: usize) -> usize {
     dim.div_ceil(8) * 4
+}
+
+/// Words of a brute_join_tc_bytes row of `dim` coordinates (`byte_row_words` in
+/// kernels/sim_join.cu): four bytes a word, padded to whole groups of four words.
+pub fn byte_row_words(dim: usize) -> usize {
+    dim.div_ceil(16) * 4
+}
+
+/// The most dimensions of byte rows: the s32 dot products and squared norms of brute_join_tc_bytes
+/// stay below 2²⁹ (8,192 · 255² < 2²⁹; its bounds and sentinels in kernels/sim_join.cu rely on it).
+const BYTE_ROWS_MOST_DIM: usize = 8192;
+
+/// Both sides' byte rows where a pass runs on them (brute_join_tc_bytes): brute force on the
+/// tensor cores (the GEMM filter of L2 and L2², the only metrics given byte rows: the sides'
+/// builder, `with_tensor_core_rows` in src/backend/gpu.rs), under wgmma, both sides shifted alike.
+pub fn byte_sides<'a>(device: &GpuDevice, params: &JoinParams, left: &'a SideBuffers, right: &'a SideBuffers) -> Option<(&'a ByteRows, &'a ByteRows)> {
+    match (&left.byte_rows, &right.byte_rows) {
+        (Some(l), Some(r)) if params.tensor_cores != 0 && warpgroup_mma(device) && l.offset == r.offset => Some((l, r)),
+        _ => None,
+    }
+}
+
+/// A side's byte rows (`rows` of `dim` of its exact values, [`ByteRows`]) where they can hold it:
+/// on a device with wgmma, at most [`BYTE_ROWS_MOST_DIM`] dimensions, every value an integer in
+/// [0, 255] or else in [−128, 127] (integer_range, then pack_byte_rows in kernels/sim_join.cu);
+/// `None` otherwise.
+pub fn byte_rows(device: &GpuDevice, exact: &CudaSlice<f64>, rows: usize, dim: usize) -> Result<Option<ByteRows>, String> {
+    if !warpgroup_mma(device) || rows == 0 || dim == 0 || dim > BYTE_ROWS_MOST_DIM || exact.len() < rows * dim {
+        return Ok(None);
+    }
+    let stream = &device.stream;
+    let failed = |e: cudarc::driver::DriverError| format!("integer_range failed: {e}");
+    let range = device.function(KernelModule::SimJoin, "integer_range")?;
+    let mut result = stream.clone_htod(&[i32::MAX, i32::MIN, 0]).map_err(failed)?;
+    let len = (rows * dim) as u64;
+    let mut builder = stream.launch_builder(&range);
+    builder.arg(exact).arg(&len).arg(&mut result);
+    // SAFETY: integer_range(const double*, u64, int*) reads indices < len ≤ the rows' length
+    // (checked above) in a grid-stride loop and updates the three values of `result`.
+    unsafe { builder.launch(strided(len)) }.map_err(|e| format!("integer_range launch failed: {e}"))?;
+    let offset = match stream.clone_dtoh(&result).map_err(failed)?[..] {
+        [least, greatest, 0] if least >= 0 && greatest <= 255 => 0,
+        [least, greatest, 0] if least >= -128 && greatest <= 127 => -128,
+        _ => return Ok(None),
+    };
+    let pack = device.function(KernelModule::SimJoin, "pack_byte_rows")?;
+    let row_words = byte_row_words(dim);
+    let mut packed = stream.alloc_zeros::<u32>(rows * row_words).map_err(alloc_failed)?;
+    let mut sq_norms = stream.alloc_zeros::<u32>(rows).map_err(alloc_failed)?;
+    let (rows64, dim32, words32) = (rows as u64, dim as u32, row_words as u32);
+    let mut builder = stream.launch_builder(&pack);
+    builder.arg(exact).arg(&rows64).arg(&dim32).arg(&words32).arg(&offset).arg(&mut packed).arg(&mut sq_norms);
+    // SAFETY: pack_byte_rows(const double*, u64, u32, u32, int, u32*, u32*) reads rows · dim ≤
+    // the exact rows' length values and writes rows · row_words words and rows norms, the
+    // outputs' lengths, a warp a row in a grid-stride loop.
+    unsafe { builder.launch(strided(rows as u64 * 32)) }.map_err(|e| format!("pack_byte_rows launch failed: {e}"))?;
+    Ok(Some(ByteRows { rows: packed, sq_norms, offset }))
 }
 
 /// The largest |value| of f32 `values` (filter_max_abs in kernels/sim_join.cu); NaN if one is.
@@ -1367,8 +1450,8 @@ mod tests {
     fn dense_passes_take_longer_queues_that_leave_two_blocks_a_multiprocessor() {
         // H100 (sm_90a): rows of 128 dimensions leave room for the longest queue; of 784, only
         // for what two blocks of three stages of both tiles leave.
-        assert_eq!(tc_queue_most(232_448, 233_472, 128, true), 2048);
-        assert_eq!(tc_queue_most(232_448, 233_472, 784, true), 320);
+        assert_eq!(tc_queue_most(232_448, 233_472, tc_row_words(128), true), 2048);
+        assert_eq!(tc_queue_most(232_448, 233_472, tc_row_words(784), true), 320);
         // P1 at k = 10 (rank 2 of a sample of 4,096: 8 pairs a tile, doubled) keeps runs of 64's
         // 1,024; at k = 10,000 (rank 58: ~232, doubled) runs of 4 queue what they expect.
         assert_eq!(tc_queue(64, 16.0, 2048), 1024);
@@ -1397,31 +1480,41 @@ mod tests {
     #[test]
     fn three_stages_only_where_two_blocks_still_fit() {
         // 227 KB a block, 228 KB a multiprocessor (an H100 as if it had no wgmma).
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, QUEUE, false), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(784), QUEUE, false), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
         // sm_80 (A100): three stages would fit one block (163 KB) but not two in 164 KB.
-        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 784, QUEUE, false), QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936, tc_row_words(784), QUEUE, false), QUEUE_BYTES + 2 * TC_STAGE_BYTES);
         // sm_86, sm_89: 99 KB a block.
-        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 784, QUEUE, false), QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400, tc_row_words(784), QUEUE, false), QUEUE_BYTES + 2 * TC_STAGE_BYTES);
     }
 
     #[test]
     fn warpgroup_mma_takes_a_stage_more_where_two_blocks_fit() {
         // sm_90a (H100): 784 dimensions, three stages of both tiles; 128, four of the right tile's.
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 784, QUEUE, true), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, QUEUE, true), QUEUE_BYTES + TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(784), QUEUE, true), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(128), QUEUE, true), QUEUE_BYTES + TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
         // Runs of 64 (P1): the queue of 1,024 pairs leaves room for three.
         assert_eq!(tc_queue(64, 0.0, 2048), 1024);
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, 1024, true), 1024 * TC_QUEUE_ENTRY_BYTES + TC_RESIDENT_BYTES + 3 * TC_STAGE_BYTES / 2);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(128), 1024, true), 1024 * TC_QUEUE_ENTRY_BYTES + TC_RESIDENT_BYTES + 3 * TC_STAGE_BYTES / 2);
+    }
+
+    #[test]
+    fn byte_rows_take_half_the_chunks_and_no_queue() {
+        // 784 byte coordinates: 196 words, seven chunks (f16: 392, thirteen), three stages of both
+        // tiles; 256: two chunks, the left tile resident and four stages of the right one's.
+        assert_eq!((byte_row_words(784), tc_row_words(784)), (196, 392));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, byte_row_words(784), 0, true), 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, byte_row_words(256), 0, true), TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
+        assert_eq!(byte_row_words(1), 4);
     }
 
     #[test]
     fn rows_of_two_chunks_keep_the_left_tile_resident() {
         let resident = |stages: usize| QUEUE_BYTES + TC_RESIDENT_BYTES + stages * TC_STAGE_BYTES / 2;
         // 128 dimensions: 64 words, two chunks; 129: 68 words, three.
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 128, QUEUE, false), resident(3));
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 1, QUEUE, false), resident(3));
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, 129, QUEUE, false), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
-        assert_eq!(tc_dynamic_bytes(166_912, 167_936, 128, QUEUE, false), resident(2));
-        assert_eq!(tc_dynamic_bytes(101_376, 102_400, 128, QUEUE, false), resident(2));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(128), QUEUE, false), resident(3));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(1), QUEUE, false), resident(3));
+        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(129), QUEUE, false), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(tc_dynamic_bytes(166_912, 167_936, tc_row_words(128), QUEUE, false), resident(2));
+        assert_eq!(tc_dynamic_bytes(101_376, 102_400, tc_row_words(128), QUEUE, false), resident(2));
     }
 }

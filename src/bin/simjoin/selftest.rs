@@ -44,6 +44,15 @@ fn lattice(n: usize, dim: usize) -> Vec<f64> {
     (0..n * dim).map(|i| ((i * 7919) % 13) as f64).collect()
 }
 
+/// Gaussian points rounded to integers in [lo, lo + 255] (pixel-like bytes, or signed bytes for lo
+/// = −128), the first rows repeated (equal distances, ties by position): byte rows on the GPU
+/// (brute_join_tc_bytes).
+fn bytes(n: usize, dim: usize, lo: f64, seed: u64) -> Vec<f64> {
+    let mut values: Vec<f64> = datagen::generate(Distribution::Gaussian, n, dim, seed).into_iter().map(|g| (lo + 128.0 + 40.0 * g).round().clamp(lo, lo + 255.0)).collect();
+    values.copy_within(0..20 * dim, 20 * dim);
+    values
+}
+
 /// Uniform points with zero vectors (NaN cosine distances), NaN rows (skipped) and a far outlier.
 fn special(n: usize, dim: usize) -> Vec<f64> {
     let mut values = datagen::generate(Distribution::Uniform, n, dim, 6);
@@ -131,6 +140,10 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         ("special", special(900, 3), 3),
         // More base rows than kNN's 4096-row sample: sampled radii, not exact ones.
         ("gaussian", datagen::generate(Distribution::Gaussian, 9000, 16, 5), 16),
+        // Integer coordinates in one window of 256: rows of three chunks of 128 bytes (the last
+        // part-filled), and signed bytes.
+        ("bytes", bytes(1500, 300, 0.0, 8), 300),
+        ("signed bytes", bytes(1200, 40, -128.0, 9), 40),
     ];
     for (name, values, dim) in &datasets {
         let n = register_pair(&ctx, values, *dim)?;
@@ -214,6 +227,19 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         if tiles < 3 {
             failures += 1;
             println!("selftest: MISMATCH: gpu_memory_limit={limit} should split {n} × {dim} into at least 3 tiles, got {tiles}");
+        }
+    }
+    // Byte rows served the integer sets' L2 brute force on devices with wgmma (sm_90a).
+    if gpu.as_ref().is_ok_and(|device| device.arch == "sm_90a") {
+        for (name, values, dim) in [&datasets[8], &datasets[9]] {
+            let n = register_pair(&ctx, values, *dim)?;
+            let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
+            let tiles = explained_metric(&ctx, explain, "byte_row_tiles").await?;
+            println!("selftest: {name} {n} × {dim} kNN: {tiles} tile(s) on byte rows");
+            if tiles == 0 {
+                failures += 1;
+                println!("selftest: MISMATCH: {name}'s integer coordinates should run kNN on byte rows, got none");
+            }
         }
     }
     // In-memory inputs stay converted and, on the GPU, their rows stay on the device (README:
