@@ -987,10 +987,6 @@ __device__ __forceinline__ double drain_sum(u32 dim, const uint2* pairs, u32 cou
     return acc;
 }
 
-// The accumulators' element: f32 for f16 rows, s32 for byte rows (brute_join_tc_bytes).
-template <bool BYTES> struct TcElement { typedef float Type; };
-template <> struct TcElement<true> { typedef int Type; };
-
 // brute_join_tc on f16 rows (BYTES false) or, under wgmma only, brute_join_tc_bytes on byte rows:
 // the same pipeline with half the chunks a row (128 bytes hold 128 coordinates instead of 64),
 // the exact integer test of bytes_row_bound, and no queue to drain.

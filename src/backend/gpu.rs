@@ -19,7 +19,7 @@ use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     ByteRows, DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
     KNN_SAMPLE, KnnSample, PassBuffers, PassKind, RankedLists, SideBuffers, rank_lists_most_k, start_rank_lists, available_memory, filter_rows, gather_rows, tc_row_words, byte_row_words, byte_rows, byte_sides, host_results, join_pass, launch_join_pass,
-    filter_max_abs, identity_order, pack_half_rows, rank_slots, host_ranked, KEPT_RANKED, sample_half_rows, sample_radius_pass, sample_rows, upload,
+    filter_max_abs, identity_order, pack_half_rows, rank_slots, host_ranked, KEPT_RANKED, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
@@ -239,7 +239,7 @@ impl GpuBackend {
                 Some(side) => side,
                 None => self.upload(host)?,
             };
-            let side = self.with_tensor_core_rows(side, dim, tc, metric)?;
+            let side = self.with_tensor_core_rows(side, &host.exact, dim, tc, metric)?;
             let centred_on = centre.map(Arc::downgrade);
             let derived = Arc::new(DerivedSide { metric: metric_code(metric), centred_on, scale_exponent: tc, largest: largest.first().copied().unwrap_or(f32::NAN), side });
             if let Some(key) = key.filter(|_| gemm && !largest.is_empty()) {
@@ -255,8 +255,10 @@ impl GpuBackend {
         // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
         // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
         // rounding below the k-th distance about half the time, would leave those queries short.
-        let sample = match tc {
-            Some(a) if sample_len < n => sample_half_rows(&self.device, base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?,
+        // On byte rows, from theirs: exact keys on the integer tensor cores.
+        let sample = match (tc, byte_sides(&self.device, &params, query_buffers, base_buffers)) {
+            (Some(_), Some((_, base_bytes))) if sample_len < n => sample_byte_rows(&self.device, base_bytes, n, dim, sample_len)?,
+            (Some(a), _) if sample_len < n => sample_half_rows(&self.device, base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?,
             _ => KnnSample::Filter(sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?),
         };
         let stream = &self.device.stream;
@@ -769,11 +771,14 @@ impl GpuBackend {
 
     /// `side` with its rows for the tensor cores where they filter: its f16 rows for brute_join_tc,
     /// scaled by 2^a, and for L2 and L2² its byte rows where every value is an integer within one
-    /// window of 256 ([`byte_rows`]: brute_join_tc_bytes, whose integer filter is exact).
-    fn with_tensor_core_rows(&self, mut side: SideBuffers, dim: usize, tc: Option<i32>, metric: Metric) -> Result<SideBuffers, String> {
+    /// window of 256 ([`byte_rows`]: brute_join_tc_bytes, whose integer filter is exact). `values`
+    /// are its exact values on the host: where their first ones already rule byte rows out, as a
+    /// Gaussian's first value does, the device's pass over all of them (and its wait) is skipped.
+    fn with_tensor_core_rows(&self, mut side: SideBuffers, values: &[f64], dim: usize, tc: Option<i32>, metric: Metric) -> Result<SideBuffers, String> {
         if let Some(a) = tc {
             side.half_rows = Some(pack_half_rows(&self.device, &side.filter, side.order.len(), dim, 2f32.powi(a))?);
-            if matches!(metric, Metric::L2 | Metric::L2Squared) {
+            let may_be_bytes = values.iter().take(4096).all(|&v| v == v.round() && (-128.0..=255.0).contains(&v));
+            if matches!(metric, Metric::L2 | Metric::L2Squared) && may_be_bytes {
                 side.byte_rows = byte_rows(&self.device, &side.exact, side.order.len(), dim)?;
             }
         }
@@ -865,8 +870,8 @@ impl GpuBackend {
             ..filter_params(metric, dim, gemm, tc)
         };
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
-        left_buffers = self.with_tensor_core_rows(left_buffers, dim, tc, metric)?;
-        right_buffers = right_buffers.map(|side| self.with_tensor_core_rows(side, dim, tc, metric)).transpose()?;
+        left_buffers = self.with_tensor_core_rows(left_buffers, &left_host.exact, dim, tc, metric)?;
+        right_buffers = right_buffers.zip(right_host.as_ref()).map(|(side, host)| self.with_tensor_core_rows(side, &host.exact, dim, tc, metric)).transpose()?;
         stats.byte_row_tiles = byte_sides(&self.device, &params, &left_buffers, right_buffers.as_ref().unwrap_or(&left_buffers)).is_some().into();
         let right_len = right_host.as_ref().map_or(left_host.rows, |h| h.rows) as u32;
         let stream = &self.device.stream;

@@ -659,6 +659,9 @@ pub enum KnnSample {
     /// the keys are squared L2 distances (`None`: the inner product's, −x·s):
     /// knn_sample_distances_tc ([`sample_half_rows`]).
     Half { rows: CudaSlice<u32>, sq_norms: Option<CudaSlice<f32>>, scale_exponent: i32 },
+    /// brute_join_tc_bytes's byte rows and their squared norms, whose keys are exact squared
+    /// distances: knn_sample_distances_tc_bytes ([`sample_byte_rows`]).
+    Bytes(ByteRows),
 }
 
 /// The sample as knn_sample_distances_tc reads it, where the base has f16 rows (scaled by
@@ -671,8 +674,7 @@ pub fn sample_half_rows(device: &GpuDevice, base: &SideBuffers, n: usize, dim: u
     if sample_len == 0 || sample_len > n {
         return Err(format!("knn_sample_distances_tc: a sample of {sample_len} rows of a base of {n} rows"));
     }
-    let picked: Vec<u32> = (0..sample_len).map(|i| (i as u64 * n as u64 / sample_len as u64) as u32).collect();
-    let picked = device.stream.clone_htod(&picked).map_err(|e| format!("GPU copy failed: {e}"))?;
+    let picked = sample_positions(device, n, sample_len)?;
     let rows = gather_rows(device, half_rows, n, &picked, sample_len, tc_row_words(dim))?;
     let sq_norms = match squared_distances {
         true if base.filter_sq_norms.len() < n => return Err(format!("knn_sample_distances_tc: {} squared norms for a base of {n} rows", base.filter_sq_norms.len())),
@@ -680,6 +682,27 @@ pub fn sample_half_rows(device: &GpuDevice, base: &SideBuffers, n: usize, dim: u
         false => None,
     };
     Ok(KnnSample::Half { rows, sq_norms, scale_exponent })
+}
+
+/// The base rows a sample of `sample_len` of `n` takes, ⌊i·n/sample_len⌋ (knn_sample_rows' choice),
+/// on the device.
+fn sample_positions(device: &GpuDevice, n: usize, sample_len: usize) -> Result<CudaSlice<u32>, String> {
+    let picked: Vec<u32> = (0..sample_len).map(|i| (i as u64 * n as u64 / sample_len as u64) as u32).collect();
+    device.stream.clone_htod(&picked).map_err(|e| format!("GPU copy failed: {e}"))
+}
+
+/// The sample as knn_sample_distances_tc_bytes reads it, where the base has byte rows: rows
+/// ⌊i·n/sample_len⌋ (knn_sample_rows' choice) of them and of their squared norms, gathered.
+pub fn sample_byte_rows(device: &GpuDevice, base: &ByteRows, n: usize, dim: usize, sample_len: usize) -> Result<KnnSample, String> {
+    if sample_len == 0 || sample_len > n {
+        return Err(format!("knn_sample_distances_tc_bytes: a sample of {sample_len} rows of a base of {n} rows"));
+    }
+    let picked = sample_positions(device, n, sample_len)?;
+    Ok(KnnSample::Bytes(ByteRows {
+        rows: gather_rows(device, &base.rows, n, &picked, sample_len, byte_row_words(dim))?,
+        sq_norms: gather_rows(device, &base.sq_norms, n, &picked, sample_len, 1)?,
+        offset: base.offset,
+    }))
 }
 
 /// kNN's radius sample (knn_sample_rows in kernels/knn.cu): `sample_len` evenly spread rows of the
@@ -736,6 +759,7 @@ pub fn sample_radius_pass(
     let distances_kernel = device.function(KernelModule::Knn, match sample {
         KnnSample::Filter(_) => "knn_sample_distances",
         KnnSample::Half { .. } => "knn_sample_distances_tc",
+        KnnSample::Bytes(_) => "knn_sample_distances_tc_bytes",
     })?;
     let radius_kernel = device.function(KernelModule::Knn, "knn_sample_radius")?;
     let chunk = chunk_queries.min(queries.len());
@@ -772,6 +796,33 @@ pub fn sample_radius_pass(
                 unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances_tc launch failed: {e}"))?;
             }
             (KnnSample::Half { .. }, None) => return Err("knn_sample_distances_tc: the queries have no f16 rows".into()),
+            (KnnSample::Bytes(sample), _) => {
+                let query = match &query_side.byte_rows {
+                    Some(query) if query.offset == sample.offset && query.sq_norms.len() >= end as usize && sample.sq_norms.len() >= sample_len as usize => query,
+                    _ => return Err("knn_sample_distances_tc_bytes: the queries have no byte rows shifted as the sample's".into()),
+                };
+                let (row_words, unscale, squared) = (byte_row_words(params.dim as usize) as u32, 1f32, 1u32);
+                builder
+                    .arg(&row_words)
+                    .arg(&begin)
+                    .arg(&end)
+                    .arg(&query.rows)
+                    .arg(&query.sq_norms)
+                    .arg(&sample.rows)
+                    .arg(&sample.sq_norms)
+                    .arg(&sample_len)
+                    .arg(&unscale)
+                    .arg(&squared)
+                    .arg(&mut distances);
+                // SAFETY: the arguments match knn_sample_distances_tc_bytes's parameter list one for
+                // one (the squared norms, u32, in the f32 ones' place, which it reads as u32). A
+                // block reads `row_words` words of query rows in [begin, end) (within the query
+                // side's byte rows, packed with this `dim`) and of sample rows < sample_len
+                // (gathered with this `dim` by sample_byte_rows), and the squared norms of those
+                // rows (checked above); it writes entry (q − begin)·SAMPLE + i for q < end and
+                // i < sample_len, within `distances` (chunk ≥ end − begin rows of SAMPLE).
+                unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances_tc_bytes launch failed: {e}"))?;
+            }
             (KnnSample::Filter(sample), _) => {
                 builder
                     .arg(params)
