@@ -732,7 +732,7 @@ __device__ __forceinline__ void wgmma_settled(int (&d)[1][16][4]) { asm volatile
 
 // The Hopper tensor memory accelerator (TMA) copies a chunk's tile (128 rows × 32 words) into
 // shared memory on one thread's request, in the 128-byte swizzle (the map's, src/gpu/launch.rs
-// `half_row_map`), with zeros beyond the data, and counts its bytes on an mbarrier that the
+// `tc_row_map`), with zeros beyond the data, and counts its bytes on an mbarrier that the
 // readers wait on: the cp.async loader spent ~170 instructions a warp and step (NOTES.md v58).
 __device__ __forceinline__ void mbarrier_init(u64* barrier) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((u32)__cvta_generic_to_shared(barrier)) : "memory");

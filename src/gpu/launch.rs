@@ -120,11 +120,11 @@ struct TensorMap([u64; 16]);
 // TensorMap` in kernels/sim_join.cu).
 unsafe impl DeviceRepr for TensorMap {}
 
-/// The TMA map brute_join_tc copies a side's f16 rows by under wgmma (sm_90a): `rows.len() /
-/// row_words` rows of `row_words` 32-bit words, a box of 32 words (one chunk, 128 bytes) × 128 rows
-/// (a tile) written to shared memory in the 128-byte swizzle that its wgmma descriptors name, zeros
-/// beyond the rows' end. Elsewhere the kernel copies by cp.async and gets zeros.
-fn half_row_map(device: &GpuDevice, rows: &CudaSlice<u32>, row_words: usize) -> Result<TensorMap, String> {
+/// The TMA map brute_join_tc copies a side's f16 rows by under wgmma (sm_90a), and
+/// brute_join_tc_bytes its byte rows: `rows.len() / row_words` rows of `row_words` 32-bit words, a
+/// box of 32 words (one chunk, 128 bytes) × 128 rows (a tile) written to shared memory in the
+/// 128-byte swizzle that its wgmma descriptors name, zeros beyond the rows' end. Elsewhere the kernel copies by cp.async and gets zeros.
+fn tc_row_map(device: &GpuDevice, rows: &CudaSlice<u32>, row_words: usize) -> Result<TensorMap, String> {
     if device.arch != "sm_90a" || rows.is_empty() {
         return Ok(TensorMap([0; 16]));
     }
@@ -397,7 +397,7 @@ pub fn launch_join_pass(
     let params = &JoinParams { tc_run: run as u32, tc_queue: queue as u32, ..*params };
     let shared_mem_bytes = if tensor_cores { tc_shared_bytes(device, row_words, params.tc_queue as usize) } else { 0 };
     let maps = match tc_rows {
-        Some((l, r)) => Some((half_row_map(device, l, row_words)?, half_row_map(device, r, row_words)?)),
+        Some((l, r)) => Some((tc_row_map(device, l, row_words)?, tc_row_map(device, r, row_words)?)),
         None => None,
     };
     if shared_mem_bytes > 0 {

@@ -209,7 +209,8 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     // Inputs larger than the device memory a run may use (gpu_memory_limit): tiles of ~1,000 rows
     // (a quarter of the limit at 14·d + 78 bytes a row), with result buffers small enough that
     // most tiles take write passes too.
-    for (dataset, limit) in [(&datasets[0], "415K"), (&datasets[7], "1M")] {
+    // (The integer set's tiles each get byte rows of their own.)
+    for (dataset, limit) in [(&datasets[0], "415K"), (&datasets[7], "1M"), (&datasets[8], "5M")] {
         let (name, values, dim) = dataset;
         let n = register_pair(&ctx, values, *dim)?;
         for metric in [Metric::L2, Metric::Cosine, Metric::InnerProduct, Metric::L1] {
