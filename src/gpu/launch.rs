@@ -544,11 +544,16 @@ pub fn byte_rows(device: &GpuDevice, exact: &CudaSlice<f64>, rows: usize, dim: u
     let range = device.function(KernelModule::SimJoin, "integer_range")?;
     let mut result = stream.clone_htod(&[i32::MAX, i32::MIN, 0]).map_err(failed)?;
     let len = (rows * dim) as u64;
+    // At least 8 values a thread, at most 1,024 blocks of 256 threads (about as many threads as an
+    // H100 holds at once), each block three atomics.
+    let blocks = len.div_ceil(BLOCK as u64 * 8).clamp(1, 1024) as u32;
+    let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let mut builder = stream.launch_builder(&range);
     builder.arg(exact).arg(&len).arg(&mut result);
     // SAFETY: integer_range(const double*, u64, int*) reads indices < len ≤ the rows' length
-    // (checked above) in a grid-stride loop and updates the three values of `result`.
-    unsafe { builder.launch(strided(len)) }.map_err(|e| format!("integer_range launch failed: {e}"))?;
+    // (checked above) in a grid-stride loop and updates the three values of `result`; blocks of
+    // BLOCK = RANGE_WARPS · 32 threads, as its shared arrays assume.
+    unsafe { builder.launch(config) }.map_err(|e| format!("integer_range launch failed: {e}"))?;
     let offset = match stream.clone_dtoh(&result).map_err(failed)?[..] {
         [least, greatest, 0] if least >= 0 && greatest <= 255 => 0,
         [least, greatest, 0] if least >= -128 && greatest <= 127 => -128,
