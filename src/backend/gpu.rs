@@ -250,14 +250,15 @@ impl GpuBackend {
         let (base_side, reused) = derive(kept, built, &base_host, &base_largest, keep_key.as_ref(), None)?;
         let (query_side, query_reused) = derive(kept_query, query_built, &query_host, &query_largest, query_key.as_ref(), keep_key.as_ref())?;
         let (base_buffers, query_buffers) = (&base_side.side, &query_side.side);
-        stats.byte_row_tiles = byte_sides(&self.device, &params, query_buffers, base_buffers).is_some().into();
+        let base_bytes = byte_sides(&self.device, &params, query_buffers, base_buffers).map(|(_, base)| base);
+        stats.byte_row_tiles = base_bytes.is_some().into();
         stats.resident_inputs = usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
         // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
         // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
         // rounding below the k-th distance about half the time, would leave those queries short.
         // On byte rows, from theirs: exact keys on the integer tensor cores.
-        let sample = match (tc, byte_sides(&self.device, &params, query_buffers, base_buffers)) {
-            (Some(_), Some((_, base_bytes))) if sample_len < n => sample_byte_rows(&self.device, base_bytes, n, dim, sample_len)?,
+        let sample = match (tc, base_bytes) {
+            (Some(_), Some(base_bytes)) if sample_len < n => sample_byte_rows(&self.device, base_bytes, n, dim, sample_len)?,
             (Some(a), _) if sample_len < n => sample_half_rows(&self.device, base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?,
             _ => KnnSample::Filter(sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?),
         };

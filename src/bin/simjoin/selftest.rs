@@ -118,6 +118,18 @@ async fn explained_metric(ctx: &SessionContext, sql: &str, name: &str) -> Result
     Ok(value.and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 
+/// The operator's metric `name` in the EXPLAIN ANALYZE of `sql`, printed after `what`: 1 (a
+/// failure, printed with what was `expected`) where `ok` rejects it, else 0.
+async fn check_metric(ctx: &SessionContext, sql: &str, name: &str, what: &str, ok: impl Fn(u64) -> bool, expected: &str) -> Result<usize> {
+    let value = explained_metric(ctx, sql, name).await?;
+    println!("selftest: {what}: {name} = {value}");
+    if ok(value) {
+        return Ok(0);
+    }
+    println!("selftest: MISMATCH: {what}: {name} should be {expected}, got {value}");
+    Ok(1)
+}
+
 pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let gpu = simjoin::gpu::GpuDevice::shared();
     match &gpu {
@@ -199,12 +211,8 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
             }
         }
         let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'gpu_memory_limit=1M, device=gpu')";
-        let passes = explained_metric(&ctx, explain, "write_passes").await?;
-        println!("selftest: {name} {n} × {dim} kNN under gpu_memory_limit=1M: {passes} write passes");
-        if passes == 0 {
-            failures += 1;
-            println!("selftest: MISMATCH: gpu_memory_limit=1M should leave {name}'s kNN to write passes, got none");
-        }
+        let what = format!("{name} {n} × {dim} kNN under gpu_memory_limit=1M");
+        failures += check_metric(&ctx, explain, "write_passes", &what, |passes| passes > 0, "at least 1").await?;
     }
     // Inputs larger than the device memory a run may use (gpu_memory_limit): tiles of ~1,000 rows
     // (a quarter of the limit at 14·d + 78 bytes a row), with result buffers small enough that
@@ -223,36 +231,24 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         }
         // The limit did split the inputs: EXPLAIN ANALYZE counts the tiles run.
         let explain = format!("EXPLAIN ANALYZE SELECT count(*) FROM sim_join(a, 1.0, 'gpu_memory_limit={limit}, device=gpu')");
-        let tiles = explained_metric(&ctx, &explain, "tiles").await?;
-        println!("selftest: {name} {n} × {dim} under gpu_memory_limit={limit}: a self-join ran as {tiles} tiles");
-        if tiles < 3 {
-            failures += 1;
-            println!("selftest: MISMATCH: gpu_memory_limit={limit} should split {n} × {dim} into at least 3 tiles, got {tiles}");
-        }
+        let what = format!("{name} {n} × {dim} self-join under gpu_memory_limit={limit}");
+        failures += check_metric(&ctx, &explain, "tiles", &what, |tiles| tiles >= 3, "at least 3").await?;
     }
     // Byte rows served the integer sets' L2 brute force on devices with wgmma (sm_90a).
     if gpu.as_ref().is_ok_and(|device| device.arch == "sm_90a") {
         for (name, values, dim) in [&datasets[8], &datasets[9]] {
             let n = register_pair(&ctx, values, *dim)?;
             let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
-            let tiles = explained_metric(&ctx, explain, "byte_row_tiles").await?;
-            println!("selftest: {name} {n} × {dim} kNN: {tiles} tile(s) on byte rows");
-            if tiles == 0 {
-                failures += 1;
-                println!("selftest: MISMATCH: {name}'s integer coordinates should run kNN on byte rows, got none");
-            }
+            let what = format!("{name} {n} × {dim} kNN");
+            failures += check_metric(&ctx, explain, "byte_row_tiles", &what, |tiles| tiles > 0, "at least 1").await?;
         }
     }
     // In-memory inputs stay converted and, on the GPU, their rows stay on the device (README:
     // vectors kept across queries): a repeated query uploads neither side again. Every case
     // above after a table's first GPU query ran on such kept rows.
     let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
-    let kept = [explained_metric(&ctx, explain, "resident_inputs").await?, explained_metric(&ctx, explain, "resident_inputs").await?];
-    println!("selftest: resident inputs of a repeated kNN: {kept:?}");
-    if kept[1] != 2 {
-        failures += 1;
-        println!("selftest: MISMATCH: a repeated kNN over in-memory tables should find both sides on the GPU, got {}", kept[1]);
-    }
+    explained_metric(&ctx, explain, "resident_inputs").await?;
+    failures += check_metric(&ctx, explain, "resident_inputs", "a repeated kNN over in-memory tables", |kept| kept == 2, "2 (both sides on the GPU)").await?;
     println!("{table}");
     if let Ok(device) = &gpu {
         // Inputs of 64 MB and more pass through the pinned staging buffers, which the small sets
