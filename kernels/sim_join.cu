@@ -2,16 +2,19 @@
 //
 // Thread mapping (grid_join): one thread per left row ("slot"), `slot_begin + blockIdx.x *
 // blockDim.x + threadIdx.x`, over a batch [slot_begin, slot_end); brute_join: see its own comment.
-// Each kernel runs as
-//   write = 0, the count pass: counts[slot - slot_begin] = number of result pairs of that slot, and
-//              every pair found is also collected (collect_pair): appended at the next free index
-//              of out_left / out_right / out_distance, `*collected` counting them all, stored while
-//              the index is below `capacity` (0: nothing stored). When the total fits, the pass
-//              has produced the whole result and no second pass runs;
-//   write = 1, the write pass (only when the total did not fit): the pairs are written from
+// Each kernel runs as (`pass`)
+//   PASS_COUNT, the count pass: counts[slot - slot_begin] = number of result pairs of that slot,
+//              and every pair found is also collected (collect_pair): appended at the next free
+//              index of out_left / out_right / out_distance, `*collected` counting them all, stored
+//              while the index is below `capacity` (0: nothing stored). When the total fits, the
+//              pass has produced the whole result and no second pass runs;
+//   PASS_WRITE, the write pass (only when the total did not fit): the pairs are written from
 //              offsets[slot - slot_begin] (an exclusive prefix sum of the counts, relative to a
 //              batch sized to fit) into the same buffers,
-// so no output buffer can overflow and no pair is lost or written twice.
+// so no output buffer can overflow and no pair is lost or written twice. brute_join_tc also runs
+//   PASS_SCORES, kNN's first count pass on f16 rows: each slot keeps the filter scores of the
+//              pairs that pass the filter, not their exact distances, and knn_settle_slots then
+//              checks exactly only those that can be among the k nearest (see there).
 //
 // Inputs, all in slot order (grid order for the grid kernel, input order for brute force):
 //   left_filter / right_filter  f32 filter-space rows (row-major, dim wide)
@@ -24,6 +27,10 @@
 // Self-joins visit each unordered pair once: later slots of the same cell, and cells with a larger
 // linear id (grid), or right slots after the left slot (brute force).
 #include "common.cuh"
+
+#define PASS_COUNT 0
+#define PASS_WRITE 1
+#define PASS_SCORES 2
 
 // The count pass's collection of one found pair (see the top of this file). The lanes of a warp
 // that found a pair together reserve their indices with one atomic on the shared total, not one
@@ -67,7 +74,7 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         const float* lf, const float* rf, const double* lx, const double* rx,
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
         const u32* left_order, const u32* right_order,
-        u32& found, int write, u64 offset, u32* out_left, u32* out_right, double* out_distance,
+        u32& found, int pass, u64 offset, u32* out_left, u32* out_right, double* out_distance,
         u64* collected, u64 capacity) {
     for (u32 t = begin; t < end; ++t) {
         float score;
@@ -83,7 +90,7 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         if (!filter_passes(p, score, nx, ny, p.limit)) continue;
         double d = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, cosine_norm(p, lnorm, s), cosine_norm(p, rnorm, t));
         if (d <= p.threshold) {
-            if (write) {
+            if (pass == PASS_WRITE) {
                 u64 at = offset + found;
                 out_left[at] = left_order[s];
                 out_right[at] = right_order[t];
@@ -101,7 +108,7 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm, const u32* left_order,   \
         const u32* right_order, const u64* left_slot_cell, const u64* right_cell_ids, const u32* right_cell_start,  \
         const u32* cell_table, const double* left_keys, const double* right_keys, u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, \
-        u64* collected, u64 capacity, int write
+        u64* collected, u64 capacity, int pass
 
 // grid_join for dimension DIM (0: any).
 template <u32 DIM>
@@ -118,7 +125,7 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
         hi[j] = c + 1 < p.cells[j] ? c + 1 : c;
         cur[j] = lo[j];
     }
-    u64 offset = write ? offsets[s - slot_begin] : 0;
+    u64 offset = pass == PASS_WRITE ? offsets[s - slot_begin] : 0;
     u32 found = 0;
     for (;;) {
         u64 nid = 0;
@@ -149,7 +156,7 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
                 }
                 if (p.self_join && nid == id) begin = max(begin, s + 1);  // later slots of its own cell
                 scan_range<DIM>(p, s, begin, end, x, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order,
-                                right_order, found, write, offset, out_left, out_right, out_distance, collected, capacity);
+                                right_order, found, pass, offset, out_left, out_right, out_distance, collected, capacity);
             }
         }
         u32 j = 0;
@@ -157,7 +164,7 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
         if (j == p.k) break;
         ++cur[j];
     }
-    if (!write) counts[s - slot_begin] = found;
+    if (pass != PASS_WRITE) counts[s - slot_begin] = found;
 }
 
 // At most 64 registers (4 blocks of 256 per SM): the sortidu window took it to 68 and 3 blocks, and
@@ -166,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) grid_join(GRID_JOIN_PARAMS)
 #define GRID_JOIN_ARGS                                                                                              \
     p, slot_begin, slot_end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order, left_slot_cell, \
         right_cell_ids, right_cell_start, cell_table, left_keys, right_keys, counts, offsets, out_left, out_right, out_distance, collected, \
-        capacity, write
+        capacity, pass
     switch (p.dim) {
     case 2: grid_join_rows<2>(GRID_JOIN_ARGS); break;
     case 3: grid_join_rows<3>(GRID_JOIN_ARGS); break;
@@ -232,10 +239,10 @@ __device__ __forceinline__ bool brute_filter(const JoinParams& p, const LeftSlot
 __device__ __forceinline__ void record_pair(const JoinParams& p, u32 s, u32 t, double dist, u32 slot_begin,
         const u32* left_order, const u32* right_order, const double* row_threshold,
         u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, u64* collected,
-        u64 capacity, int write) {
+        u64 capacity, int pass) {
     double threshold = p.per_row ? row_threshold[s] : p.threshold;
     if (!(dist <= threshold) && !takes_every_row(p, row_threshold, s)) return;
-    if (write) {
+    if (pass == PASS_WRITE) {
         u64 at = atomicAdd(&cursors[s - slot_begin], 1ull);
         out_left[at] = left_order[s];
         out_right[at] = right_order[t];
@@ -259,10 +266,10 @@ __device__ __forceinline__ void exact_pair(const JoinParams& p, u32 s, u32 t, u3
         const double* lx, const double* rx, const double* lnorm, const double* rnorm,
         const u32* left_order, const u32* right_order, const double* row_threshold,
         u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance, u64* collected,
-        u64 capacity, int write) {
+        u64 capacity, int pass) {
     double dist = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, cosine_norm(p, lnorm, s), cosine_norm(p, rnorm, t));
     record_pair(p, s, t, dist, slot_begin, left_order, right_order, row_threshold, counts, cursors, out_left, out_right,
-                out_distance, collected, capacity, write);
+                out_distance, collected, capacity, pass);
 }
 
 // Brute force, tiled like a matrix product: each block scores 128 left rows against 128 right rows
@@ -331,7 +338,7 @@ __device__ __forceinline__ bool brute_tile(const JoinParams& p, u32 slot_begin, 
         const u32* left_order, const u32* right_order, const float* lfsq, const float* rfsq,    \
         const double* row_threshold, const float* row_limit,                                    \
         u32* counts, u64* cursors, u32* out_left, u32* out_right, double* out_distance,         \
-        u64* collected, u64 capacity, int write
+        u64* collected, u64 capacity, int pass
 
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAMS) {
     __shared__ float xs[CHUNK][TILE + 4];
@@ -388,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAM
         marked &= marked - 1;
         exact_pair(p, row0 + ty * MICRO + bit / MICRO, col0 + tx * MICRO + bit % MICRO, slot_begin, lx, rx, lnorm,
                    rnorm, left_order, right_order, row_threshold, counts, cursors, out_left, out_right, out_distance,
-                   collected, capacity, write);
+                   collected, capacity, pass);
     }
 }
 
@@ -677,6 +684,52 @@ __device__ __forceinline__ float tc_col_offset(const JoinParams& p, u32 t, u32 r
     return p.filter == FILTER_GEMM_L2 ? __fsub_rd(__fmul_rd(rfsq[t], p.tc_scale * p.tc_scale), widening) : -widening;
 }
 
+// PASS_SCORES: a slot whose pair found no room in the block's queue, which makes the host count
+// its query again exactly (its count then exceeds any slot's room).
+#define SLOT_OVERFLOWED 0x80000000u
+
+// Two f16 (a word of pack_half_rows) as f32, exactly.
+__device__ __forceinline__ float2 half_pair(u32 word) {
+    float low, high;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}" : "=f"(low), "=f"(high) : "r"(word));
+    return make_float2(low, high);
+}
+
+// Member `member` of a group of `group` lanes' part of x̂·ŷ for two f16 rows of `row_words` words
+// (pack_half_rows): its 16-byte groups of words member, member + group, …, by fused
+// multiply-adds; the group then adds its parts. Each product of two f16 is exact in f32 and each
+// addition errs by at most 2⁻²⁴ of what it adds, so the whole sum, in any order, errs by at most
+// d·2⁻²⁴·Σ|x̂ᵢŷᵢ|, within the d·2⁻²² that tensor_core_margin allows the tensor cores' sum.
+__device__ __forceinline__ float half_dot_part(u32 row_words, u32 group, u32 member, const u32* x, const u32* y) {
+    float sum = 0.0f;
+#pragma unroll 4
+    for (u32 w = 4 * member; w < row_words; w += 4 * group) {
+        const uint4 a = *(const uint4*)(x + w), b = *(const uint4*)(y + w);
+        const u32 xs[4] = {a.x, a.y, a.z, a.w}, ys[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (u32 j = 0; j < 4; ++j) {
+            const float2 xf = half_pair(xs[j]), yf = half_pair(ys[j]);
+            sum = __fmaf_rn(xf.x, yf.x, sum);
+            sum = __fmaf_rn(xf.y, yf.y, sum);
+        }
+    }
+    return sum;
+}
+
+// PASS_SCORES: a pair (s, t) that passed brute_join_tc's filter, with a value v = −2x̂·ŷ +
+// offset(t) (rounded down; x̂·ŷ from half_dot_part, within the filter's margin as the tensor cores'
+// is), counted and, while its slot has room, kept there for knn_settle_slots: the right slot t,
+// and in the distance's place two f32, v and v + 2·widening(t) rounded up (its scores a and b
+// there).
+__device__ __forceinline__ void keep_scores(const JoinParams& p, u32 s, u32 t, float v, u32 slot_begin, const float* rfnorm,
+                                            u32* counts, u32* out_right, double* out_distance) {
+    const u32 found = atomicAdd(&counts[s - slot_begin], 1u);
+    if (found >= p.slot_capacity) return;
+    const u64 at = (u64)(s - slot_begin) * p.slot_capacity + found;
+    out_right[at] = t;
+    *(float2*)&out_distance[at] = make_float2(v, __fadd_ru(v, __fmul_ru(2.0f, tc_widening(p, __fmul_ru(rfnorm[t], p.tc_scale)))));
+}
+
 // Hopper's warpgroup mma (sm_90a: `arch_for` in src/gpu/device.rs compiles for it on compute
 // capability 9.0). mma.sync left brute_join_tc's count pass latency-bound at 16 warps an SM: each
 // m16n8k16 waits on its fragments' ldmatrix and the tensor pipe was 29 % busy (NOTES.md v53, v55).
@@ -801,14 +854,14 @@ struct TcQueue {
 // decided at the end of the run by all threads at once. Deciding them here, one exact f64 distance
 // after another per thread (a chain of dependent f64 additions d long, with loads of both rows),
 // held up the whole block at its next barrier (NOTES.md v35). A pair beyond the queue's room is
-// decided here. The warp's accumulators are M blocks of 16 rows by N of 8 columns (4 × 4 under
+// decided here (under PASS_SCORES, its slot is marked overflowed). The warp's accumulators are M blocks of 16 rows by N of 8 columns (4 × 4 under
 // mma.sync, 1 × 16 under wgmma).
 template <int M, int N>
 __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 warp_col, u32 group,
         u32 quad, u32 lane, TcQueue& queue, const float (&acc)[M][N][4], const float* row_bounds, const float* col_offsets,
         u32 slot_begin, const double* lx, const double* rx, const double* lnorm, const double* rnorm,
         const u32* left_order, const u32* right_order, const double* row_threshold, u32* counts, u64* cursors, u32* out_left, u32* out_right,
-        double* out_distance, u64* collected, u64 capacity, int write) {
+        double* out_distance, u64* collected, u64 capacity, int pass) {
     // In two steps, as in brute_join's epilogue: the filter marks the passing pairs in a 64-bit
     // mask, then the marked pairs are queued. Accumulator r of block (m, n) holds row 16m +
     // group (+8 for r ≥ 2), column 8n + 2·quad (+1 for odd r); its bit is 2N(2m + h) + 2n + c for
@@ -818,13 +871,13 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
     // must follow left slot s: t − s = lead − (16m + 8h − 8n − c).
     static_assert(M * N == 16, "64 pairs a thread");
     u64 marked = 0;
+    const float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
+    float2 offsets[N];
+#pragma unroll
+    for (int n = 0; n < N; ++n) offsets[n] = *(const float2*)&col_offsets[warp_col + n * 8 + 2 * quad];
     {
-        float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
         bool diagonal = p.self_join && col0 < row0 + TILE;
         int lead = (int)(col0 + warp_col + 2 * quad) - (int)(row0 + warp_row + group);
-        float2 offsets[N];
-#pragma unroll
-        for (int n = 0; n < N; ++n) offsets[n] = *(const float2*)&col_offsets[warp_col + n * 8 + 2 * quad];
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -863,9 +916,13 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
         u32 t = col0 + warp_col + ((bit / 2) % N) * 8 + 2 * quad + bit % 2;
         if (at < p.tc_queue) {
             queue.pairs[at] = make_uint2(s, t);
+        } else if (pass == PASS_SCORES) {
+            // No room to keep the pair's score: the slot is marked overflowed, and the host counts
+            // its query again in an exact pass.
+            atomicOr(&counts[s - slot_begin], SLOT_OVERFLOWED);
         } else {
             exact_pair(p, s, t, slot_begin, lx, rx, lnorm, rnorm, left_order, right_order, row_threshold, counts, cursors,
-                       out_left, out_right, out_distance, collected, capacity, write);
+                       out_left, out_right, out_distance, collected, capacity, pass);
         }
         ++at;
     }
@@ -912,7 +969,7 @@ __device__ __forceinline__ int bytes_col_offset(u32 t, u32 right_len, const u32*
 __device__ __forceinline__ void bytes_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 group,
         u32 quad, const int (&acc)[1][16][4], const int* row_bounds, const int* col_offsets, const u32* left_sq,
         u32 slot_begin, const u32* left_order, const u32* right_order, const double* row_threshold, u32* counts,
-        u64* cursors, u32* out_left, u32* out_right, double* out_distance, u64* collected, u64 capacity, int write) {
+        u64* cursors, u32* out_left, u32* out_right, double* out_distance, u64* collected, u64 capacity, int pass) {
     const bool diagonal = p.self_join && col0 < row0 + TILE;
     const int lead = (int)(col0 + 2 * quad) - (int)(row0 + warp_row + group);
     int2 offsets[16];
@@ -943,7 +1000,7 @@ __device__ __forceinline__ void bytes_epilogue(const JoinParams& p, u32 row0, u3
         const u32 s = row0 + warp_row + group + 8 * h, t = col0 + n * 8 + 2 * quad + c;
         const double squared = (double)((int)left_sq[s] + offset - 2 * product);
         record_pair(p, s, t, exact_finish(p.metric, squared, 0.0, 0.0), slot_begin, left_order, right_order, row_threshold,
-                    counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
+                    counts, cursors, out_left, out_right, out_distance, collected, capacity, pass);
     }
 }
 
@@ -1160,11 +1217,11 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
         if constexpr (BYTES)
             bytes_epilogue(p, row0, tile_col0, warp_row, group, quad, tile_acc, row_bounds, col_offsets[tile_index % TC_OFFSET_RING],
                            (const u32*)lfsq, slot_begin, left_order, right_order, row_threshold, counts, cursors, out_left,
-                           out_right, out_distance, collected, capacity, write);
+                           out_right, out_distance, collected, capacity, pass);
         else
             tc_epilogue(p, row0, tile_col0, warp_row, warp_col, group, quad, lane, queue, tile_acc, row_bounds,
                         col_offsets[tile_index % TC_OFFSET_RING], slot_begin, lx, rx, lnorm, rnorm, left_order, right_order,
-                        row_threshold, counts, cursors, out_left, out_right, out_distance, collected, capacity, write);
+                        row_threshold, counts, cursors, out_left, out_right, out_distance, collected, capacity, pass);
     };
     // The start of every step: the stage that load_next refills free, and this step's data in.
     auto begin_step = [&]() {
@@ -1263,6 +1320,29 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
     if constexpr (BYTES) return;
     __syncthreads();
     u32 queued = min(queue.len, p.tc_queue);
+    if (pass == PASS_SCORES) {
+        // The queued pairs into their slots, each with its value recomputed from the f16 rows: a
+        // pair's accumulator, picked out of the 64 by its bit in the epilogue, cost ~200
+        // instructions a warp, as much as the drain saved (NOTES.md v85). A group of lanes per
+        // pair, about 16 words a lane (4 lanes at 128 dimensions, 32 at 784), so that each lane's
+        // loads are in flight together.
+        const float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
+        u32 group = 1;
+        while (group < 32 && group * 16 < row_words) group *= 2;
+        const u32 member = threadIdx.x % group, per_round = blockDim.x / group;
+        for (u32 first = 0; first < queued; first += per_round) {  // the same rounds for every lane
+            const u32 i = first + threadIdx.x / group;
+            const uint2 pair = i < queued ? queue.pairs[i] : make_uint2(0, 0);
+            float dot = i < queued ? half_dot_part(row_words, group, member, (const u32*)lf + (u64)pair.x * row_words,
+                                                   (const u32*)rf + (u64)pair.y * row_words)
+                                   : 0.0f;
+            for (u32 d = group / 2; d > 0; d >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, d);
+            if (i < queued && member == 0)
+                keep_scores(p, pair.x, pair.y, __fmaf_rd(scale, dot, tc_col_offset(p, pair.y, right_len, rfnorm, rfsq)),
+                            slot_begin, rfnorm, counts, out_right, out_distance);
+        }
+        return;
+    }
     double* scratch = (double*)x_resident + (threadIdx.x / 32) * 2 * DRAIN_PAIRS * DRAIN_STRIDE;
     for (u32 first = threadIdx.x / 32 * DRAIN_PAIRS; first < queued; first += blockDim.x / 32 * DRAIN_PAIRS) {
         const uint2* pairs = queue.pairs + first;
@@ -1280,7 +1360,7 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
             u32 s = pairs[lane].x, t = pairs[lane].y;
             double dist = exact_finish(p.metric, acc, cosine_norm(p, lnorm, s), cosine_norm(p, rnorm, t));
             record_pair(p, s, t, dist, slot_begin, left_order, right_order, row_threshold, counts, cursors, out_left,
-                        out_right, out_distance, collected, capacity, write);
+                        out_right, out_distance, collected, capacity, pass);
         }
     }
 #endif
@@ -1289,7 +1369,7 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
 #define BRUTE_JOIN_ARGS                                                                                    \
     p, slot_begin, slot_end, right_begin, right_len, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, \
         right_order, lfsq, rfsq, row_threshold, row_limit, counts, cursors, out_left, out_right, out_distance,  \
-        collected, capacity, write
+        collected, capacity, pass
 
 // Two blocks an SM, so that one block's warps hide the other's latencies. (Under wgmma, one block
 // with 255 registers a thread for two sets of accumulators, tile T's epilogue running while tile
@@ -1307,4 +1387,103 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc_bytes(BRUTE_J
 #if TC_WGMMA
     brute_join_tc_run<true>(BRUTE_JOIN_ARGS, left_map, right_map);
 #endif
+}
+
+// f32's total order as u32 (NaN's above +∞), and back.
+__device__ __forceinline__ u32 f32_order(float x) {
+    const u32 bits = __float_as_uint(x);
+    return bits ^ (bits >> 31 ? 0xffffffffu : 0x80000000u);
+}
+__device__ __forceinline__ float from_f32_order(u32 order) { return __uint_as_float(order ^ (order >> 31 ? 0x80000000u : 0xffffffffu)); }
+
+// The rest of kNN's first count pass under PASS_SCORES (brute_join_tc on f16 rows, L2 and L2²,
+// k ≤ 32), a warp per left slot s of [slot_begin, slot_end). brute_join_tc's drain computed the
+// exact distance of every pair that passed the filter: at P1 (k = 10) ~450 a query at its sample
+// radius, 1.9 ms of its ~12 (NOTES.md, nineteenth session), of which the k nearest need few. Under
+// PASS_SCORES every such pair (s, t) has in the slot (keep_scores)
+//     a = v,   b = v + 2w(t),   v = −2x̂·ŷ + [‖ỹ‖²] − w(t)   (all scaled by 2^2a, w = tc_widening),
+// and tensor_core_margin's bound |score − D| ≤ W (D the pair's scaled squared distance, score =
+// [‖x̃‖²] + [‖ỹ‖²] − 2x̂·ŷ, W = w(s) + w(t) + floor, the filter's own widening) gives
+//     L = a + [‖x̃‖²] − w(s) − floor  ≤  D  ≤  b + [‖x̃‖²] + w(s) + floor = U.
+// (v is rounded down: its f32 roundings, a few 2⁻²³ of the squared norms it adds, lie far inside
+// the half of W's relative part that the bound leaves unused, m·(n(x̃) + n(ỹ))²/2 ≥
+// 2⁻¹¹·(n(x̃) + n(ỹ))²; L is rounded down, U up.) Let T be the k-th smallest U of the slot. k of its pairs have D ≤
+// T, so the slot's k-th smallest exact distance δ_k has δ_k² ≤ T (up to the f64 sums' relative
+// rounding ε ≤ d·2⁻⁵³, scaled), and any pair among its k nearest (δ ≤ δ_k, ties included) has L ≤
+// D ≤ T·(1 + 3ε). So the pairs with L ≤ T·(1 + 2⁻²⁰) hold the slot's k nearest, and only they are
+// checked exactly. Those within the radius are compacted to the slot's front with their exact
+// distance and base position, and their number replaces the count. The slot holds every pair
+// within the radius (the filter passes them all), so if at least k rows are within it, the k
+// nearest of the base are, and are in the slot and checked: a count of k or more means the slot
+// is ranked as before (knn_select_slots), and one below k means fewer than k rows are within the
+// radius, a short query as with exact counts. A count below k is short already (the filter's
+// count bounds the exact one); one above the slot's room is left as it is, and the host counts
+// that query again in an exact pass.
+extern "C" __global__ void __launch_bounds__(256) knn_settle_slots(JoinParams p, u32 slot_begin, u32 slot_end, u32 k,
+        const double* lx, const double* rx, const float* lfnorm, const float* lfsq, const u32* right_order,
+        const double* row_threshold, u32* counts, u32* out_right, double* out_distance) {
+    const u32 s = slot_begin + (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (s >= slot_end) return;
+    const u32 found = counts[s - slot_begin];
+    if (found < k || found > p.slot_capacity) return;
+    const u64 first = (u64)(s - slot_begin) * p.slot_capacity;
+    const float2* scores = (const float2*)(out_distance + first);
+    // T: the k-th smallest b, by keys (b's order, index), which are distinct; each round the lane
+    // that held the warp's smallest looks for its next.
+    auto smallest_above = [&](u64 floor, bool bounded) {
+        u64 best = ~0ull;
+        for (u32 j = lane; j < found; j += 32) {
+            const u64 key = (u64)f32_order(scores[j].y) << 32 | j;
+            if ((!bounded || key > floor) && key < best) best = key;
+        }
+        return best;
+    };
+    u64 mine = smallest_above(0, false), kth = 0;
+    for (u32 r = 0; r < k; ++r) {
+        kth = mine;
+#pragma unroll
+        for (u32 d = 16; d > 0; d >>= 1) kth = min(kth, (u64)__shfl_xor_sync(0xffffffffu, kth, d));
+        if (mine == kth) mine = smallest_above(kth, true);
+    }
+    const float squared_scale = p.tc_scale * p.tc_scale;
+    const float widening = __fadd_ru(tc_widening(p, __fmul_ru(lfnorm[s], p.tc_scale)), p.dot_floor);
+    const float upper = __fadd_ru(__fadd_ru(from_f32_order((u32)(kth >> 32)), __fmul_ru(lfsq[s], squared_scale)), widening);
+    const float most = __fadd_ru(upper, __fmul_ru(fabsf(upper), 0x1p-20f));
+    const float sq_down = __fmul_rd(lfsq[s], squared_scale);
+    // The pairs to check, their right slots compacted to the slot's front. Each round's loads come
+    // before its stores (__syncwarp), which land at or below the round's indices; later rounds
+    // read above them.
+    u32 checked = 0;
+    for (u32 j0 = 0; j0 < found; j0 += 32) {
+        const u32 j = j0 + lane;
+        const bool check = j < found && __fsub_rd(__fadd_rd(scores[j].x, sq_down), widening) <= most;
+        const u32 t = check ? out_right[first + j] : 0;
+        __syncwarp();
+        const u32 mask = __ballot_sync(0xffffffffu, check);
+        if (check) out_right[first + checked + __popc(mask & ((1u << lane) - 1))] = t;
+        checked += __popc(mask);
+    }
+    // Their exact distances; those within the radius compacted likewise, as record_pair keeps them.
+    const double* x = lx + (u64)s * p.dim;
+    u32 kept = 0;
+    for (u32 j0 = 0; j0 < checked; j0 += 32) {
+        const u32 j = j0 + lane;
+        bool keep = false;
+        u32 t = 0;
+        double dist = 0.0;
+        if (j < checked) {
+            t = out_right[first + j];
+            dist = exact_distance(p, x, rx + (u64)t * p.dim, 0.0, 0.0);
+            keep = dist <= row_threshold[s] || takes_every_row(p, row_threshold, s);
+        }
+        __syncwarp();
+        const u32 mask = __ballot_sync(0xffffffffu, keep);
+        if (keep) {
+            const u64 at = first + kept + __popc(mask & ((1u << lane) - 1));
+            out_right[at] = right_order[t];
+            out_distance[at] = dist;
+        }
+        kept += __popc(mask);
+    }
+    if (lane == 0) counts[s - slot_begin] = kept;
 }

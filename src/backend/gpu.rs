@@ -18,7 +18,7 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, 
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
     ByteRows, DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
-    KNN_SAMPLE, KnnSample, PassBuffers, PassKind, RankedLists, SideBuffers, rank_lists_most_k, start_rank_lists, available_memory, filter_rows, gather_rows, tc_row_words, byte_row_words, byte_rows, byte_sides, host_results, join_pass, launch_join_pass,
+    KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassBuffers, PassKind, RankedLists, SideBuffers, rank_lists_most_k, start_rank_lists, available_memory, filter_rows, gather_rows, tc_row_words, byte_row_words, byte_rows, byte_sides, host_results, join_pass, launch_join_pass,
     filter_max_abs, identity_order, pack_half_rows, rank_slots, host_ranked, KEPT_RANKED, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows, upload,
 };
 use crate::gpu::grid::{DeviceGrid, build_grid};
@@ -337,6 +337,11 @@ impl GpuBackend {
         let mut capacity = first_capacity;
         let (mut transfer, mut kernel, mut emit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
         let mut first_pass = true;
+        // The first pass keeps the filter's scores in the slots where brute_join_tc filters f16 rows
+        // under L2 or L2² and the slots are selected from (k ≤ 32): knn_settle_slots then checks
+        // exactly the few pairs that can be among the k nearest instead of all that pass the
+        // filter (P1: ~450 a query).
+        let scores = ranked_on_device && tc.is_some() && base_bytes.is_none() && matches!(metric, Metric::L2 | Metric::L2Squared) && k <= KNN_SELECT_SLOTS_K;
         while !pending.is_empty() {
             let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
@@ -346,7 +351,8 @@ impl GpuBackend {
             let expected_share = pending.iter().map(|&q| expected_share(levels[q as usize])).fold(0.0, f64::max);
             let inputs = JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
             let pass_params = JoinParams { slot_capacity: capacity, ..params };
-            let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, PassKind::Count, &mut stats)?;
+            let kind = if first_pass && scores { PassKind::Scores { k: k as u32 } } else { PassKind::Count };
+            let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, kind, &mut stats)?;
             // Candidates of the pass's queries ranked from its slots (0: not ranked from them).
             let mut slot_len = vec![0u32; pending.len()];
             let mut next = Vec::new();
@@ -360,7 +366,8 @@ impl GpuBackend {
                     next.push(q);
                 } else if c <= capacity {
                     slot_len[i] = c;
-                } else if first_pass && ranked_on_device && c as usize <= KNN_RANK_SLOTS {
+                } else if first_pass && ranked_on_device && (scores || c as usize <= KNN_RANK_SLOTS) {
+                    // An overflowed scores slot's count is the filter's: the next pass counts exactly.
                     next.push(q);
                 } else {
                     rest.push(q);

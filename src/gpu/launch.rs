@@ -340,12 +340,60 @@ pub enum PassKind {
     CountAndCollect,
     /// Writes each left slot's pairs from its uploaded offset.
     Write,
+    /// kNN's first count pass on f16 rows (brute_join_tc, L2 and L2², slots of
+    /// `slot_capacity`): the slots keep the filter's scores of their pairs, and knn_settle_slots
+    /// then checks exactly only those that can be among the `k` nearest. The counts it leaves
+    /// are those of the checked pairs within the radius where they settle the query (at least k)
+    /// or prove it short (below k), and the filter's count where the slot overflowed, which an
+    /// exact pass must count again (PASS_SCORES in kernels/sim_join.cu).
+    Scores { k: u32 },
 }
 
-/// Runs a pass of a join over left slots `slots` on the device's stream and waits for it.
+/// Runs a pass of a join over left slots `slots` on the device's stream (with knn_settle_slots
+/// after a scores pass) and waits for it.
 pub fn join_pass(device: &GpuDevice, params: &JoinParams, slots: std::ops::Range<u32>, inputs: JoinInputs, pass: &mut PassBuffers, kind: PassKind) -> Result<(), String> {
-    let kernel = launch_join_pass(device, &device.stream, params, slots, inputs, pass, kind)?;
+    let kernel = launch_join_pass(device, &device.stream, params, slots.clone(), inputs, pass, kind)?;
+    if let PassKind::Scores { k } = kind {
+        settle_slots(device, params, slots, k, inputs, pass)?;
+    }
     device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
+}
+
+/// Queues knn_settle_slots over left slots `slots` after a scores pass over them (see
+/// [`PassKind::Scores`]).
+fn settle_slots(device: &GpuDevice, params: &JoinParams, slots: std::ops::Range<u32>, k: u32, inputs: JoinInputs, pass: &mut PassBuffers) -> Result<(), String> {
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let function = device.function(KernelModule::SimJoin, "knn_settle_slots")?;
+    let warps = BLOCK as usize / 32;
+    let config = LaunchConfig { grid_dim: (slots.len().div_ceil(warps) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let (begin, end) = (slots.start, slots.end);
+    let JoinInputs { left, right, .. } = inputs;
+    let mut builder = device.stream.launch_builder(&function);
+    builder
+        .arg(params)
+        .arg(&begin)
+        .arg(&end)
+        .arg(&k)
+        .arg(left.exact.as_ref())
+        .arg(right.exact.as_ref())
+        .arg(&left.filter_norms)
+        .arg(&left.filter_sq_norms)
+        .arg(&right.order)
+        .arg(&pass.row_threshold)
+        .arg(&mut pass.counts)
+        .arg(&mut pass.out_right)
+        .arg(&mut pass.out_distance);
+    // SAFETY: the arguments match knn_settle_slots' parameter list one for one. Warp w reads left
+    // slot begin + w < `end` (the pass's slots, all within the left side's rows, norms and the
+    // per-row thresholds, as for the pass itself), its count at w < end − begin, and, where that
+    // count is at most `params.slot_capacity`, that many entries of its slot from w ·
+    // slot_capacity, which launch_join_pass checked the outputs hold; each entry's right slot is
+    // one the pass stored, below `right_len`, so its exact row and order entry exist. It writes
+    // only within those entries and its own count.
+    unsafe { builder.launch(config) }.map_err(|e| format!("knn_settle_slots launch failed: {e}"))?;
+    Ok(())
 }
 
 /// Queues a pass of a join over left slots `slots` on `stream` without waiting for it; the
@@ -406,7 +454,16 @@ pub fn launch_join_pass(
             .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
             .map_err(|e| format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
     }
-    let write_flag: i32 = (kind == PassKind::Write).into();
+    // PASS_COUNT, PASS_WRITE and PASS_SCORES in kernels/sim_join.cu (a collecting count pass is
+    // a count pass with a capacity).
+    let pass_code: i32 = match kind {
+        PassKind::Count | PassKind::CountAndCollect => 0,
+        PassKind::Write => 1,
+        PassKind::Scores { .. } => 2,
+    };
+    if matches!(kind, PassKind::Scores { .. }) && (kernel != "brute_join_tc" || params.slot_capacity == 0) {
+        return Err(format!("{kernel}: a scores pass needs brute_join_tc and slots"));
+    }
     if params.slot_capacity > 0 && kind != PassKind::Write {
         let needed = slots.len() as u64 * params.slot_capacity as u64;
         if grid.is_some() || (pass.out_right.len().min(pass.out_distance.len()) as u64) < needed {
@@ -478,7 +535,7 @@ pub fn launch_join_pass(
             .arg(&mut pass.out_distance)
             .arg(&mut pass.collected)
             .arg(&capacity)
-            .arg(&write_flag);
+            .arg(&pass_code);
         if let Some((left_map, right_map)) = &maps {
             builder.arg(left_map).arg(right_map);
         }
@@ -861,7 +918,7 @@ pub fn sample_radius_pass(
 /// The largest k knn_select_slots ranks (kernels/knn.cu): a warp per query takes the smallest
 /// remaining candidate k times, where knn_rank_slots sorts the whole slot. Beyond a few dozen its
 /// rounds cost more than the sort (k = 100: 1.53 ms against 0.72, NOTES.md v67).
-const KNN_SELECT_SLOTS_K: usize = 32;
+pub const KNN_SELECT_SLOTS_K: usize = 32;
 
 /// Most candidates knn_rank_slots sorts per query (`RANK_SLOTS` in kernels/knn.cu).
 pub const KNN_RANK_SLOTS: usize = 4096;

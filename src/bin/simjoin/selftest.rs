@@ -53,6 +53,24 @@ fn bytes(n: usize, dim: usize, lo: f64, seed: u64) -> Vec<f64> {
     values
 }
 
+/// The lattice halved and moved off the integers (0.25, 0.75, …, 6.25: f32 values, exact
+/// differences): its ties, on the f16 rows of brute_join_tc instead of byte rows.
+fn half_lattice(n: usize, dim: usize) -> Vec<f64> {
+    lattice(n, dim).into_iter().map(|v| v * 0.5 + 0.25).collect()
+}
+
+/// Gaussian points whose first 600 rows are one palindromic point, which the query table (the
+/// first half reversed, coordinates too) holds 600 times: those queries find 600 base rows at
+/// distance 0, more than kNN's first slots hold.
+fn duplicates(n: usize, dim: usize) -> Vec<f64> {
+    let mut values = datagen::generate(Distribution::Gaussian, n, dim, 10);
+    let point: Vec<f64> = (0..dim).map(|i| values[i.min(dim - 1 - i)]).collect();
+    for row in values.chunks_mut(dim).take(600) {
+        row.copy_from_slice(&point);
+    }
+    values
+}
+
 /// Uniform points with zero vectors (NaN cosine distances), NaN rows (skipped) and a far outlier.
 fn special(n: usize, dim: usize) -> Vec<f64> {
     let mut values = datagen::generate(Distribution::Uniform, n, dim, 6);
@@ -156,6 +174,10 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         // part-filled), and signed bytes.
         ("bytes", bytes(1500, 300, 0.0, 8), 300),
         ("signed bytes", bytes(1200, 40, -128.0, 9), 40),
+        // kNN's first pass keeps the filter's scores where brute_join_tc runs on f16 rows (L2, k
+        // ≤ 32): ties, and slots that overflow.
+        ("half lattice", half_lattice(700, 4), 4),
+        ("duplicates", duplicates(6000, 8), 8),
     ];
     for (name, values, dim) in &datasets {
         let n = register_pair(&ctx, values, *dim)?;
