@@ -854,8 +854,8 @@ struct TcQueue {
 // decided at the end of the run by all threads at once. Deciding them here, one exact f64 distance
 // after another per thread (a chain of dependent f64 additions d long, with loads of both rows),
 // held up the whole block at its next barrier (NOTES.md v35). A pair beyond the queue's room is
-// decided here (under PASS_SCORES, its slot is marked overflowed). The warp's accumulators are M blocks of 16 rows by N of 8 columns (4 × 4 under
-// mma.sync, 1 × 16 under wgmma).
+// decided here (under PASS_SCORES, its slot is marked overflowed). The warp's accumulators are M
+// blocks of 16 rows by N of 8 columns (4 × 4 under mma.sync, 1 × 16 under wgmma).
 template <int M, int N>
 __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 col0, u32 warp_row, u32 warp_col, u32 group,
         u32 quad, u32 lane, TcQueue& queue, const float (&acc)[M][N][4], const float* row_bounds, const float* col_offsets,
@@ -871,13 +871,13 @@ __device__ __forceinline__ void tc_epilogue(const JoinParams& p, u32 row0, u32 c
     // must follow left slot s: t − s = lead − (16m + 8h − 8n − c).
     static_assert(M * N == 16, "64 pairs a thread");
     u64 marked = 0;
-    const float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
-    float2 offsets[N];
-#pragma unroll
-    for (int n = 0; n < N; ++n) offsets[n] = *(const float2*)&col_offsets[warp_col + n * 8 + 2 * quad];
     {
+        float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
         bool diagonal = p.self_join && col0 < row0 + TILE;
         int lead = (int)(col0 + warp_col + 2 * quad) - (int)(row0 + warp_row + group);
+        float2 offsets[N];
+#pragma unroll
+        for (int n = 0; n < N; ++n) offsets[n] = *(const float2*)&col_offsets[warp_col + n * 8 + 2 * quad];
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
