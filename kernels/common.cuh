@@ -63,6 +63,17 @@ struct JoinParams {
 // The host's mirror (`JoinParams` in src/gpu/launch.rs) asserts the same size.
 static_assert(sizeof(JoinParams) == 216, "JoinParams layout changed: update src/gpu/launch.rs");
 
+// The bits of `v` as an unsigned key in the order of the values (kNN's sample keys, the settled slots' bounds; negatives reversed below the
+// positives; −0.0 just before +0.0), and back.
+__device__ __forceinline__ u32 f32_order_key(float v) {
+    u32 bits = __float_as_uint(v);
+    return (bits >> 31) ? ~bits : bits | 0x80000000u;
+}
+
+__device__ __forceinline__ float from_f32_order_key(u32 key) {
+    return __uint_as_float((key >> 31) ? key & 0x7fffffffu : ~key);
+}
+
 // The exact distance of the contract: sums in dimension order, one term at a time (no FMA
 // contraction: --fmad=false), as the host's ExactCheck. exact_term is one term of a metric family's
 // sum (L2 and its square; cosine and the inner product; L1; L∞), exact_finish the distance from the

@@ -331,17 +331,6 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc_bytes(
                               unscale, squared, distances);
 }
 
-// The bits of `v` as an unsigned key in the order of the values (negatives reversed below the
-// positives; −0.0 just before +0.0), and back.
-__device__ __forceinline__ u32 f32_order_key(float v) {
-    u32 bits = __float_as_uint(v);
-    return (bits >> 31) ? ~bits : bits | 0x80000000u;
-}
-
-__device__ __forceinline__ float from_f32_order_key(u32 key) {
-    return __uint_as_float((key >> 31) ? key & 0x7fffffffu : ~key);
-}
-
 // The distance of a knn_sample_distances key value: L2's square root and cosine's half, in f64
 // (what the count pass compares exact distances with).
 __device__ __forceinline__ double sample_radius(u32 metric, float v) {

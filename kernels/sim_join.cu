@@ -1389,13 +1389,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc_bytes(BRUTE_J
 #endif
 }
 
-// f32's total order as u32 (NaN's above +∞), and back.
-__device__ __forceinline__ u32 f32_order(float x) {
-    const u32 bits = __float_as_uint(x);
-    return bits ^ (bits >> 31 ? 0xffffffffu : 0x80000000u);
-}
-__device__ __forceinline__ float from_f32_order(u32 order) { return __uint_as_float(order ^ (order >> 31 ? 0x80000000u : 0xffffffffu)); }
-
 // The rest of kNN's first count pass under PASS_SCORES (brute_join_tc on f16 rows, L2 and L2²,
 // k ≤ 32), a warp per left slot s of [slot_begin, slot_end). brute_join_tc's drain computed the
 // exact distance of every pair that passed the filter: at P1 (k = 10) ~450 a query at its sample
@@ -1433,7 +1426,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_settle_slots(JoinParams p,
     auto smallest_above = [&](u64 floor, bool bounded) {
         u64 best = ~0ull;
         for (u32 j = lane; j < found; j += 32) {
-            const u64 key = (u64)f32_order(scores[j].y) << 32 | j;
+            const u64 key = (u64)f32_order_key(scores[j].y) << 32 | j;
             if ((!bounded || key > floor) && key < best) best = key;
         }
         return best;
@@ -1447,7 +1440,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_settle_slots(JoinParams p,
     }
     const float squared_scale = p.tc_scale * p.tc_scale;
     const float widening = __fadd_ru(tc_widening(p, __fmul_ru(lfnorm[s], p.tc_scale)), p.dot_floor);
-    const float upper = __fadd_ru(__fadd_ru(from_f32_order((u32)(kth >> 32)), __fmul_ru(lfsq[s], squared_scale)), widening);
+    const float upper = __fadd_ru(__fadd_ru(from_f32_order_key((u32)(kth >> 32)), __fmul_ru(lfsq[s], squared_scale)), widening);
     const float most = __fadd_ru(upper, __fmul_ru(fabsf(upper), 0x1p-20f));
     const float sq_down = __fmul_rd(lfsq[s], squared_scale);
     // The pairs to check, their right slots compacted to the slot's front. Each round's loads come
