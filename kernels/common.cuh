@@ -63,6 +63,10 @@ struct JoinParams {
 // The host's mirror (`JoinParams` in src/gpu/launch.rs) asserts the same size.
 static_assert(sizeof(JoinParams) == 216, "JoinParams layout changed: update src/gpu/launch.rs");
 
+// Entries of a query's row of kNN sample keys (knn.cu, and sim_join.cu's knn_sample_keys_bytes):
+// the largest sample (KNN_SAMPLE in src/gpu/launch.rs).
+#define SAMPLE 4096
+
 // The bits of `v` as an unsigned key in the order of the values (kNN's sample keys, the settled slots' bounds; negatives reversed below the
 // positives; −0.0 just before +0.0), and back.
 __device__ __forceinline__ u32 f32_order_key(float v) {
@@ -248,16 +252,7 @@ __device__ __forceinline__ void mma_f16(float (&acc)[4], const u32 (&a)[4], cons
 }
 
 // A tensor-core accumulator's element: f32 for f16 rows, s32 for byte rows (brute_join_tc_bytes,
-// knn_sample_distances_tc_bytes).
+// knn_sample_keys_bytes).
 template <bool BYTES> struct TcElement { typedef float Type; };
 template <> struct TcElement<true> { typedef int Type; };
 
-// acc += A·B on the integer tensor cores (mma.sync m16n8k32, unsigned bytes, s32 sums: exact): the
-// fragments of mma_f16 word for word, four bytes a register where it has two f16 (m16n8k32 puts
-// bytes 4·quad.. of rows group and group + 8 where m16n8k16 puts f16 2·quad.., and the second
-// half 16 bytes on where it is 8 f16 on), so load_a_fragment and load_b_fragments serve both.
-__device__ __forceinline__ void mma_u8(int (&acc)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+r"(acc[0]), "+r"(acc[1]), "+r"(acc[2]), "+r"(acc[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}

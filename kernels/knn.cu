@@ -11,7 +11,6 @@
 // candidates there are (about rank·n/sample_len), never which neighbours are returned.
 #include "common.cuh"
 
-#define SAMPLE 4096
 #define LEVELS 4
 
 // Bitonic sort of `size` (a power of two) shared-memory entries by the block: `exchange(i, j,
@@ -218,21 +217,17 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParam
 #define TC_SAMPLE_WORDS 32
 #define TC_SAMPLE_STRIDE (TC_SAMPLE_WORDS + 4)
 
-// On byte rows (BYTES: knn_sample_distances_tc_bytes, the rows and squared norms brute_join_tc_bytes
-// reads, the norms as u32 in the f32 ones' place) the products are mma_u8's, exact, and each key
-// is the exact squared distance ‖x‖² + ‖s‖² − 2x·s (an integer below 2²⁹) rounded to f32.
-template <bool BYTES>
-__device__ __forceinline__ void sample_distances_tc(u32 row_words, u32 query_begin, u32 query_end, const u32* query_rows,
+// Byte rows' keys come from sim_join.cu's knn_sample_keys_bytes.
+extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc(u32 row_words, u32 query_begin, u32 query_end, const u32* query_rows,
         const float* query_sq, const u32* sample_rows, const float* sample_sq, u32 sample_len, float unscale, u32 squared,
         float* distances) {
-    typedef typename TcElement<BYTES>::Type Element;
     __shared__ __align__(16) u32 qs[TC_SAMPLE_QUERIES][TC_SAMPLE_STRIDE];
     __shared__ __align__(16) u32 ss[TC_SAMPLE_COLUMNS][TC_SAMPLE_STRIDE];
     u32 first = query_begin + blockIdx.x * TC_SAMPLE_QUERIES, s0 = blockIdx.y * TC_SAMPLE_COLUMNS;
     if (first >= query_end || s0 >= sample_len) return;
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, quad = lane % 4;
     const u32 warp_row = warp / 4 * 32, warp_col = warp % 4 * 32;
-    Element acc[2][4][4] = {};
+    float acc[2][4][4] = {};
     // Staged four words (16 bytes) a load: rows are whole groups of four words (tc_row_words), so a
     // group lies within a row or past its end, and every group and shared row is 16-byte aligned
     // (TC_SAMPLE_STRIDE is 144 bytes). Zero words past a row's end or past the last row add
@@ -284,8 +279,7 @@ __device__ __forceinline__ void sample_distances_tc(u32 row_words, u32 query_beg
             for (u32 m = 0; m < 2; ++m)
 #pragma unroll
                 for (u32 n = 0; n < 4; ++n)
-                    if constexpr (BYTES) mma_u8(acc[m][n], a[m], b[n]);
-                    else mma_f16(acc[m][n], a[m], b[n]);
+                    mma_f16(acc[m][n], a[m], b[n]);
         }
         __syncthreads();
     }
@@ -304,9 +298,7 @@ __device__ __forceinline__ void sample_distances_tc(u32 row_words, u32 query_beg
                 u32 s = s0 + warp_col + n * 8 + 2 * quad + e % 2;
                 if (s >= sample_len) continue;
                 float v;
-                if constexpr (BYTES) {
-                    v = (float)((int)(((const u32*)query_sq)[q] + ((const u32*)sample_sq)[s]) - 2 * acc[m][n][e]);
-                } else if (squared) {
+                if (squared) {
                     v = __fmaf_rn(twice, acc[m][n][e], query_sq[q] + sample_sq[s]);
                     v = v < 0.0f ? 0.0f : v;
                 } else {
@@ -315,20 +307,6 @@ __device__ __forceinline__ void sample_distances_tc(u32 row_words, u32 query_beg
                 row[s] = isnan(v) ? __int_as_float(0x7f800000) : v;
             }
         }
-}
-
-extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc(u32 row_words, u32 query_begin, u32 query_end,
-        const u32* query_rows, const float* query_sq, const u32* sample_rows, const float* sample_sq, u32 sample_len,
-        float unscale, u32 squared, float* distances) {
-    sample_distances_tc<false>(row_words, query_begin, query_end, query_rows, query_sq, sample_rows, sample_sq, sample_len,
-                               unscale, squared, distances);
-}
-
-extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc_bytes(u32 row_words, u32 query_begin, u32 query_end,
-        const u32* query_rows, const float* query_sq, const u32* sample_rows, const float* sample_sq, u32 sample_len,
-        float unscale, u32 squared, float* distances) {
-    sample_distances_tc<true>(row_words, query_begin, query_end, query_rows, query_sq, sample_rows, sample_sq, sample_len,
-                              unscale, squared, distances);
 }
 
 // The distance of a knn_sample_distances key value: L2's square root and cosine's half, in f64

@@ -1004,6 +1004,30 @@ __device__ __forceinline__ void bytes_epilogue(const JoinParams& p, u32 row0, u3
     }
 }
 
+// knn_sample_keys_bytes's epilogue for the tile (row0, col0), from a warpgroup's accumulators
+// (bytes_epilogue's layout): every pair's key, its exact squared distance ‖x‖² + ‖y‖² − 2x·y (an
+// integer below 2²⁹, see brute_join_tc_bytes) rounded to f32, as knn_sample_radius reads it, at
+// keys[(s − slot_begin)·SAMPLE + t] for the query slots s < slot_end and sample rows t < right_len.
+// Each thread stores its two adjacent columns at once: a warp's store covers 8 rows × 32 bytes.
+__device__ __forceinline__ void bytes_keys(u32 row0, u32 col0, u32 warp_row, u32 group, u32 quad, const int (&acc)[1][16][4],
+        const int* col_offsets, const u32* left_sq, u32 slot_begin, u32 slot_end, u32 right_len, float* keys) {
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+        const u32 s = row0 + warp_row + group + 8 * h;
+        if (s >= slot_end) continue;
+        const int norm = (int)left_sq[s];
+        float* row = keys + (u64)(s - slot_begin) * SAMPLE;
+#pragma unroll
+        for (u32 n = 0; n < 16; ++n) {
+            const u32 t = col0 + n * 8 + 2 * quad;
+            const int2 offset = *(const int2*)&col_offsets[n * 8 + 2 * quad];
+            const float2 key = make_float2((float)(norm + offset.x - 2 * acc[0][n][2 * h]), (float)(norm + offset.y - 2 * acc[0][n][2 * h + 1]));
+            if (t + 1 < right_len) *(float2*)&row[t] = key;
+            else if (t < right_len) row[t] = key.x;
+        }
+    }
+}
+
 // The sum of exact terms of the pairs `pairs[0, count)` (count ≤ DRAIN_PAIRS) of a brute_join_tc
 // block's queue, lane i's pair i's (lanes 0–15): the warp brings their rows into `scratch` (2 ×
 // DRAIN_PAIRS rows of DRAIN_STRIDE f64) DRAIN_DIMS dimensions at a time, one pair's half of them a
@@ -1063,9 +1087,13 @@ __device__ __forceinline__ double drain_sum(u32 dim, const uint2* pairs, u32 cou
 
 // brute_join_tc on f16 rows (BYTES false) or, under wgmma only, brute_join_tc_bytes on byte rows:
 // the same pipeline with half the chunks a row (128 bytes hold 128 coordinates instead of 64),
-// the exact integer test of bytes_row_bound, and no queue to drain.
-template <bool BYTES>
-__device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const TensorMap& left_map, const TensorMap& right_map) {
+// the exact integer test of bytes_row_bound, and no queue to drain. KEYS (byte rows only):
+// knn_sample_keys_bytes, whose epilogue writes every pair's key to `keys` (bytes_keys) and which
+// tests, counts and writes no pair.
+template <bool BYTES, bool KEYS = false>
+__device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const TensorMap& left_map, const TensorMap& right_map,
+                                                  float* keys = nullptr) {
+    static_assert(BYTES || !KEYS, "sample keys on byte rows only");
 #if __CUDA_ARCH__ >= 800
     typedef typename TcElement<BYTES>::Type Element;
     // Dynamic shared memory: the queue's pairs, the resident left tile's chunks (rows of at most
@@ -1131,7 +1159,7 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
     u32 group = lane / 4, quad = lane % 4;  // the fragment coordinates of PTX's m16n8k16 layout
     if (threadIdx.x == 0) queue.len = 0;  // before any push: the first step's barrier orders them
     // The left tile's filter bounds, likewise ordered before the first epilogue.
-    if (threadIdx.x < TILE) {
+    if (threadIdx.x < TILE && !KEYS) {
         if constexpr (BYTES) row_bounds[threadIdx.x] = bytes_row_bound(p, row0 + threadIdx.x, slot_end, (const u32*)lfsq, row_threshold);
         else row_bounds[threadIdx.x] = tc_row_bound(p, row0 + threadIdx.x, slot_end, lfnorm, lfsq, row_threshold, row_limit);
     }
@@ -1214,7 +1242,10 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
 #endif
     u32 col0 = first_col, tile = 0, compute_stage = 0;  // the tile being computed, and the stage of its step
     auto epilogue = [&](TileAcc& tile_acc, u32 tile_col0, u32 tile_index) {
-        if constexpr (BYTES)
+        if constexpr (KEYS)
+            bytes_keys(row0, tile_col0, warp_row, group, quad, tile_acc, col_offsets[tile_index % TC_OFFSET_RING], (const u32*)lfsq,
+                       slot_begin, slot_end, right_len, keys);
+        else if constexpr (BYTES)
             bytes_epilogue(p, row0, tile_col0, warp_row, group, quad, tile_acc, row_bounds, col_offsets[tile_index % TC_OFFSET_RING],
                            (const u32*)lfsq, slot_begin, left_order, right_order, row_threshold, counts, cursors, out_left,
                            out_right, out_distance, collected, capacity, pass);
@@ -1388,6 +1419,23 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc_bytes(BRUTE_J
     brute_join_tc_run<true>(BRUTE_JOIN_ARGS, left_map, right_map);
 #endif
 }
+
+#if TC_WGMMA
+// kNN's sample keys on byte rows (knn_sample_radius reads them as knn.cu's other sample kernels
+// write theirs), through brute_join_tc_bytes's pipeline: TMA copies and wgmma. knn_sample_distances_tc's
+// byte instance, its register-staged loads and mma.sync, waited on its loads (P2: 0.28 ms for
+// 8,192 queries, NOTES.md v89). Query slots [query_begin, query_end) against the sample's `sample_len` rows
+// (sample_byte_rows), each pair's key at keys[(q − query_begin)·SAMPLE + i]; `p` sets the
+// dimensions and the run (p.tc_run, no queue), and the maps cover the two sides' byte rows.
+extern "C" __global__ void __launch_bounds__(256, 2) knn_sample_keys_bytes(JoinParams p, u32 query_begin, u32 query_end,
+        const u32* query_rows, const u32* query_sq, const u32* sample_rows, const u32* sample_sq, u32 sample_len, float* keys,
+        const __grid_constant__ TensorMap query_map, const __grid_constant__ TensorMap sample_map) {
+    brute_join_tc_run<true, true>(p, query_begin, query_end, 0, sample_len, (const float*)query_rows, (const float*)sample_rows,
+                                  nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, (const float*)query_sq,
+                                  (const float*)sample_sq, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                  0, PASS_COUNT, query_map, sample_map, keys);
+}
+#endif
 
 // The rest of kNN's first count pass under PASS_SCORES (brute_join_tc on f16 rows, L2 and L2²,
 // k ≤ 32), a warp per left slot s of [slot_begin, slot_end). brute_join_tc's drain computed the

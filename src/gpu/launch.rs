@@ -722,7 +722,7 @@ pub enum KnnSample {
     /// knn_sample_distances_tc ([`sample_half_rows`]).
     Half { rows: CudaSlice<u32>, sq_norms: Option<CudaSlice<f32>>, scale_exponent: i32 },
     /// brute_join_tc_bytes's byte rows and their squared norms, whose keys are exact squared
-    /// distances: knn_sample_distances_tc_bytes ([`sample_byte_rows`]).
+    /// distances: knn_sample_keys_bytes ([`sample_byte_rows`]).
     Bytes(ByteRows),
 }
 
@@ -753,11 +753,11 @@ fn sample_positions(device: &GpuDevice, n: usize, sample_len: usize) -> Result<C
     device.stream.clone_htod(&picked).map_err(|e| format!("GPU copy failed: {e}"))
 }
 
-/// The sample as knn_sample_distances_tc_bytes reads it, where the base has byte rows: rows
-/// ⌊i·n/sample_len⌋ (knn_sample_rows' choice) of them and of their squared norms, gathered.
+/// The sample as knn_sample_keys_bytes reads it, where the base has byte rows: rows ⌊i·n/sample_len⌋
+/// (knn_sample_rows' choice) of them and of their squared norms, gathered.
 pub fn sample_byte_rows(device: &GpuDevice, base: &ByteRows, n: usize, dim: usize, sample_len: usize) -> Result<KnnSample, String> {
     if sample_len == 0 || sample_len > n {
-        return Err(format!("knn_sample_distances_tc_bytes: a sample of {sample_len} rows of a base of {n} rows"));
+        return Err(format!("knn_sample_keys_bytes: a sample of {sample_len} rows of a base of {n} rows"));
     }
     let picked = sample_positions(device, n, sample_len)?;
     Ok(KnnSample::Bytes(ByteRows {
@@ -818,11 +818,28 @@ pub fn sample_radius_pass(
     {
         return Err("knn_sample_distances_tc: squared filter norms missing".into());
     }
-    let distances_kernel = device.function(KernelModule::Knn, match sample {
-        KnnSample::Filter(_) => "knn_sample_distances",
-        KnnSample::Half { .. } => "knn_sample_distances_tc",
-        KnnSample::Bytes(_) => "knn_sample_distances_tc_bytes",
-    })?;
+    let distances_kernel = match sample {
+        KnnSample::Filter(_) => device.function(KernelModule::Knn, "knn_sample_distances")?,
+        KnnSample::Half { .. } => device.function(KernelModule::Knn, "knn_sample_distances_tc")?,
+        KnnSample::Bytes(_) => device.function(KernelModule::SimJoin, "knn_sample_keys_bytes")?,
+    };
+    // knn_sample_keys_bytes runs brute_join_tc_bytes's pipeline (with its shared memory, no queue)
+    // over the queries' and the sample's byte rows, by their TMA maps.
+    let byte_rows = match sample {
+        KnnSample::Bytes(sample) => {
+            let query = match &query_side.byte_rows {
+                Some(query) if query.offset == sample.offset && query.sq_norms.len() >= queries.end as usize && sample.sq_norms.len() >= sample_len as usize => query,
+                _ => return Err("knn_sample_keys_bytes: the queries have no byte rows shifted as the sample's".into()),
+            };
+            let row_words = byte_row_words(params.dim as usize);
+            let shared_mem_bytes = tc_shared_bytes(device, row_words, 0);
+            distances_kernel
+                .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
+                .map_err(|e| format!("knn_sample_keys_bytes: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
+            Some((query, sample, shared_mem_bytes, tc_row_map(device, &query.rows, row_words)?, tc_row_map(device, &sample.rows, row_words)?))
+        }
+        _ => None,
+    };
     let radius_kernel = device.function(KernelModule::Knn, "knn_sample_radius")?;
     let chunk = chunk_queries.min(queries.len());
     let mut distances = stream.alloc_zeros::<f32>(chunk * KNN_SAMPLE).map_err(|e| format!("GPU allocation failed: {e}"))?;
@@ -858,14 +875,18 @@ pub fn sample_radius_pass(
                 unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances_tc launch failed: {e}"))?;
             }
             (KnnSample::Half { .. }, None) => return Err("knn_sample_distances_tc: the queries have no f16 rows".into()),
-            (KnnSample::Bytes(sample), _) => {
-                let query = match &query_side.byte_rows {
-                    Some(query) if query.offset == sample.offset && query.sq_norms.len() >= end as usize && sample.sq_norms.len() >= sample_len as usize => query,
-                    _ => return Err("knn_sample_distances_tc_bytes: the queries have no byte rows shifted as the sample's".into()),
+            (KnnSample::Bytes(_), _) => {
+                let Some((query, sample, shared_mem_bytes, query_map, sample_map)) = &byte_rows else {
+                    return Err("knn_sample_keys_bytes: no byte rows".into());
                 };
-                let (row_words, unscale, squared) = (byte_row_words(params.dim as usize) as u32, 1f32, 1u32);
+                // brute_join_tc_bytes's grid: a block per left tile and run of right tiles.
+                let left_tiles = (end - begin).div_ceil(BRUTE_TILE as u32) as usize;
+                let run = tc_run(device, left_tiles, sample_len as usize, 0.0, 0);
+                let keys_params = JoinParams { tc_run: run as u32, tc_queue: 0, ..*params };
+                let blocks = left_tiles * (sample_len as usize).div_ceil(BRUTE_TILE * run);
+                let config = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: *shared_mem_bytes };
                 builder
-                    .arg(&row_words)
+                    .arg(&keys_params)
                     .arg(&begin)
                     .arg(&end)
                     .arg(&query.rows)
@@ -873,17 +894,17 @@ pub fn sample_radius_pass(
                     .arg(&sample.rows)
                     .arg(&sample.sq_norms)
                     .arg(&sample_len)
-                    .arg(&unscale)
-                    .arg(&squared)
-                    .arg(&mut distances);
-                // SAFETY: the arguments match knn_sample_distances_tc_bytes's parameter list one for
-                // one (the squared norms, u32, in the f32 ones' place, which it reads as u32). A
-                // block reads `row_words` words of query rows in [begin, end) (within the query
-                // side's byte rows, packed with this `dim`) and of sample rows < sample_len
-                // (gathered with this `dim` by sample_byte_rows), and the squared norms of those
-                // rows (checked above); it writes entry (q − begin)·SAMPLE + i for q < end and
-                // i < sample_len, within `distances` (chunk ≥ end − begin rows of SAMPLE).
-                unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances_tc_bytes launch failed: {e}"))?;
+                    .arg(&mut distances)
+                    .arg(query_map)
+                    .arg(sample_map);
+                // SAFETY: the arguments match knn_sample_keys_bytes's parameter list one for one. A
+                // block reads byte rows (packed with this `dim`) of query slots in [begin, end),
+                // within the query side's byte rows, and of sample rows < sample_len, by TMA maps
+                // built over exactly those buffers, and their squared norms (checked above); it gets
+                // brute_join_tc_bytes's dynamic shared memory (allowed by the attribute set above)
+                // and writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
+                // `distances` (chunk ≥ end − begin rows of SAMPLE).
+                unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_keys_bytes launch failed: {e}"))?;
             }
             (KnnSample::Filter(sample), _) => {
                 builder
