@@ -1009,19 +1009,23 @@ __device__ __forceinline__ void bytes_epilogue(const JoinParams& p, u32 row0, u3
 // integer below 2²⁹, see brute_join_tc_bytes) rounded to f32, as knn_sample_radius reads it, at
 // keys[(s − slot_begin)·SAMPLE + t] for the query slots s < slot_end and sample rows t < right_len.
 // Each thread stores its two adjacent columns at once: a warp's store covers 8 rows × 32 bytes.
+// The sums are taken in u32: exact for a column of the sample (below 2²⁹), and a column past its
+// end, whose offset is BYTES_NO_COLUMN and whose key is not stored, wraps instead of overflowing
+// an int.
 __device__ __forceinline__ void bytes_keys(u32 row0, u32 col0, u32 warp_row, u32 group, u32 quad, const int (&acc)[1][16][4],
         const int* col_offsets, const u32* left_sq, u32 slot_begin, u32 slot_end, u32 right_len, float* keys) {
 #pragma unroll
     for (u32 h = 0; h < 2; ++h) {
         const u32 s = row0 + warp_row + group + 8 * h;
         if (s >= slot_end) continue;
-        const int norm = (int)left_sq[s];
+        const u32 norm = left_sq[s];
         float* row = keys + (u64)(s - slot_begin) * SAMPLE;
 #pragma unroll
         for (u32 n = 0; n < 16; ++n) {
             const u32 t = col0 + n * 8 + 2 * quad;
             const int2 offset = *(const int2*)&col_offsets[n * 8 + 2 * quad];
-            const float2 key = make_float2((float)(norm + offset.x - 2 * acc[0][n][2 * h]), (float)(norm + offset.y - 2 * acc[0][n][2 * h + 1]));
+            const u32 low = norm + (u32)offset.x - 2u * (u32)acc[0][n][2 * h], high = norm + (u32)offset.y - 2u * (u32)acc[0][n][2 * h + 1];
+            const float2 key = make_float2((float)(int)low, (float)(int)high);
             if (t + 1 < right_len) *(float2*)&row[t] = key;
             else if (t < right_len) row[t] = key.x;
         }
