@@ -1032,6 +1032,45 @@ __device__ __forceinline__ void bytes_keys(u32 row0, u32 col0, u32 warp_row, u32
     }
 }
 
+// knn_sample_keys_half's epilogue for the tile (row0, col0), from a warpgroup's f32 accumulators
+// (tc_epilogue's wgmma layout, as bytes_keys reads its s32 ones): every pair's key as knn.cu's
+// knn_sample_distances_tc computes it from x̂·ŷ, the squared L2 distance ‖x̃‖² + ‖s̃‖² + twice·x̂·ŷ
+// (twice = −2·2^−2a: the rows' scale undone) at least 0 where `squared`, else the inner product's
+// −x̂·ŷ·2^−2a (`unscale`), NaN as +∞; at keys[(s − slot_begin)·SAMPLE + t] for the query slots s <
+// slot_end and sample rows t < right_len. `sample_sq` holds the tile's sample rows' squared
+// norms (the loader's column ring), `left_sq` the queries'.
+__device__ __forceinline__ void half_keys(u32 row0, u32 col0, u32 warp_row, u32 group, u32 quad, const float (&acc)[1][16][4],
+        const float* sample_sq, const float* left_sq, u32 slot_begin, u32 slot_end, u32 right_len, float unscale, bool squared,
+        float* keys) {
+    const float twice = -2.0f * unscale;
+#pragma unroll
+    for (u32 h = 0; h < 2; ++h) {
+        const u32 s = row0 + warp_row + group + 8 * h;
+        if (s >= slot_end) continue;
+        const float norm = squared ? left_sq[s] : 0.0f;
+        float* row = keys + (u64)(s - slot_begin) * SAMPLE;
+#pragma unroll
+        for (u32 n = 0; n < 16; ++n) {
+            const u32 t = col0 + n * 8 + 2 * quad;
+            const float2 offset = *(const float2*)&sample_sq[n * 8 + 2 * quad];
+            float v[2];
+#pragma unroll
+            for (u32 c = 0; c < 2; ++c) {
+                const float dot = acc[0][n][2 * h + c];
+                if (squared) {
+                    v[c] = __fmaf_rn(twice, dot, norm + (c ? offset.y : offset.x));
+                    v[c] = v[c] < 0.0f ? 0.0f : v[c];
+                } else {
+                    v[c] = -(dot * unscale);
+                }
+                v[c] = isnan(v[c]) ? F32_INFINITY : v[c];
+            }
+            if (t + 1 < right_len) *(float2*)&row[t] = make_float2(v[0], v[1]);
+            else if (t < right_len) row[t] = v[0];
+        }
+    }
+}
+
 // The sum of exact terms of the pairs `pairs[0, count)` (count ≤ DRAIN_PAIRS) of a brute_join_tc
 // block's queue, lane i's pair i's (lanes 0–15): the warp brings their rows into `scratch` (2 ×
 // DRAIN_PAIRS rows of DRAIN_STRIDE f64) DRAIN_DIMS dimensions at a time, one pair's half of them a
@@ -1091,13 +1130,13 @@ __device__ __forceinline__ double drain_sum(u32 dim, const uint2* pairs, u32 cou
 
 // brute_join_tc on f16 rows (BYTES false) or, under wgmma only, brute_join_tc_bytes on byte rows:
 // the same pipeline with half the chunks a row (128 bytes hold 128 coordinates instead of 64),
-// the exact integer test of bytes_row_bound, and no queue to drain. KEYS (byte rows only):
-// knn_sample_keys_bytes, whose epilogue writes every pair's key to `keys` (bytes_keys) and which
-// tests, counts and writes no pair.
+// the exact integer test of bytes_row_bound, and no queue to drain. KEYS (wgmma only):
+// knn_sample_keys_bytes and knn_sample_keys_half, whose epilogue writes every pair's key to `keys`
+// (bytes_keys, half_keys) and which test, count and write no pair; the column ring holds the sample
+// rows' squared norms (`rfsq`), `unscale` and `squared` are half_keys's.
 template <bool BYTES, bool KEYS = false>
 __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const TensorMap& left_map, const TensorMap& right_map,
-                                                  float* keys = nullptr) {
-    static_assert(BYTES || !KEYS, "sample keys on byte rows only");
+                                                  float* keys = nullptr, float unscale = 1.0f, bool squared = true) {
 #if __CUDA_ARCH__ >= 800
     typedef typename TcElement<BYTES>::Type Element;
     // Dynamic shared memory: the queue's pairs, the resident left tile's chunks (rows of at most
@@ -1196,6 +1235,7 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
             if (load_chunk == 0 && threadIdx.x < TILE) {
                 Element& offset = col_offsets[load_tile % TC_OFFSET_RING][threadIdx.x];
                 if constexpr (BYTES) offset = bytes_col_offset(load_col + threadIdx.x, right_len, (const u32*)rfsq);
+                else if constexpr (KEYS) offset = squared && load_col + threadIdx.x < right_len ? rfsq[load_col + threadIdx.x] : 0.0f;
                 else offset = tc_col_offset(p, load_col + threadIdx.x, right_len, rfnorm, rfsq);
             }
             u32 stage = load_stage;
@@ -1246,9 +1286,12 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
 #endif
     u32 col0 = first_col, tile = 0, compute_stage = 0;  // the tile being computed, and the stage of its step
     auto epilogue = [&](TileAcc& tile_acc, u32 tile_col0, u32 tile_index) {
-        if constexpr (KEYS)
+        if constexpr (KEYS && BYTES)
             bytes_keys(row0, tile_col0, warp_row, group, quad, tile_acc, col_offsets[tile_index % TC_OFFSET_RING], (const u32*)lfsq,
                        slot_begin, slot_end, right_len, keys);
+        else if constexpr (KEYS)
+            half_keys(row0, tile_col0, warp_row, group, quad, tile_acc, col_offsets[tile_index % TC_OFFSET_RING], lfsq, slot_begin,
+                      slot_end, right_len, unscale, squared, keys);
         else if constexpr (BYTES)
             bytes_epilogue(p, row0, tile_col0, warp_row, group, quad, tile_acc, row_bounds, col_offsets[tile_index % TC_OFFSET_RING],
                            (const u32*)lfsq, slot_begin, left_order, right_order, row_threshold, counts, cursors, out_left,
@@ -1352,7 +1395,7 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
     // The queued pairs, DRAIN_PAIRS a warp and a thread each: their exact distances computed side
     // by side, the rows staged through the pipeline's stages, which no copy uses any more (every
     // step's group is complete) once every warp is past its last step. Byte rows queue none.
-    if constexpr (BYTES) return;
+    if constexpr (BYTES || KEYS) return;
     __syncthreads();
     u32 queued = min(queue.len, p.tc_queue);
     if (pass == PASS_SCORES) {
@@ -1438,6 +1481,19 @@ extern "C" __global__ void __launch_bounds__(256, 2) knn_sample_keys_bytes(JoinP
                                   nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, (const float*)query_sq,
                                   (const float*)sample_sq, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                   0, PASS_COUNT, query_map, sample_map, keys);
+}
+
+// kNN's sample keys on f16 rows (knn.cu's knn_sample_distances_tc, which mma.sync devices keep),
+// the same way: the queries' and the sample's f16 rows (sample_half_rows) scaled by 2^a, by their
+// maps, their f32 squared filter norms where `squared` (else any buffer: the inner product's keys
+// read none), `unscale` = 2^−2a.
+extern "C" __global__ void __launch_bounds__(256, 2) knn_sample_keys_half(JoinParams p, u32 query_begin, u32 query_end,
+        const u32* query_rows, const float* query_sq, const u32* sample_rows, const float* sample_sq, u32 sample_len, float unscale,
+        u32 squared, float* keys, const __grid_constant__ TensorMap query_map, const __grid_constant__ TensorMap sample_map) {
+    brute_join_tc_run<false, true>(p, query_begin, query_end, 0, sample_len, (const float*)query_rows, (const float*)sample_rows,
+                                   nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, query_sq, sample_sq, nullptr,
+                                   nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, PASS_COUNT, query_map, sample_map,
+                                   keys, unscale, squared != 0);
 }
 #endif
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits, sys};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits, sys};
 
 use super::device::GpuDevice;
 use super::kernels::KernelModule;
@@ -787,6 +787,16 @@ pub fn sample_rows(device: &GpuDevice, base_filter: &CudaSlice<f32>, n: usize, d
     Ok(sample)
 }
 
+/// A kNN sample's keys on brute_join_tc's pipeline (sm_90a): knn_sample_keys_bytes or
+/// knn_sample_keys_half, the dynamic shared memory it was allowed, and the TMA maps of the
+/// queries' and the sample's rows.
+struct SampleKeys {
+    function: CudaFunction,
+    shared_mem_bytes: u32,
+    query_map: TensorMap,
+    sample_map: TensorMap,
+}
+
 /// Sampled kNN radii (kernels/knn.cu): for each query of `queries`, `LEVELS` radii into `radii`
 /// (indexed by query position), from the f32 distances of the filter rows to the sample's
 /// (`sample`: [`sample_rows`] in the query side's filter space, or [`sample_half_rows`] beside the
@@ -818,27 +828,30 @@ pub fn sample_radius_pass(
     {
         return Err("knn_sample_distances_tc: squared filter norms missing".into());
     }
-    let distances_kernel = match sample {
-        KnnSample::Filter(_) => device.function(KernelModule::Knn, "knn_sample_distances")?,
-        KnnSample::Half { .. } => device.function(KernelModule::Knn, "knn_sample_distances_tc")?,
-        KnnSample::Bytes(_) => device.function(KernelModule::SimJoin, "knn_sample_keys_bytes")?,
+    // Under wgmma the tensor-core keys come from brute_join_tc's pipeline (knn_sample_keys_bytes,
+    // knn_sample_keys_half: TMA and wgmma, its shared memory without a queue), over the queries'
+    // and the sample's rows by their TMA maps; mma.sync devices keep knn_sample_distances_tc.
+    let on_pipeline = |kernel: &str, query_rows: &CudaSlice<u32>, sample_rows: &CudaSlice<u32>, row_words: usize| -> Result<SampleKeys, String> {
+        let function = device.function(KernelModule::SimJoin, kernel)?;
+        let shared_mem_bytes = tc_shared_bytes(device, row_words, 0);
+        function
+            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
+            .map_err(|e| format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
+        Ok(SampleKeys { function, shared_mem_bytes, query_map: tc_row_map(device, query_rows, row_words)?, sample_map: tc_row_map(device, sample_rows, row_words)? })
     };
-    // knn_sample_keys_bytes runs brute_join_tc_bytes's pipeline (with its shared memory, no queue)
-    // over the queries' and the sample's byte rows, by their TMA maps.
-    let byte_rows = match sample {
-        KnnSample::Bytes(sample) => {
-            let query = match &query_side.byte_rows {
-                Some(query) if query.offset == sample.offset && query.sq_norms.len() >= queries.end as usize && sample.sq_norms.len() >= sample_len as usize => query,
-                _ => return Err("knn_sample_keys_bytes: the queries have no byte rows shifted as the sample's".into()),
-            };
-            let row_words = byte_row_words(params.dim as usize);
-            let shared_mem_bytes = tc_shared_bytes(device, row_words, 0);
-            distances_kernel
-                .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
-                .map_err(|e| format!("knn_sample_keys_bytes: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
-            Some((query, sample, shared_mem_bytes, tc_row_map(device, &query.rows, row_words)?, tc_row_map(device, &sample.rows, row_words)?))
+    let dim = params.dim as usize;
+    let pipeline = match (sample, &query_side.half_rows, &query_side.byte_rows) {
+        (KnnSample::Bytes(sample), _, Some(query)) if query.offset == sample.offset && query.sq_norms.len() >= queries.end as usize && sample.sq_norms.len() >= sample_len as usize => {
+            Some(on_pipeline("knn_sample_keys_bytes", &query.rows, &sample.rows, byte_row_words(dim))?)
         }
+        (KnnSample::Bytes(_), ..) => return Err("knn_sample_keys_bytes: the queries have no byte rows shifted as the sample's".into()),
+        (KnnSample::Half { rows, .. }, Some(query_rows), _) if warpgroup_mma(device) => Some(on_pipeline("knn_sample_keys_half", query_rows, rows, tc_row_words(dim))?),
         _ => None,
+    };
+    let distances_kernel = match (sample, &pipeline) {
+        (_, Some(keys)) => keys.function.clone(),
+        (KnnSample::Filter(_), None) => device.function(KernelModule::Knn, "knn_sample_distances")?,
+        (_, None) => device.function(KernelModule::Knn, "knn_sample_distances_tc")?,
     };
     let radius_kernel = device.function(KernelModule::Knn, "knn_sample_radius")?;
     let chunk = chunk_queries.min(queries.len());
@@ -847,14 +860,31 @@ pub fn sample_radius_pass(
         let end = (begin as usize + chunk).min(queries.end as usize) as u32;
         let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
         let config = LaunchConfig { grid_dim: (groups, sample_len.div_ceil(SAMPLE_COLUMNS), 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // On the pipeline: brute_join_tc's grid, a block per left tile and run of right tiles.
+        let pipeline_launch = |keys: &SampleKeys| {
+            let left_tiles = (end - begin).div_ceil(BRUTE_TILE as u32) as usize;
+            let run = tc_run(device, left_tiles, sample_len as usize, 0.0, 0);
+            let blocks = left_tiles * (sample_len as usize).div_ceil(BRUTE_TILE * run);
+            let config = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: keys.shared_mem_bytes };
+            (JoinParams { tc_run: run as u32, tc_queue: 0, ..*params }, config)
+        };
         let mut builder = stream.launch_builder(&distances_kernel);
-        match (sample, &query_side.half_rows) {
-            (KnnSample::Half { rows, sq_norms, scale_exponent }, Some(query_rows)) => {
-                let (row_words, unscale) = (tc_row_words(params.dim as usize) as u32, 2f32.powi(-2 * scale_exponent));
+        match (sample, &query_side.half_rows, &query_side.byte_rows, &pipeline) {
+            (KnnSample::Half { rows, sq_norms, scale_exponent }, Some(query_rows), _, pipeline) => {
+                let (row_words, unscale) = (tc_row_words(dim) as u32, 2f32.powi(-2 * scale_exponent));
                 // Without squared norms (the inner product) the kernel reads none: any buffer will do.
                 let (squared, sample_sq) = (u32::from(sq_norms.is_some()), sq_norms.as_ref().unwrap_or(&query_side.filter_sq_norms));
+                // knn_sample_keys_half takes the launch's JoinParams where knn_sample_distances_tc
+                // takes the row's words, and the two maps last.
+                let (keys_params, keys_config) = match pipeline {
+                    Some(keys) => pipeline_launch(keys),
+                    None => (*params, config),
+                };
+                match pipeline {
+                    Some(_) => builder.arg(&keys_params),
+                    None => builder.arg(&row_words),
+                };
                 builder
-                    .arg(&row_words)
                     .arg(&begin)
                     .arg(&end)
                     .arg(query_rows)
@@ -865,26 +895,24 @@ pub fn sample_radius_pass(
                     .arg(&unscale)
                     .arg(&squared)
                     .arg(&mut distances);
-                // SAFETY: the arguments match knn_sample_distances_tc's parameter list one for one.
-                // A block reads `row_words` words of query rows in [begin, end) (end ≤ queries.end,
-                // within the query side's f16 rows, packed with this `dim`) and of sample rows <
-                // sample_len (gathered with this `dim` by sample_half_rows), and, where `squared`,
-                // the squared norms of those rows (checked above to hold them); it
-                // writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
-                // `distances` (chunk ≥ end − begin rows of SAMPLE).
-                unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances_tc launch failed: {e}"))?;
+                if let Some(keys) = pipeline {
+                    builder.arg(&keys.query_map).arg(&keys.sample_map);
+                }
+                // SAFETY: the arguments match knn_sample_keys_half's parameter list one for one
+                // (on the pipeline) or knn_sample_distances_tc's. A block reads f16 rows of query
+                // slots in [begin, end) (end ≤ queries.end, within the query side's f16 rows,
+                // packed with this `dim`) and of sample rows < sample_len (gathered with this
+                // `dim` by sample_half_rows), on the pipeline by TMA maps built over exactly those
+                // buffers, and, where `squared`, the squared norms of those rows (checked above to
+                // hold them); on the pipeline it gets brute_join_tc's dynamic shared memory
+                // without a queue (allowed by the attribute set above). It writes entry
+                // (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances`
+                // (chunk ≥ end − begin rows of SAMPLE).
+                unsafe { builder.launch(keys_config) }.map_err(|e| format!("{} launch failed: {e}", if pipeline.is_some() { "knn_sample_keys_half" } else { "knn_sample_distances_tc" }))?;
             }
-            (KnnSample::Half { .. }, None) => return Err("knn_sample_distances_tc: the queries have no f16 rows".into()),
-            (KnnSample::Bytes(_), _) => {
-                let Some((query, sample, shared_mem_bytes, query_map, sample_map)) = &byte_rows else {
-                    return Err("knn_sample_keys_bytes: no byte rows".into());
-                };
-                // brute_join_tc_bytes's grid: a block per left tile and run of right tiles.
-                let left_tiles = (end - begin).div_ceil(BRUTE_TILE as u32) as usize;
-                let run = tc_run(device, left_tiles, sample_len as usize, 0.0, 0);
-                let keys_params = JoinParams { tc_run: run as u32, tc_queue: 0, ..*params };
-                let blocks = left_tiles * (sample_len as usize).div_ceil(BRUTE_TILE * run);
-                let config = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: *shared_mem_bytes };
+            (KnnSample::Half { .. }, None, ..) => return Err("knn_sample_distances_tc: the queries have no f16 rows".into()),
+            (KnnSample::Bytes(sample), _, Some(query), Some(keys)) => {
+                let (keys_params, config) = pipeline_launch(keys);
                 builder
                     .arg(&keys_params)
                     .arg(&begin)
@@ -895,8 +923,8 @@ pub fn sample_radius_pass(
                     .arg(&sample.sq_norms)
                     .arg(&sample_len)
                     .arg(&mut distances)
-                    .arg(query_map)
-                    .arg(sample_map);
+                    .arg(&keys.query_map)
+                    .arg(&keys.sample_map);
                 // SAFETY: the arguments match knn_sample_keys_bytes's parameter list one for one. A
                 // block reads byte rows (packed with this `dim`) of query slots in [begin, end),
                 // within the query side's byte rows, and of sample rows < sample_len, by TMA maps
@@ -906,7 +934,8 @@ pub fn sample_radius_pass(
                 // `distances` (chunk ≥ end − begin rows of SAMPLE).
                 unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_keys_bytes launch failed: {e}"))?;
             }
-            (KnnSample::Filter(sample), _) => {
+            (KnnSample::Bytes(_), ..) => return Err("knn_sample_keys_bytes: the queries have no byte rows".into()),
+            (KnnSample::Filter(sample), ..) => {
                 builder
                     .arg(params)
                     .arg(&begin)
