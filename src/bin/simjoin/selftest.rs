@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::arrow::array::{AsArray, RecordBatch};
-use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+use datafusion::arrow::array::{ArrayRef, AsArray, FixedSizeListArray, Float32Array, Float64Array, Int64Array, RecordBatch};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type};
 use datafusion::catalog::MemTable;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
@@ -34,9 +35,48 @@ async fn rows(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
 fn register(ctx: &SessionContext, name: &str, values: &[f64], dim: usize) -> Result<()> {
     let f32_values = values.iter().all(|&v| v.is_nan() || v as f32 as f64 == v);
     let batch: RecordBatch = if f32_values { datagen::vector_batch(values, dim)? } else { datagen::column_batch(values, dim)? };
+    register_batch(ctx, name, batch)
+}
+
+/// Registers `batch` as the in-memory table `name`, replacing any table of that name.
+fn register_batch(ctx: &SessionContext, name: &str, batch: RecordBatch) -> Result<()> {
     ctx.deregister_table(name)?;
     ctx.register_table(name, Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?))?;
     Ok(())
+}
+
+/// In a table of `register_with_nulls`: whether row `row`'s vector is NULL (every ninth row).
+fn null_vector(row: usize) -> bool {
+    row % 9 == 4
+}
+
+/// In a table of `register_with_nulls`: whether coordinate `d` of row `row` is NULL (all of a NULL
+/// vector's, and one of every seventh row's).
+fn null_coordinate(row: usize, d: usize, dim: usize) -> bool {
+    null_vector(row) || (row % 7 == 2 && d == row % dim)
+}
+
+/// Registers `values` as table `name` with NULLs where `null_vector` and `null_coordinate` say, in
+/// the vector column layout (Parquet's) or, with `columns`, one nullable Float64 column per
+/// coordinate (CSV's, where a NULL vector is a row of NULLs).
+fn register_with_nulls(ctx: &SessionContext, name: &str, values: &[f64], dim: usize, columns: bool) -> Result<()> {
+    let n = values.len() / dim;
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n as i64));
+    let batch = if columns {
+        let mut fields = vec![("id".to_string(), ids)];
+        for d in 0..dim {
+            let column: Float64Array = (0..n).map(|row| (!null_coordinate(row, d, dim)).then(|| values[row * dim + d])).collect();
+            fields.push((format!("x{}", d + 1), Arc::new(column) as ArrayRef));
+        }
+        RecordBatch::try_from_iter(fields)?
+    } else {
+        let flat: Float32Array = (0..n * dim).map(|i| (!null_coordinate(i / dim, i % dim, dim)).then(|| values[i] as f32)).collect();
+        let item = Arc::new(Field::new("item", DataType::Float32, true));
+        let vectors = NullBuffer::from((0..n).map(|row| !null_vector(row)).collect::<Vec<_>>());
+        let list = FixedSizeListArray::try_new(item, dim as i32, Arc::new(flat), Some(vectors))?;
+        RecordBatch::try_from_iter([("id", ids), ("vector", Arc::new(list) as ArrayRef)])?
+    };
+    register_batch(ctx, name, batch)
 }
 
 /// Integer points with many duplicates and many pairs at exactly the threshold.
@@ -235,6 +275,27 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'gpu_memory_limit=1M, device=gpu')";
         let what = format!("{name} {n} × {dim} kNN under gpu_memory_limit=1M");
         failures += check_metric(&ctx, explain, "write_passes", &what, |passes| passes > 0, "at least 1").await?;
+    }
+    // NULL vectors and NULL coordinates, in both layouts: such rows never match (README), and the
+    // GPU must leave out exactly the rows the CPU leaves out, on either side, for every function.
+    let values = datagen::generate(Distribution::Uniform, 800, 4, 11);
+    let queries: Vec<f64> = values.iter().rev().copied().take(400 * 4).collect();
+    let skipped = [800, 400].iter().map(|&n| (0..n).filter(|&row| (0..4).any(|d| null_coordinate(row, d, 4))).count()).sum::<usize>();
+    for columns in [false, true] {
+        register_with_nulls(&ctx, "a", &values, 4, columns)?;
+        register_with_nulls(&ctx, "b", &queries, 4, columns)?;
+        let layout = if columns { "x1..x4 columns" } else { "vector column" };
+        for metric in [Metric::L2, Metric::Cosine] {
+            let eps = datagen::calibrate_threshold(&values, 4, 20.0, metric, 9);
+            let options = format!("metric={metric}");
+            let knn = [1, 10, 800, 807].map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
+            for sql in join_queries(eps, &options).into_iter().chain(knn) {
+                failures += compare(&ctx, &sql, &format!("NULLs, {layout} | 800 × 4"), &mut table).await?;
+            }
+        }
+        let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
+        let what = format!("kNN with NULLs in the {layout}");
+        failures += check_metric(&ctx, explain, "skipped_rows", &what, |rows| rows == skipped as u64, &skipped.to_string()).await?;
     }
     // Inputs larger than the device memory a run may use (gpu_memory_limit): tiles of ~1,000 rows
     // (a quarter of the limit at 14·d + 78 bytes a row), with result buffers small enough that
