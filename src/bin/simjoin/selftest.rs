@@ -161,11 +161,15 @@ fn join_queries(eps: f64, options: &str) -> [String; 4] {
 
 /// Registers `values` as table `a` and the reverse of its first half as table `b`; `a`'s rows.
 fn register_pair(ctx: &SessionContext, values: &[f64], dim: usize) -> Result<usize> {
-    let n = values.len() / dim;
     register(ctx, "a", values, dim)?;
-    let second: Vec<f64> = values.iter().rev().copied().take((n / 2) * dim).collect();
-    register(ctx, "b", &second, dim)?;
-    Ok(n)
+    register(ctx, "b", &reversed_half(values, dim), dim)?;
+    Ok(values.len() / dim)
+}
+
+/// The query side of the A/B cases: `values`' rows in reverse order, coordinates too, as many as
+/// half of them (so the two sides share rows and distances 0 but differ in order).
+fn reversed_half(values: &[f64], dim: usize) -> Vec<f64> {
+    values.iter().rev().copied().take((values.len() / dim / 2) * dim).collect()
 }
 
 /// The value of the operator's metric `name` in the EXPLAIN ANALYZE of `sql` (0 when absent).
@@ -278,19 +282,21 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     }
     // NULL vectors and NULL coordinates, in both layouts: such rows never match (README), and the
     // GPU must leave out exactly the rows the CPU leaves out, on either side, for every function.
-    let values = datagen::generate(Distribution::Uniform, 800, 4, 11);
-    let queries: Vec<f64> = values.iter().rev().copied().take(400 * 4).collect();
-    let skipped = [800, 400].iter().map(|&n| (0..n).filter(|&row| (0..4).any(|d| null_coordinate(row, d, 4))).count()).sum::<usize>();
+    let (n, dim) = (800, 4);
+    let values = datagen::generate(Distribution::Uniform, n, dim, 11);
+    let queries = reversed_half(&values, dim);
+    let rows_with_nulls = |side: &[f64]| (0..side.len() / dim).filter(|&row| (0..dim).any(|d| null_coordinate(row, d, dim))).count();
+    let skipped = rows_with_nulls(&values) + rows_with_nulls(&queries);
     for columns in [false, true] {
-        register_with_nulls(&ctx, "a", &values, 4, columns)?;
-        register_with_nulls(&ctx, "b", &queries, 4, columns)?;
+        register_with_nulls(&ctx, "a", &values, dim, columns)?;
+        register_with_nulls(&ctx, "b", &queries, dim, columns)?;
         let layout = if columns { "x1..x4 columns" } else { "vector column" };
         for metric in [Metric::L2, Metric::Cosine] {
-            let eps = datagen::calibrate_threshold(&values, 4, 20.0, metric, 9);
+            let eps = datagen::calibrate_threshold(&values, dim, 20.0, metric, 9);
             let options = format!("metric={metric}");
-            let knn = [1, 10, 800, 807].map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
+            let knn = [1, 10, n, n + 7].map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
             for sql in join_queries(eps, &options).into_iter().chain(knn) {
-                failures += compare(&ctx, &sql, &format!("NULLs, {layout} | 800 × 4"), &mut table).await?;
+                failures += compare(&ctx, &sql, &format!("NULLs, {layout} | {n} × {dim}"), &mut table).await?;
             }
         }
         let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
