@@ -9,7 +9,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SIMJOIN = os.path.join(ROOT, "target", "release", "simjoin")
+# The release binary: $SIMJOIN, or target/release/simjoin.
+SIMJOIN = os.environ.get("SIMJOIN") or os.path.join(ROOT, "target", "release", "simjoin")
 
 
 def main():

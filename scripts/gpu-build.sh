@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --bin simjoin
 mkdir -p .gpubin
-strip -o .gpubin/simjoin target/release/simjoin
+strip -o .gpubin/simjoin "${CARGO_TARGET_DIR:-target}/release/simjoin"
 xz -6 -T2 -f .gpubin/simjoin
 cp benches/torch_peer.py .gpubin/
 # Fashion-MNIST for P2 (the GPU machine has no Debian package): the IDX files, ~30 MB.

@@ -109,7 +109,8 @@ pub fn column_batch(values: &[f64], dim: usize) -> Result<RecordBatch> {
 /// Writes a dataset to `path`: Parquet (vector column) or CSV (x1..xd columns), by extension.
 pub fn write(values: &[f64], dim: usize, path: &Path) -> Result<()> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
-    let file = File::create(path).map_err(|e| DataFusionError::Execution(format!("cannot create {}: {e}", path.display())))?;
+    let file =
+        File::create(path).map_err(|e| DataFusionError::Execution(format!("cannot create {}: {e}", path.display())))?;
     match ext.as_str() {
         "parquet" => {
             let batch = vector_batch(values, dim)?;
@@ -138,7 +139,8 @@ pub fn write_labelled(images: &LabelledImages, dim: usize, path: &Path) -> Resul
         ("label", labels),
         ("vector", batch.column(1).clone()),
     ])?;
-    let file = File::create(path).map_err(|e| DataFusionError::Execution(format!("cannot create {}: {e}", path.display())))?;
+    let file =
+        File::create(path).map_err(|e| DataFusionError::Execution(format!("cannot create {}: {e}", path.display())))?;
     let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
     writer.write(&batch)?;
     writer.close()?;
@@ -188,7 +190,8 @@ pub struct LabelledImages {
 pub fn read_fashion_mnist(dir: &Path, prefix: &str) -> Result<LabelledImages> {
     let read = |name: String| -> Result<Vec<u8>> {
         let path = dir.join(&name);
-        let file = File::open(&path).map_err(|e| DataFusionError::Execution(format!("cannot open {}: {e}", path.display())))?;
+        let file = File::open(&path)
+            .map_err(|e| DataFusionError::Execution(format!("cannot open {}: {e}", path.display())))?;
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(file), &mut bytes)
             .map_err(|e| DataFusionError::Execution(format!("cannot decompress {}: {e}", path.display())))?;
@@ -204,10 +207,7 @@ pub fn read_fashion_mnist(dir: &Path, prefix: &str) -> Result<LabelledImages> {
     if images.len() != 16 + n * rows * cols || labels.len() != 8 + n || be(&labels, 4) != n {
         return exec_err!("{}: {prefix} IDX files are truncated or disagree on the image count", dir.display());
     }
-    Ok(LabelledImages {
-        pixels: images[16..].iter().map(|&p| p as f64).collect(),
-        labels: labels[8..].to_vec(),
-    })
+    Ok(LabelledImages { pixels: images[16..].iter().map(|&p| p as f64).collect(), labels: labels[8..].to_vec() })
 }
 
 #[cfg(test)]

@@ -34,14 +34,8 @@ pub enum Metric {
 
 impl Metric {
     /// Every metric, in the order the documentation lists them.
-    pub const ALL: [Metric; 6] = [
-        Metric::L2,
-        Metric::L2Squared,
-        Metric::Cosine,
-        Metric::InnerProduct,
-        Metric::L1,
-        Metric::LInf,
-    ];
+    pub const ALL: [Metric; 6] =
+        [Metric::L2, Metric::L2Squared, Metric::Cosine, Metric::InnerProduct, Metric::L1, Metric::LInf];
 
     /// The SQL spelling of the metric.
     pub fn name(self) -> &'static str {
@@ -137,9 +131,10 @@ impl FromStr for Metric {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let lower = s.trim().to_ascii_lowercase();
-        Metric::ALL.into_iter().find(|m| m.name() == lower).ok_or_else(|| {
-            format!("unknown metric '{s}' (expected one of l2, l2sq, cosine, inner_product, l1, linf)")
-        })
+        Metric::ALL
+            .into_iter()
+            .find(|m| m.name() == lower)
+            .ok_or_else(|| format!("unknown metric '{s}' (expected one of l2, l2sq, cosine, inner_product, l1, linf)"))
     }
 }
 
@@ -312,9 +307,7 @@ pub fn validate_threshold(function: &str, argument: &str, value: f64, metric: Me
         return plan_err!("{function}: argument '{argument}' must be a finite number, got {value}");
     }
     if value < 0.0 && !metric.allows_negative_threshold() {
-        return plan_err!(
-            "{function}: argument '{argument}' must be >= 0 for metric {metric}, got {value}"
-        );
+        return plan_err!("{function}: argument '{argument}' must be >= 0 for metric {metric}, got {value}");
     }
     Ok(value)
 }

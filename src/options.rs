@@ -57,8 +57,14 @@ const KEYS: [(&str, &str); 9] = [
     ("column", "Vector column; empty: the only list column, else every floating-point column"),
     ("index", "Joins and range queries: auto (sampled cost model), grid, brute_force"),
     ("grid_dims", "With the grid: dimensions to index, 1..=8 (0: the cost model decides)"),
-    ("gpu_memory_limit", "GPU: device memory a run may use, such as 512M or 4G (0: all that is free); larger inputs are tiled"),
-    ("cache_size", "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none)"),
+    (
+        "gpu_memory_limit",
+        "GPU: device memory a run may use, such as 512M or 4G (0: all that is free); larger inputs are tiled",
+    ),
+    (
+        "cache_size",
+        "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none)",
+    ),
 ];
 
 impl SimJoinOptions {
@@ -113,9 +119,7 @@ impl SimJoinOptions {
         let mut options = self.clone();
         for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let Some((key, value)) = item.split_once('=') else {
-                return plan_err!(
-                    "{function}: options string '{text}': expected key=value, got '{item}'"
-                );
+                return plan_err!("{function}: options string '{text}': expected key=value, got '{item}'");
             };
             let key = key.trim().to_ascii_lowercase();
             let value = value.trim().trim_matches(|c| c == '\'' || c == '"');
@@ -137,8 +141,9 @@ impl SimJoinOptions {
 fn parse_memory_size(key: &str, value: &str, zero: &str) -> std::result::Result<usize, String> {
     let value = value.trim();
     value.parse::<usize>().or_else(|_| {
-        datafusion::execution::context::SessionContext::parse_capacity_limit(key, value)
-            .map_err(|_| format!("{key} must be a size such as 512M or 4G (units K, M, G), or 0 for {zero}, got '{value}'"))
+        datafusion::execution::context::SessionContext::parse_capacity_limit(key, value).map_err(|_| {
+            format!("{key} must be a size such as 512M or 4G (units K, M, G), or 0 for {zero}, got '{value}'")
+        })
     })
 }
 
@@ -192,9 +197,8 @@ mod tests {
 
     #[test]
     fn call_options_override_defaults() {
-        let o = SimJoinOptions::default()
-            .with_call_options("knn", "metric=cosine, column = 'emb', device=cpu")
-            .unwrap();
+        let o =
+            SimJoinOptions::default().with_call_options("knn", "metric=cosine, column = 'emb', device=cpu").unwrap();
         assert_eq!(o.metric, Metric::Cosine);
         assert_eq!(o.column(), Some("emb"));
         assert_eq!(o.device, Device::Cpu);
@@ -218,9 +222,15 @@ mod tests {
         assert_eq!(o.gpu_memory_limit, 64 << 20);
         let o = SimJoinOptions::default().with_call_options("sim_join", "gpu_memory_limit=1.5G").unwrap();
         assert_eq!(o.gpu_memory_limit, 3 << 29);
-        assert_eq!(SimJoinOptions::default().with_call_options("knn", "gpu_memory_limit=4096").unwrap().gpu_memory_limit, 4096);
+        assert_eq!(
+            SimJoinOptions::default().with_call_options("knn", "gpu_memory_limit=4096").unwrap().gpu_memory_limit,
+            4096
+        );
         let err = SimJoinOptions::default().with_call_options("knn", "gpu_memory_limit=lots").unwrap_err();
-        assert!(err.to_string().contains("knn: options string 'gpu_memory_limit=lots': gpu_memory_limit must be a size"), "{err}");
+        assert!(
+            err.to_string().contains("knn: options string 'gpu_memory_limit=lots': gpu_memory_limit must be a size"),
+            "{err}"
+        );
         let err = SimJoinOptions::default().with_call_options("knn", "gpu_memory_limit=-1G").unwrap_err();
         assert!(err.to_string().contains("got '-1G'"), "{err}");
     }

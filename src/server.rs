@@ -133,9 +133,9 @@ impl FlightSqlServer {
         let check = move |request: Request<()>| authenticator.check(request);
         let mut builder = Server::builder();
         if let Some(identity) = self.tls {
-            builder = builder
-                .tls_config(ServerTlsConfig::new().identity(identity))
-                .map_err(|e| DataFusionError::Configuration(format!("simjoin serve: invalid TLS certificate or key: {e}")))?;
+            builder = builder.tls_config(ServerTlsConfig::new().identity(identity)).map_err(|e| {
+                DataFusionError::Configuration(format!("simjoin serve: invalid TLS certificate or key: {e}"))
+            })?;
         }
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         builder
@@ -186,14 +186,18 @@ impl Authenticator {
     fn basic_is_valid(&self, encoded: &str) -> bool {
         let Credentials::Password { user, password } = &self.credentials else { return false };
         // Go's Flight client (ADBC) sends the credentials unpadded; Rust's and Java's padded.
-        let lenient = GeneralPurpose::new(&alphabet::STANDARD, GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent));
+        let lenient = GeneralPurpose::new(
+            &alphabet::STANDARD,
+            GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+        );
         let Ok(decoded) = lenient.decode(encoded.trim()) else { return false };
         let Some((given_user, given_password)) = std::str::from_utf8(&decoded).ok().and_then(|s| s.split_once(':'))
         else {
             return false;
         };
         // Both compared in full, so the time taken does not tell which one was wrong.
-        constant_time_eq(given_user.as_bytes(), user.as_bytes()) & constant_time_eq(given_password.as_bytes(), password.as_bytes())
+        constant_time_eq(given_user.as_bytes(), user.as_bytes())
+            & constant_time_eq(given_password.as_bytes(), password.as_bytes())
     }
 }
 
@@ -247,9 +251,10 @@ impl FlightService for SimjoinFlightService {
         _request: Request<Streaming<HandshakeRequest>>,
     ) -> std::result::Result<Response<Self::HandshakeStream>, Status> {
         let payload = self.authenticator.token.clone().unwrap_or_default();
-        let mut response: Response<Self::HandshakeStream> = Response::new(Box::pin(futures::stream::once(async move {
-            Ok(HandshakeResponse { protocol_version: 0, payload: payload.into_bytes().into() })
-        })));
+        let mut response: Response<Self::HandshakeStream> =
+            Response::new(Box::pin(futures::stream::once(async move {
+                Ok(HandshakeResponse { protocol_version: 0, payload: payload.into_bytes().into() })
+            })));
         if let Some(token) = &self.authenticator.token {
             let value = MetadataValue::try_from(format!("Bearer {token}"))
                 .map_err(|_| Status::internal("simjoin server: the bearer token is not a valid header value"))?;
@@ -293,15 +298,24 @@ impl FlightService for SimjoinFlightService {
         self.inner.list_flights(request).await
     }
 
-    async fn get_flight_info(&self, request: Request<FlightDescriptor>) -> std::result::Result<Response<FlightInfo>, Status> {
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<FlightInfo>, Status> {
         self.inner.get_flight_info(request).await
     }
 
-    async fn poll_flight_info(&self, request: Request<FlightDescriptor>) -> std::result::Result<Response<PollInfo>, Status> {
+    async fn poll_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<PollInfo>, Status> {
         self.inner.poll_flight_info(request).await
     }
 
-    async fn get_schema(&self, request: Request<FlightDescriptor>) -> std::result::Result<Response<SchemaResult>, Status> {
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<SchemaResult>, Status> {
         self.inner.get_schema(request).await
     }
 
@@ -365,10 +379,14 @@ mod tests {
         }
         assert_eq!(token.stats.refused_requests(), 5);
 
-        let password = authenticator(Credentials::Password { user: "ann".into(), password: "pw:1".into() }, Some("tok"));
+        let password =
+            authenticator(Credentials::Password { user: "ann".into(), password: "pw:1".into() }, Some("tok"));
         let basic = |s: &str| format!("Basic {}", BASE64.encode(s));
         assert!(password.check(request(Some(&basic("ann:pw:1")))).is_ok());
-        assert!(password.check(request(Some(basic("ann:pw:1").trim_end_matches('=')))).is_ok(), "unpadded, as Go sends it");
+        assert!(
+            password.check(request(Some(basic("ann:pw:1").trim_end_matches('=')))).is_ok(),
+            "unpadded, as Go sends it"
+        );
         assert!(password.check(request(Some("Bearer tok"))).is_ok());
         for refused in [basic("ann:pw"), basic("bob:pw:1"), basic("annpw:1"), "Basic !!!".to_string()] {
             assert!(password.check(request(Some(&refused))).is_err(), "{refused}");

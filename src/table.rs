@@ -139,11 +139,8 @@ impl TableProvider for SimilarityTable {
         let left_read = InputProjection::new(left_needed);
         let right_read = InputProjection::new(right_needed);
         let mut children = vec![self.left.provider.scan(state, Some(&left_read.read), &[], None).await?];
-        let left = InputSide {
-            child: 0,
-            source: left_read.source(&self.left.source),
-            describe: self.left.describe.clone(),
-        };
+        let left =
+            InputSide { child: 0, source: left_read.source(&self.left.source), describe: self.left.describe.clone() };
         let right = match &self.right {
             Some(r) => {
                 children.push(r.provider.scan(state, Some(&right_read.read), &[], None).await?);

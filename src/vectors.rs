@@ -28,12 +28,7 @@ pub enum VectorSource {
 impl VectorSource {
     /// Picks the vector column(s) of `schema`: the named column, else the only list column, else
     /// every floating-point column in order. `function`/`argument` name the call in errors.
-    pub fn resolve(
-        schema: &Schema,
-        column: Option<&str>,
-        function: &str,
-        argument: &str,
-    ) -> Result<Self> {
+    pub fn resolve(schema: &Schema, column: Option<&str>, function: &str, argument: &str) -> Result<Self> {
         if let Some(name) = column {
             let Some((index, field)) = schema.column_with_name(name) else {
                 let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
@@ -51,18 +46,15 @@ impl VectorSource {
                 ),
             };
         }
-        let lists: Vec<usize> = (0..schema.fields().len())
-            .filter(|&i| is_list(schema.field(i).data_type()))
-            .collect();
+        let lists: Vec<usize> = (0..schema.fields().len()).filter(|&i| is_list(schema.field(i).data_type())).collect();
         match lists.as_slice() {
             [index] => {
                 let field = schema.field(*index);
                 Self::list(*index, field.name(), field.data_type(), function, argument)
             }
             [] => {
-                let floats: Vec<usize> = (0..schema.fields().len())
-                    .filter(|&i| schema.field(i).data_type().is_floating())
-                    .collect();
+                let floats: Vec<usize> =
+                    (0..schema.fields().len()).filter(|&i| schema.field(i).data_type().is_floating()).collect();
                 if floats.is_empty() {
                     return plan_err!(
                         "{function}: argument '{argument}' has no vector column (a list of \
@@ -72,8 +64,7 @@ impl VectorSource {
                 Ok(VectorSource::Columns(floats))
             }
             several => {
-                let names: Vec<&str> =
-                    several.iter().map(|&i| schema.field(i).name().as_str()).collect();
+                let names: Vec<&str> = several.iter().map(|&i| schema.field(i).name().as_str()).collect();
                 plan_err!(
                     "{function}: argument '{argument}' has several vector columns ({}); \
                      choose one with 'column=...'",
@@ -96,9 +87,7 @@ impl VectorSource {
             );
         }
         if dim == Some(0) {
-            return plan_err!(
-                "{function}: column '{name}' of argument '{argument}' holds empty vectors"
-            );
+            return plan_err!("{function}: column '{name}' of argument '{argument}' holds empty vectors");
         }
         Ok(VectorSource::List { index, dim })
     }
@@ -145,7 +134,13 @@ pub struct Vectors {
 /// A clone is a new value that its owner may change: it carries no resident mark.
 impl Clone for Vectors {
     fn clone(&self) -> Self {
-        Vectors { dim: self.dim, values: self.values.clone(), rows: self.rows.clone(), skipped: self.skipped, ..Default::default() }
+        Vectors {
+            dim: self.dim,
+            values: self.values.clone(),
+            rows: self.rows.clone(),
+            skipped: self.skipped,
+            ..Default::default()
+        }
     }
 }
 
@@ -230,12 +225,7 @@ impl Vectors {
     /// Builds vectors from rows of already collected `batch` (one concatenated batch of the input),
     /// with `source` resolved against that batch's schema. `describe` names the input in errors,
     /// e.g. "sim_join: argument 'left'".
-    pub fn from_batch(
-        batch: &RecordBatch,
-        source: &VectorSource,
-        reject_zero: bool,
-        describe: &str,
-    ) -> Result<Self> {
+    pub fn from_batch(batch: &RecordBatch, source: &VectorSource, reject_zero: bool, describe: &str) -> Result<Self> {
         Self::from_source(batch.num_rows(), |i| Ok(batch.column(i).clone()), source, reject_zero, describe)
     }
 
@@ -285,7 +275,10 @@ impl Vectors {
         let mut vectors = match source {
             VectorSource::List { index, .. } => from_list(&column(*index)?, describe)?,
             VectorSource::Columns(indices) => {
-                let columns = indices.iter().map(|&i| Ok(cast(&column(i)?, &DataType::Float64)?)).collect::<Result<Vec<ArrayRef>>>()?;
+                let columns = indices
+                    .iter()
+                    .map(|&i| Ok(cast(&column(i)?, &DataType::Float64)?))
+                    .collect::<Result<Vec<ArrayRef>>>()?;
                 from_columns(&columns, rows)
             }
         };
@@ -386,11 +379,15 @@ fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
 /// buffer without concatenating the lists first (a 1M × 128 concatenation alone took longer
 /// than the widening: NOTES.md v13). `None` sends the input through the general, row-by-row path.
 fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
-    let Some(DataType::FixedSizeList(field, n)) = columns.first().map(|c| c.data_type().clone()) else { return Ok(None) };
+    let Some(DataType::FixedSizeList(field, n)) = columns.first().map(|c| c.data_type().clone()) else {
+        return Ok(None);
+    };
     let dim = n as usize;
     let element = field.data_type();
     let dense = |c: &ArrayRef| {
-        c.data_type() == columns[0].data_type() && c.null_count() == 0 && c.as_fixed_size_list().values().null_count() == 0
+        c.data_type() == columns[0].data_type()
+            && c.null_count() == 0
+            && c.as_fixed_size_list().values().null_count() == 0
     };
     if dim == 0 || !matches!(element, DataType::Float32 | DataType::Float64) || !columns.iter().all(dense) {
         return Ok(None);
@@ -487,10 +484,7 @@ mod tests {
         let batch = RecordBatch::try_from_iter([("v", Arc::new(list) as ArrayRef)]).unwrap();
         let source = VectorSource::resolve(&batch.schema(), None, "knn", "base").unwrap();
         let err = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap_err();
-        assert!(
-            err.to_string().contains("vectors of different lengths: row 0 has 2 values, row 1 has 1"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("vectors of different lengths: row 0 has 2 values, row 1 has 1"), "{err}");
     }
 
     #[test]
@@ -508,7 +502,8 @@ mod tests {
         assert_eq!(dense.values, (0..7).flat_map(|i| [i as f64, -(i as f64)]).collect::<Vec<_>>());
         assert_eq!((dense.rows, dense.skipped), ((0..7).collect(), 0));
         // A NULL row in a later batch: the general path, rows still numbered across the batches.
-        let with_null = [list(vec![Some(vec![Some(1.0), Some(2.0)])]), list(vec![None, Some(vec![Some(0.0), Some(0.0)])])];
+        let with_null =
+            [list(vec![Some(vec![Some(1.0), Some(2.0)])]), list(vec![None, Some(vec![Some(0.0), Some(0.0)])])];
         let general = Vectors::from_batches(&whole.schema(), &with_null, &source, true, "knn").unwrap();
         assert_eq!((general.values, general.rows, general.skipped), (vec![1.0, 2.0], vec![0], 2));
     }

@@ -19,7 +19,8 @@ import adbc_driver_flightsql.dbapi as flight_sql
 from adbc_driver_manager import DatabaseOptions as StandardOptions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIMJOIN = os.path.join(ROOT, "target", "release", "simjoin")
+# The release binary: $SIMJOIN, or target/release/simjoin.
+SIMJOIN = os.environ.get("SIMJOIN") or os.path.join(ROOT, "target", "release", "simjoin")
 
 STATEMENTS = [
     "SELECT * FROM sim_join(points, 0.05) ORDER BY left_id, right_id",

@@ -315,7 +315,16 @@ fn grid_join(
                     // Every slot of `c` against the whole (padded) cell `nc` in one tile.
                     let block = base..base + targets.len().next_multiple_of(LANES);
                     let rows = source_start..source_start + sources.len();
-                    tile_hits(limit.kind, dim, left_slots.columns(), rows, right_slots.columns(), block, limit.limit, &mut hits);
+                    tile_hits(
+                        limit.kind,
+                        dim,
+                        left_slots.columns(),
+                        rows,
+                        right_slots.columns(),
+                        block,
+                        limit.limit,
+                        &mut hits,
+                    );
                     tested += if same && nc == c {
                         (sources.len() * sources.len().saturating_sub(1) / 2) as u64
                     } else {
@@ -345,7 +354,16 @@ fn grid_join(
                     let block_start = base + ((lo - targets.start) / LANES) * LANES;
                     let block_end = base + (hi - targets.start).next_multiple_of(LANES);
                     let row = source_start + (sa - sources.start);
-                    tile_hits(limit.kind, dim, left_slots.columns(), row..row + 1, right_slots.columns(), block_start..block_end, limit.limit, &mut hits);
+                    tile_hits(
+                        limit.kind,
+                        dim,
+                        left_slots.columns(),
+                        row..row + 1,
+                        right_slots.columns(),
+                        block_start..block_end,
+                        limit.limit,
+                        &mut hits,
+                    );
                     let first = targets.start + (block_start - base);
                     for &(_, column) in &hits {
                         let sb = first + column as usize;
@@ -387,14 +405,16 @@ fn exact_pair(
 /// Per-dimension minimum over both inputs (the origin the f32 slot copies are taken from).
 pub(super) fn lower_corner(left: &[f64], right: &[f64], dim: usize) -> Vec<f64> {
     let min_of = |points: &[f64]| {
-        points.par_chunks(dim * 4096).map(|block| {
-            let mut lo = vec![f64::INFINITY; dim];
-            for row in block.chunks_exact(dim) {
-                lo.iter_mut().zip(row).for_each(|(l, x)| *l = l.min(*x));
-            }
-            lo
-        })
-        .reduce(|| vec![f64::INFINITY; dim], |a, b| a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect())
+        points
+            .par_chunks(dim * 4096)
+            .map(|block| {
+                let mut lo = vec![f64::INFINITY; dim];
+                for row in block.chunks_exact(dim) {
+                    lo.iter_mut().zip(row).for_each(|(l, x)| *l = l.min(*x));
+                }
+                lo
+            })
+            .reduce(|| vec![f64::INFINITY; dim], |a, b| a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect())
     };
     let (a, b) = (min_of(left), min_of(right));
     a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect()
@@ -503,7 +523,16 @@ fn direct_join(ctx: &JoinContext, columns: Option<&DirectColumns>) -> Result<()>
                 for t in first_tile..right.len().div_ceil(tile_rows) {
                     let tile = &columns.base[t * tile_rows * left.dim..(t + 1) * tile_rows * left.dim];
                     let tile_columns = Columns { values: tile, len: tile_rows };
-                    tile_hits(limit.kind, left.dim, left_columns, rows.clone(), tile_columns, 0..tile_rows, limit.limit, &mut hits);
+                    tile_hits(
+                        limit.kind,
+                        left.dim,
+                        left_columns,
+                        rows.clone(),
+                        tile_columns,
+                        0..tile_rows,
+                        limit.limit,
+                        &mut hits,
+                    );
                     for &(row, offset) in &hits {
                         let (i, j) = (rows.start + row as usize, t * tile_rows + offset as usize);
                         if j >= right.len() || (self_join.is_some() && j <= i) {
@@ -581,10 +610,8 @@ impl GemmSide {
                 _ => out.iter_mut().zip(row).zip(center).for_each(|((o, x), c)| *o = (x - c) as f32),
             }
         });
-        let sq_norms: Vec<f32> = data
-            .par_chunks(dim)
-            .map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32)
-            .collect();
+        let sq_norms: Vec<f32> =
+            data.par_chunks(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32).collect();
         if sq_norms.iter().any(|s| s.is_nan() || *s > 1e36) {
             return None;
         }
@@ -608,12 +635,20 @@ impl GemmSide {
         // all three slices are at least that long and `c` does not alias the inputs.
         unsafe {
             matrixmultiply::sgemm(
-                m, k, n,
+                m,
+                k,
+                n,
                 1.0,
-                self.data[q.start * k..].as_ptr(), k as isize, 1,
-                other.data[b.start * k..].as_ptr(), 1, k as isize,
+                self.data[q.start * k..].as_ptr(),
+                k as isize,
+                1,
+                other.data[b.start * k..].as_ptr(),
+                1,
+                k as isize,
                 0.0,
-                tile.as_mut_ptr(), n as isize, 1,
+                tile.as_mut_ptr(),
+                n as isize,
+                1,
             );
         }
     }
@@ -628,7 +663,17 @@ impl GemmSide {
     #[inline]
     fn lower_bounds(&self, other: &GemmSide, i: usize, js: std::ops::Range<usize>, dots: &[f32], out: &mut Vec<f32>) {
         let (sq, norms) = (&other.sq_norms[js.clone()], &other.norms[js]);
-        gemm_lower_bounds(dots, self.sq_norms[i], self.norms[i], sq, norms, self.margin, self.floor, self.inner_product, out);
+        gemm_lower_bounds(
+            dots,
+            self.sq_norms[i],
+            self.norms[i],
+            sq,
+            norms,
+            self.margin,
+            self.floor,
+            self.inner_product,
+            out,
+        );
     }
 
     /// The error margin of a score (see the type docs).
@@ -704,7 +749,9 @@ fn knn_gemm_unit(
     for b0 in r.clone().step_by(TILE_BASE) {
         let br = b0..(b0 + TILE_BASE).min(r.end);
         queries.dot_tile(base, q.clone(), br.clone(), &mut tile);
-        for ((i, row), (upper, list)) in q.clone().zip(tile.chunks_exact(br.len())).zip(uppers.iter_mut().zip(lists.iter_mut())) {
+        for ((i, row), (upper, list)) in
+            q.clone().zip(tile.chunks_exact(br.len())).zip(uppers.iter_mut().zip(lists.iter_mut()))
+        {
             let mut bound = upper.bound() as f32;
             queries.lower_bounds(base, i, br.clone(), row, &mut lower);
             for ((j, &d), &low) in br.clone().zip(row).zip(&lower) {
@@ -738,7 +785,13 @@ fn knn_gemm_unit(
 
 /// Offers query `i` to `best` at its exact distance to each base row of `positions`, four rows at a
 /// time (`ExactCheck::distances4`); the number offered.
-fn offer_exact(request: &KnnRequest, exact: &ExactCheck, i: usize, positions: impl Iterator<Item = usize>, best: &mut KSmallest) -> u64 {
+fn offer_exact(
+    request: &KnnRequest,
+    exact: &ExactCheck,
+    i: usize,
+    positions: impl Iterator<Item = usize>,
+    best: &mut KSmallest,
+) -> u64 {
     let query = request.queries.row(i);
     let (mut group, mut filled, mut offered) = ([0usize; 4], 0, 0);
     for j in positions {
@@ -792,8 +845,14 @@ impl DirectColumns {
                 }
             }
         });
-        let extent = query_columns.par_iter().chain(base_columns.par_iter()).map(|v| v.abs() as f64).reduce(|| 0.0, f64::max);
-        (extent.is_finite() && extent < 1e30).then_some(Self { queries: query_columns, base: base_columns, tile_rows, extent })
+        let extent =
+            query_columns.par_iter().chain(base_columns.par_iter()).map(|v| v.abs() as f64).reduce(|| 0.0, f64::max);
+        (extent.is_finite() && extent < 1e30).then_some(Self {
+            queries: query_columns,
+            base: base_columns,
+            tile_rows,
+            extent,
+        })
     }
 }
 
@@ -829,7 +888,8 @@ fn knn_direct_unit(
     let mut hits = Vec::new();
     // The tiles that overlap `r`; rows of a tile outside `r` belong to another unit.
     for t in r.start / tile_rows..r.end.div_ceil(tile_rows) {
-        let tile_columns = Columns { values: &columns.base[t * tile_rows * dim..(t + 1) * tile_rows * dim], len: tile_rows };
+        let tile_columns =
+            Columns { values: &columns.base[t * tile_rows * dim..(t + 1) * tile_rows * dim], len: tile_rows };
         let first = t * tile_rows;
         for (i, best) in q.clone().zip(bests.iter_mut()) {
             let limit = FilterLimit::new(metric, best.bound(), dim, columns.extent);

@@ -27,11 +27,7 @@ impl ExactCheck {
             _ => threshold,
         };
         let norms = |v: &Vectors| -> Vec<f64> {
-            if metric == Metric::Cosine {
-                (0..v.len()).map(|i| dot(v.row(i), v.row(i))).collect()
-            } else {
-                Vec::new()
-            }
+            if metric == Metric::Cosine { (0..v.len()).map(|i| dot(v.row(i), v.row(i))).collect() } else { Vec::new() }
         };
         let left_norms = norms(left);
         let right_norms = if std::ptr::eq(left, right) { left_norms.clone() } else { norms(right) };
@@ -171,7 +167,8 @@ mod tests {
     fn four_at_once_equal_one_at_a_time_bit_for_bit() {
         // Values of mixed magnitude and sign, so that the order of the additions shows in the bits.
         let dim = 37;
-        let values: Vec<f64> = (0..dim * 9).map(|i| ((i * 7919) % 1013) as f64 * 1.37e-3 - 0.61 + (i % 5) as f64 * 1e6).collect();
+        let values: Vec<f64> =
+            (0..dim * 9).map(|i| ((i * 7919) % 1013) as f64 * 1.37e-3 - 0.61 + (i % 5) as f64 * 1e6).collect();
         let v = Vectors::new(dim, values);
         for metric in [Metric::L2, Metric::L2Squared, Metric::Cosine, Metric::InnerProduct, Metric::L1, Metric::LInf] {
             let exact = ExactCheck::new(metric, f64::INFINITY, &v, &v);

@@ -15,19 +15,21 @@ use super::cpu::{FilterLimit, filter_space, gather, lower_corner, plan_join, sco
 use super::exact::{ExactCheck, write_self_pairs};
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
+use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::launch::{
-    ByteRows, DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KNN_LEVELS, KNN_RANK_SLOTS,
-    KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassBuffers, PassKind, RankedLists, SideBuffers, rank_lists_most_k, start_rank_lists, available_memory, filter_rows, gather_rows, tc_row_words, byte_row_words, byte_rows, byte_sides, host_results, join_pass, launch_join_pass,
-    filter_max_abs, identity_order, pack_half_rows, rank_slots, host_ranked, KEPT_RANKED, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows, upload,
+    ByteRows, DownloadedPairs, GridBuffers, HostPairs, JoinInputs, JoinParams, KEPT_RANKED, KNN_LEVELS, KNN_RANK_SLOTS,
+    KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassBuffers, PassKind, RankedLists, SideBuffers, available_memory,
+    byte_row_words, byte_rows, byte_sides, filter_max_abs, filter_rows, gather_rows, host_ranked, host_results,
+    identity_order, join_pass, launch_join_pass, pack_half_rows, rank_lists_most_k, rank_slots, sample_byte_rows,
+    sample_half_rows, sample_radius_pass, sample_rows, start_rank_lists, tc_row_words, upload,
 };
-use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use rayon::prelude::*;
 use crate::index::JoinStrategy;
 use crate::op::{Metric, dot};
 use crate::vectors::Vectors;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use rayon::prelude::*;
 
 /// Most result pairs one write pass produces (16 bytes each: 512 MiB of device memory).
 const MAX_BATCH_PAIRS: u64 = 1 << 25;
@@ -115,7 +117,9 @@ fn tile_rows(budget: usize, dim: usize, memory_limit: usize, what: &str) -> Resu
     }
     let needed = format_size((MIN_TILE_ROWS * row_bytes * 4).next_multiple_of(1 << 10));
     match memory_limit {
-        0 => resources_err!("{what}: the device has {budget} bytes available, room for {rows} rows of {dim} dimensions per input tile; at least {MIN_TILE_ROWS} need {needed}"),
+        0 => resources_err!(
+            "{what}: the device has {budget} bytes available, room for {rows} rows of {dim} dimensions per input tile; at least {MIN_TILE_ROWS} need {needed}"
+        ),
         limit => resources_err!(
             "{what}: option gpu_memory_limit={} leaves room for {rows} rows of {dim} dimensions per input tile ({row_bytes} bytes a row, a quarter of the limit per tile); at least {MIN_TILE_ROWS} rows need gpu_memory_limit={needed}",
             format_size(limit)
@@ -142,7 +146,15 @@ fn format_size(bytes: usize) -> String {
 impl GpuBackend {
     /// The count pass over left slots `0..slots`, in launches of at most MAX_PASS_ROWS slots:
     /// result pairs (kNN: rows within the radius) per left slot. `kind` Count or CountAndCollect.
-    fn count_pass(&self, params: &JoinParams, slots: usize, inputs: JoinInputs, pass: &mut PassBuffers, kind: PassKind, stats: &mut RunStats) -> Result<Vec<u32>, String> {
+    fn count_pass(
+        &self,
+        params: &JoinParams,
+        slots: usize,
+        inputs: JoinInputs,
+        pass: &mut PassBuffers,
+        kind: PassKind,
+        stats: &mut RunStats,
+    ) -> Result<Vec<u32>, String> {
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let mut counts = Vec::with_capacity(slots);
@@ -187,7 +199,10 @@ impl GpuBackend {
             let (query_host, base_host) = if gemm && metric != Metric::Cosine {
                 (device_side(queries, &origin), device_side(base, &origin))
             } else {
-                (host_side(queries, &query_filter, identity(nq), &origin, metric, gemm), host_side(base, &base_filter, identity(n), &origin, metric, gemm))
+                (
+                    host_side(queries, &query_filter, identity(nq), &origin, metric, gemm),
+                    host_side(base, &base_filter, identity(n), &origin, metric, gemm),
+                )
             };
             (query_host, base_host)
         };
@@ -202,7 +217,10 @@ impl GpuBackend {
         let keep_key = resident_key(base).filter(|_| gemm && metric != Metric::Cosine);
         let query_key = resident_key(queries).filter(|_| keep_key.is_some());
         let mut kept = keep_key.as_ref().and_then(|key| self.device.derived_side(key, metric_code(metric), None));
-        let mut kept_query = query_key.as_ref().zip(keep_key.as_ref()).and_then(|(key, base_key)| self.device.derived_side(key, metric_code(metric), Some(base_key)));
+        let mut kept_query = query_key
+            .as_ref()
+            .zip(keep_key.as_ref())
+            .and_then(|(key, base_key)| self.device.derived_side(key, metric_code(metric), Some(base_key)));
         let mut query_built = if kept_query.is_some() { None } else { Some(self.upload(&query_host)?) };
         let mut built = if kept.is_some() { None } else { Some(self.upload(&base_host)?) };
         // A kept side fitted the GEMM form when it was built.
@@ -228,10 +246,21 @@ impl GpuBackend {
         let largest: Vec<f32> = query_largest.iter().chain(&base_largest).copied().collect();
         let tc = self.tensor_core_scale(metric, gemm, &largest);
         let sample_len = knn_sample_len(n, tc.is_some());
-        let params = JoinParams { dim: dim as u32, metric: metric_code(metric), per_row: 1, ..filter_params(metric, dim, gemm, tc) };
+        let params = JoinParams {
+            dim: dim as u32,
+            metric: metric_code(metric),
+            per_row: 1,
+            ..filter_params(metric, dim, gemm, tc)
+        };
         // A kept side serves only at the scale this run's sides allow; else it is built (and kept,
         // where its rows are) at this scale.
-        let derive = |kept: Option<Arc<DerivedSide>>, built: Option<SideBuffers>, host: &HostSide, largest: &[f32], key: Option<&ResidentKey>, centre: Option<&ResidentKey>| -> Result<(Arc<DerivedSide>, bool), String> {
+        let derive = |kept: Option<Arc<DerivedSide>>,
+                      built: Option<SideBuffers>,
+                      host: &HostSide,
+                      largest: &[f32],
+                      key: Option<&ResidentKey>,
+                      centre: Option<&ResidentKey>|
+         -> Result<(Arc<DerivedSide>, bool), String> {
             if let Some(kept) = kept.filter(|kept| kept.scale_exponent == tc) {
                 return Ok((kept, true));
             }
@@ -241,25 +270,37 @@ impl GpuBackend {
             };
             let side = self.with_tensor_core_rows(side, &host.exact, dim, tc, metric)?;
             let centred_on = centre.map(Arc::downgrade);
-            let derived = Arc::new(DerivedSide { metric: metric_code(metric), centred_on, scale_exponent: tc, largest: largest.first().copied().unwrap_or(f32::NAN), side });
+            let derived = Arc::new(DerivedSide {
+                metric: metric_code(metric),
+                centred_on,
+                scale_exponent: tc,
+                largest: largest.first().copied().unwrap_or(f32::NAN),
+                side,
+            });
             if let Some(key) = key.filter(|_| gemm && !largest.is_empty()) {
                 self.device.keep_derived_side(key, derived.clone());
             }
             Ok((derived, false))
         };
         let (base_side, reused) = derive(kept, built, &base_host, &base_largest, keep_key.as_ref(), None)?;
-        let (query_side, query_reused) = derive(kept_query, query_built, &query_host, &query_largest, query_key.as_ref(), keep_key.as_ref())?;
+        let (query_side, query_reused) =
+            derive(kept_query, query_built, &query_host, &query_largest, query_key.as_ref(), keep_key.as_ref())?;
         let (base_buffers, query_buffers) = (&base_side.side, &query_side.side);
         let base_bytes = byte_sides(&self.device, &params, query_buffers, base_buffers).map(|(_, base)| base);
         stats.byte_row_tiles = base_bytes.is_some().into();
-        stats.resident_inputs = usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
+        stats.resident_inputs =
+            usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
         // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
         // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
         // rounding below the k-th distance about half the time, would leave those queries short.
         // On byte rows, from theirs: exact keys on the integer tensor cores.
         let sample = match (tc, base_bytes) {
-            (Some(_), Some(base_bytes)) if sample_len < n => sample_byte_rows(&self.device, base_bytes, n, dim, sample_len)?,
-            (Some(a), _) if sample_len < n => sample_half_rows(&self.device, base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?,
+            (Some(_), Some(base_bytes)) if sample_len < n => {
+                sample_byte_rows(&self.device, base_bytes, n, dim, sample_len)?
+            }
+            (Some(a), _) if sample_len < n => {
+                sample_half_rows(&self.device, base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?
+            }
             _ => KnnSample::Filter(sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?),
         };
         let stream = &self.device.stream;
@@ -273,7 +314,17 @@ impl GpuBackend {
         // The sample distances' scratch (a row of KNN_SAMPLE f32 per query of a round) within an
         // eighth of the budget, 16 to 8,192 queries a round (128 MiB).
         let chunk_queries = (budget / 8 / (KNN_SAMPLE * 4)).clamp(16, 8192);
-        sample_radius_pass(&self.device, &params, 0..nq as u32, query_buffers, &sample, sample_len as u32, rank, chunk_queries, &mut radii_buffer)?;
+        sample_radius_pass(
+            &self.device,
+            &params,
+            0..nq as u32,
+            query_buffers,
+            &sample,
+            sample_len as u32,
+            rank,
+            chunk_queries,
+            &mut radii_buffer,
+        )?;
         stats.kernel_time += sampling.elapsed();
         let radii = stream.clone_dtoh(&radii_buffer).map_err(copy)?;
         drop(radii_buffer);
@@ -323,8 +374,10 @@ impl GpuBackend {
         // keeps for the next query where they fit it (host_ranked), which the first pass's
         // ranking is copied into directly. A run without slots has no table and takes none.
         let table = if first_capacity > 0 { nq * k } else { 0 };
-        let mut kept_table = if (1..=KEPT_RANKED).contains(&table) { Some(host_ranked(&self.device, table)?) } else { None };
-        let mut own_table = if kept_table.is_none() { (vec![0f64; table], vec![0u32; table]) } else { (Vec::new(), Vec::new()) };
+        let mut kept_table =
+            if (1..=KEPT_RANKED).contains(&table) { Some(host_ranked(&self.device, table)?) } else { None };
+        let mut own_table =
+            if kept_table.is_none() { (vec![0f64; table], vec![0u32; table]) } else { (Vec::new(), Vec::new()) };
         let (nearest_distance, nearest_position): (&mut [f64], &mut [u32]) = match &mut kept_table {
             Some(kept) => kept.table(table)?,
             None => (&mut own_table.0, &mut own_table.1),
@@ -341,7 +394,11 @@ impl GpuBackend {
         // under L2 or L2² and the slots are selected from (k ≤ 32): knn_settle_slots then checks
         // exactly the few pairs that can be among the k nearest instead of all that pass the
         // filter (P1: ~450 a query).
-        let scores = ranked_on_device && tc.is_some() && base_bytes.is_none() && matches!(metric, Metric::L2 | Metric::L2Squared) && k <= KNN_SELECT_SLOTS_K;
+        let scores = ranked_on_device
+            && tc.is_some()
+            && base_bytes.is_none()
+            && matches!(metric, Metric::L2 | Metric::L2Squared)
+            && k <= KNN_SELECT_SLOTS_K;
         while !pending.is_empty() {
             let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
@@ -349,7 +406,8 @@ impl GpuBackend {
             let side = subset_buffers.as_ref().unwrap_or(query_buffers);
             // The pass's densest radius sets brute_join_tc's runs and queue.
             let expected_share = pending.iter().map(|&q| expected_share(levels[q as usize])).fold(0.0, f64::max);
-            let inputs = JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
+            let inputs =
+                JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
             let pass_params = JoinParams { slot_capacity: capacity, ..params };
             let kind = if first_pass && scores { PassKind::Scores { k: k as u32 } } else { PassKind::Count };
             let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, kind, &mut stats)?;
@@ -377,7 +435,15 @@ impl GpuBackend {
                 if first_pass && ranked_on_device {
                     // The first pass's queries are all of them, in order: ranked into the table.
                     let ranking = Instant::now();
-                    rank_slots(&self.device, &pass, capacity as usize, k, &slot_len, nearest_distance, nearest_position)?;
+                    rank_slots(
+                        &self.device,
+                        &pass,
+                        capacity as usize,
+                        k,
+                        &slot_len,
+                        nearest_distance,
+                        nearest_position,
+                    )?;
                     kernel += ranking.elapsed();
                 } else {
                     let ranked = if ranked_on_device {
@@ -391,16 +457,25 @@ impl GpuBackend {
                         let copying = Instant::now();
                         let cap = capacity as usize;
                         let mut results = host_results(&self.device, pending.len() * cap)?;
-                        let (_, positions, distances) = results.download(stream, &pass, false, 0..pending.len() * cap)?;
+                        let (_, positions, distances) =
+                            results.download(stream, &pass, false, 0..pending.len() * cap)?;
                         transfer += copying.elapsed();
                         let ranking = Instant::now();
                         let (mut nearest, mut at) = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
-                        nearest.par_chunks_mut(k).zip(at.par_chunks_mut(k)).zip(&slot_len).enumerate().filter(|&(_, (_, &len))| len > 0).for_each(|(i, ((nearest, at), &len))| {
-                            let all = (i * cap..i * cap + len as usize).map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
-                            for (j, neighbour) in k_smallest(all, k).into_iter().enumerate() {
-                                (nearest[j], at[j]) = (neighbour.distance, neighbour.position);
-                            }
-                        });
+                        nearest
+                            .par_chunks_mut(k)
+                            .zip(at.par_chunks_mut(k))
+                            .zip(&slot_len)
+                            .enumerate()
+                            .filter(|&(_, (_, &len))| len > 0)
+                            .for_each(|(i, ((nearest, at), &len))| {
+                                let all = (i * cap..i * cap + len as usize)
+                                    .map(|j| Neighbour { distance: distances[j], position: positions[j] })
+                                    .collect();
+                                for (j, neighbour) in k_smallest(all, k).into_iter().enumerate() {
+                                    (nearest[j], at[j]) = (neighbour.distance, neighbour.position);
+                                }
+                            });
                         emit += ranking.elapsed();
                         (nearest, at)
                     };
@@ -410,20 +485,33 @@ impl GpuBackend {
                         nearest_position[to].copy_from_slice(&ranked.1[from]);
                     }
                 }
-                pending.iter().zip(&slot_len).filter(|&(_, &len)| len > 0).for_each(|(&q, _)| in_slots[q as usize] = true);
+                pending
+                    .iter()
+                    .zip(&slot_len)
+                    .filter(|&(_, &len)| len > 0)
+                    .for_each(|(&q, _)| in_slots[q as usize] = true);
             }
             first_pass = false;
             // The next pass's slots, where ranked on the device: as long as the buffers allow for
             // its fewer queries, at most KNN_RANK_SLOTS.
-            capacity = if ranked_on_device && !next.is_empty() { (slot_values / next.len()).min(KNN_RANK_SLOTS) as u32 } else { 0 };
-            subset_buffers = if next.is_empty() { None } else { Some(subset_side(&self.device, query_buffers, &next, dim)?) };
+            capacity = if ranked_on_device && !next.is_empty() {
+                (slot_values / next.len()).min(KNN_RANK_SLOTS) as u32
+            } else {
+                0
+            };
+            subset_buffers =
+                if next.is_empty() { None } else { Some(subset_side(&self.device, query_buffers, &next, dim)?) };
             pending = next;
         }
         stats.candidates = counts.iter().map(|&c| c as u64).sum();
         // The write passes cover the rest, in query order, each query with its final radius: all
         // queries (the query side as uploaded) or a side of their own.
         rest.sort_unstable();
-        let rest_buffers = if rest.len() == nq || rest.is_empty() { None } else { Some(subset_side(&self.device, query_buffers, &rest, dim)?) };
+        let rest_buffers = if rest.len() == nq || rest.is_empty() {
+            None
+        } else {
+            Some(subset_side(&self.device, query_buffers, &rest, dim)?)
+        };
         let rest_side = rest_buffers.as_ref().unwrap_or(query_buffers);
         let rest_counts: Vec<u32> = rest.iter().map(|&q| counts[q as usize]).collect();
         // The write passes' lists are ranked on the device where it sorts k entries in a block
@@ -434,7 +522,8 @@ impl GpuBackend {
         // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
         let most = output_pairs(budget).min(MAX_BATCH_PAIRS) / PIPELINE_STREAMS as u64;
         let most = if lists_on_device { most * 16 / 28 } else { most };
-        let (batches, capacity) = if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts, most.max(1)) };
+        let (batches, capacity) =
+            if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts, most.max(1)) };
         drop(pass);
         // Write passes take turns on PIPELINE_STREAMS streams, each with output buffers, the
         // rest's radii and limits, and a part of the host buffers of its own, as the joins' do:
@@ -460,12 +549,14 @@ impl GpuBackend {
             }
         }
         // Where each batch's queries' candidates start in its output.
-        let batch_offsets: Vec<Vec<u64>> = batches.iter().map(|&(begin, end, _)| exclusive_offsets(&rest_counts[begin..end])).collect();
+        let batch_offsets: Vec<Vec<u64>> =
+            batches.iter().map(|&(begin, end, _)| exclusive_offsets(&rest_counts[begin..end])).collect();
         // Only write passes need the pipeline's streams and result buffers (a kNN ranked from its
         // slots alone, P1 and P2 at k = 10, creates neither): a part a stream, for the batch's
         // ranked neighbours or all its candidates.
         let part_values = if lists_on_device { slots_most * k } else { capacity };
-        let mut results = if batches.is_empty() { None } else { Some(host_results(&self.device, part_values * PIPELINE_STREAMS)?) };
+        let mut results =
+            if batches.is_empty() { None } else { Some(host_results(&self.device, part_values * PIPELINE_STREAMS)?) };
         // Progress: the queries ranked from slots as one unit, each write batch as one.
         sink.start(batches.len() as u64 + u64::from(first_capacity > 0));
         stats.write_passes = batches.len() as u64;
@@ -488,15 +579,34 @@ impl GpuBackend {
                 // that runs on the device, and the copy back; the events around its kernels time
                 // them.
                 let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let queue = |i: usize, lane: &mut PassBuffers, mut ranked: Option<&mut RankedLists>, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
+                let queue = |i: usize,
+                             lane: &mut PassBuffers,
+                             mut ranked: Option<&mut RankedLists>,
+                             part: &mut HostPairs|
+                 -> Result<[CudaEvent; 2]> {
                     let (begin, end, total) = batches[i];
                     let stream = &streams[i % PIPELINE_STREAMS];
                     let offsets = &batch_offsets[i];
                     stream.memcpy_htod(offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(sync)?;
                     let started = stream.record_event(timing).map_err(sync)?;
                     let expected_share = total as f64 / ((end - begin) as f64 * n as f64);
-                    let inputs = JoinInputs { left: rest_side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
-                    launch_join_pass(&self.device, stream, &params, begin as u32..end as u32, inputs, lane, PassKind::Write).map_err(exec)?;
+                    let inputs = JoinInputs {
+                        left: rest_side,
+                        right: base_buffers,
+                        right_len: n as u32,
+                        grid: None,
+                        expected_share,
+                    };
+                    launch_join_pass(
+                        &self.device,
+                        stream,
+                        &params,
+                        begin as u32..end as u32,
+                        inputs,
+                        lane,
+                        PassKind::Write,
+                    )
+                    .map_err(exec)?;
                     if let Some(ranked) = ranked.as_deref_mut() {
                         start_rank_lists(&self.device, stream, lane, end - begin, k, ranked).map_err(exec)?;
                     }
@@ -516,7 +626,8 @@ impl GpuBackend {
                     let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
                     (transfer, kernel) = (transfer + waited, kernel + ran);
                     let emitting = Instant::now();
-                    let (_, positions, distances) = parts[lane].pairs(if lists_on_device { (end - begin) * k } else { total as usize }, false);
+                    let (_, positions, distances) =
+                        parts[lane].pairs(if lists_on_device { (end - begin) * k } else { total as usize }, false);
                     if lists_on_device {
                         // Query begin + j's k nearest at [j·k, j·k + k) of the part: emitted from
                         // there, and the part taken by batch i + 3 only after.
@@ -529,7 +640,10 @@ impl GpuBackend {
                                 ordered.push(slotted);
                             }
                             let range = j * k..(j + 1) * k;
-                            ordered.push((q, Ranked::Arrays { distances: &distances[range.clone()], positions: &positions[range] }));
+                            ordered.push((
+                                q,
+                                Ranked::Arrays { distances: &distances[range.clone()], positions: &positions[range] },
+                            ));
                             next = q + 1;
                         }
                         send_ranked(sink, ordered)?;
@@ -541,7 +655,9 @@ impl GpuBackend {
                             .into_par_iter()
                             .map(|i| {
                                 let range = offsets[i - begin] as usize..offsets[i - begin + 1] as usize;
-                                let all = range.map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
+                                let all = range
+                                    .map(|j| Neighbour { distance: distances[j], position: positions[j] })
+                                    .collect();
                                 k_smallest(all, k)
                             })
                             .collect();
@@ -559,7 +675,12 @@ impl GpuBackend {
                         send_ranked(sink, ordered)?;
                     }
                     if lists_on_device && i + PIPELINE_STREAMS < batches.len() {
-                        in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], ranked_lanes.get_mut(lane), &mut parts[lane])?);
+                        in_flight.push(queue(
+                            i + PIPELINE_STREAMS,
+                            &mut lanes[lane],
+                            ranked_lanes.get_mut(lane),
+                            &mut parts[lane],
+                        )?);
                     }
                     emit += emitting.elapsed();
                     sink.advance(1);
@@ -591,7 +712,10 @@ impl GpuBackend {
 
 /// Waits for the write pass queued on `stream` (its kernel between `events`, then its copy to the
 /// host): the time waited, and the kernel's own time.
-fn finish_queued(stream: &CudaStream, events: &[CudaEvent; 2]) -> Result<(Duration, Duration), cudarc::driver::DriverError> {
+fn finish_queued(
+    stream: &CudaStream,
+    events: &[CudaEvent; 2],
+) -> Result<(Duration, Duration), cudarc::driver::DriverError> {
     let waiting = Instant::now();
     stream.synchronize()?;
     let waited = waiting.elapsed();
@@ -623,7 +747,14 @@ fn resident_key(v: &Vectors) -> Option<ResidentKey> {
     v.resident().map(|mark| mark.clone() as ResidentKey)
 }
 
-fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin: &[f64], metric: Metric, gemm: bool) -> HostSide<'a> {
+fn host_side<'a>(
+    v: &'a Vectors,
+    filter_coords: &[f64],
+    order: Vec<u32>,
+    origin: &[f64],
+    metric: Metric,
+    gemm: bool,
+) -> HostSide<'a> {
     let dim = v.dim.max(1);
     let mut filter = vec![0f32; order.len() * v.dim];
     filter.par_chunks_mut(dim).zip(order.par_iter()).for_each(|(out, &p)| {
@@ -641,7 +772,8 @@ fn host_side<'a>(v: &'a Vectors, filter_coords: &[f64], order: Vec<u32>, origin:
     };
     // ‖x̃‖² summed in f64 and rounded, ‖x̃‖ its f32 square root: as GemmSide, whose margin covers both.
     let (filter_norms, filter_sq_norms) = if gemm || metric == Metric::InnerProduct {
-        let sq: Vec<f32> = filter.par_chunks(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32).collect();
+        let sq: Vec<f32> =
+            filter.par_chunks(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32).collect();
         (sq.iter().map(|s| s.sqrt()).collect(), if gemm { sq } else { vec![0.0] })
     } else {
         (vec![0.0], vec![0.0])
@@ -673,12 +805,19 @@ fn device_side<'a>(v: &'a Vectors, origin: &[f64]) -> HostSide<'a> {
 /// position), each freed once gathered (the exact rows unless resident, whose kept copy stays).
 /// The per-row buffers are gathered where they hold a value per row (an unused one holds a single
 /// value, which a one-row side gathers harmlessly).
-fn in_slot_order(device: &GpuDevice, side: SideBuffers, order: cudarc::driver::CudaSlice<u32>, dim: usize) -> Result<SideBuffers, String> {
+fn in_slot_order(
+    device: &GpuDevice,
+    side: SideBuffers,
+    order: cudarc::driver::CudaSlice<u32>,
+    dim: usize,
+) -> Result<SideBuffers, String> {
     let n = order.len();
     // A grid's sides are never the tensor cores' (gpu_join), so they have no f16 or byte rows to
     // gather.
     let SideBuffers { filter, exact, norms, filter_norms, filter_sq_norms, resident, .. } = side;
-    let per_row = |buffer: cudarc::driver::CudaSlice<f32>| if buffer.len() == n { gather_rows(device, &buffer, n, &order, n, 1) } else { Ok(buffer) };
+    let per_row = |buffer: cudarc::driver::CudaSlice<f32>| {
+        if buffer.len() == n { gather_rows(device, &buffer, n, &order, n, 1) } else { Ok(buffer) }
+    };
     Ok(SideBuffers {
         half_rows: None,
         byte_rows: None,
@@ -703,7 +842,12 @@ fn subset_side(device: &GpuDevice, side: &SideBuffers, rows: &[u32], dim: usize)
     }
     let picked = device.stream.clone_htod(rows).map_err(|e| format!("GPU copy failed: {e}"))?;
     // A buffer the metric does not use holds one value, which no kernel reads per row.
-    fn per_row<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, buffer: &CudaSlice<T>, source: usize, picked: &CudaSlice<u32>) -> Result<CudaSlice<T>, String> {
+    fn per_row<T: DeviceRepr + ValidAsZeroBits>(
+        device: &GpuDevice,
+        buffer: &CudaSlice<T>,
+        source: usize,
+        picked: &CudaSlice<u32>,
+    ) -> Result<CudaSlice<T>, String> {
         match buffer.len() == source {
             true => gather_rows(device, buffer, source, picked, picked.len(), 1),
             false => device.stream.alloc_zeros(1).map_err(|e| format!("GPU allocation failed: {e}")),
@@ -711,7 +855,11 @@ fn subset_side(device: &GpuDevice, side: &SideBuffers, rows: &[u32], dim: usize)
     }
     Ok(SideBuffers {
         filter: gather_rows(device, &side.filter, source, &picked, n, dim)?,
-        half_rows: side.half_rows.as_ref().map(|h| gather_rows(device, h, source, &picked, n, tc_row_words(dim))).transpose()?,
+        half_rows: side
+            .half_rows
+            .as_ref()
+            .map(|h| gather_rows(device, h, source, &picked, n, tc_row_words(dim)))
+            .transpose()?,
         byte_rows: match &side.byte_rows {
             Some(b) => Some(ByteRows {
                 rows: gather_rows(device, &b.rows, source, &picked, n, byte_row_words(dim))?,
@@ -742,13 +890,27 @@ impl GpuBackend {
                 let rows = filter_rows(device, &exact, side.rows, origin)?;
                 (rows.filter, rows.norms, rows.sq_norms)
             }
-            None => (upload(device, &side.filter)?, upload(device, &side.filter_norms)?, upload(device, &side.filter_sq_norms)?),
+            None => (
+                upload(device, &side.filter)?,
+                upload(device, &side.filter_norms)?,
+                upload(device, &side.filter_sq_norms)?,
+            ),
         };
         let order = match &side.order {
             Some(order) => upload(device, order)?,
             None => identity_order(device, side.rows)?,
         };
-        Ok(SideBuffers { filter, half_rows: None, byte_rows: None, exact, norms: upload(device, &side.norms)?, filter_norms, filter_sq_norms, order, resident })
+        Ok(SideBuffers {
+            filter,
+            half_rows: None,
+            byte_rows: None,
+            exact,
+            norms: upload(device, &side.norms)?,
+            filter_norms,
+            filter_sq_norms,
+            order,
+            resident,
+        })
     }
 
     /// The exponent `a` of the power of two brute_join_tc scales every side's f16 rows by (the
@@ -759,7 +921,11 @@ impl GpuBackend {
         if !self.tensor_cores_filter(metric, gemm) {
             return None;
         }
-        tc_scale_exponent(largest.iter().fold(0f32, |all, &side| if all.is_nan() || side.is_nan() { f32::NAN } else { all.max(side) }))
+        tc_scale_exponent(
+            largest
+                .iter()
+                .fold(0f32, |all, &side| if all.is_nan() || side.is_nan() { f32::NAN } else { all.max(side) }),
+        )
     }
 
     /// Whether brute force over `metric` filters on the tensor cores: a dot-product filter on a
@@ -782,7 +948,14 @@ impl GpuBackend {
     /// window of 256 ([`byte_rows`]: brute_join_tc_bytes, whose integer filter is exact). `values`
     /// are its exact values on the host: where their first ones already rule byte rows out, as a
     /// Gaussian's first value does, the device's pass over all of them (and its wait) is skipped.
-    fn with_tensor_core_rows(&self, mut side: SideBuffers, values: &[f64], dim: usize, tc: Option<i32>, metric: Metric) -> Result<SideBuffers, String> {
+    fn with_tensor_core_rows(
+        &self,
+        mut side: SideBuffers,
+        values: &[f64],
+        dim: usize,
+        tc: Option<i32>,
+        metric: Metric,
+    ) -> Result<SideBuffers, String> {
         if let Some(a) = tc {
             side.half_rows = Some(pack_half_rows(&self.device, &side.filter, side.order.len(), dim, 2f32.powi(a))?);
             let may_be_bytes = values.iter().take(4096).all(|&v| v == v.round() && (-128.0..=255.0).contains(&v));
@@ -810,7 +983,12 @@ impl GpuBackend {
         Ok(true)
     }
 
-    fn gpu_join(&self, request: &JoinRequest, sink: &dyn ResultSink, budget: usize) -> Result<Result<RunStats>, String> {
+    fn gpu_join(
+        &self,
+        request: &JoinRequest,
+        sink: &dyn ResultSink,
+        budget: usize,
+    ) -> Result<Result<RunStats>, String> {
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let mut stats = RunStats { tiles: 1, ..Default::default() };
         if left.is_empty() || right.is_empty() {
@@ -839,11 +1017,17 @@ impl GpuBackend {
         let sides = |gemm: bool| {
             let origin = filter_origin(metric, gemm, &left_filter, &right_filter, right);
             let side = |v, filter: &[f64]| {
-                if gemm && metric != Metric::Cosine { device_side(v, &origin) } else { host_side(v, filter, identity(v.len()), &origin, metric, gemm) }
+                if gemm && metric != Metric::Cosine {
+                    device_side(v, &origin)
+                } else {
+                    host_side(v, filter, identity(v.len()), &origin, metric, gemm)
+                }
             };
             (side(left, &left_filter), self_join.is_none().then(|| side(right, &right_filter)))
         };
-        let upload_sides = |left_host: &HostSide, right_host: &Option<HostSide>| -> Result<(SideBuffers, Option<SideBuffers>), String> {
+        let upload_sides = |left_host: &HostSide,
+                            right_host: &Option<HostSide>|
+         -> Result<(SideBuffers, Option<SideBuffers>), String> {
             Ok((self.upload(left_host)?, right_host.as_ref().map(|h| self.upload(h)).transpose()?))
         };
         let mut gemm = geometry.is_none() && gemm_metric(metric);
@@ -851,7 +1035,9 @@ impl GpuBackend {
         let uploading = Instant::now();
         let (mut left_buffers, mut right_buffers) = upload_sides(&left_host, &right_host)?;
         let fits = !gemm || {
-            let sides: Vec<_> = std::iter::once((&left_host, &left_buffers)).chain(right_host.as_ref().zip(right_buffers.as_ref())).collect();
+            let sides: Vec<_> = std::iter::once((&left_host, &left_buffers))
+                .chain(right_host.as_ref().zip(right_buffers.as_ref()))
+                .collect();
             self.gemm_fits(&sides)?
         };
         if !fits {
@@ -860,8 +1046,13 @@ impl GpuBackend {
             (left_buffers, right_buffers) = upload_sides(&left_host, &right_host)?;
         }
         stats.transfer_time += uploading.elapsed();
-        stats.resident_inputs = std::iter::once(&left_buffers).chain(right_buffers.as_ref()).filter(|b| b.resident).count();
-        let extent = if gemm { 0.0 } else { filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>()) };
+        stats.resident_inputs =
+            std::iter::once(&left_buffers).chain(right_buffers.as_ref()).filter(|b| b.resident).count();
+        let extent = if gemm {
+            0.0
+        } else {
+            filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>())
+        };
         // The tensor cores filter brute force only (a grid's sides are gathered into slot order).
         let tc = match geometry {
             None => {
@@ -879,8 +1070,14 @@ impl GpuBackend {
         };
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
         left_buffers = self.with_tensor_core_rows(left_buffers, &left_host.exact, dim, tc, metric)?;
-        right_buffers = right_buffers.zip(right_host.as_ref()).map(|(side, host)| self.with_tensor_core_rows(side, &host.exact, dim, tc, metric)).transpose()?;
-        stats.byte_row_tiles = byte_sides(&self.device, &params, &left_buffers, right_buffers.as_ref().unwrap_or(&left_buffers)).is_some().into();
+        right_buffers = right_buffers
+            .zip(right_host.as_ref())
+            .map(|(side, host)| self.with_tensor_core_rows(side, &host.exact, dim, tc, metric))
+            .transpose()?;
+        stats.byte_row_tiles =
+            byte_sides(&self.device, &params, &left_buffers, right_buffers.as_ref().unwrap_or(&left_buffers))
+                .is_some()
+                .into();
         let right_len = right_host.as_ref().map_or(left_host.rows, |h| h.rows) as u32;
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
@@ -938,7 +1135,13 @@ impl GpuBackend {
         let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
         let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         pass.size_outputs(&self.device, collect_capacity)?;
-        let inputs = JoinInputs { left: &left_buffers, right: right_buffers_ref, right_len, grid: grid.as_ref(), expected_share: 0.0 };
+        let inputs = JoinInputs {
+            left: &left_buffers,
+            right: right_buffers_ref,
+            right_len,
+            grid: grid.as_ref(),
+            expected_share: 0.0,
+        };
         let counts = self.count_pass(&params, n_left, inputs, &mut pass, PassKind::CountAndCollect, &mut stats)?;
         let collected = stream.clone_dtoh(&pass.collected).map_err(copy)?[0];
         let batches: Vec<ResultBatch> = if collected <= collect_capacity as u64 {
@@ -947,7 +1150,11 @@ impl GpuBackend {
             // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
             let most = (output_pairs(budget) / PIPELINE_STREAMS as u64).min(RESULT_BATCH_PAIRS);
             pass.size_outputs(&self.device, 0)?;
-            write_batches(&counts, most).0.into_iter().map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs }).collect()
+            write_batches(&counts, most)
+                .0
+                .into_iter()
+                .map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs })
+                .collect()
         };
         let largest = batches.iter().map(ResultBatch::pairs).max().unwrap_or(0).max(1) as usize;
         // Collected pairs come back through two halves of the host buffers, each batch's copy
@@ -1009,7 +1216,11 @@ impl GpuBackend {
                 // one's copy and the one after's kernel run (seed 003 §3.2.2). Emission stays in
                 // batch order.
                 let streams = self.device.pipeline_streams().map_err(exec)?;
-                let slots_most = batches.iter().map(|b| if let ResultBatch::Written { slots, .. } = b { slots.len() } else { 0 }).max().unwrap_or(1);
+                let slots_most = batches
+                    .iter()
+                    .map(|b| if let ResultBatch::Written { slots, .. } = b { slots.len() } else { 0 })
+                    .max()
+                    .unwrap_or(1);
                 let mut lanes = Vec::with_capacity(PIPELINE_STREAMS);
                 for _ in 0..PIPELINE_STREAMS {
                     let mut lane = PassBuffers::new(&self.device, slots_most, 0).map_err(exec)?;
@@ -1024,7 +1235,9 @@ impl GpuBackend {
                     let ResultBatch::Written { slots, pairs } = &batches[i] else { unreachable!("write batches only") };
                     let stream = &streams[i % PIPELINE_STREAMS];
                     let offsets = exclusive_offsets(&counts[slots.clone()]);
-                    stream.memcpy_htod(&offsets[..slots.len()], &mut lane.offsets.slice_mut(0..slots.len())).map_err(sync)?;
+                    stream
+                        .memcpy_htod(&offsets[..slots.len()], &mut lane.offsets.slice_mut(0..slots.len()))
+                        .map_err(sync)?;
                     let started = stream.record_event(timing).map_err(sync)?;
                     let slots = slots.start as u32..slots.end as u32;
                     launch_join_pass(&self.device, stream, &params, slots, inputs, lane, PassKind::Write)
@@ -1161,7 +1374,15 @@ fn filter_params(metric: Metric, dim: usize, gemm: bool, tc: Option<i32>) -> Joi
     let dot_form = |filter| match tc {
         Some(a) => {
             let TensorCoreMargin { margin, floor, eta } = tensor_core_margin(dim);
-            JoinParams { filter, dot_margin: margin, dot_floor: floor, tc_eta: eta, tc_scale: 2f32.powi(a), tensor_cores: 1, ..Default::default() }
+            JoinParams {
+                filter,
+                dot_margin: margin,
+                dot_floor: floor,
+                tc_eta: eta,
+                tc_scale: 2f32.powi(a),
+                tensor_cores: 1,
+                ..Default::default()
+            }
         }
         None => JoinParams {
             filter,
@@ -1368,7 +1589,10 @@ mod tests {
         assert_eq!(write_batches(&[], MAX_BATCH_PAIRS), (vec![(0, 0, 0)], 1));
         // A small memory budget: batches of its quarter's worth of pairs.
         assert_eq!(output_pairs(64 * 4 * 16), 64);
-        assert_eq!(write_batches(&[40, 30, 20, 15], output_pairs(64 * 4 * 16)).0, vec![(0, 1, 40), (1, 3, 50), (3, 4, 15)]);
+        assert_eq!(
+            write_batches(&[40, 30, 20, 15], output_pairs(64 * 4 * 16)).0,
+            vec![(0, 1, 40), (1, 3, 50), (3, 4, 15)]
+        );
         assert_eq!(exclusive_offsets(&[3, 0, 2]), vec![0, 3, 3, 5]);
     }
 
@@ -1379,7 +1603,14 @@ mod tests {
         assert_eq!(collected_batches(5), vec![ResultBatch::Collected(0..5)]);
         assert_eq!(collected_batches(big), vec![ResultBatch::Collected(0..big)]);
         let batches = collected_batches(2 * big + 1);
-        assert_eq!(batches, vec![ResultBatch::Collected(0..big), ResultBatch::Collected(big..2 * big), ResultBatch::Collected(2 * big..2 * big + 1)]);
+        assert_eq!(
+            batches,
+            vec![
+                ResultBatch::Collected(0..big),
+                ResultBatch::Collected(big..2 * big),
+                ResultBatch::Collected(2 * big..2 * big + 1)
+            ]
+        );
         assert_eq!(batches.iter().map(ResultBatch::pairs).sum::<u64>(), 2 * big + 1);
     }
 
@@ -1411,7 +1642,10 @@ mod tests {
              (106 bytes a row, a quarter of the limit per tile); at least 256 rows need gpu_memory_limit=106K"
         );
         let err = tile_rows(1000, 128, 0, "GPU kNN").unwrap_err().strip_backtrace();
-        assert!(err.contains("GPU kNN: the device has 1000 bytes available, room for 0 rows of 128 dimensions"), "{err}");
+        assert!(
+            err.contains("GPU kNN: the device has 1000 bytes available, room for 0 rows of 128 dimensions"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1506,7 +1740,11 @@ mod tests {
         let toward_zero = |a: f32, b: f32| {
             let exact = a as f64 + b as f64;
             let near = exact as f32;
-            if (near as f64).abs() > exact.abs() { if near > 0.0 { near.next_down() } else { near.next_up() } } else { near }
+            if (near as f64).abs() > exact.abs() {
+                if near > 0.0 { near.next_down() } else { near.next_up() }
+            } else {
+                near
+            }
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut worst = 0f64;
@@ -1524,7 +1762,8 @@ mod tests {
                 } else {
                     scale.iter().map(|s| s * rng.random_range(-1.0..1.0)).collect()
                 };
-                let (xf, yf): (Vec<f32>, Vec<f32>) = (x.iter().map(|&v| v as f32).collect(), y.iter().map(|&v| v as f32).collect());
+                let (xf, yf): (Vec<f32>, Vec<f32>) =
+                    (x.iter().map(|&v| v as f32).collect(), y.iter().map(|&v| v as f32).collect());
                 let largest = xf.iter().chain(&yf).fold(0f32, |m, v| m.max(v.abs()));
                 let a = tc_scale_exponent(largest).unwrap();
                 let (s1, s2) = (2f32.powi(a), 2f32.powi(2 * a));
@@ -1537,18 +1776,31 @@ mod tests {
                 let allowed = 0.5 * margin as f64 * r * r + eta as f64 * r + floor as f64;
                 let ratio = (score - exact * s2 as f64).abs() / allowed;
                 worst = worst.max(ratio);
-                assert!(ratio <= 1.0, "dim {dim}, case {case}: error {} is {ratio} of what the margin allows", (score - exact * s2 as f64).abs());
+                assert!(
+                    ratio <= 1.0,
+                    "dim {dim}, case {case}: error {} is {ratio} of what the margin allows",
+                    (score - exact * s2 as f64).abs()
+                );
                 // The kernel's separated test (tc_row_bound, tc_col_offset: rounded toward
                 // passing) with the tightest limit this pair meets: the pair passes.
                 let down = |v: f64| -round_up(-v);
                 let widening = |n: f32| {
                     let n = n * s1;
-                    round_up(round_up(round_up(2.0 * margin as f64 * n as f64) as f64 * n as f64) as f64 + round_up(eta as f64 * n as f64) as f64)
+                    round_up(
+                        round_up(round_up(2.0 * margin as f64 * n as f64) as f64 * n as f64) as f64
+                            + round_up(eta as f64 * n as f64) as f64,
+                    )
                 };
                 let limit = round_up(round_up(exact) as f64 * s2 as f64);
-                let bound = round_up(round_up(limit as f64 + round_up(widening(sx.sqrt()) as f64 + floor as f64) as f64) as f64 - (sx * s2) as f64);
+                let bound = round_up(
+                    round_up(limit as f64 + round_up(widening(sx.sqrt()) as f64 + floor as f64) as f64) as f64
+                        - (sx * s2) as f64,
+                );
                 let offset = down((sy * s2) as f64 - widening(sy.sqrt()) as f64);
-                assert!(down(-2.0 * dot as f64 + offset as f64) <= bound, "dim {dim}, case {case}: a pair at the limit fails the separated test");
+                assert!(
+                    down(-2.0 * dot as f64 + offset as f64) <= bound,
+                    "dim {dim}, case {case}: a pair at the limit fails the separated test"
+                );
             }
         }
         assert!(worst > 1e-4, "the test reached only {worst} of the margin: it exercises nothing");

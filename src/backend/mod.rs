@@ -18,8 +18,8 @@ mod tiles;
 mod topk;
 
 pub use cpu::CpuBackend;
-pub use gpu::GpuBackend;
 pub use exact::ExactCheck;
+pub use gpu::GpuBackend;
 
 /// A join-shaped request: every (left, right) pair within `threshold` (ε-join and range query).
 #[derive(Debug)]

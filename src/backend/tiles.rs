@@ -43,7 +43,10 @@ pub(crate) fn tiled_join(
     let mut stats = RunStats::default();
     let mut left_tile: Option<(usize, crate::vectors::Vectors)> = None;
     for (i, j, diagonal) in pairs {
-        let (left_range, right_range) = (left_tiles[i].clone(), if request.self_join.is_some() { left_tiles[j].clone() } else { right_tiles[j].clone() });
+        let (left_range, right_range) = (
+            left_tiles[i].clone(),
+            if request.self_join.is_some() { left_tiles[j].clone() } else { right_tiles[j].clone() },
+        );
         // The left tile is copied once for all its right tiles.
         if left_tile.as_ref().is_none_or(|(at, _)| *at != i) {
             left_tile = Some((i, request.left.slice(left_range.clone())));
@@ -55,7 +58,8 @@ pub(crate) fn tiled_join(
         let tile = JoinRequest { left, right, self_join, ..*request };
         // Off the diagonal of an ordered self-join, each pair is also reported the other way.
         let mirror = !diagonal && request.self_join.is_some_and(|s| s.ordered);
-        let offsets = OffsetSink { inner: sink, left: left_range.start as u32, right: right_range.start as u32, mirror };
+        let offsets =
+            OffsetSink { inner: sink, left: left_range.start as u32, right: right_range.start as u32, mirror };
         stats.add(&run(&tile, &offsets)?);
         sink.advance(1);
     }
@@ -101,7 +105,10 @@ pub(crate) fn tiled_knn(
             nearest.par_iter_mut().for_each(|list| *list = k_smallest(std::mem::take(list), request.k));
             sink.advance(1);
         }
-        send_ranked(sink, nearest.into_iter().enumerate().map(|(i, list)| (query_range.start + i, Ranked::List(list))).collect())?;
+        send_ranked(
+            sink,
+            nearest.into_iter().enumerate().map(|(i, list)| (query_range.start + i, Ranked::List(list))).collect(),
+        )?;
     }
     Ok(stats)
 }
@@ -174,7 +181,12 @@ mod tests {
         fn send(&self, chunk: ResultChunk) -> Result<()> {
             let mut rows = self.0.lock().unwrap();
             for i in 0..chunk.len() {
-                rows.push((chunk.left[i], chunk.right[i], chunk.distance[i].to_bits(), chunk.rank.get(i).copied().unwrap_or(0)));
+                rows.push((
+                    chunk.left[i],
+                    chunk.right[i],
+                    chunk.distance[i].to_bits(),
+                    chunk.rank.get(i).copied().unwrap_or(0),
+                ));
             }
             Ok(())
         }
@@ -197,10 +209,22 @@ mod tests {
         let b = vectors(170, 3, 2);
         let eps = datagen::calibrate_threshold(&a.values, 3, 12.0, Metric::L2, 1);
         let run = |r: &JoinRequest, s: &dyn ResultSink| CpuBackend.join(r, s);
-        let self_joins = [None, Some(SelfJoin { include_self: false, ordered: true }), Some(SelfJoin { include_self: true, ordered: false })];
+        let self_joins = [
+            None,
+            Some(SelfJoin { include_self: false, ordered: true }),
+            Some(SelfJoin { include_self: true, ordered: false }),
+        ];
         for self_join in self_joins {
             let right = if self_join.is_some() { &a } else { &b };
-            let request = JoinRequest { left: &a, right, metric: Metric::L2, threshold: eps, self_join, index: IndexChoice::Auto, grid_dims: 0 };
+            let request = JoinRequest {
+                left: &a,
+                right,
+                metric: Metric::L2,
+                threshold: eps,
+                self_join,
+                index: IndexChoice::Auto,
+                grid_dims: 0,
+            };
             let (whole, tiled) = (Rows::default(), Rows::default());
             CpuBackend.join(&request, &whole).unwrap();
             let stats = tiled_join(&request, &tiled, 64, run).unwrap();

@@ -115,7 +115,10 @@ impl Ranked<'_> {
 /// core, a wave of one chunk per worker at a time. Filled one row after another, the 10⁸ rows of
 /// a k = 10,000 kNN over 10⁴ queries held up the run for most of its 1.6 s of emission (NOTES.md
 /// v42).
-pub(crate) fn send_ranked(sink: &dyn super::ResultSink, mut lists: Vec<(usize, Ranked)>) -> datafusion::common::Result<()> {
+pub(crate) fn send_ranked(
+    sink: &dyn super::ResultSink,
+    mut lists: Vec<(usize, Ranked)>,
+) -> datafusion::common::Result<()> {
     let chunk_rows = sink.chunk_rows().max(1);
     let mut chunks = Vec::new(); // (lists, rows) per chunk
     let (mut begin, mut rows) = (0, 0);
@@ -201,8 +204,9 @@ mod tests {
     #[test]
     fn selection_equals_a_full_sort_through_many_compactions() {
         // Pseudo-random distances with many ties, offered in an order that improves often.
-        let all: Vec<Neighbour> =
-            (0..5000u32).map(|p| Neighbour { distance: ((p.wrapping_mul(2_654_435_761) >> 20) % 97) as f64, position: p }).collect();
+        let all: Vec<Neighbour> = (0..5000u32)
+            .map(|p| Neighbour { distance: ((p.wrapping_mul(2_654_435_761) >> 20) % 97) as f64, position: p })
+            .collect();
         for k in [1, 2, 7, 100, 4999, 5000, 6000] {
             let expected = k_smallest(all.clone(), k);
             let kth = if k <= all.len() { expected[k - 1].distance } else { f64::INFINITY };
@@ -235,7 +239,12 @@ mod tests {
             }
         }
         let lists: Vec<(usize, Vec<Neighbour>)> = (0..200)
-            .map(|q| (3 * q + 1, (0..(q * 13) % 11).map(|j| Neighbour { distance: j as f64, position: (q + j) as u32 }).collect()))
+            .map(|q| {
+                (
+                    3 * q + 1,
+                    (0..(q * 13) % 11).map(|j| Neighbour { distance: j as f64, position: (q + j) as u32 }).collect(),
+                )
+            })
             .collect();
         let mut expected = crate::backend::ResultChunk::default();
         for (query, list) in &lists {
@@ -264,7 +273,10 @@ mod tests {
         let mut got = crate::backend::ResultChunk::default();
         for (i, chunk) in chunks.iter().enumerate() {
             assert!(i + 1 == chunks.len() || chunk.len() >= 7, "chunk {i} of {} rows", chunk.len());
-            assert!(i + 1 == chunks.len() || chunk.rank[chunk.len() - 1] as usize == (chunk.left[chunk.len() - 1] as usize / 3 * 13) % 11);
+            assert!(
+                i + 1 == chunks.len()
+                    || chunk.rank[chunk.len() - 1] as usize == (chunk.left[chunk.len() - 1] as usize / 3 * 13) % 11
+            );
             got.left.extend(&chunk.left);
             got.right.extend(&chunk.right);
             got.distance.extend(&chunk.distance);

@@ -79,17 +79,7 @@ impl SimilarityExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        Ok(Self {
-            op,
-            children,
-            left,
-            right,
-            columns,
-            schema,
-            backend,
-            cache,
-            metrics: ExecutionPlanMetricsSet::new(),
-        })
+        Ok(Self { op, children, left, right, columns, schema, backend, cache, metrics: ExecutionPlanMetricsSet::new() })
     }
 
     /// What is computed.
@@ -109,11 +99,15 @@ impl SimilarityExec {
             _ => "f32 filter + exact f64 check",
         };
         match (&self.op.operation, self.op.index) {
-            (Operation::Knn { .. }, _) if matches!(self.op.metric, Metric::L1 | Metric::LInf) => "brute_force(exact f64)".into(),
+            (Operation::Knn { .. }, _) if matches!(self.op.metric, Metric::L1 | Metric::LInf) => {
+                "brute_force(exact f64)".into()
+            }
             (Operation::Knn { .. }, _) => "brute_force(f32 filter + exact f64 re-rank)".into(),
             (_, IndexChoice::BruteForce) => format!("brute_force({exact_filter})"),
             (_, _) if self.op.metric == Metric::InnerProduct => format!("brute_force({exact_filter})"),
-            (_, IndexChoice::Grid) if self.op.grid_dims > 0 => format!("grid({} dims, f32 filter + exact f64 check)", self.op.grid_dims),
+            (_, IndexChoice::Grid) if self.op.grid_dims > 0 => {
+                format!("grid({} dims, f32 filter + exact f64 check)", self.op.grid_dims)
+            }
             (_, IndexChoice::Grid) => "grid(dims by sampled cost model, f32 filter + exact f64 check)".into(),
             (_, IndexChoice::Auto) => "grid or brute_force by sampled cost model".into(),
         }
@@ -160,11 +154,7 @@ impl ExecutionPlan for SimilarityExec {
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
         if children.len() != self.children.len() {
-            return internal_err!(
-                "SimilarityExec: expected {} children, got {}",
-                self.children.len(),
-                children.len()
-            );
+            return internal_err!("SimilarityExec: expected {} children, got {}", self.children.len(), children.len());
         }
         Ok(Arc::new(Self::try_new(
             self.op.clone(),

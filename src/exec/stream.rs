@@ -157,7 +157,8 @@ impl Run {
             let partitions = futures::future::try_join_all(streams.into_iter().map(collect)).await?;
             collected.push((schema, partitions.into_iter().flatten().collect::<Vec<_>>()));
         }
-        let collected_bytes: usize = collected.iter().flat_map(|(_, parts)| parts).map(|b| b.get_array_memory_size()).sum();
+        let collected_bytes: usize =
+            collected.iter().flat_map(|(_, parts)| parts).map(|b| b.get_array_memory_size()).sum();
 
         // The vectors of each side, and of each input only the columns the output takes rows from,
         // concatenated (the vector column itself is widened batch by batch, never concatenated).
@@ -165,37 +166,40 @@ impl Run {
         let (left_side, right_side) = (self.left.clone(), self.right.clone());
         let output_columns = self.builder.columns.clone();
         let converting = Instant::now();
-        let ((left, left_cached), (right, right_cached)) = tokio::task::spawn_blocking(move || -> Result<((SideData, bool), (SideData, bool))> {
-            let reject_zero = op.metric == Metric::Cosine;
-            let side = |input: &InputSide| -> Result<(SideData, bool)> {
-                let (schema, parts) = &collected[input.child];
-                let describe = format!("{}: {}", op.function_name(), input.describe);
-                let (vectors, cached) = cache::vectors(schema, parts, &input.source, reject_zero, &describe, op.cache_size)?;
-                let projected = |i: usize| {
-                    output_columns.iter().any(|c| match *c {
-                        OutputColumn::Left(j) => j == i && left_side.child == input.child,
-                        OutputColumn::Right(j) => j == i && right_side.child == input.child,
-                        _ => false,
-                    })
+        let ((left, left_cached), (right, right_cached)) =
+            tokio::task::spawn_blocking(move || -> Result<((SideData, bool), (SideData, bool))> {
+                let reject_zero = op.metric == Metric::Cosine;
+                let side = |input: &InputSide| -> Result<(SideData, bool)> {
+                    let (schema, parts) = &collected[input.child];
+                    let describe = format!("{}: {}", op.function_name(), input.describe);
+                    let (vectors, cached) =
+                        cache::vectors(schema, parts, &input.source, reject_zero, &describe, op.cache_size)?;
+                    let projected = |i: usize| {
+                        output_columns.iter().any(|c| match *c {
+                            OutputColumn::Left(j) => j == i && left_side.child == input.child,
+                            OutputColumn::Right(j) => j == i && right_side.child == input.child,
+                            _ => false,
+                        })
+                    };
+                    let column = |i: usize| -> Result<Option<ArrayRef>> {
+                        Ok(match parts.as_slice() {
+                            _ if !projected(i) => None,
+                            [] => Some(new_empty_array(schema.field(i).data_type())),
+                            [only] => Some(only.column(i).clone()),
+                            _ => Some(concat(&parts.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>())?),
+                        })
+                    };
+                    let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
+                    let num_rows = parts.iter().map(|b| b.num_rows()).sum();
+                    Ok((SideData { columns, num_rows, vectors }, cached))
                 };
-                let column = |i: usize| -> Result<Option<ArrayRef>> {
-                    Ok(match parts.as_slice() {
-                        _ if !projected(i) => None,
-                        [] => Some(new_empty_array(schema.field(i).data_type())),
-                        [only] => Some(only.column(i).clone()),
-                        _ => Some(concat(&parts.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>())?),
-                    })
-                };
-                let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
-                let num_rows = parts.iter().map(|b| b.num_rows()).sum();
-                Ok((SideData { columns, num_rows, vectors }, cached))
-            };
-            let left = side(&left_side)?;
-            let right = if right_side.child == left_side.child { (left.0.clone(), false) } else { side(&right_side)? };
-            Ok((left, right))
-        })
-        .await
-        .map_err(|e| exec_datafusion_err!("{}: building vectors failed: {e}", self.op.function_name()))??;
+                let left = side(&left_side)?;
+                let right =
+                    if right_side.child == left_side.child { (left.0.clone(), false) } else { side(&right_side)? };
+                Ok((left, right))
+            })
+            .await
+            .map_err(|e| exec_datafusion_err!("{}: building vectors failed: {e}", self.op.function_name()))??;
         self.metrics.record_conversion(converting.elapsed());
         self.metrics.cached_inputs.add(usize::from(left_cached) + usize::from(right_cached));
         // The collected batches are gone; the output columns taken from them stay.
@@ -243,7 +247,12 @@ impl Run {
             // slow writer), and in the shared global pool a few such runs would stall every other
             // query of the process.
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let pool = worker_pool().map_err(|e| DataFusionError::ResourcesExhausted(format!("{}: cannot start worker threads: {e}", op.function_name())))?;
+                let pool = worker_pool().map_err(|e| {
+                    DataFusionError::ResourcesExhausted(format!(
+                        "{}: cannot start worker threads: {e}",
+                        op.function_name()
+                    ))
+                })?;
                 let result = pool.install(|| compute(&op, backend.as_ref(), &lv, &rv, same, &sink));
                 return_worker_pool(pool);
                 result
@@ -252,7 +261,9 @@ impl Run {
                 p.finish();
             }
             let result = outcome.unwrap_or_else(|panic| {
-                let what = panic.downcast_ref::<&str>().map(|s| s.to_string())
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
                 Err(DataFusionError::Internal(format!("{}: backend panicked: {what}", op.function_name())))
@@ -303,15 +314,38 @@ fn return_worker_pool(pool: rayon::ThreadPool) {
 }
 
 /// Calls the backend for the operation.
-fn compute(op: &SimilarityOp, backend: &dyn Backend, left: &Vectors, right: &Vectors, same: bool, sink: &dyn ResultSink) -> Result<RunStats> {
+fn compute(
+    op: &SimilarityOp,
+    backend: &dyn Backend,
+    left: &Vectors,
+    right: &Vectors,
+    same: bool,
+    sink: &dyn ResultSink,
+) -> Result<RunStats> {
     match op.operation {
         Operation::SimJoin { eps: threshold, include_self, pairs, .. } => {
             let self_join = same.then_some(SelfJoin { include_self, ordered: pairs == PairOrder::Ordered });
-            let request = JoinRequest { left, right, metric: op.metric, threshold, self_join, index: op.index, grid_dims: op.grid_dims };
+            let request = JoinRequest {
+                left,
+                right,
+                metric: op.metric,
+                threshold,
+                self_join,
+                index: op.index,
+                grid_dims: op.grid_dims,
+            };
             backend.join(&request, sink)
         }
         Operation::RangeQuery { radius } => {
-            let request = JoinRequest { left, right, metric: op.metric, threshold: radius, self_join: None, index: op.index, grid_dims: op.grid_dims };
+            let request = JoinRequest {
+                left,
+                right,
+                metric: op.metric,
+                threshold: radius,
+                self_join: None,
+                index: op.index,
+                grid_dims: op.grid_dims,
+            };
             backend.join(&request, sink)
         }
         Operation::Knn { k } => backend.knn(&KnnRequest { base: right, queries: left, metric: op.metric, k }, sink),

@@ -114,11 +114,13 @@ pub fn vector_literal(function: &str, argument: &str, expr: &Expr) -> Result<Opt
         v => match string_value(v) {
             Some(s) if s.trim_start().starts_with('[') => {
                 let inner = s.trim().trim_start_matches('[').trim_end_matches(']');
-                inner
-                    .split(',')
-                    .map(|t| t.trim().parse::<f64>())
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(|_| plan_datafusion_err!("{function}: argument '{argument}' is not a vector literal of numbers: '{s}'"))?
+                inner.split(',').map(|t| t.trim().parse::<f64>()).collect::<std::result::Result<_, _>>().map_err(
+                    |_| {
+                        plan_datafusion_err!(
+                            "{function}: argument '{argument}' is not a vector literal of numbers: '{s}'"
+                        )
+                    },
+                )?
             }
             _ => return Ok(None),
         },
@@ -152,7 +154,12 @@ pub fn vector_table(values: Vec<f64>) -> Result<Arc<dyn TableProvider>> {
 }
 
 /// Finds the table an argument names, or opens the file it points at.
-pub fn resolve_table(session: &dyn Session, function: &str, argument: &str, table: &TableArg) -> Result<Arc<dyn TableProvider>> {
+pub fn resolve_table(
+    session: &dyn Session,
+    function: &str,
+    argument: &str,
+    table: &TableArg,
+) -> Result<Arc<dyn TableProvider>> {
     match table {
         TableArg::Name(name) => {
             let c = &session.config_options().catalog;

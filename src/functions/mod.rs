@@ -57,7 +57,12 @@ fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp
 }
 
 /// The table of a call: checks what the schemas alone can (dimensions) and picks the backend.
-fn table(op: SimilarityOp, first: TableInput, second: Option<TableInput>, names: [&str; 2]) -> Result<Arc<SimilarityTable>> {
+fn table(
+    op: SimilarityOp,
+    first: TableInput,
+    second: Option<TableInput>,
+    names: [&str; 2],
+) -> Result<Arc<SimilarityTable>> {
     if let Some(second) = &second
         && let (Some(a), Some(b)) = (first.source.static_dim(), second.source.static_dim())
         && a != b

@@ -5,7 +5,8 @@ use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::driver::sys::CUdevice_attribute::{
-    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
 };
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
@@ -67,7 +68,9 @@ impl ResidentRows {
     /// Drops the least recently used entries until the rest take at most `capacity` bytes.
     fn evict(&mut self, capacity: usize) {
         while self.entries.iter().map(ResidentEntry::bytes).sum::<usize>() > capacity {
-            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) else { return };
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) else {
+                return;
+            };
             self.entries.swap_remove(oldest);
         }
     }
@@ -139,11 +142,29 @@ impl GpuDevice {
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
         super::launch::keep_freed_device_memory(&ctx)?;
-        let attribute = |attribute| ctx.attribute(attribute).map(|value| value as usize).map_err(|e| format!("GPU {} does not answer: {e}", info.ordinal));
+        let attribute = |attribute| {
+            ctx.attribute(attribute)
+                .map(|value| value as usize)
+                .map_err(|e| format!("GPU {} does not answer: {e}", info.ordinal))
+        };
         let shared_memory_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let shared_memory_per_multiprocessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
         let multiprocessors = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        Ok(GpuDevice { info, ctx, stream, arch, shared_memory_per_block, shared_memory_per_multiprocessor, multiprocessors, modules: std::array::from_fn(|_| OnceLock::new()), staging: Mutex::new(None), results: Mutex::new(None), ranked: Mutex::new(None), pipeline: OnceLock::new(), resident: Mutex::default() })
+        Ok(GpuDevice {
+            info,
+            ctx,
+            stream,
+            arch,
+            shared_memory_per_block,
+            shared_memory_per_multiprocessor,
+            multiprocessors,
+            modules: std::array::from_fn(|_| OnceLock::new()),
+            staging: Mutex::new(None),
+            results: Mutex::new(None),
+            ranked: Mutex::new(None),
+            pipeline: OnceLock::new(),
+            resident: Mutex::default(),
+        })
     }
 
     /// Whether the device has the tensor cores brute_join_tc uses (`mma.sync.m16n8k16 … .f16` with
@@ -174,7 +195,12 @@ impl GpuDevice {
         if rows.len() * std::mem::size_of::<f64>() <= capacity {
             let mut resident = lock()?;
             let last_used = resident.clock;
-            resident.entries.push(ResidentEntry { key: Arc::downgrade(key), rows: rows.clone(), derived: Vec::new(), last_used });
+            resident.entries.push(ResidentEntry {
+                key: Arc::downgrade(key),
+                rows: rows.clone(),
+                derived: Vec::new(),
+                last_used,
+            });
             resident.evict(capacity);
         }
         Ok((rows, false))
@@ -183,7 +209,12 @@ impl GpuDevice {
     /// The side derived from `key`'s kept rows for `metric`, centred on `centre`'s mean where
     /// that is given, if one was kept ([`GpuDevice::keep_derived_side`]).
     /// A query that finds one does not ask for the rows themselves, so this counts as their use.
-    pub fn derived_side(&self, key: &ResidentKey, metric: u32, centre: Option<&ResidentKey>) -> Option<Arc<DerivedSide>> {
+    pub fn derived_side(
+        &self,
+        key: &ResidentKey,
+        metric: u32,
+        centre: Option<&ResidentKey>,
+    ) -> Option<Arc<DerivedSide>> {
         let mut resident = self.resident.lock().ok()?;
         resident.clock += 1;
         let now = resident.clock;
@@ -212,7 +243,9 @@ impl GpuDevice {
     pub fn pipeline_streams(&self) -> Result<&[Arc<CudaStream>; PIPELINE_STREAMS], String> {
         let streams = self.pipeline.get_or_init(|| {
             let streams: Result<Vec<_>, _> = (0..PIPELINE_STREAMS).map(|_| self.ctx.new_stream()).collect();
-            streams.map_err(|e| format!("GPU stream creation failed: {e}")).map(|s| s.try_into().expect("PIPELINE_STREAMS streams"))
+            streams
+                .map_err(|e| format!("GPU stream creation failed: {e}"))
+                .map(|s| s.try_into().expect("PIPELINE_STREAMS streams"))
         });
         streams.as_ref().map_err(Clone::clone)
     }

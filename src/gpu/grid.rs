@@ -27,7 +27,13 @@ pub struct DeviceGrid {
 /// The points' grid from their cell ids (`cells`, input order), whose largest needs `cell_bits`
 /// bits, and, when the grid is windowed, their sort-dimension values; with a dense table of
 /// `table_len` entries (every possible linear id) where given.
-pub fn build_grid(device: &GpuDevice, cells: &[u64], sort_values: Option<&[f64]>, cell_bits: u32, table_len: Option<usize>) -> Result<DeviceGrid, String> {
+pub fn build_grid(
+    device: &GpuDevice,
+    cells: &[u64],
+    sort_values: Option<&[f64]>,
+    cell_bits: u32,
+    table_len: Option<usize>,
+) -> Result<DeviceGrid, String> {
     let n = cells.len();
     let cell_keys = upload(device, cells)?;
     let values = sort_values.map(|v| upload(device, v)).transpose()?;

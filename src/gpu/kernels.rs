@@ -40,8 +40,30 @@ impl KernelModule {
     /// The `extern "C" __global__` entry points the Rust side launches from this module.
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            KernelModule::SimJoin => &["grid_join", "brute_join", "brute_join_tc", "brute_join_tc_bytes", "knn_settle_slots", "knn_sample_keys_bytes", "knn_sample_keys_half", "filter_max_abs", "pack_half_rows", "integer_range", "pack_byte_rows", "filter_rows", "identity_order"],
-            KernelModule::Knn => &["knn_sample_rows", "knn_sample_distances", "knn_sample_distances_tc", "knn_sample_radius", "knn_rank_slots", "knn_select_slots", "knn_rank_lists"],
+            KernelModule::SimJoin => &[
+                "grid_join",
+                "brute_join",
+                "brute_join_tc",
+                "brute_join_tc_bytes",
+                "knn_settle_slots",
+                "knn_sample_keys_bytes",
+                "knn_sample_keys_half",
+                "filter_max_abs",
+                "pack_half_rows",
+                "integer_range",
+                "pack_byte_rows",
+                "filter_rows",
+                "identity_order",
+            ],
+            KernelModule::Knn => &[
+                "knn_sample_rows",
+                "knn_sample_distances",
+                "knn_sample_distances_tc",
+                "knn_sample_radius",
+                "knn_rank_slots",
+                "knn_select_slots",
+                "knn_rank_lists",
+            ],
             KernelModule::Grid => &[
                 "radix_histogram",
                 "radix_scatter",

@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits, sys};
+use cudarc::driver::{
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PinnedHostSlice,
+    PushKernelArg, ValidAsZeroBits, sys,
+};
 
 use super::device::GpuDevice;
 use super::kernels::KernelModule;
@@ -91,7 +94,13 @@ const TC_STATIC_BYTES: usize = 2096 + 1024;
 /// 256 pairs (two blocks of 110 + 3 KB), three for longer ones or a longer queue (`queue` pairs:
 /// [`tc_queue`]).
 fn tc_shared_bytes(device: &GpuDevice, row_words: usize, queue: usize) -> u32 {
-    tc_dynamic_bytes(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, row_words, queue, warpgroup_mma(device)) as u32
+    tc_dynamic_bytes(
+        device.shared_memory_per_block,
+        device.shared_memory_per_multiprocessor,
+        row_words,
+        queue,
+        warpgroup_mma(device),
+    ) as u32
 }
 
 /// Whether brute_join_tc multiplies by wgmma on `device` (compiled for sm_90a).
@@ -99,7 +108,13 @@ fn warpgroup_mma(device: &GpuDevice) -> bool {
     device.arch == "sm_90a"
 }
 
-fn tc_dynamic_bytes(per_block: usize, per_multiprocessor: usize, row_words: usize, queue: usize, warpgroup_mma: bool) -> usize {
+fn tc_dynamic_bytes(
+    per_block: usize,
+    per_multiprocessor: usize,
+    row_words: usize,
+    queue: usize,
+    warpgroup_mma: bool,
+) -> usize {
     let resident = row_words.div_ceil(32) <= TC_RESIDENT_CHUNKS;
     let queue_bytes = queue * TC_QUEUE_ENTRY_BYTES;
     let bytes = |stages: usize| match resident {
@@ -154,7 +169,9 @@ fn tc_row_map(device: &GpuDevice, rows: &CudaSlice<u32>, row_words: usize) -> Re
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
-    result.result().map_err(|e| format!("brute_join_tc: TMA map of {} rows × {row_words} words refused: {e}", dims[1]))?;
+    result
+        .result()
+        .map_err(|e| format!("brute_join_tc: TMA map of {} rows × {row_words} words refused: {e}", dims[1]))?;
     Ok(TensorMap(map.opaque))
 }
 
@@ -229,7 +246,12 @@ impl SideBuffers {
     /// Device bytes of the side's buffers but its exact rows (which may be shared).
     pub fn own_bytes(&self) -> usize {
         let byte_words = self.byte_rows.as_ref().map_or(0, |b| b.rows.len() + b.sq_norms.len());
-        4 * (self.filter.len() + self.half_rows.as_ref().map_or(0, |h| h.len()) + byte_words + self.filter_norms.len() + self.filter_sq_norms.len() + self.order.len())
+        4 * (self.filter.len()
+            + self.half_rows.as_ref().map_or(0, |h| h.len())
+            + byte_words
+            + self.filter_norms.len()
+            + self.filter_sq_norms.len()
+            + self.order.len())
             + 8 * self.norms.len()
     }
 }
@@ -351,7 +373,14 @@ pub enum PassKind {
 
 /// Runs a pass of a join over left slots `slots` on the device's stream (with knn_settle_slots
 /// after a scores pass) and waits for it.
-pub fn join_pass(device: &GpuDevice, params: &JoinParams, slots: std::ops::Range<u32>, inputs: JoinInputs, pass: &mut PassBuffers, kind: PassKind) -> Result<(), String> {
+pub fn join_pass(
+    device: &GpuDevice,
+    params: &JoinParams,
+    slots: std::ops::Range<u32>,
+    inputs: JoinInputs,
+    pass: &mut PassBuffers,
+    kind: PassKind,
+) -> Result<(), String> {
     let kernel = launch_join_pass(device, &device.stream, params, slots.clone(), inputs, pass, kind)?;
     if let PassKind::Scores { k } = kind {
         settle_slots(device, params, slots, k, inputs, pass)?;
@@ -361,13 +390,24 @@ pub fn join_pass(device: &GpuDevice, params: &JoinParams, slots: std::ops::Range
 
 /// Queues knn_settle_slots over left slots `slots` after a scores pass over them (see
 /// [`PassKind::Scores`]).
-fn settle_slots(device: &GpuDevice, params: &JoinParams, slots: std::ops::Range<u32>, k: u32, inputs: JoinInputs, pass: &mut PassBuffers) -> Result<(), String> {
+fn settle_slots(
+    device: &GpuDevice,
+    params: &JoinParams,
+    slots: std::ops::Range<u32>,
+    k: u32,
+    inputs: JoinInputs,
+    pass: &mut PassBuffers,
+) -> Result<(), String> {
     if slots.is_empty() {
         return Ok(());
     }
     let function = device.function(KernelModule::SimJoin, "knn_settle_slots")?;
     let warps = BLOCK as usize / 32;
-    let config = LaunchConfig { grid_dim: (slots.len().div_ceil(warps) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let config = LaunchConfig {
+        grid_dim: (slots.len().div_ceil(warps) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let (begin, end) = (slots.start, slots.end);
     let JoinInputs { left, right, .. } = inputs;
     let mut builder = device.stream.launch_builder(&function);
@@ -435,7 +475,12 @@ pub fn launch_join_pass(
     let (run, queue) = match kernel {
         "brute_join_tc" => {
             let per_tile = 2.0 * expected_share * (BRUTE_TILE * BRUTE_TILE) as f64;
-            let queue_most = tc_queue_most(device.shared_memory_per_block, device.shared_memory_per_multiprocessor, row_words, warpgroup_mma(device));
+            let queue_most = tc_queue_most(
+                device.shared_memory_per_block,
+                device.shared_memory_per_multiprocessor,
+                row_words,
+                warpgroup_mma(device),
+            );
             let run = tc_run(device, left_tiles, right_len as usize, per_tile, queue_most);
             (run, tc_queue(run, per_tile, queue_most))
         }
@@ -451,7 +496,10 @@ pub fn launch_join_pass(
     if shared_mem_bytes > 0 {
         // More than the 48 KB a block gets without asking.
         function
-            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_mem_bytes as i32,
+            )
             .map_err(|e| format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
     }
     // PASS_COUNT, PASS_WRITE and PASS_SCORES in kernels/sim_join.cu (a collecting count pass is
@@ -467,7 +515,11 @@ pub fn launch_join_pass(
     if params.slot_capacity > 0 && kind != PassKind::Write {
         let needed = slots.len() as u64 * params.slot_capacity as u64;
         if grid.is_some() || (pass.out_right.len().min(pass.out_distance.len()) as u64) < needed {
-            return Err(format!("{kernel}: slots of {} pairs for {} left rows need {needed} outputs", params.slot_capacity, slots.len()));
+            return Err(format!(
+                "{kernel}: slots of {} pairs for {} left rows need {needed} outputs",
+                params.slot_capacity,
+                slots.len()
+            ));
         }
     }
     let capacity = match kind {
@@ -581,7 +633,12 @@ const BYTE_ROWS_MOST_DIM: usize = 8192;
 /// Both sides' byte rows where a pass runs on them (brute_join_tc_bytes): brute force on the
 /// tensor cores (the GEMM filter of L2 and L2², the only metrics given byte rows: the sides'
 /// builder, `with_tensor_core_rows` in src/backend/gpu.rs), under wgmma, both sides shifted alike.
-pub fn byte_sides<'a>(device: &GpuDevice, params: &JoinParams, left: &'a SideBuffers, right: &'a SideBuffers) -> Option<(&'a ByteRows, &'a ByteRows)> {
+pub fn byte_sides<'a>(
+    device: &GpuDevice,
+    params: &JoinParams,
+    left: &'a SideBuffers,
+    right: &'a SideBuffers,
+) -> Option<(&'a ByteRows, &'a ByteRows)> {
     match (&left.byte_rows, &right.byte_rows) {
         (Some(l), Some(r)) if params.tensor_cores != 0 && warpgroup_mma(device) && l.offset == r.offset => Some((l, r)),
         _ => None,
@@ -592,7 +649,12 @@ pub fn byte_sides<'a>(device: &GpuDevice, params: &JoinParams, left: &'a SideBuf
 /// on a device with wgmma, at most [`BYTE_ROWS_MOST_DIM`] dimensions, every value an integer in
 /// [0, 255] or else in [−128, 127] (integer_range, then pack_byte_rows in kernels/sim_join.cu);
 /// `None` otherwise.
-pub fn byte_rows(device: &GpuDevice, exact: &CudaSlice<f64>, rows: usize, dim: usize) -> Result<Option<ByteRows>, String> {
+pub fn byte_rows(
+    device: &GpuDevice,
+    exact: &CudaSlice<f64>,
+    rows: usize,
+    dim: usize,
+) -> Result<Option<ByteRows>, String> {
     if !warpgroup_mma(device) || rows == 0 || dim == 0 || dim > BYTE_ROWS_MOST_DIM || exact.len() < rows * dim {
         return Ok(None);
     }
@@ -650,13 +712,22 @@ pub fn filter_max_abs(device: &GpuDevice, values: &CudaSlice<f32>) -> Result<f32
 /// A side's f32 filter rows (`rows` of `dim`) times `scale` (a power of two), rounded to f16 and
 /// packed as brute_join_tc reads them (pack_half_rows in kernels/sim_join.cu; the margin counts the
 /// rounding: `tensor_core_margin` in src/backend/gpu.rs).
-pub fn pack_half_rows(device: &GpuDevice, filter: &CudaSlice<f32>, rows: usize, dim: usize, scale: f32) -> Result<CudaSlice<u32>, String> {
+pub fn pack_half_rows(
+    device: &GpuDevice,
+    filter: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    scale: f32,
+) -> Result<CudaSlice<u32>, String> {
     if filter.len() < rows * dim {
         return Err(format!("pack_half_rows: {rows} rows of {dim} values from {} values", filter.len()));
     }
     let function = device.function(KernelModule::SimJoin, "pack_half_rows")?;
     let row_words = tc_row_words(dim);
-    let mut packed = device.stream.alloc_zeros::<u32>((rows * row_words).max(1)).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut packed = device
+        .stream
+        .alloc_zeros::<u32>((rows * row_words).max(1))
+        .map_err(|e| format!("GPU allocation failed: {e}"))?;
     let (rows64, dim32, words32) = (rows as u64, dim as u32, row_words as u32);
     let blocks = ((rows * row_words) as u64).div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
     let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
@@ -729,7 +800,15 @@ pub enum KnnSample {
 /// The sample as knn_sample_distances_tc reads it, where the base has f16 rows (scaled by
 /// 2^`scale_exponent`): rows ⌊i·n/sample_len⌋ (knn_sample_rows' choice) of them and, for keys that
 /// are `squared_distances` (the GEMM form's metrics), of its squared filter norms, gathered.
-pub fn sample_half_rows(device: &GpuDevice, base: &SideBuffers, n: usize, dim: usize, sample_len: usize, scale_exponent: i32, squared_distances: bool) -> Result<KnnSample, String> {
+pub fn sample_half_rows(
+    device: &GpuDevice,
+    base: &SideBuffers,
+    n: usize,
+    dim: usize,
+    sample_len: usize,
+    scale_exponent: i32,
+    squared_distances: bool,
+) -> Result<KnnSample, String> {
     let Some(half_rows) = &base.half_rows else {
         return Err("knn_sample_distances_tc: the base has no f16 rows".into());
     };
@@ -739,7 +818,12 @@ pub fn sample_half_rows(device: &GpuDevice, base: &SideBuffers, n: usize, dim: u
     let picked = sample_positions(device, n, sample_len)?;
     let rows = gather_rows(device, half_rows, n, &picked, sample_len, tc_row_words(dim))?;
     let sq_norms = match squared_distances {
-        true if base.filter_sq_norms.len() < n => return Err(format!("knn_sample_distances_tc: {} squared norms for a base of {n} rows", base.filter_sq_norms.len())),
+        true if base.filter_sq_norms.len() < n => {
+            return Err(format!(
+                "knn_sample_distances_tc: {} squared norms for a base of {n} rows",
+                base.filter_sq_norms.len()
+            ));
+        }
         true => Some(gather_rows(device, &base.filter_sq_norms, n, &picked, sample_len, 1)?),
         false => None,
     };
@@ -755,7 +839,13 @@ fn sample_positions(device: &GpuDevice, n: usize, sample_len: usize) -> Result<C
 
 /// The sample as knn_sample_keys_bytes reads it, where the base has byte rows: rows ⌊i·n/sample_len⌋
 /// (knn_sample_rows' choice) of them and of their squared norms, gathered.
-pub fn sample_byte_rows(device: &GpuDevice, base: &ByteRows, n: usize, dim: usize, sample_len: usize) -> Result<KnnSample, String> {
+pub fn sample_byte_rows(
+    device: &GpuDevice,
+    base: &ByteRows,
+    n: usize,
+    dim: usize,
+    sample_len: usize,
+) -> Result<KnnSample, String> {
     if sample_len == 0 || sample_len > n {
         return Err(format!("knn_sample_keys_bytes: a sample of {sample_len} rows of a base of {n} rows"));
     }
@@ -769,12 +859,19 @@ pub fn sample_byte_rows(device: &GpuDevice, base: &ByteRows, n: usize, dim: usiz
 
 /// kNN's radius sample (knn_sample_rows in kernels/knn.cu): `sample_len` evenly spread rows of the
 /// base's f32 filter rows (`base_filter`, `n` rows of `dim` in input order), dimension-major.
-pub fn sample_rows(device: &GpuDevice, base_filter: &CudaSlice<f32>, n: usize, dim: usize, sample_len: usize) -> Result<CudaSlice<f32>, String> {
+pub fn sample_rows(
+    device: &GpuDevice,
+    base_filter: &CudaSlice<f32>,
+    n: usize,
+    dim: usize,
+    sample_len: usize,
+) -> Result<CudaSlice<f32>, String> {
     if sample_len == 0 || sample_len > n || base_filter.len() < n * dim {
         return Err(format!("knn_sample_rows: a sample of {sample_len} rows of a base of {n} rows of {dim} values"));
     }
     let function = device.function(KernelModule::Knn, "knn_sample_rows")?;
-    let mut sample = device.stream.alloc_zeros::<f32>(sample_len * dim).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut sample =
+        device.stream.alloc_zeros::<f32>(sample_len * dim).map_err(|e| format!("GPU allocation failed: {e}"))?;
     let blocks = (sample_len * dim).div_ceil(BLOCK as usize).clamp(1, 65_536) as u32;
     let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let (n32, dim32, len32) = (n as u32, dim as u32, sample_len as u32);
@@ -819,7 +916,9 @@ pub fn sample_radius_pass(
         return Ok(());
     }
     if sample_len as usize > KNN_SAMPLE || sample_len == 0 || rank == 0 || chunk_queries == 0 {
-        return Err(format!("knn_sample_radius: a sample of {sample_len} rows (at most {KNN_SAMPLE}) at rank {rank}, {chunk_queries} queries a round"));
+        return Err(format!(
+            "knn_sample_radius: a sample of {sample_len} rows (at most {KNN_SAMPLE}) at rank {rank}, {chunk_queries} queries a round"
+        ));
     }
     let stream = &device.stream;
     // The f16 kernel's squared L2 distances need both sides' squared norms.
@@ -831,21 +930,41 @@ pub fn sample_radius_pass(
     // Under wgmma the tensor-core keys come from brute_join_tc's pipeline (knn_sample_keys_bytes,
     // knn_sample_keys_half: TMA and wgmma, its shared memory without a queue), over the queries'
     // and the sample's rows by their TMA maps; mma.sync devices keep knn_sample_distances_tc.
-    let on_pipeline = |kernel: &str, query_rows: &CudaSlice<u32>, sample_rows: &CudaSlice<u32>, row_words: usize| -> Result<SampleKeys, String> {
+    let on_pipeline = |kernel: &str,
+                       query_rows: &CudaSlice<u32>,
+                       sample_rows: &CudaSlice<u32>,
+                       row_words: usize|
+     -> Result<SampleKeys, String> {
         let function = device.function(KernelModule::SimJoin, kernel)?;
         let shared_mem_bytes = tc_shared_bytes(device, row_words, 0);
         function
-            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_mem_bytes as i32,
+            )
             .map_err(|e| format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
-        Ok(SampleKeys { function, shared_mem_bytes, query_map: tc_row_map(device, query_rows, row_words)?, sample_map: tc_row_map(device, sample_rows, row_words)? })
+        Ok(SampleKeys {
+            function,
+            shared_mem_bytes,
+            query_map: tc_row_map(device, query_rows, row_words)?,
+            sample_map: tc_row_map(device, sample_rows, row_words)?,
+        })
     };
     let dim = params.dim as usize;
     let pipeline = match (sample, &query_side.half_rows, &query_side.byte_rows) {
-        (KnnSample::Bytes(sample), _, Some(query)) if query.offset == sample.offset && query.sq_norms.len() >= queries.end as usize && sample.sq_norms.len() >= sample_len as usize => {
+        (KnnSample::Bytes(sample), _, Some(query))
+            if query.offset == sample.offset
+                && query.sq_norms.len() >= queries.end as usize
+                && sample.sq_norms.len() >= sample_len as usize =>
+        {
             Some(on_pipeline("knn_sample_keys_bytes", &query.rows, &sample.rows, byte_row_words(dim))?)
         }
-        (KnnSample::Bytes(_), ..) => return Err("knn_sample_keys_bytes: the queries have no byte rows shifted as the sample's".into()),
-        (KnnSample::Half { rows, .. }, Some(query_rows), _) if warpgroup_mma(device) => Some(on_pipeline("knn_sample_keys_half", query_rows, rows, tc_row_words(dim))?),
+        (KnnSample::Bytes(_), ..) => {
+            return Err("knn_sample_keys_bytes: the queries have no byte rows shifted as the sample's".into());
+        }
+        (KnnSample::Half { rows, .. }, Some(query_rows), _) if warpgroup_mma(device) => {
+            Some(on_pipeline("knn_sample_keys_half", query_rows, rows, tc_row_words(dim))?)
+        }
         _ => None,
     };
     let distances_kernel = match (sample, &pipeline) {
@@ -855,17 +974,26 @@ pub fn sample_radius_pass(
     };
     let radius_kernel = device.function(KernelModule::Knn, "knn_sample_radius")?;
     let chunk = chunk_queries.min(queries.len());
-    let mut distances = stream.alloc_zeros::<f32>(chunk * KNN_SAMPLE).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut distances =
+        stream.alloc_zeros::<f32>(chunk * KNN_SAMPLE).map_err(|e| format!("GPU allocation failed: {e}"))?;
     for begin in queries.clone().step_by(chunk) {
         let end = (begin as usize + chunk).min(queries.end as usize) as u32;
         let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
-        let config = LaunchConfig { grid_dim: (groups, sample_len.div_ceil(SAMPLE_COLUMNS), 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let config = LaunchConfig {
+            grid_dim: (groups, sample_len.div_ceil(SAMPLE_COLUMNS), 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // On the pipeline: brute_join_tc's grid, a block per left tile and run of right tiles.
         let pipeline_launch = |keys: &SampleKeys| {
             let left_tiles = (end - begin).div_ceil(BRUTE_TILE as u32) as usize;
             let run = tc_run(device, left_tiles, sample_len as usize, 0.0, 0);
             let blocks = left_tiles * (sample_len as usize).div_ceil(BRUTE_TILE * run);
-            let config = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: keys.shared_mem_bytes };
+            let config = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: keys.shared_mem_bytes,
+            };
             (JoinParams { tc_run: run as u32, tc_queue: 0, ..*params }, config)
         };
         let mut builder = stream.launch_builder(&distances_kernel);
@@ -873,7 +1001,8 @@ pub fn sample_radius_pass(
             (KnnSample::Half { rows, sq_norms, scale_exponent }, Some(query_rows), _, pipeline) => {
                 let (row_words, unscale) = (tc_row_words(dim) as u32, 2f32.powi(-2 * scale_exponent));
                 // Without squared norms (the inner product) the kernel reads none: any buffer will do.
-                let (squared, sample_sq) = (u32::from(sq_norms.is_some()), sq_norms.as_ref().unwrap_or(&query_side.filter_sq_norms));
+                let (squared, sample_sq) =
+                    (u32::from(sq_norms.is_some()), sq_norms.as_ref().unwrap_or(&query_side.filter_sq_norms));
                 // knn_sample_keys_half takes the launch's JoinParams where knn_sample_distances_tc
                 // takes the row's words, and the two maps last.
                 let (keys_params, keys_config) = match pipeline {
@@ -908,9 +1037,16 @@ pub fn sample_radius_pass(
                 // without a queue (allowed by the attribute set above). It writes entry
                 // (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances`
                 // (chunk ≥ end − begin rows of SAMPLE).
-                unsafe { builder.launch(keys_config) }.map_err(|e| format!("{} launch failed: {e}", if pipeline.is_some() { "knn_sample_keys_half" } else { "knn_sample_distances_tc" }))?;
+                unsafe { builder.launch(keys_config) }.map_err(|e| {
+                    format!(
+                        "{} launch failed: {e}",
+                        if pipeline.is_some() { "knn_sample_keys_half" } else { "knn_sample_distances_tc" }
+                    )
+                })?;
             }
-            (KnnSample::Half { .. }, None, ..) => return Err("knn_sample_distances_tc: the queries have no f16 rows".into()),
+            (KnnSample::Half { .. }, None, ..) => {
+                return Err("knn_sample_distances_tc: the queries have no f16 rows".into());
+            }
             (KnnSample::Bytes(sample), _, Some(query), Some(keys)) => {
                 let (keys_params, config) = pipeline_launch(keys);
                 builder
@@ -980,13 +1116,29 @@ pub const KNN_RANK_SLOTS: usize = 4096;
 /// queries with `slot_len[q] = 0` are left out. `k` (distances, positions) per query, nearest
 /// first, in query order, into the first `k` · queries places of `nearest_distance` and
 /// `nearest_position` (a left-out query's are zeros).
-pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: usize, slot_len: &[u32], nearest_distance: &mut [f64], nearest_position: &mut [u32]) -> Result<(), String> {
+pub fn rank_slots(
+    device: &GpuDevice,
+    pass: &PassBuffers,
+    capacity: usize,
+    k: usize,
+    slot_len: &[u32],
+    nearest_distance: &mut [f64],
+    nearest_position: &mut [u32],
+) -> Result<(), String> {
     let queries = slot_len.len();
-    if capacity > KNN_RANK_SLOTS || queries == 0 || k == 0 || queries * capacity > pass.out_right.len().min(pass.out_distance.len()) {
+    if capacity > KNN_RANK_SLOTS
+        || queries == 0
+        || k == 0
+        || queries * capacity > pass.out_right.len().min(pass.out_distance.len())
+    {
         return Err(format!("knn_rank_slots: {queries} slots of {capacity} (at most {KNN_RANK_SLOTS}) for k = {k}"));
     }
     if nearest_distance.len().min(nearest_position.len()) < queries * k {
-        return Err(format!("knn_rank_slots: {} and {} places for {queries} queries' {k} neighbours", nearest_distance.len(), nearest_position.len()));
+        return Err(format!(
+            "knn_rank_slots: {} and {} places for {queries} queries' {k} neighbours",
+            nearest_distance.len(),
+            nearest_position.len()
+        ));
     }
     if let Some(q) = slot_len.iter().position(|&len| (len != 0 && (len as usize) < k) || len as usize > capacity) {
         return Err(format!("knn_rank_slots: query {q} has {} candidates, outside [{k}, {capacity}]", slot_len[q]));
@@ -1003,8 +1155,14 @@ pub fn rank_slots(device: &GpuDevice, pass: &PassBuffers, capacity: usize, k: us
     // Shared memory for the longest slot's sort: a key (8 bytes) and a position (4) an entry.
     let room = slot_len.iter().max().map_or(1, |&len| len.max(1).next_power_of_two());
     let config = match select {
-        true => LaunchConfig { grid_dim: (queries.div_ceil(BLOCK as usize / 32) as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
-        false => LaunchConfig { grid_dim: (queries as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: room * 12 },
+        true => LaunchConfig {
+            grid_dim: (queries.div_ceil(BLOCK as usize / 32) as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        false => {
+            LaunchConfig { grid_dim: (queries as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: room * 12 }
+        }
     };
     let mut builder = stream.launch_builder(&function);
     if select {
@@ -1063,7 +1221,8 @@ pub struct RankedLists {
 impl RankedLists {
     /// Buffers for `neighbours` (lists · k) ranked neighbours.
     pub fn new(device: &GpuDevice, neighbours: usize) -> Result<Self, String> {
-        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation of {neighbours} ranked neighbours failed: {e}");
+        let alloc =
+            |e: cudarc::driver::DriverError| format!("GPU allocation of {neighbours} ranked neighbours failed: {e}");
         Ok(Self {
             distance: device.stream.alloc_zeros::<f64>(neighbours.max(1)).map_err(alloc)?,
             position: device.stream.alloc_zeros::<u32>(neighbours.max(1)).map_err(alloc)?,
@@ -1076,9 +1235,21 @@ impl RankedLists {
 /// position), as the host ranks them (knn_rank_lists in kernels/knn.cu), into the first lists · k
 /// places of `ranked`, nearest first, in list order. The pass must have run on the same stream:
 /// the kernel finds each list's end in `pass.offsets`, where the write pass leaves its cursors.
-pub fn start_rank_lists(device: &GpuDevice, stream: &Arc<CudaStream>, pass: &PassBuffers, lists: usize, k: usize, ranked: &mut RankedLists) -> Result<(), String> {
+pub fn start_rank_lists(
+    device: &GpuDevice,
+    stream: &Arc<CudaStream>,
+    pass: &PassBuffers,
+    lists: usize,
+    k: usize,
+    ranked: &mut RankedLists,
+) -> Result<(), String> {
     let most = rank_lists_most_k(device);
-    if lists == 0 || k == 0 || k > most || pass.offsets.len() < lists || ranked.distance.len().min(ranked.position.len()) < lists * k {
+    if lists == 0
+        || k == 0
+        || k > most
+        || pass.offsets.len() < lists
+        || ranked.distance.len().min(ranked.position.len()) < lists * k
+    {
         return Err(format!(
             "knn_rank_lists: {lists} lists at k = {k} (at most {most}) for {} offsets and {} places",
             pass.offsets.len(),
@@ -1092,13 +1263,23 @@ pub fn start_rank_lists(device: &GpuDevice, stream: &Arc<CudaStream>, pass: &Pas
         // More than the 48 KB a block gets without asking, static memory included (k = 4,000:
         // 48 KB of entries and the histogram), within the device's (k ≤ most).
         function
-            .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem_bytes as i32)
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_mem_bytes as i32,
+            )
             .map_err(|e| format!("knn_rank_lists: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
     }
     let config = LaunchConfig { grid_dim: (lists as u32, 1, 1), block_dim: (RANK_LISTS_BLOCK, 1, 1), shared_mem_bytes };
     let (k_arg, room_arg) = (k as u32, room as u32);
     let mut builder = stream.launch_builder(&function);
-    builder.arg(&k_arg).arg(&room_arg).arg(&pass.offsets).arg(&pass.out_distance).arg(&pass.out_right).arg(&mut ranked.distance).arg(&mut ranked.position);
+    builder
+        .arg(&k_arg)
+        .arg(&room_arg)
+        .arg(&pass.offsets)
+        .arg(&pass.out_distance)
+        .arg(&pass.out_right)
+        .arg(&mut ranked.distance)
+        .arg(&mut ranked.position);
     // SAFETY: the arguments match knn_rank_lists' parameter list one for one. Block q < `lists`
     // reads offsets[q − 1] and offsets[q] (within the `lists` checked above): the write pass
     // before it on this stream advanced each cursor from its list's exclusive offset by its
@@ -1135,8 +1316,12 @@ pub fn keep_freed_device_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Resul
     // which `threshold` is, and the driver only reads it during the call.
     unsafe {
         let pool = cudarc::driver::result::device::get_default_mem_pool(ctx.cu_device()).map_err(failed)?;
-        mem_pool::set_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&raw mut threshold).cast())
-            .map_err(failed)
+        mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut threshold).cast(),
+        )
+        .map_err(failed)
     }
 }
 
@@ -1156,8 +1341,18 @@ pub fn available_memory(device: &GpuDevice) -> Result<usize, String> {
     // targets are, and the driver writes them only during the call.
     unsafe {
         let pool = cudarc::driver::result::device::get_default_mem_pool(device.ctx.cu_device()).map_err(failed)?;
-        mem_pool::get_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, (&raw mut reserved).cast()).map_err(failed)?;
-        mem_pool::get_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&raw mut used).cast()).map_err(failed)?;
+        mem_pool::get_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            (&raw mut reserved).cast(),
+        )
+        .map_err(failed)?;
+        mem_pool::get_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            (&raw mut used).cast(),
+        )
+        .map_err(failed)?;
     }
     Ok(free + reserved.saturating_sub(used) as usize)
 }
@@ -1182,11 +1377,13 @@ pub fn upload<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, values: &[T])
     let mut device_values = stream.alloc_zeros::<T>(values.len()).map_err(|e| format!("GPU allocation failed: {e}"))?;
     let mut staging = device.staging.lock().map_err(|_| "the GPU staging buffers are poisoned".to_string())?;
     if staging.is_none() {
-        *staging = Some([pinned_buffer::<u8>(device, STAGE_BYTES, false)?, pinned_buffer::<u8>(device, STAGE_BYTES, false)?]);
+        *staging =
+            Some([pinned_buffer::<u8>(device, STAGE_BYTES, false)?, pinned_buffer::<u8>(device, STAGE_BYTES, false)?]);
     }
     let stages = staging.as_mut().expect("allocated above");
     // SAFETY: the device buffer holds exactly `bytes.len()` bytes (`values.len()` values of `T`).
-    let mut target = unsafe { device_values.transmute_mut::<u8>(bytes.len()) }.ok_or("staging: buffer size mismatch")?;
+    let mut target =
+        unsafe { device_values.transmute_mut::<u8>(bytes.len()) }.ok_or("staging: buffer size mismatch")?;
     // When each stage's last copy to the device is done (recorded explicitly: on a single-stream
     // context cudarc records no event for pinned copies, and refilling a stage early corrupted data).
     let mut copied: [Option<CudaEvent>; 2] = [None, None];
@@ -1240,7 +1437,13 @@ pub struct HostResults<'a> {
 impl HostResults<'_> {
     /// Copies the pairs at indices `pairs` of `pass`'s output buffers from the device (left
     /// positions only `with_left`) and returns them; at most the buffers' capacity.
-    pub fn download(&mut self, stream: &Arc<CudaStream>, pass: &PassBuffers, with_left: bool, pairs: std::ops::Range<usize>) -> Result<DownloadedPairs<'_>, String> {
+    pub fn download(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pass: &PassBuffers,
+        with_left: bool,
+        pairs: std::ops::Range<usize>,
+    ) -> Result<DownloadedPairs<'_>, String> {
         let n = pairs.len();
         let [mut all] = self.parts()?;
         all.start_download(stream, pass, with_left, pairs)?;
@@ -1303,7 +1506,13 @@ impl<'a> HostPairs<'a> {
     /// only `with_left`) into this view, without waiting: the copies are ordered on `stream`,
     /// which must be synchronised before [`HostPairs::pairs`] reads them and before the buffers
     /// are dropped (the memory is page-locked, so the copy runs while the host works).
-    pub fn start_download(&mut self, stream: &Arc<CudaStream>, pass: &PassBuffers, with_left: bool, pairs: std::ops::Range<usize>) -> Result<(), String> {
+    pub fn start_download(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pass: &PassBuffers,
+        with_left: bool,
+        pairs: std::ops::Range<usize>,
+    ) -> Result<(), String> {
         let n = pairs.len();
         if n > self.capacity() {
             return Err(format!("{n} pairs do not fit result buffers of {}", self.capacity()));
@@ -1321,7 +1530,12 @@ impl<'a> HostPairs<'a> {
 
     /// Starts copying the first `n` ranked neighbours of `ranked` into this view's positions and
     /// distances, as [`HostPairs::start_download`] copies pairs.
-    pub fn start_download_ranked(&mut self, stream: &Arc<CudaStream>, ranked: &RankedLists, n: usize) -> Result<(), String> {
+    pub fn start_download_ranked(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        ranked: &RankedLists,
+        n: usize,
+    ) -> Result<(), String> {
         if n > self.capacity() {
             return Err(format!("{n} ranked neighbours do not fit result buffers of {}", self.capacity()));
         }
@@ -1370,7 +1584,11 @@ pub fn host_ranked(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_
 
 /// The device's `kept` buffers, grown to `capacity` where smaller, or where another run holds
 /// them, buffers of this run's own.
-fn kept_host_buffers<'a>(device: &'a GpuDevice, kept: &'a std::sync::Mutex<Option<ResultBuffers>>, capacity: usize) -> Result<HostResults<'a>, String> {
+fn kept_host_buffers<'a>(
+    device: &'a GpuDevice,
+    kept: &'a std::sync::Mutex<Option<ResultBuffers>>,
+    capacity: usize,
+) -> Result<HostResults<'a>, String> {
     match kept.try_lock() {
         Ok(mut kept) => {
             if kept.as_ref().is_none_or(|b| b.left.len() < capacity) {
@@ -1387,10 +1605,15 @@ fn kept_host_buffers<'a>(device: &'a GpuDevice, kept: &'a std::sync::Mutex<Optio
 /// GB/s plus first-touch page faults), zero-filled. `host_reads`: the host reads what the device
 /// writes there, so the buffer is cached; otherwise (uploads) write-combined, cudarc's default,
 /// which the host writes quickly but reads uncached.
-pub fn pinned_buffer<T: DeviceRepr + ValidAsZeroBits + Default + Copy>(device: &GpuDevice, len: usize, host_reads: bool) -> Result<PinnedHostSlice<T>, String> {
+pub fn pinned_buffer<T: DeviceRepr + ValidAsZeroBits + Default + Copy>(
+    device: &GpuDevice,
+    len: usize,
+    host_reads: bool,
+) -> Result<PinnedHostSlice<T>, String> {
     let flags = if host_reads { 0 } else { cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED };
     // SAFETY: the allocation is uninitialised; it is zero-filled below before anything reads it.
-    let mut buffer = unsafe { device.ctx.alloc_pinned_with_flags::<T>(len.max(1), flags) }.map_err(|e| format!("pinned allocation failed: {e}"))?;
+    let mut buffer = unsafe { device.ctx.alloc_pinned_with_flags::<T>(len.max(1), flags) }
+        .map_err(|e| format!("pinned allocation failed: {e}"))?;
     buffer.as_mut_slice().map_err(|e| format!("pinned buffer: {e}"))?.fill(T::default());
     Ok(buffer)
 }
@@ -1445,19 +1668,32 @@ pub fn identity_order(device: &GpuDevice, n: usize) -> Result<CudaSlice<u32>, St
 
 /// One stable radix pass: `to` becomes `from` ordered by the 8-bit digit of `keys` at `shift`
 /// (a point's key is `keys[position]`), ties in `from`'s order.
-pub fn radix_pass(device: &GpuDevice, keys: RadixKeys, from: &CudaSlice<u32>, to: &mut CudaSlice<u32>, n: usize, shift: u32) -> Result<(), String> {
+pub fn radix_pass(
+    device: &GpuDevice,
+    keys: RadixKeys,
+    from: &CudaSlice<u32>,
+    to: &mut CudaSlice<u32>,
+    n: usize,
+    shift: u32,
+) -> Result<(), String> {
     if n == 0 {
         return Ok(());
     }
     if keys.len() < n || from.len() < n || to.len() < n || n >= u32::MAX as usize {
-        return Err(format!("radix pass over {n} positions: buffers of {}, {} and {} values", keys.len(), from.len(), to.len()));
+        return Err(format!(
+            "radix pass over {n} positions: buffers of {}, {} and {} values",
+            keys.len(),
+            from.len(),
+            to.len()
+        ));
     }
     let stream = &device.stream;
     let tiles = n.div_ceil(RADIX_TILE);
     let mut counts = stream.alloc_zeros::<u32>(256 * tiles).map_err(alloc_failed)?;
     let (len, tiles_arg) = (n as u32, tiles as u32);
     let float_keys: u32 = matches!(keys, RadixKeys::Values(_)).into();
-    let config = LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (GRID_BUILD_BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let config =
+        LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (GRID_BUILD_BLOCK, 1, 1), shared_mem_bytes: 0 };
     let histogram = device.function(KernelModule::Grid, "radix_histogram")?;
     let mut builder = stream.launch_builder(&histogram);
     match keys {
@@ -1492,7 +1728,8 @@ pub fn exclusive_scan(device: &GpuDevice, values: &mut CudaSlice<u32>) -> Result
     let blocks = n.div_ceil(SCAN_ITEMS).max(1);
     let mut totals = stream.alloc_zeros::<u32>(blocks).map_err(alloc_failed)?;
     let len = n as u32;
-    let config = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (GRID_BUILD_BLOCK, 1, 1), shared_mem_bytes: 0 };
+    let config =
+        LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (GRID_BUILD_BLOCK, 1, 1), shared_mem_bytes: 0 };
     let scan = device.function(KernelModule::Grid, "scan_blocks")?;
     let mut builder = stream.launch_builder(&scan);
     builder.arg(&mut *values).arg(&len).arg(&mut totals);
@@ -1514,7 +1751,12 @@ pub fn exclusive_scan(device: &GpuDevice, values: &mut CudaSlice<u32>) -> Result
 /// The non-empty cells of slots ordered by cell (`slot_cell`, n values): their ids, first slots
 /// (plus the end), and the linear id → cell table of `table_len` entries (`None`: no table, one
 /// unused value); the number of cells is returned with them.
-pub fn cell_bounds(device: &GpuDevice, slot_cell: &CudaSlice<u64>, n: usize, table_len: Option<usize>) -> Result<CellBounds, String> {
+pub fn cell_bounds(
+    device: &GpuDevice,
+    slot_cell: &CudaSlice<u64>,
+    n: usize,
+    table_len: Option<usize>,
+) -> Result<CellBounds, String> {
     let stream = &device.stream;
     let len = n as u32;
     let mut starts = stream.alloc_zeros::<u32>(n.max(1)).map_err(alloc_failed)?;
@@ -1583,15 +1825,30 @@ pub struct CellBounds {
 /// `source`. The
 /// caller may free the input once the gather is queued (frees are stream-ordered, so after it
 /// has run).
-pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, rows: &CudaSlice<T>, source: usize, order: &CudaSlice<u32>, n: usize, width: usize) -> Result<CudaSlice<T>, String> {
+pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(
+    device: &GpuDevice,
+    rows: &CudaSlice<T>,
+    source: usize,
+    order: &CudaSlice<u32>,
+    n: usize,
+    width: usize,
+) -> Result<CudaSlice<T>, String> {
     let stream = &device.stream;
     let mut out = stream.alloc_zeros::<T>((n * width).max(1)).map_err(alloc_failed)?;
     let words = width * std::mem::size_of::<T>() / 4;
     if n == 0 || words == 0 {
         return Ok(out);
     }
-    if !std::mem::size_of::<T>().is_multiple_of(4) || rows.len() < source * width || order.len() < n || source > u32::MAX as usize {
-        return Err(format!("gather of {n} rows of {width} values from {source} rows in {} values by {} positions", rows.len(), order.len()));
+    if !std::mem::size_of::<T>().is_multiple_of(4)
+        || rows.len() < source * width
+        || order.len() < n
+        || source > u32::MAX as usize
+    {
+        return Err(format!(
+            "gather of {n} rows of {width} values from {source} rows in {} values by {} positions",
+            rows.len(),
+            order.len()
+        ));
     }
     let gather = device.function(KernelModule::Grid, "gather_rows")?;
     let (source_arg, len, words_arg) = (source as u32, n as u32, words as u32);
@@ -1643,21 +1900,39 @@ mod tests {
     #[test]
     fn three_stages_only_where_two_blocks_still_fit() {
         // 227 KB a block, 228 KB a multiprocessor (an H100 as if it had no wgmma).
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(784), QUEUE, false), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(
+            tc_dynamic_bytes(232_448, 233_472, tc_row_words(784), QUEUE, false),
+            QUEUE_BYTES + 3 * TC_STAGE_BYTES
+        );
         // sm_80 (A100): three stages would fit one block (163 KB) but not two in 164 KB.
-        assert_eq!(tc_dynamic_bytes(166_912, 167_936, tc_row_words(784), QUEUE, false), QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(
+            tc_dynamic_bytes(166_912, 167_936, tc_row_words(784), QUEUE, false),
+            QUEUE_BYTES + 2 * TC_STAGE_BYTES
+        );
         // sm_86, sm_89: 99 KB a block.
-        assert_eq!(tc_dynamic_bytes(101_376, 102_400, tc_row_words(784), QUEUE, false), QUEUE_BYTES + 2 * TC_STAGE_BYTES);
+        assert_eq!(
+            tc_dynamic_bytes(101_376, 102_400, tc_row_words(784), QUEUE, false),
+            QUEUE_BYTES + 2 * TC_STAGE_BYTES
+        );
     }
 
     #[test]
     fn warpgroup_mma_takes_a_stage_more_where_two_blocks_fit() {
         // sm_90a (H100): 784 dimensions, three stages of both tiles; 128, four of the right tile's.
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(784), QUEUE, true), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(128), QUEUE, true), QUEUE_BYTES + TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
+        assert_eq!(
+            tc_dynamic_bytes(232_448, 233_472, tc_row_words(784), QUEUE, true),
+            QUEUE_BYTES + 3 * TC_STAGE_BYTES
+        );
+        assert_eq!(
+            tc_dynamic_bytes(232_448, 233_472, tc_row_words(128), QUEUE, true),
+            QUEUE_BYTES + TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2
+        );
         // Runs of 64 (P1): the queue of 1,024 pairs leaves room for three.
         assert_eq!(tc_queue(64, 0.0, 2048), 1024);
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(128), 1024, true), 1024 * TC_QUEUE_ENTRY_BYTES + TC_RESIDENT_BYTES + 3 * TC_STAGE_BYTES / 2);
+        assert_eq!(
+            tc_dynamic_bytes(232_448, 233_472, tc_row_words(128), 1024, true),
+            1024 * TC_QUEUE_ENTRY_BYTES + TC_RESIDENT_BYTES + 3 * TC_STAGE_BYTES / 2
+        );
     }
 
     #[test]
@@ -1666,7 +1941,10 @@ mod tests {
         // tiles; 256: two chunks, the left tile resident and four stages of the right one's.
         assert_eq!((byte_row_words(784), tc_row_words(784)), (196, 392));
         assert_eq!(tc_dynamic_bytes(232_448, 233_472, byte_row_words(784), 0, true), 3 * TC_STAGE_BYTES);
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, byte_row_words(256), 0, true), TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2);
+        assert_eq!(
+            tc_dynamic_bytes(232_448, 233_472, byte_row_words(256), 0, true),
+            TC_RESIDENT_BYTES + 4 * TC_STAGE_BYTES / 2
+        );
         assert_eq!(byte_row_words(1), 4);
     }
 
@@ -1676,7 +1954,10 @@ mod tests {
         // 128 dimensions: 64 words, two chunks; 129: 68 words, three.
         assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(128), QUEUE, false), resident(3));
         assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(1), QUEUE, false), resident(3));
-        assert_eq!(tc_dynamic_bytes(232_448, 233_472, tc_row_words(129), QUEUE, false), QUEUE_BYTES + 3 * TC_STAGE_BYTES);
+        assert_eq!(
+            tc_dynamic_bytes(232_448, 233_472, tc_row_words(129), QUEUE, false),
+            QUEUE_BYTES + 3 * TC_STAGE_BYTES
+        );
         assert_eq!(tc_dynamic_bytes(166_912, 167_936, tc_row_words(128), QUEUE, false), resident(2));
         assert_eq!(tc_dynamic_bytes(101_376, 102_400, tc_row_words(128), QUEUE, false), resident(2));
     }

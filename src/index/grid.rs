@@ -173,8 +173,7 @@ pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
     let (n_left, n_right) = (left.len() / dim, right.len() / dim);
     let pair_factor = if self_join { 0.5 } else { 1.0 };
     let brute_dim = if inputs.gemm_form { NS_BRUTE_DIM_GEMM } else { NS_BRUTE_DIM_DIRECT };
-    let brute_cost =
-        n_left as f64 * n_right as f64 * pair_factor * (NS_BRUTE_PAIR + dim as f64 * brute_dim);
+    let brute_cost = n_left as f64 * n_right as f64 * pair_factor * (NS_BRUTE_PAIR + dim as f64 * brute_dim);
     if n_left == 0 || n_right == 0 {
         return JoinStrategy::BruteForce;
     }
@@ -210,7 +209,8 @@ pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
         } else {
             (cells_right.log2() + 1.0) * NS_LOOKUP_STEP
         };
-        let windows = if geometry.window_prunes() { n_left as f64 * neighbours.min(cells_right) * NS_WINDOW } else { 0.0 };
+        let windows =
+            if geometry.window_prunes() { n_left as f64 * neighbours.min(cells_right) * NS_WINDOW } else { 0.0 };
         let search = cells_left * neighbours * probe + windows;
         let refine = candidates * (NS_PAIR + dim as f64 * NS_DIM);
         let cost = search + refine;
@@ -257,7 +257,13 @@ fn strided_sample(points: &[f64], dim: usize, count: usize) -> Vec<f64> {
 }
 
 /// Exact per-dimension extent of both inputs, variance from the samples.
-fn extent_and_variance(left: &[f64], right: &[f64], dim: usize, sl: &[f64], sr: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn extent_and_variance(
+    left: &[f64],
+    right: &[f64],
+    dim: usize,
+    sl: &[f64],
+    sr: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let fold = |points: &[f64]| {
         points
             .par_chunks(dim * 4096)
@@ -449,7 +455,9 @@ mod tests {
         // gives the host index's slot order.
         let mut order: Vec<u32> = (0..2000).collect();
         let values = values.expect("windowed keys");
-        order.sort_by(|&a, &b| cells[a as usize].cmp(&cells[b as usize]).then(values[a as usize].total_cmp(&values[b as usize])));
+        order.sort_by(|&a, &b| {
+            cells[a as usize].cmp(&cells[b as usize]).then(values[a as usize].total_cmp(&values[b as usize]))
+        });
         assert_eq!(order, index.order);
         // 10 × 10 cells: the largest id, 99, needs 7 bits, and the table has every id.
         assert_eq!(g.cells, vec![10, 10]);

@@ -57,7 +57,8 @@ pub fn register(ctx: &SessionContext, name: &str, values: &[Option<Vec<f64>>], d
                 })
                 .collect();
             let nulls = values.iter().map(Option::is_some).collect::<Vec<_>>();
-            let list = FixedSizeListArray::try_new(item.clone(), dim as i32, Arc::new(flat), Some(nulls.into())).unwrap();
+            let list =
+                FixedSizeListArray::try_new(item.clone(), dim as i32, Arc::new(flat), Some(nulls.into())).unwrap();
             (vec![Field::new("vector", DataType::FixedSizeList(item, dim as i32), true)], vec![Arc::new(list)])
         }
         Shape::ListF64 => {
@@ -159,7 +160,13 @@ fn usable<'a>(metric: &str, v: &'a Option<Vec<f64>>) -> Option<&'a [f64]> {
 pub type Row = (i64, i64, u64, i64);
 
 /// Every (a, b) pair within `eps`, as the oracle computes it.
-pub fn oracle_join(metric: &str, left: &[Option<Vec<f64>>], right: &[Option<Vec<f64>>], eps: f64, self_join: Option<(bool, bool)>) -> Vec<Row> {
+pub fn oracle_join(
+    metric: &str,
+    left: &[Option<Vec<f64>>],
+    right: &[Option<Vec<f64>>],
+    eps: f64,
+    self_join: Option<(bool, bool)>,
+) -> Vec<Row> {
     let mut out = Vec::new();
     for (i, a) in left.iter().enumerate() {
         let Some(a) = usable(metric, a) else { continue };
@@ -204,7 +211,13 @@ pub fn oracle_knn(metric: &str, base: &[Option<Vec<f64>>], queries: &[Option<Vec
 
 /// Runs `sql`, whose result has the id columns first, then `distance` (and `rank`), as sorted rows.
 pub async fn rows(ctx: &SessionContext, sql: &str) -> Vec<Row> {
-    let batches = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")).collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let batches = ctx
+        .sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
     let mut out = Vec::new();
     for b in batches {
         let a = b.column(0).as_primitive::<Int64Type>();
@@ -280,7 +293,18 @@ pub async fn check(ctx: &SessionContext, sql: &str, want: &[Row]) {
     if got != want {
         let missing: Vec<_> = want.iter().filter(|r| got.binary_search(r).is_err()).take(5).collect();
         let extra: Vec<_> = got.iter().filter(|r| want.binary_search(r).is_err()).take(5).collect();
-        let show = |rows: &[&Row]| rows.iter().map(|r| format!("({}, {}, {}, {})", r.0, r.1, f64::from_bits(r.2), r.3)).collect::<Vec<_>>().join(" ");
-        panic!("{sql}\n got {} rows, want {}\n missing: {}\n extra: {}", got.len(), want.len(), show(&missing), show(&extra));
+        let show = |rows: &[&Row]| {
+            rows.iter()
+                .map(|r| format!("({}, {}, {}, {})", r.0, r.1, f64::from_bits(r.2), r.3))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        panic!(
+            "{sql}\n got {} rows, want {}\n missing: {}\n extra: {}",
+            got.len(),
+            want.len(),
+            show(&missing),
+            show(&extra)
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Hand-checkable cases: exact boundaries, eps = 0, duplicates, ties, k > n, empty inputs, NULL and
 //! NaN vectors.
 
-use crate::common::{check, Shape, ctx, operator_metrics, oracle_join, oracle_knn, register, rows};
+use crate::common::{Shape, check, ctx, operator_metrics, oracle_join, oracle_knn, register, rows};
 
 fn points(coords: &[(f64, f64)]) -> Vec<Option<Vec<f64>>> {
     coords.iter().map(|&(x, y)| Some(vec![x, y])).collect()
@@ -18,9 +18,16 @@ async fn pairs_exactly_at_eps_are_included() {
     assert!(want.iter().any(|r| f64::from_bits(r.2) == 5.0));
     assert_eq!(got, want);
     for metric in ["l1", "linf", "l2sq"] {
-        let eps = if metric == "l2sq" { 25.0 } else if metric == "l1" { 7.0 } else { 4.0 };
+        let eps = if metric == "l2sq" {
+            25.0
+        } else if metric == "l1" {
+            7.0
+        } else {
+            4.0
+        };
         for index in ["auto", "grid", "brute_force"] {
-            let sql = format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps}, 'metric={metric}, index={index}')");
+            let sql =
+                format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps}, 'metric={metric}, index={index}')");
             check(&ctx, &sql, &oracle_join(metric, &data, &data, eps, Some((false, true)))).await;
         }
     }
@@ -54,7 +61,8 @@ async fn knn_ties_go_to_the_earlier_base_row_and_k_beyond_n_returns_everything()
     // L1 and L∞ through their f32 filter: the same ties, decided the same way.
     for metric in ["l1", "linf"] {
         for k in [1, 3, 1000] {
-            let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'metric={metric}')");
+            let sql =
+                format!("SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'metric={metric}')");
             assert_eq!(rows(&ctx, &sql).await, oracle_knn(metric, &base, &queries, k), "{metric}, k = {k}");
         }
     }
@@ -64,7 +72,21 @@ async fn knn_ties_go_to_the_earlier_base_row_and_k_beyond_n_returns_everything()
 async fn empty_inputs_give_empty_results_with_the_right_schema() {
     let ctx = ctx();
     register(&ctx, "empty", &[], 3, Shape::FixedF32);
-    register(&ctx, "some", &points(&[(1.0, 2.0)]).into_iter().map(|p| p.map(|mut v| { v.push(0.0); v })).collect::<Vec<_>>(), 3, Shape::FixedF32);
+    register(
+        &ctx,
+        "some",
+        &points(&[(1.0, 2.0)])
+            .into_iter()
+            .map(|p| {
+                p.map(|mut v| {
+                    v.push(0.0);
+                    v
+                })
+            })
+            .collect::<Vec<_>>(),
+        3,
+        Shape::FixedF32,
+    );
     for sql in [
         "SELECT * FROM sim_join(empty, 0.5)",
         "SELECT * FROM sim_join(empty, some, 0.5)",
@@ -77,7 +99,15 @@ async fn empty_inputs_give_empty_results_with_the_right_schema() {
         assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 0, "{sql}");
         assert!(names.last().unwrap() == "distance" || names.last().unwrap() == "rank", "{sql}: {names:?}");
     }
-    let names: Vec<String> = ctx.sql("SELECT * FROM knn(empty, some, 3)").await.unwrap().schema().fields().iter().map(|f| f.name().clone()).collect();
+    let names: Vec<String> = ctx
+        .sql("SELECT * FROM knn(empty, some, 3)")
+        .await
+        .unwrap()
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     assert_eq!(names, vec!["query_id", "query_vector", "base_id", "base_vector", "distance", "rank"]);
 }
 

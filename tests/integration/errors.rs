@@ -14,31 +14,103 @@ async fn planning_errors_name_function_argument_and_value() {
     register(&ctx, "t", &vectors(10, 3, 1), 3, Shape::FixedF32);
     register(&ctx, "flat", &vectors(10, 2, 2), 2, Shape::FixedF32);
     let cases = [
-        ("SELECT * FROM sim_join(nope, 0.1)", "Error during planning: sim_join: argument 'table': table 'nope' not found"),
-        ("SELECT * FROM sim_join(t, -0.1)", "Error during planning: sim_join: argument 'eps' must be >= 0 for metric l2, got -0.1"),
-        ("SELECT * FROM sim_join(t, 'NaN'::double)", "Error during planning: sim_join: argument 'eps' must be a finite number, got NaN"),
-        ("SELECT * FROM sim_join(t)", "Error during planning: sim_join: expected sim_join(table, eps [, options]) or sim_join(left, right, eps [, options]), got 1 arguments"),
-        ("SELECT * FROM sim_join(t, t, 'x')", "Error during planning: sim_join: argument 'eps' must be a number, got Utf8(\"x\")"),
-        ("SELECT * FROM sim_join(t, 0.1, 'metric=hamming')", "Error during planning: sim_join: options string 'metric=hamming': unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf)"),
-        ("SELECT * FROM sim_join(t, 0.1, 'metrc=l1')", "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size)"),
-        ("SELECT * FROM sim_join(t, 0.1, 'gpu_memory_limit=2X')", "Error during planning: sim_join: options string 'gpu_memory_limit=2X': gpu_memory_limit must be a size such as 512M or 4G (units K, M, G), or 0 for no limit, got '2X'"),
-        ("SELECT * FROM sim_join(t, 0.1, 'pairs=some')", "Error during planning: sim_join: options string 'pairs=some': unknown pairs 'some' (expected ordered or unordered)"),
-        ("SELECT * FROM sim_join(t, 0.1, 'include_self=maybe')", "Error during planning: sim_join: options string 'include_self=maybe': include_self must be true or false, got 'maybe'"),
-        ("SELECT * FROM sim_join(t, 0.1, 'metric=l1', 'x')", "Error during planning: sim_join: too many arguments: 2 after the last expected one"),
+        (
+            "SELECT * FROM sim_join(nope, 0.1)",
+            "Error during planning: sim_join: argument 'table': table 'nope' not found",
+        ),
+        (
+            "SELECT * FROM sim_join(t, -0.1)",
+            "Error during planning: sim_join: argument 'eps' must be >= 0 for metric l2, got -0.1",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 'NaN'::double)",
+            "Error during planning: sim_join: argument 'eps' must be a finite number, got NaN",
+        ),
+        (
+            "SELECT * FROM sim_join(t)",
+            "Error during planning: sim_join: expected sim_join(table, eps [, options]) or sim_join(left, right, eps [, options]), got 1 arguments",
+        ),
+        (
+            "SELECT * FROM sim_join(t, t, 'x')",
+            "Error during planning: sim_join: argument 'eps' must be a number, got Utf8(\"x\")",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'metric=hamming')",
+            "Error during planning: sim_join: options string 'metric=hamming': unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf)",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'metrc=l1')",
+            "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size)",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'gpu_memory_limit=2X')",
+            "Error during planning: sim_join: options string 'gpu_memory_limit=2X': gpu_memory_limit must be a size such as 512M or 4G (units K, M, G), or 0 for no limit, got '2X'",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'pairs=some')",
+            "Error during planning: sim_join: options string 'pairs=some': unknown pairs 'some' (expected ordered or unordered)",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'include_self=maybe')",
+            "Error during planning: sim_join: options string 'include_self=maybe': include_self must be true or false, got 'maybe'",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'metric=l1', 'x')",
+            "Error during planning: sim_join: too many arguments: 2 after the last expected one",
+        ),
         ("SELECT * FROM knn(t, t, 0)", "Error during planning: knn: argument 'k' must be a positive integer, got 0"),
-        ("SELECT * FROM knn(t, t, 2.5)", "Error during planning: knn: argument 'k' must be a positive integer, got Float64(2.5)"),
-        ("SELECT * FROM knn(t, t)", "Error during planning: knn: expected knn(base, query, k [, options]), got 2 arguments"),
-        ("SELECT * FROM knn(t, t, 3, 'column=emb')", "Error during planning: knn: argument 'base' has no column 'emb' (columns: id, vector)"),
-        ("SELECT * FROM knn(t, flat, 3)", "Error during planning: knn: dimension mismatch: argument 'query' has 2-dimensional vectors, argument 'base' has 3"),
-        ("SELECT * FROM range_query(t, '[1, 2]', 0.5)", "Error during planning: range_query: dimension mismatch: argument 'query' has 2-dimensional vectors, argument 'base' has 3"),
-        ("SELECT * FROM range_query(t, '[1, x]', 0.5)", "Error during planning: range_query: argument 'query' is not a vector literal of numbers: '[1, x]'"),
-        ("SELECT * FROM range_query(t, t, -1, 'metric=cosine')", "Error during planning: range_query: argument 'r' must be >= 0 for metric cosine, got -1"),
-        ("SELECT * FROM sim_join(t, 0.1, 'device=tpu')", "Error during planning: sim_join: options string 'device=tpu': unknown device 'tpu' (expected one of auto, gpu, cpu)"),
-        ("SELECT * FROM sim_join(t, 0.1, 'index=kd_tree')", "Error during planning: sim_join: options string 'index=kd_tree': unknown index 'kd_tree' (expected one of auto, grid, brute_force)"),
-        ("SELECT * FROM sim_join(t, 0.1, 'grid_dims=9')", "Error during planning: sim_join: options string 'grid_dims=9': grid_dims must be an integer from 0 to 8, got '9'"),
-        ("SELECT * FROM sim_join(t, 0.1, 'index=grid, metric=inner_product')", "Error during planning: sim_join: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not inner_product"),
-        ("SELECT * FROM knn(t, t, 3, 'index=grid')", "Error during planning: knn: option index=grid is not available: kNN always scans every base row (index=auto or brute_force)"),
-        ("SELECT * FROM sim_join(1, 0.1)", "Error during planning: sim_join: argument 'table' must be a table name or a file path, got 1"),
+        (
+            "SELECT * FROM knn(t, t, 2.5)",
+            "Error during planning: knn: argument 'k' must be a positive integer, got Float64(2.5)",
+        ),
+        (
+            "SELECT * FROM knn(t, t)",
+            "Error during planning: knn: expected knn(base, query, k [, options]), got 2 arguments",
+        ),
+        (
+            "SELECT * FROM knn(t, t, 3, 'column=emb')",
+            "Error during planning: knn: argument 'base' has no column 'emb' (columns: id, vector)",
+        ),
+        (
+            "SELECT * FROM knn(t, flat, 3)",
+            "Error during planning: knn: dimension mismatch: argument 'query' has 2-dimensional vectors, argument 'base' has 3",
+        ),
+        (
+            "SELECT * FROM range_query(t, '[1, 2]', 0.5)",
+            "Error during planning: range_query: dimension mismatch: argument 'query' has 2-dimensional vectors, argument 'base' has 3",
+        ),
+        (
+            "SELECT * FROM range_query(t, '[1, x]', 0.5)",
+            "Error during planning: range_query: argument 'query' is not a vector literal of numbers: '[1, x]'",
+        ),
+        (
+            "SELECT * FROM range_query(t, t, -1, 'metric=cosine')",
+            "Error during planning: range_query: argument 'r' must be >= 0 for metric cosine, got -1",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'device=tpu')",
+            "Error during planning: sim_join: options string 'device=tpu': unknown device 'tpu' (expected one of auto, gpu, cpu)",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'index=kd_tree')",
+            "Error during planning: sim_join: options string 'index=kd_tree': unknown index 'kd_tree' (expected one of auto, grid, brute_force)",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'grid_dims=9')",
+            "Error during planning: sim_join: options string 'grid_dims=9': grid_dims must be an integer from 0 to 8, got '9'",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'index=grid, metric=inner_product')",
+            "Error during planning: sim_join: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not inner_product",
+        ),
+        (
+            "SELECT * FROM knn(t, t, 3, 'index=grid')",
+            "Error during planning: knn: option index=grid is not available: kNN always scans every base row (index=auto or brute_force)",
+        ),
+        (
+            "SELECT * FROM sim_join(1, 0.1)",
+            "Error during planning: sim_join: argument 'table' must be a table name or a file path, got 1",
+        ),
     ];
     for (sql, want) in cases {
         assert_eq!(error(&ctx, sql).await, want, "{sql}");
@@ -74,7 +146,8 @@ async fn gpu_requests_without_a_gpu_say_why() {
         assert!(err.starts_with(&expected), "{err}");
     }
     // `auto` falls back to the CPU.
-    let batches = ctx.sql("SELECT count(*) FROM sim_join(t, 0.1, 'device=auto')").await.unwrap().collect().await.unwrap();
+    let batches =
+        ctx.sql("SELECT count(*) FROM sim_join(t, 0.1, 'device=auto')").await.unwrap().collect().await.unwrap();
     assert_eq!(batches.len(), 1);
 }
 

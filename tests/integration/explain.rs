@@ -1,6 +1,6 @@
 //! EXPLAIN shows what the operator will do; EXPLAIN ANALYZE what it did; unused columns are never read.
 
-use crate::common::{check, Shape, ctx, explain, operator_metrics, oracle_join, register, vectors};
+use crate::common::{Shape, check, ctx, explain, operator_metrics, oracle_join, register, vectors};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn explain_shows_the_operator_and_reads_only_needed_columns() {
@@ -9,8 +9,11 @@ async fn explain_shows_the_operator_and_reads_only_needed_columns() {
     let dir = std::env::temp_dir().join(format!("simjoin-explain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let csv = dir.join("t.csv");
-    simjoin::datagen::write(&simjoin::datagen::generate(simjoin::datagen::Distribution::Uniform, 50, 2, 1), 2, &csv).unwrap();
-    let text = explain(&ctx, &format!("EXPLAIN SELECT distance FROM sim_join('{}', 0.1, 'pairs=unordered')", csv.display())).await;
+    simjoin::datagen::write(&simjoin::datagen::generate(simjoin::datagen::Distribution::Uniform, 50, 2, 1), 2, &csv)
+        .unwrap();
+    let text =
+        explain(&ctx, &format!("EXPLAIN SELECT distance FROM sim_join('{}', 0.1, 'pairs=unordered')", csv.display()))
+            .await;
     assert!(
         text.contains(
             "SimilarityExec: op=sim_join, eps=0.1, metric=l2, self_join=true, pairs=unordered, include_self=false, \

@@ -19,8 +19,11 @@ async fn parquet_and_csv_paths_give_the_same_answers() {
     let eps = datagen::calibrate_threshold(&values, 3, 10.0, simjoin::Metric::L2, 1);
 
     let ctx = ctx();
-    let from_parquet = rows(&ctx, &format!("SELECT left_id, right_id, distance FROM sim_join('{}', {eps:?})", parquet.display())).await;
-    let from_csv = rows(&ctx, &format!("SELECT left_id, right_id, distance FROM sim_join('{}', {eps:?})", csv.display())).await;
+    let from_parquet =
+        rows(&ctx, &format!("SELECT left_id, right_id, distance FROM sim_join('{}', {eps:?})", parquet.display()))
+            .await;
+    let from_csv =
+        rows(&ctx, &format!("SELECT left_id, right_id, distance FROM sim_join('{}', {eps:?})", csv.display())).await;
     assert!(from_parquet.len() > 2000, "{}", from_parquet.len());
     assert_eq!(from_parquet, from_csv);
 
@@ -36,11 +39,18 @@ async fn parquet_and_csv_paths_give_the_same_answers() {
         .collect()
         .await
         .unwrap();
-    let nearest: Vec<i64> = batches.iter().flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec()).collect();
+    let nearest: Vec<i64> =
+        batches.iter().flat_map(|b| b.column(1).as_primitive::<Int64Type>().values().to_vec()).collect();
     assert_eq!(nearest.len(), 3);
 
     let missing = dir.join("missing.parquet");
     let err = crate::common::error(&ctx, &format!("SELECT * FROM sim_join('{}', 0.1)", missing.display())).await;
-    assert!(err.starts_with(&format!("Error during planning: sim_join: argument 'table': cannot read '{}'", missing.display())), "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "Error during planning: sim_join: argument 'table': cannot read '{}'",
+            missing.display()
+        )),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

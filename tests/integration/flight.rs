@@ -45,8 +45,8 @@ async fn start(server: FlightSqlServer) -> Running {
 async fn connect(url: String, tls: Option<&str>) -> Result<FlightSqlServiceClient<Channel>, tonic::transport::Error> {
     let mut endpoint = Endpoint::from_shared(url)?.connect_timeout(Duration::from_secs(10));
     if let Some(ca) = tls {
-        endpoint =
-            endpoint.tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost"))?;
+        endpoint = endpoint
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost"))?;
     }
     Ok(FlightSqlServiceClient::new(endpoint.connect().await?))
 }
@@ -61,7 +61,10 @@ async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Resul
     fetch(client, info).await
 }
 
-async fn fetch(client: &mut FlightSqlServiceClient<Channel>, info: arrow_flight::FlightInfo) -> Result<Vec<RecordBatch>, String> {
+async fn fetch(
+    client: &mut FlightSqlServiceClient<Channel>,
+    info: arrow_flight::FlightInfo,
+) -> Result<Vec<RecordBatch>, String> {
     let mut batches = Vec::new();
     for endpoint in info.endpoint {
         let ticket = endpoint.ticket.ok_or("an endpoint without a ticket")?;
@@ -107,7 +110,10 @@ async fn statements_prepared_statements_and_metadata_match_the_embedded_library(
 
     // A prepared statement with a parameter, bound twice.
     let mut prepared = client
-        .prepare("SELECT base_id, distance, rank FROM knn(points, queries, 5) WHERE query_id = $1 ORDER BY rank".into(), None)
+        .prepare(
+            "SELECT base_id, distance, rank FROM knn(points, queries, 5) WHERE query_id = $1 ORDER BY rank".into(),
+            None,
+        )
         .await
         .unwrap();
     for query_id in [3i64, 17] {
@@ -118,7 +124,9 @@ async fn statements_prepared_statements_and_metadata_match_the_embedded_library(
         let served = fetch(&mut client, info).await.unwrap();
         let expected = embedded(
             &ctx,
-            &format!("SELECT base_id, distance, rank FROM knn(points, queries, 5) WHERE query_id = {query_id} ORDER BY rank"),
+            &format!(
+                "SELECT base_id, distance, rank FROM knn(points, queries, 5) WHERE query_id = {query_id} ORDER BY rank"
+            ),
         )
         .await;
         assert_eq!(pretty(&served), expected);
@@ -145,7 +153,10 @@ async fn statements_prepared_statements_and_metadata_match_the_embedded_library(
             column.iter().flatten().map(str::to_string).collect::<Vec<_>>()
         })
         .collect();
-    assert!(names.contains(&"points".to_string()) && names.contains(&"queries".to_string()), "{names:?} from {tables:?}");
+    assert!(
+        names.contains(&"points".to_string()) && names.contains(&"queries".to_string()),
+        "{names:?} from {tables:?}"
+    );
 
     // Errors reach the client with the engine's message.
     let error = query(&mut client, "SELECT * FROM sim_join(points, -1)").await.unwrap_err();
@@ -306,7 +317,10 @@ async fn the_serve_process_streams_ten_million_rows_stops_abandoned_work_and_exi
     let before_mib = resident_before / 1024;
     eprintln!("serve: 10M rows in {batches} batches; server RSS {before_mib} MiB before, peak {peak_mib} MiB");
     // Materialising the result would take at least its 10⁷ × 28 bytes (267 MiB) at once.
-    assert!(peak_mib - before_mib < 160, "the server grew from {before_mib} MiB to {peak_mib} MiB for a 267 MiB result");
+    assert!(
+        peak_mib - before_mib < 160,
+        "the server grew from {before_mib} MiB to {peak_mib} MiB for a 267 MiB result"
+    );
 
     // A client that reads a 4·10^10-row join for a while and goes away stops the work (while it
     // reads, the server computes; a client that only pauses holds the server back, by gRPC flow
@@ -385,7 +399,10 @@ fn serving_other_machines_needs_an_explicit_flag() {
     let output = Command::new(env!("CARGO_BIN_EXE_simjoin")).args(["serve", "--bind", "0.0.0.0:0"]).output().unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("--bind 0.0.0.0:0 is not a loopback address") && stderr.contains("--allow-remote"), "{stderr}");
+    assert!(
+        stderr.contains("--bind 0.0.0.0:0 is not a loopback address") && stderr.contains("--allow-remote"),
+        "{stderr}"
+    );
 
     // With the flag it serves, and says plainly that anyone can read every table.
     let mut child = Command::new(env!("CARGO_BIN_EXE_simjoin"))

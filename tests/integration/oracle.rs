@@ -1,14 +1,15 @@
 //! Every function, metric and option against the brute-force f64 oracle: exact equality of ids,
 //! ranks and distance bits, at sizes that cross the tile (64 × 1024) and batch (97) edges.
 
-use crate::common::{check, Shape, ctx, oracle_join, oracle_knn, register, rows, threshold, vectors};
+use crate::common::{Shape, check, ctx, oracle_join, oracle_knn, register, rows, threshold, vectors};
 
 const METRICS: [&str; 6] = ["l2", "l2sq", "cosine", "inner_product", "l1", "linf"];
 
 #[tokio::test(flavor = "multi_thread")]
 async fn self_join_equals_the_oracle_for_every_metric_shape_and_option() {
     let ctx = ctx();
-    let cases = [(2, 1500, Shape::FixedF32), (3, 700, Shape::ListF64), (9, 600, Shape::Columns), (40, 1100, Shape::FixedF32)];
+    let cases =
+        [(2, 1500, Shape::FixedF32), (3, 700, Shape::ListF64), (9, 600, Shape::Columns), (40, 1100, Shape::FixedF32)];
     for (case, (dim, n, shape)) in cases.into_iter().enumerate() {
         let data = vectors(n, dim, case as u64);
         register(&ctx, "t", &data, dim, shape);
@@ -20,7 +21,9 @@ async fn self_join_equals_the_oracle_for_every_metric_shape_and_option() {
             if metric != "inner_product" {
                 indexes.extend(["grid", "grid, grid_dims=1", "grid, grid_dims=3"]);
             }
-            for (index, (pairs, include_self)) in indexes.into_iter().zip([("ordered", false), ("unordered", true)].into_iter().cycle()) {
+            for (index, (pairs, include_self)) in
+                indexes.into_iter().zip([("ordered", false), ("unordered", true)].into_iter().cycle())
+            {
                 let sql = format!(
                     "SELECT left_id, right_id, distance FROM sim_join(t, {eps:?}, \
                      'metric={metric}, pairs={pairs}, include_self={include_self}, index={index}')"
@@ -44,9 +47,12 @@ async fn two_table_join_equals_the_oracle() {
         for metric in METRICS {
             let eps = threshold(metric, &right, 0.02);
             let want = oracle_join(metric, &left, &right, eps, None);
-            let indexes: &[&str] = if metric == "inner_product" { &["auto"] } else { &["auto", "grid", "grid, grid_dims=1"] };
+            let indexes: &[&str] =
+                if metric == "inner_product" { &["auto"] } else { &["auto", "grid", "grid, grid_dims=1"] };
             for index in indexes {
-                let sql = format!("SELECT left_id, right_id, distance FROM SIM_JOIN(a, b, {eps:?}, 'metric={metric}, index={index}')");
+                let sql = format!(
+                    "SELECT left_id, right_id, distance FROM SIM_JOIN(a, b, {eps:?}, 'metric={metric}, index={index}')"
+                );
                 check(&ctx, &sql, &want).await;
             }
         }
@@ -65,7 +71,9 @@ async fn range_query_equals_the_oracle_for_tables_and_literals() {
         let r = threshold(metric, &base, 0.03);
         let want = oracle_join(metric, &queries, &base, r, None);
         for index in ["auto", "brute_force"] {
-            let sql = format!("SELECT query_id, base_id, distance FROM range_query(base, queries, {r:?}, 'metric={metric}, index={index}')");
+            let sql = format!(
+                "SELECT query_id, base_id, distance FROM range_query(base, queries, {r:?}, 'metric={metric}, index={index}')"
+            );
             check(&ctx, &sql, &want).await;
         }
     }
@@ -73,7 +81,8 @@ async fn range_query_equals_the_oracle_for_tables_and_literals() {
     let literal = format!("{q:?}");
     let r = threshold("l2", &base, 0.05);
     let sql = format!("SELECT base_id AS a, base_id AS b, distance FROM RANGE_QUERY(base, '{literal}', {r:?})");
-    let want: Vec<_> = oracle_join("l2", &[Some(q)], &base, r, None).into_iter().map(|(_, j, d, _)| (j, j, d, 0)).collect();
+    let want: Vec<_> =
+        oracle_join("l2", &[Some(q)], &base, r, None).into_iter().map(|(_, j, d, _)| (j, j, d, 0)).collect();
     assert!(!want.is_empty());
     check(&ctx, &sql, &want).await;
 }
@@ -88,7 +97,8 @@ async fn knn_equals_the_oracle_for_every_metric_and_k() {
         register(&ctx, "queries", &queries, dim, Shape::ListF64);
         for metric in METRICS {
             for k in [1, 7, 100] {
-                let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'metric={metric}')");
+                let sql =
+                    format!("SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'metric={metric}')");
                 check(&ctx, &sql, &oracle_knn(metric, &base, &queries, k)).await;
             }
         }
@@ -105,6 +115,10 @@ async fn session_options_apply_and_calls_override_them() {
     let eps = threshold("l1", &data, 0.02);
     let got = rows(&ctx, &format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps:?})")).await;
     assert_eq!(got, oracle_join("l1", &data, &data, eps, Some((false, false))));
-    let got = rows(&ctx, &format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps:?}, 'metric=linf, pairs=ordered')")).await;
+    let got = rows(
+        &ctx,
+        &format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps:?}, 'metric=linf, pairs=ordered')"),
+    )
+    .await;
     assert_eq!(got, oracle_join("linf", &data, &data, eps, Some((false, true))));
 }

@@ -7,7 +7,11 @@ use datafusion::sql::parser::DFParser;
 #[tokio::test(flavor = "multi_thread")]
 async fn sql_examples_print_their_expected_output() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sql");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "sql")).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
+        .collect();
     files.sort();
     assert!(files.len() >= 4);
     for file in files {

@@ -130,7 +130,11 @@ fn workloads(quick: bool) -> Vec<Workload> {
         join("join-8d-uniform-200k", 8, 200_000),
         join("join-16d-uniform", 16, 100_000),
         join("join-32d-uniform", 32, 100_000),
-        Workload { name: "join-8d-exponential", source: Source::Generated(Distribution::Exponential), ..join("", 8, 1_000_000) },
+        Workload {
+            name: "join-8d-exponential",
+            source: Source::Generated(Distribution::Exponential),
+            ..join("", 8, 1_000_000)
+        },
         // DuckDB's SQL self-join (a nested-loop join on array_distance) is the peer here.
         Workload { name: "sql-join-8d-uniform-20k", neighbours: 0.0, ..join("", 8, 20_000) },
         Workload {
@@ -208,7 +212,16 @@ fn tiny_workloads() -> Vec<Workload> {
 
 /// An ε self-join of uniform points, eps calibrated for `neighbours` per point.
 fn uniform_self_join(name: &'static str, dim: usize, n: usize, neighbours: f64) -> Workload {
-    Workload { name, kind: "self_join", source: Source::Generated(Distribution::Uniform), n, dim, queries: 0, neighbours, k: 0 }
+    Workload {
+        name,
+        kind: "self_join",
+        source: Source::Generated(Distribution::Uniform),
+        n,
+        dim,
+        queries: 0,
+        neighbours,
+        k: 0,
+    }
 }
 
 /// kNN of 10,000 Gaussian queries over `n` 128-D Gaussian points (reference/perf.md's P1).
@@ -236,7 +249,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
     let ctx = super::sql::session(&args.session).await?;
     let mut records = Vec::new();
-    let mut table = String::from("| workload | n | d | queries | threshold / k | result rows | simjoin (s) | first run (s) |\n|---|---|---|---|---|---|---|---|\n");
+    let mut table = String::from(
+        "| workload | n | d | queries | threshold / k | result rows | simjoin (s) | first run (s) |\n|---|---|---|---|---|---|---|---|\n",
+    );
     let all = if args.tiny {
         tiny_workloads()
     } else if args.curves {
@@ -246,10 +261,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     } else {
         workloads(args.quick)
     };
-    let selected: Vec<Workload> = all
-        .into_iter()
-        .filter(|w| args.only.as_ref().is_none_or(|o| w.name.contains(o.as_str())))
-        .collect();
+    let selected: Vec<Workload> =
+        all.into_iter().filter(|w| args.only.as_ref().is_none_or(|o| w.name.contains(o.as_str()))).collect();
     for w in &selected {
         let (base_file, query_file, base) = match w.source {
             Source::Generated(distribution) => {
@@ -267,7 +280,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                     eprintln!("{}: skipped (install Debian's dataset-fashion-mnist)", w.name);
                     continue;
                 }
-                let (base_file, query_file) = (args.dir.join("fashion-mnist-base.parquet"), args.dir.join("fashion-mnist-queries.parquet"));
+                let (base_file, query_file) =
+                    (args.dir.join("fashion-mnist-base.parquet"), args.dir.join("fashion-mnist-queries.parquet"));
                 let train = datagen::read_fashion_mnist(source, "train")?;
                 if !base_file.exists() {
                     datagen::write_labelled(&train, w.dim, &base_file)?;
@@ -303,7 +317,12 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         let (first, best) = (times[0], times.iter().copied().fold(f64::INFINITY, f64::min));
         let param = if w.kind == "knn" { format!("k={}", w.k) } else { format!("{threshold:.6}") };
         eprintln!("{}: {rows} rows in {best:.3} s", w.name);
-        writeln!(table, "| {} | {} | {} | {} | {param} | {rows} | {best:.3} | {first:.3} |", w.name, w.n, w.dim, w.queries).ok();
+        writeln!(
+            table,
+            "| {} | {} | {} | {} | {param} | {rows} | {best:.3} | {first:.3} |",
+            w.name, w.n, w.dim, w.queries
+        )
+        .ok();
         records.push(serde_json::json!({
             "name": w.name,
             "kind": w.kind,
@@ -319,7 +338,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             "simjoin_first_s": first,
         }));
     }
-    let json = serde_json::to_string_pretty(&records).map_err(|e| DataFusionError::Execution(format!("results as JSON: {e}")))?;
+    let json = serde_json::to_string_pretty(&records)
+        .map_err(|e| DataFusionError::Execution(format!("results as JSON: {e}")))?;
     std::fs::write(args.dir.join("simjoin.json"), json)?;
     println!("{table}");
     Ok(())
@@ -342,7 +362,9 @@ async fn serve_load(args: &BenchArgs) -> Result<()> {
         "per_statement": report.per_statement,
     });
     std::fs::write(args.dir.join("serve-load.json"), record.to_string())?;
-    println!("| clients | queries (all answers checked) | wall (s) | queries/s | p50 (ms) | p99 (ms) | server peak RSS (MiB) |");
+    println!(
+        "| clients | queries (all answers checked) | wall (s) | queries/s | p50 (ms) | p99 (ms) | server peak RSS (MiB) |"
+    );
     println!("|---|---|---|---|---|---|---|");
     println!(
         "| {} | {} | {:.2} | {qps:.1} | {:.1} | {:.1} | {} |",

@@ -34,15 +34,21 @@ pub async fn run(args: SessionArgs) -> Result<()> {
     let steps = [
         (
             format!("ε self-join of points, eps = {eps:.6} (≈20 neighbours per point)"),
-            format!("SELECT count(*) AS pairs, min(distance) AS closest, avg(distance) AS mean FROM sim_join(points, {eps})"),
+            format!(
+                "SELECT count(*) AS pairs, min(distance) AS closest, avg(distance) AS mean FROM sim_join(points, {eps})"
+            ),
         ),
         (
             "the first pairs".to_string(),
-            format!("SELECT left_id, right_id, distance FROM sim_join(points, {eps}) ORDER BY left_id, right_id LIMIT 5"),
+            format!(
+                "SELECT left_id, right_id, distance FROM sim_join(points, {eps}) ORDER BY left_id, right_id LIMIT 5"
+            ),
         ),
         (
             format!("range query: blobs within r = {radius:.4} of each query"),
-            format!("SELECT count(*) AS matches, count(DISTINCT query_id) AS queries_with_matches FROM range_query(blobs, queries, {radius})"),
+            format!(
+                "SELECT count(*) AS matches, count(DISTINCT query_id) AS queries_with_matches FROM range_query(blobs, queries, {radius})"
+            ),
         ),
         (
             "kNN: the 3 nearest blobs of the first 2 queries, cosine".to_string(),

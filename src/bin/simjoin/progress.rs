@@ -29,7 +29,8 @@ impl ProgressListener for Bar {
             bar.set_style(style);
         }
         bar.set_message(function.to_string());
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running { bar, started: Instant::now(), shown: false });
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Running { bar, started: Instant::now(), shown: false });
     }
 
     fn advance(&self, units: u64) {

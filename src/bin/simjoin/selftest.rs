@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, FixedSizeListArray, Float32Array, Float64Array, Int64Array, RecordBatch};
+use datafusion::arrow::array::{
+    ArrayRef, AsArray, FixedSizeListArray, Float32Array, Float64Array, Int64Array, RecordBatch,
+};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type};
 use datafusion::catalog::MemTable;
@@ -22,9 +24,15 @@ async fn rows(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
     let batches = ctx.sql(sql).await?.collect().await?;
     let mut out = Vec::new();
     for b in &batches {
-        let (l, r, d) = (b.column(0).as_primitive::<Int64Type>(), b.column(1).as_primitive::<Int64Type>(), b.column(2).as_primitive::<Float64Type>());
+        let (l, r, d) = (
+            b.column(0).as_primitive::<Int64Type>(),
+            b.column(1).as_primitive::<Int64Type>(),
+            b.column(2).as_primitive::<Float64Type>(),
+        );
         let rank = (b.num_columns() > 3).then(|| b.column(3).as_primitive::<Int64Type>());
-        out.extend((0..b.num_rows()).map(|i| (l.value(i), r.value(i), d.value(i).to_bits(), rank.map_or(0, |c| c.value(i)))));
+        out.extend(
+            (0..b.num_rows()).map(|i| (l.value(i), r.value(i), d.value(i).to_bits(), rank.map_or(0, |c| c.value(i)))),
+        );
     }
     out.sort_unstable();
     Ok(out)
@@ -34,7 +42,8 @@ async fn rows(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
 /// is one, else a Float64 column per coordinate (CSV's), which keeps them.
 fn register(ctx: &SessionContext, name: &str, values: &[f64], dim: usize) -> Result<()> {
     let f32_values = values.iter().all(|&v| v.is_nan() || v as f32 as f64 == v);
-    let batch: RecordBatch = if f32_values { datagen::vector_batch(values, dim)? } else { datagen::column_batch(values, dim)? };
+    let batch: RecordBatch =
+        if f32_values { datagen::vector_batch(values, dim)? } else { datagen::column_batch(values, dim)? };
     register_batch(ctx, name, batch)
 }
 
@@ -65,12 +74,14 @@ fn register_with_nulls(ctx: &SessionContext, name: &str, values: &[f64], dim: us
     let batch = if columns {
         let mut fields = vec![("id".to_string(), ids)];
         for d in 0..dim {
-            let column: Float64Array = (0..n).map(|row| (!null_coordinate(row, d, dim)).then(|| values[row * dim + d])).collect();
+            let column: Float64Array =
+                (0..n).map(|row| (!null_coordinate(row, d, dim)).then(|| values[row * dim + d])).collect();
             fields.push((format!("x{}", d + 1), Arc::new(column) as ArrayRef));
         }
         RecordBatch::try_from_iter(fields)?
     } else {
-        let flat: Float32Array = (0..n * dim).map(|i| (!null_coordinate(i / dim, i % dim, dim)).then(|| values[i] as f32)).collect();
+        let flat: Float32Array =
+            (0..n * dim).map(|i| (!null_coordinate(i / dim, i % dim, dim)).then(|| values[i] as f32)).collect();
         let item = Arc::new(Field::new("item", DataType::Float32, true));
         let vectors = NullBuffer::from((0..n).map(|row| !null_vector(row)).collect::<Vec<_>>());
         let list = FixedSizeListArray::try_new(item, dim as i32, Arc::new(flat), Some(vectors))?;
@@ -88,7 +99,10 @@ fn lattice(n: usize, dim: usize) -> Vec<f64> {
 /// = −128), the first rows repeated (equal distances, ties by position): byte rows on the GPU
 /// (brute_join_tc_bytes).
 fn bytes(n: usize, dim: usize, lo: f64, seed: u64) -> Vec<f64> {
-    let mut values: Vec<f64> = datagen::generate(Distribution::Gaussian, n, dim, seed).into_iter().map(|g| (lo + 128.0 + 40.0 * g).round().clamp(lo, lo + 255.0)).collect();
+    let mut values: Vec<f64> = datagen::generate(Distribution::Gaussian, n, dim, seed)
+        .into_iter()
+        .map(|g| (lo + 128.0 + 40.0 * g).round().clamp(lo, lo + 255.0))
+        .collect();
     values.copy_within(0..20 * dim, 20 * dim);
     values
 }
@@ -153,7 +167,9 @@ async fn compare(ctx: &SessionContext, sql: &str, data: &str, table: &mut String
 fn join_queries(eps: f64, options: &str) -> [String; 4] {
     [
         format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}')"),
-        format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered, include_self=true')"),
+        format!(
+            "SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered, include_self=true')"
+        ),
         format!("SELECT left_id, right_id, distance FROM sim_join(a, b, {eps:?}, '{options}')"),
         format!("SELECT query_id, base_id, distance FROM range_query(a, b, {eps:?}, '{options}')"),
     ]
@@ -176,13 +192,23 @@ fn reversed_half(values: &[f64], dim: usize) -> Vec<f64> {
 async fn explained_metric(ctx: &SessionContext, sql: &str, name: &str) -> Result<u64> {
     let batches = ctx.sql(sql).await?.collect().await?;
     let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string();
-    let value = text.split(&format!(" {name}=")).nth(1).map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>());
+    let value = text
+        .split(&format!(" {name}="))
+        .nth(1)
+        .map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>());
     Ok(value.and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 
 /// The operator's metric `name` in the EXPLAIN ANALYZE of `sql`, printed after `what`: 1 (a
 /// failure, printed with what was `expected`) where `ok` rejects it, else 0.
-async fn check_metric(ctx: &SessionContext, sql: &str, name: &str, what: &str, ok: impl Fn(u64) -> bool, expected: &str) -> Result<usize> {
+async fn check_metric(
+    ctx: &SessionContext,
+    sql: &str,
+    name: &str,
+    what: &str,
+    ok: impl Fn(u64) -> bool,
+    expected: &str,
+) -> Result<usize> {
     let value = explained_metric(ctx, sql, name).await?;
     println!("selftest: {what}: {name} = {value}");
     if ok(value) {
@@ -201,7 +227,8 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     }
     let ctx = simjoin::session_context();
     let mut failures = 0;
-    let mut table = String::from("| data | n × d | query | rows | cpu ms | gpu ms | result |\n|---|---|---|---|---|---|---|\n");
+    let mut table =
+        String::from("| data | n × d | query | rows | cpu ms | gpu ms | result |\n|---|---|---|---|---|---|---|\n");
     let datasets: Vec<(&str, Vec<f64>, usize)> = vec![
         ("uniform", datagen::generate(Distribution::Uniform, 3000, 2, 1), 2),
         ("exponential", datagen::generate(Distribution::Exponential, 4000, 3, 2), 3),
@@ -209,7 +236,14 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         ("gaussian", datagen::generate(Distribution::Gaussian, 1200, 33, 4), 33),
         // Coordinates that are not f32 values (registered as Float64 columns, which keep them):
         // every other set is f32 input.
-        ("gaussian f64", datagen::generate(Distribution::Gaussian, 1200, 33, 4).into_iter().map(|v| v * (1.0 + 2f64.powi(-40))).collect(), 33),
+        (
+            "gaussian f64",
+            datagen::generate(Distribution::Gaussian, 1200, 33, 4)
+                .into_iter()
+                .map(|v| v * (1.0 + 2f64.powi(-40)))
+                .collect(),
+            33,
+        ),
         ("lattice", lattice(700, 4), 4),
         ("special", special(900, 3), 3),
         // More base rows than kNN's 4096-row sample: sampled radii, not exact ones.
@@ -228,7 +262,8 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         for metric in Metric::ALL {
             let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
             let eps = if *name == "lattice" && metric != Metric::InnerProduct { eps.round().max(1.0) } else { eps };
-            let indexes: &[&str] = if metric == Metric::InnerProduct { &["auto"] } else { &["auto", "grid", "brute_force"] };
+            let indexes: &[&str] =
+                if metric == Metric::InnerProduct { &["auto"] } else { &["auto", "grid", "brute_force"] };
             for index in indexes {
                 let options = format!("metric={metric}, index={index}");
                 let queries = join_queries(eps, &options);
@@ -236,14 +271,20 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
                 // (radii of several levels) on the large set.
                 let ks = if n <= 4000 { vec![1, 10, 64, n, n + 7] } else { vec![1, 10, 64, 700] };
                 let knn = (*index == "auto").then(|| {
-                    ks.iter().map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric={metric}')")).collect::<Vec<_>>()
+                    ks.iter()
+                        .map(|k| {
+                            format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric={metric}')")
+                        })
+                        .collect::<Vec<_>>()
                 });
                 // About 700 neighbours per row (350 unordered pairs; every pair of the 700-row
                 // lattice): more than the GPU's count pass collects (256 per left row), so these
                 // take its write passes.
                 let wide = (metric == Metric::L2).then(|| {
                     let eps = datagen::calibrate_threshold(values, *dim, 700.0, metric, 9);
-                    format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered')")
+                    format!(
+                        "SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered')"
+                    )
                 });
                 for sql in queries.into_iter().chain(wide).chain(knn.into_iter().flatten()) {
                     failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim}"), &mut table).await?;
@@ -272,7 +313,9 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         let n = register_pair(&ctx, values, *dim)?;
         for metric in [Metric::L2, Metric::L1, Metric::Cosine] {
             for k in [1, 10, 100, n] {
-                let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric={metric}, gpu_memory_limit=1M')");
+                let sql = format!(
+                    "SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric={metric}, gpu_memory_limit=1M')"
+                );
                 failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} write passes"), &mut table).await?;
             }
         }
@@ -285,7 +328,8 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let (n, dim) = (800, 4);
     let values = datagen::generate(Distribution::Uniform, n, dim, 11);
     let queries = reversed_half(&values, dim);
-    let rows_with_nulls = |side: &[f64]| (0..side.len() / dim).filter(|&row| (0..dim).any(|d| null_coordinate(row, d, dim))).count();
+    let rows_with_nulls =
+        |side: &[f64]| (0..side.len() / dim).filter(|&row| (0..dim).any(|d| null_coordinate(row, d, dim))).count();
     let skipped = rows_with_nulls(&values) + rows_with_nulls(&queries);
     for columns in [false, true] {
         register_with_nulls(&ctx, "a", &values, dim, columns)?;
@@ -294,14 +338,17 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         for metric in [Metric::L2, Metric::Cosine] {
             let eps = datagen::calibrate_threshold(&values, dim, 20.0, metric, 9);
             let options = format!("metric={metric}");
-            let knn = [1, 10, n, n + 7].map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
+            let knn = [1, 10, n, n + 7]
+                .map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
             for sql in join_queries(eps, &options).into_iter().chain(knn) {
                 failures += compare(&ctx, &sql, &format!("NULLs, {layout} | {n} × {dim}"), &mut table).await?;
             }
         }
         let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
         let what = format!("kNN with NULLs in the {layout}");
-        failures += check_metric(&ctx, explain, "skipped_rows", &what, |rows| rows == skipped as u64, &skipped.to_string()).await?;
+        failures +=
+            check_metric(&ctx, explain, "skipped_rows", &what, |rows| rows == skipped as u64, &skipped.to_string())
+                .await?;
     }
     // Inputs larger than the device memory a run may use (gpu_memory_limit): tiles of ~1,000 rows
     // (a quarter of the limit at 14·d + 78 bytes a row), with result buffers small enough that
@@ -313,13 +360,15 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         for metric in [Metric::L2, Metric::Cosine, Metric::InnerProduct, Metric::L1] {
             let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
             let options = format!("metric={metric}, gpu_memory_limit={limit}");
-            let knn = [10, 1500].map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
+            let knn = [10, 1500]
+                .map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
             for sql in join_queries(eps, &options).into_iter().chain(knn) {
                 failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} tiled"), &mut table).await?;
             }
         }
         // The limit did split the inputs: EXPLAIN ANALYZE counts the tiles run.
-        let explain = format!("EXPLAIN ANALYZE SELECT count(*) FROM sim_join(a, 1.0, 'gpu_memory_limit={limit}, device=gpu')");
+        let explain =
+            format!("EXPLAIN ANALYZE SELECT count(*) FROM sim_join(a, 1.0, 'gpu_memory_limit={limit}, device=gpu')");
         let what = format!("{name} {n} × {dim} self-join under gpu_memory_limit={limit}");
         failures += check_metric(&ctx, &explain, "tiles", &what, |tiles| tiles >= 3, "at least 3").await?;
     }
@@ -337,16 +386,27 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     // above after a table's first GPU query ran on such kept rows.
     let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
     explained_metric(&ctx, explain, "resident_inputs").await?;
-    failures += check_metric(&ctx, explain, "resident_inputs", "a repeated kNN over in-memory tables", |kept| kept == 2, "2 (both sides on the GPU)").await?;
+    failures += check_metric(
+        &ctx,
+        explain,
+        "resident_inputs",
+        "a repeated kNN over in-memory tables",
+        |kept| kept == 2,
+        "2 (both sides on the GPU)",
+    )
+    .await?;
     println!("{table}");
     if let Ok(device) = &gpu {
         // Inputs of 64 MB and more pass through the pinned staging buffers, which the small sets
         // above never reach: a round trip of 100 MB that must come back bit for bit.
-        let values: Vec<f64> = (0..12_500_000u64).map(|i| (i as f64).sqrt() * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+        let values: Vec<f64> =
+            (0..12_500_000u64).map(|i| (i as f64).sqrt() * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
         let back = simjoin::gpu::launch::upload(device, &values)
             .and_then(|buffer| device.stream.clone_dtoh(&buffer).map_err(|e| e.to_string()));
         match back {
-            Ok(back) if back.iter().zip(&values).all(|(a, b)| a.to_bits() == b.to_bits()) && back.len() == values.len() => {
+            Ok(back)
+                if back.iter().zip(&values).all(|(a, b)| a.to_bits() == b.to_bits()) && back.len() == values.len() =>
+            {
                 println!("selftest: a 100 MB upload through the staging buffers came back intact")
             }
             Ok(_) => {

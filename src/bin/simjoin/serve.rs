@@ -78,9 +78,15 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     };
     if !ip.is_loopback() {
         if credentials == Credentials::None {
-            eprintln!("warning: serving {} without authentication: anyone who can reach it can read every table", args.bind);
+            eprintln!(
+                "warning: serving {} without authentication: anyone who can reach it can read every table",
+                args.bind
+            );
         } else if args.tls_cert.is_none() {
-            eprintln!("warning: serving {} without TLS: credentials and results cross the network in clear text", args.bind);
+            eprintln!(
+                "warning: serving {} without TLS: credentials and results cross the network in clear text",
+                args.bind
+            );
         }
     }
 
@@ -96,7 +102,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let scheme = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             let read = |path: &PathBuf| {
-                std::fs::read(path).map_err(|e| DataFusionError::Configuration(format!("simjoin serve: cannot read {}: {e}", path.display())))
+                std::fs::read(path).map_err(|e| {
+                    DataFusionError::Configuration(format!("simjoin serve: cannot read {}: {e}", path.display()))
+                })
             };
             server = server.with_tls(read(cert)?, read(key)?);
             "grpc+tls"

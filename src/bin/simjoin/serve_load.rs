@@ -133,7 +133,9 @@ pub async fn run(dir: &Path, clients: usize, rounds: usize) -> Result<LoadReport
     let seconds = started.elapsed().as_secs_f64();
     let peak_kib = std::fs::read_to_string(format!("/proc/{}/status", server.id()))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0u64);
     let _ = server.kill();
     let _ = server.wait();
@@ -173,7 +175,8 @@ async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Resul
     let info = client.execute(sql.to_string(), None).await.map_err(flight)?;
     let mut batches = Vec::new();
     for endpoint in info.endpoint {
-        let ticket = endpoint.ticket.ok_or_else(|| DataFusionError::Execution("an endpoint without a ticket".into()))?;
+        let ticket =
+            endpoint.ticket.ok_or_else(|| DataFusionError::Execution("an endpoint without a ticket".into()))?;
         let stream = client.do_get(ticket).await.map_err(flight)?;
         batches.extend(stream.try_collect::<Vec<_>>().await.map_err(|e| DataFusionError::External(Box::new(e)))?);
     }

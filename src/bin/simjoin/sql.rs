@@ -159,7 +159,10 @@ async fn repl(ctx: &SessionContext, format: Format) -> Result<()> {
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
-    println!("simjoin {} — SQL with sim_join, range_query, knn. End statements with ';', \\q quits.", env!("CARGO_PKG_VERSION"));
+    println!(
+        "simjoin {} — SQL with sim_join, range_query, knn. End statements with ';', \\q quits.",
+        env!("CARGO_PKG_VERSION")
+    );
     let mut buffer = String::new();
     loop {
         let prompt = if buffer.is_empty() { "simjoin> " } else { "     ..> " };
