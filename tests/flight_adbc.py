@@ -124,6 +124,55 @@ def run_statements(checks, label, conn, tables):
     checks.check(f"{label}: get_objects lists the tables", {"points", "queries"} <= names, str(names))
 
 
+def refused(checks, conn, label, sql, expected):
+    try:
+        served(conn, sql)
+        checks.check(label, False, "the statement ran")
+    except Exception as e:  # the driver raises its own error class
+        checks.check(label, expected in str(e), str(e))
+
+
+def confinement(checks, d, tables):
+    """A read-only server confined to one data directory: what a client with a valid token can't do."""
+    data, outside = os.path.join(d, "data"), os.path.join(d, "outside")
+    os.makedirs(data)
+    os.makedirs(outside)
+    inside = os.path.join(data, "inside.parquet")
+    subprocess.run([SIMJOIN, "gen", inside, "-n", "100", "-d", "3", "--seed", "9"], check=True, capture_output=True)
+    big = os.path.join(data, "big.parquet")
+    subprocess.run([SIMJOIN, "gen", big, "-n", "40000", "-d", "2", "--seed", "10"], check=True, capture_output=True)
+    secret = os.path.join(outside, "secret.csv")
+    open(secret, "w").write("x1,x2,x3\n0.1,0.2,0.3\n")
+    os.symlink(secret, os.path.join(data, "link.csv"))
+    pwned = os.path.join(data, "pwned.csv")
+    proc, port = start(tables, ["--data-dir", data, "--query-timeout", "2s"], {"SIMJOIN_TOKEN": "py-token"})
+    try:
+        header = adbc_driver_flightsql.DatabaseOptions.AUTHORIZATION_HEADER.value
+        with flight_sql.connect(f"grpc://127.0.0.1:{port}", autocommit=True, db_kwargs={header: "Bearer py-token"}) as conn:
+            refused(checks, conn, "read-only: COPY", f"COPY (SELECT 1 AS x) TO '{pwned}' STORED AS CSV", "COPY is not allowed")
+            checks.check("read-only: COPY wrote nothing", not os.path.exists(pwned))
+            refused(checks, conn, "read-only: CREATE EXTERNAL TABLE",
+                    "CREATE EXTERNAL TABLE e STORED AS CSV LOCATION '/etc/os-release'", "CREATE EXTERNAL TABLE is not allowed")
+            refused(checks, conn, "read-only: DROP TABLE", "DROP TABLE points", "DROP is not allowed")
+            refused(checks, conn, "read-only: SET", "SET datafusion.execution.batch_size = 1", "SET is not allowed")
+            got = served(conn, "SELECT count(*) AS n FROM points")
+            checks.check("read-only: the served table is intact", got == [{"n": 2000}], str(got))
+            outside_paths = [("an absolute path", secret), ("'..'", f"{data}/../outside/secret.csv"),
+                             ("a symbolic link", os.path.join(data, "link.csv"))]
+            for label, path in outside_paths:
+                refused(checks, conn, f"confined: {label} out of the data directory",
+                        f"SELECT * FROM sim_join('{path}', 1.0)", "outside the server's data directories")
+            got = served(conn, f"SELECT count(*) AS n FROM knn('{inside}', queries, 3)")
+            checks.check("confined: a file inside the data directory", got == [{"n": 120}], str(got))
+            refused(checks, conn, "a query past --query-timeout is cancelled",
+                    f"SELECT count(*) AS n FROM sim_join('{big}', 10.0, 'device=cpu')", "query timeout")
+            got = served(conn, "SELECT count(*) AS n FROM points")
+            checks.check("the server answers after a cancelled query", got == [{"n": 2000}], str(got))
+    finally:
+        proc.terminate()
+        checks.check("confined server exits 0 on SIGTERM", proc.wait(timeout=10) == 0)
+
+
 def main():
     checks = Checks()
     with tempfile.TemporaryDirectory() as d:
@@ -172,6 +221,8 @@ def main():
         finally:
             proc.terminate()
             checks.check("TLS server exits 0 on SIGTERM", proc.wait(timeout=10) == 0)
+
+        confinement(checks, d, tables)
 
     print(f"{checks.passed} passed, {checks.failed} failed")
     return 1 if checks.failed else 0

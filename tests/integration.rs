@@ -12,6 +12,8 @@ mod explain;
 mod files;
 #[path = "integration/flight.rs"]
 mod flight;
+#[path = "integration/flight_access.rs"]
+mod flight_access;
 #[path = "integration/oracle.rs"]
 mod oracle;
 #[path = "integration/sql_examples.rs"]

@@ -25,13 +25,13 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::common::{Shape, ctx, register, vectors};
 
 /// An in-process server on a free loopback port; dropping the guard shuts it down.
-struct Running {
-    address: SocketAddr,
-    stats: Arc<ServerStats>,
+pub(crate) struct Running {
+    pub(crate) address: SocketAddr,
+    pub(crate) stats: Arc<ServerStats>,
     _stop: oneshot::Sender<()>,
 }
 
-async fn start(server: FlightSqlServer) -> Running {
+pub(crate) async fn start(server: FlightSqlServer) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let stats = server.stats();
@@ -51,12 +51,12 @@ async fn connect(url: String, tls: Option<&str>) -> Result<FlightSqlServiceClien
     Ok(FlightSqlServiceClient::new(endpoint.connect().await?))
 }
 
-async fn client(address: SocketAddr) -> FlightSqlServiceClient<Channel> {
+pub(crate) async fn client(address: SocketAddr) -> FlightSqlServiceClient<Channel> {
     connect(format!("http://{address}"), None).await.unwrap()
 }
 
 /// Runs `sql` over Flight SQL and collects every endpoint's batches.
-async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<Vec<RecordBatch>, String> {
+pub(crate) async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<Vec<RecordBatch>, String> {
     let info = client.execute(sql.to_string(), None).await.map_err(|e| e.to_string())?;
     fetch(client, info).await
 }
@@ -82,7 +82,7 @@ fn pretty(batches: &[RecordBatch]) -> String {
     pretty_format_batches(batches).unwrap().to_string()
 }
 
-fn served_ctx() -> SessionContext {
+pub(crate) fn served_ctx() -> SessionContext {
     let ctx = ctx();
     register(&ctx, "points", &vectors(300, 3, 11), 3, Shape::FixedF32);
     register(&ctx, "queries", &vectors(20, 3, 12), 3, Shape::ListF64);

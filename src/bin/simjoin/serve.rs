@@ -3,12 +3,13 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use simjoin::server::{Credentials, FlightSqlServer};
+use simjoin::server::{Access, Credentials, DEFAULT_MAX_CONCURRENT_QUERIES, FlightSqlServer};
 
 use super::SessionArgs;
 
@@ -39,6 +40,21 @@ pub struct ServeArgs {
     /// with a resources error instead of exhausting the machine.
     #[arg(long, value_parser = parse_bytes)]
     memory_limit: Option<usize>,
+    /// Let clients run DDL, DML, COPY and SET: tables a client creates or drops are those every
+    /// client sees, and COPY writes files inside the --data-dir directories. Without it the
+    /// server answers queries only.
+    #[arg(long)]
+    allow_writes: bool,
+    /// A directory whose files queries may name (path arguments, CREATE EXTERNAL TABLE, COPY);
+    /// repeatable. Without it, clients reach only the served --table files.
+    #[arg(long = "data-dir", value_name = "DIR")]
+    data_dirs: Vec<PathBuf>,
+    /// Cancel a query still running after this long (e.g. 30s, 5m, 1h; plain numbers are seconds).
+    #[arg(long, value_parser = parse_duration)]
+    query_timeout: Option<Duration>,
+    /// The most queries that run at once; more are answered "busy".
+    #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_QUERIES)]
+    max_concurrent_queries: usize,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -58,6 +74,23 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         return Err(format!("'{s}' must be a positive size"));
     }
     Ok((value * scale as f64) as usize)
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    let scale = match unit {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("unknown unit '{unit}' (use ms, s, m or h)")),
+    };
+    let value: f64 = number.trim().parse().map_err(|_| format!("'{s}' is not a duration such as 30s or 5m"))?;
+    if !(value > 0.0 && value.is_finite()) {
+        return Err(format!("'{s}' must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(value * scale))
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
@@ -98,7 +131,22 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     simjoin::register(&ctx);
     let ctx = super::sql::register_tables(ctx, &args.session).await?;
 
-    let mut server = FlightSqlServer::new(&ctx).with_credentials(credentials.clone());
+    if args.max_concurrent_queries == 0 {
+        return Err(DataFusionError::Configuration(
+            "simjoin serve: --max-concurrent-queries must be at least 1".into(),
+        ));
+    }
+    let access = if args.allow_writes { Access::ReadWrite } else { Access::ReadOnly };
+    let mut server = FlightSqlServer::new(&ctx)
+        .with_credentials(credentials.clone())
+        .with_access(access)
+        .with_max_concurrent_queries(args.max_concurrent_queries);
+    for dir in &args.data_dirs {
+        server = server.with_data_dir(dir);
+    }
+    if let Some(timeout) = args.query_timeout {
+        server = server.with_query_timeout(timeout);
+    }
     let scheme = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             let read = |path: &PathBuf| {
@@ -121,7 +169,15 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         Credentials::Password { .. } => "user and password",
     };
     let tables = args.session.tables.len();
-    println!("simjoin Flight SQL server listening on {scheme}://{address} (authentication: {auth}, tables: {tables})");
+    let access = if args.allow_writes { "read-write" } else { "read-only" };
+    let files = match args.data_dirs.len() {
+        0 => "served tables only".to_string(),
+        n => format!("{n} data director{}", if n == 1 { "y" } else { "ies" }),
+    };
+    println!(
+        "simjoin Flight SQL server listening on {scheme}://{address} \
+         (authentication: {auth}, tables: {tables}, {access}, files: {files})"
+    );
     std::io::stdout().flush()?;
 
     server.serve(listener, shutdown_signal()).await?;
@@ -149,7 +205,18 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, parse_duration};
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
 
     #[test]
     fn sizes() {
