@@ -53,18 +53,18 @@ struct JoinParams {
     u32 windowed;       // grid: 1 = scan only the ±window range of the sort dimension in each cell
     float tc_scale;     // brute_join_tc: 2^a, the power of two both sides' f16 rows are scaled by
     float tc_eta;       // brute_join_tc: 5·√d·2⁻¹⁴, the scaled score's error per unit of a norm from
-                        // f16's subnormal range (tensor_core_margin in src/backend/gpu.rs)
-    u32 tc_run;         // brute_join_tc: right tiles per block (`tc_run` in src/gpu/launch.rs)
-    u32 tc_queue;       // brute_join_tc: pairs its queue holds (`tc_queue` in src/gpu/launch.rs)
+                        // f16's subnormal range (tensor_core_margin in src/backend/gpu/filter.rs)
+    u32 tc_run;         // brute_join_tc: right tiles per block (`tc_run` in src/gpu/launch/geometry.rs)
+    u32 tc_queue;       // brute_join_tc: pairs its queue holds (`tc_queue` in src/gpu/launch/geometry.rs)
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
     double window;      // grid, windowed: half-width of that range (sortidu, seed 003 §4.3)
 };
-// The host's mirror (`JoinParams` in src/gpu/launch.rs) asserts the same size.
-static_assert(sizeof(JoinParams) == 216, "JoinParams layout changed: update src/gpu/launch.rs");
+// The host's mirror (`JoinParams` in src/gpu/abi.rs) asserts the same size.
+static_assert(sizeof(JoinParams) == 216, "JoinParams layout changed: update src/gpu/abi.rs");
 
 // Entries of a query's row of kNN sample keys (knn.cu, and sim_join.cu's knn_sample_keys_bytes):
-// the largest sample (KNN_SAMPLE in src/gpu/launch.rs).
+// the largest sample (KNN_SAMPLE in src/gpu/launch/sample.rs).
 #define SAMPLE 4096
 
 // The bits of `v` as an unsigned key in the order of the values (kNN's sample keys, the settled slots' bounds; negatives reversed below the

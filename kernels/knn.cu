@@ -1,4 +1,4 @@
-// Exact kNN as a range query with a radius per query (the GPU backend's kNN, src/backend/gpu.rs).
+// Exact kNN as a range query with a radius per query (the GPU backend's kNN, src/backend/gpu/knn.rs).
 //
 // knn_sample_distances and knn_sample_radius give each query candidate radii from a sample of the
 // base: its f32 distances to `sample_len` ≤ SAMPLE base rows (stored dimension-major:

@@ -10,7 +10,6 @@
 //! * kNN: blocked brute force with the same f32 filter and bounded per-query selection, then an
 //!   exact f64 re-rank, so the answer is exactly the k smallest f64 distances (ties by position).
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -18,10 +17,11 @@ use datafusion::common::Result;
 use rayon::prelude::*;
 
 use super::exact::{ExactCheck, write_self_pairs};
-use super::simd::{Columns, FilterKind, LANES, gemm_lower_bounds, tile_hits};
+use super::plan::{FilterLimit, gather, gemm_form, lower_corner, plan_join, score_threshold};
+use super::simd::{Columns, LANES, gemm_lower_bounds, tile_hits};
 use super::topk::{KSmallest, Neighbour, k_smallest, push_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
-use crate::index::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy};
+use crate::index::{GridGeometry, GridIndex, JoinStrategy};
 use crate::op::{Metric, dot};
 use crate::vectors::Vectors;
 
@@ -149,47 +149,6 @@ impl Backend for CpuBackend {
     }
 }
 
-/// The filter-space coordinates of both sides (the vectors for L1/L2/L∞, their unit
-/// normalisations for cosine; the right side is the left one for a self-join) and the strategy the
-/// cost model (or the `index` option) picks for them. Shared by the CPU and GPU backends.
-pub(super) fn plan_join<'a>(request: &JoinRequest<'a>) -> (Cow<'a, [f64]>, Cow<'a, [f64]>, JoinStrategy) {
-    let JoinRequest { left, right, metric, threshold, self_join, index, grid_dims } = *request;
-    let left_filter = filter_space(left, metric);
-    let right_filter = if self_join.is_some() { left_filter.clone() } else { filter_space(right, metric) };
-    let strategy = match metric.coordinate_bound(threshold) {
-        Some(radius) => choose_strategy(&CostInputs {
-            left: &left_filter,
-            right: &right_filter,
-            dim: left.dim,
-            radius,
-            self_join: self_join.is_some(),
-            gemm_form: gemm_form(metric),
-            index,
-            grid_dims,
-        }),
-        None => JoinStrategy::BruteForce,
-    };
-    (left_filter, right_filter, strategy)
-}
-
-/// Whether the f32 filter can use the GEMM form `‖x‖² + ‖y‖² − 2x·y` (or `−x·y`).
-fn gemm_form(metric: Metric) -> bool {
-    matches!(metric, Metric::L2 | Metric::L2Squared | Metric::Cosine | Metric::InnerProduct)
-}
-
-/// The coordinates the grid indexes: unit vectors for cosine, the vectors otherwise.
-pub(super) fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
-    if metric != Metric::Cosine {
-        return Cow::Borrowed(&v.values);
-    }
-    let mut out = v.values.clone();
-    out.par_chunks_mut(v.dim).for_each(|row| {
-        let norm = dot(row, row).sqrt();
-        row.iter_mut().for_each(|x| *x /= norm);
-    });
-    Cow::Owned(out)
-}
-
 /// The f32 filter sides of a GEMM-form metric (the right one omitted for a self-join), centred on
 /// the right input's mean; `None` when the metric has no GEMM form or the values exceed f32 scores.
 fn gemm_sides(left: &Vectors, right: &Vectors, metric: Metric, same: bool) -> Option<(GemmSide, Option<GemmSide>)> {
@@ -253,13 +212,6 @@ fn balanced_ranges(n: usize, parts: usize, weight: impl Fn(usize) -> usize) -> V
         ranges.push(start..n);
     }
     ranges
-}
-
-/// Copies the rows of `v` in `order` into one contiguous buffer, so a cell's points are adjacent.
-pub(super) fn gather(v: &Vectors, order: &[u32]) -> Vec<f64> {
-    let mut out = vec![0.0; order.len() * v.dim];
-    out.par_chunks_mut(v.dim).zip(order.par_iter()).for_each(|(dst, &p)| dst.copy_from_slice(v.row(p as usize)));
-    out
 }
 
 /// The grid join: for every left cell, its 3^k neighbour cells on the right (for a self-join only
@@ -402,24 +354,6 @@ fn exact_pair(
     }
 }
 
-/// Per-dimension minimum over both inputs (the origin the f32 slot copies are taken from).
-pub(super) fn lower_corner(left: &[f64], right: &[f64], dim: usize) -> Vec<f64> {
-    let min_of = |points: &[f64]| {
-        points
-            .par_chunks(dim * 4096)
-            .map(|block| {
-                let mut lo = vec![f64::INFINITY; dim];
-                for row in block.chunks_exact(dim) {
-                    lo.iter_mut().zip(row).for_each(|(l, x)| *l = l.min(*x));
-                }
-                lo
-            })
-            .reduce(|| vec![f64::INFINITY; dim], |a, b| a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect())
-    };
-    let (a, b) = (min_of(left), min_of(right));
-    a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect()
-}
-
 /// The filter-space coordinates of one input in slot (grid) order, as f32 offsets from a common
 /// origin, dimension-major so that scoring one point against a cell vectorises. Each cell starts
 /// on a multiple of [`LANES`]; padding lanes hold +∞, whose scores never pass.
@@ -458,46 +392,6 @@ impl SlotFilter {
     /// The values as columns for the SIMD loops.
     fn columns(&self) -> Columns<'_> {
         Columns { values: &self.values, len: self.len }
-    }
-}
-
-/// The f32 score the grid filter computes and the threshold it compares against.
-///
-/// # Why the filter loses no pair
-/// Coordinates are offsets from a common origin, `|x̃| ≤ M` (`SlotFilter::extent`), each rounded
-/// to f32 with error ≤ `1.01·u·M` (`u = 2⁻²⁴`, including the f64 subtraction), so a coordinate
-/// difference errs by `e ≤ 2.02·u·M` before its own rounding. For the squared form, summing `d`
-/// rounded squares of `|Δᵢ| + e` gives `S̃ ≤ (1 + γ_{d+2})·(S + 4.04·u·M·Σ|Δᵢ| + 4.1·d·u²·M²)` with
-/// `Σ|Δᵢ| ≤ √(d·S)`: for `S ≤ T`, `S̃ − T ≤ (d+3)·u·T + 4.1·u·M·√(dT) + 4.1·d·u²·M²` (to first
-/// order). L1 errs by at most `d·e + (d+2)·u·T`, L∞ by `e + 2u·T`. The limit adds twice these
-/// bounds to `T` and rounds up, so every pair within the threshold passes; the exact check decides.
-/// For cosine the space is the unit-normalised vectors (`‖â − b̂‖² = 2·(1 − cos)`), plus 10⁻¹² for
-/// the f64 normalisation.
-pub(super) struct FilterLimit {
-    pub(super) kind: FilterKind,
-    /// Scores at or below this may be within the threshold.
-    pub(super) limit: f32,
-}
-
-impl FilterLimit {
-    pub(super) fn new(metric: Metric, threshold: f64, dim: usize, extent: f64) -> Self {
-        let (kind, t) = match metric {
-            Metric::L2 => (FilterKind::SquaredL2, threshold * threshold),
-            Metric::L2Squared => (FilterKind::SquaredL2, threshold),
-            Metric::Cosine => (FilterKind::SquaredL2, 2.0 * threshold + 1e-12),
-            Metric::L1 => (FilterKind::L1, threshold),
-            Metric::LInf | Metric::InnerProduct => (FilterKind::LInf, threshold),
-        };
-        let (u, d, m) = (2f64.powi(-24), dim as f64, extent);
-        let margin = match kind {
-            FilterKind::SquaredL2 => 8.0 * u * m * (d * t).sqrt() + 16.0 * d * u * u * m * m + 2.0 * (d + 4.0) * u * t,
-            FilterKind::L1 => 4.0 * u * m * d + (d + 2.0) * u * t,
-            FilterKind::LInf => 4.0 * u * m + 2.0 * u * t,
-        };
-        let bound = t + 2.0 * margin;
-        let limit = bound as f32;
-        let limit = if (limit as f64) < bound { limit.next_up() } else { limit };
-        Self { kind, limit }
     }
 }
 
@@ -682,17 +576,6 @@ impl GemmSide {
         let r = self.norms[i] + other.norms[j];
         self.margin * r * r + self.floor
     }
-}
-
-/// A threshold in the score space of [`GemmSide`], rounded up to f32.
-pub(super) fn score_threshold(metric: Metric, threshold: f64) -> f32 {
-    let t = match metric {
-        Metric::L2 => threshold * threshold * (1.0 + 1e-9),
-        Metric::Cosine => 2.0 * threshold,
-        _ => threshold,
-    };
-    let f = t as f32;
-    if (f as f64) < t { f.next_up() } else { f }
 }
 
 /// Brute-force join through the f32 GEMM filter (L2, L2², cosine, inner product).

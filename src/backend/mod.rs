@@ -13,6 +13,7 @@ use crate::vectors::Vectors;
 pub mod cpu;
 mod exact;
 pub mod gpu;
+mod plan;
 mod simd;
 mod tiles;
 mod topk;

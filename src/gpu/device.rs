@@ -11,8 +11,9 @@ use cudarc::driver::sys::CUdevice_attribute::{
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
+use super::buffers::SideBuffers;
+use super::download::ResultBuffers;
 use super::kernels::KernelModule;
-use super::launch::{ResultBuffers, SideBuffers};
 use super::{GpuInfo, probe};
 
 /// A usable GPU.
@@ -33,14 +34,14 @@ pub struct GpuDevice {
     /// Streaming multiprocessors.
     pub multiprocessors: usize,
     modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
-    /// Two page-locked buffers that large uploads pass through (`launch::upload`), allocated on
+    /// Two page-locked buffers that large uploads pass through (`memory::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
     pub(super) staging: Mutex<Option<[PinnedHostSlice<u8>; 2]>>,
-    /// Page-locked buffers that write passes copy their pairs into (`launch::host_results`),
+    /// Page-locked buffers that write passes copy their pairs into (`download::host_results`),
     /// kept for the next run.
     pub(super) results: Mutex<Option<ResultBuffers>>,
     /// Page-locked buffers that kNN's neighbours ranked on the device are copied into
-    /// (`launch::host_ranked`), kept for the next run.
+    /// (`download::host_ranked`), kept for the next run.
     pub(super) ranked: Mutex<Option<ResultBuffers>>,
     /// The streams of pipelined write passes, created on first use (from then on cudarc orders
     /// every buffer's uses across streams with events).
@@ -141,7 +142,7 @@ impl GpuDevice {
         let arch = arch_for(info.compute_capability)?;
         let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
         let stream = ctx.default_stream();
-        super::launch::keep_freed_device_memory(&ctx)?;
+        super::memory::keep_freed_device_memory(&ctx)?;
         let attribute = |attribute| {
             ctx.attribute(attribute)
                 .map(|value| value as usize)
@@ -190,7 +191,7 @@ impl GpuDevice {
                 return Ok((entry.rows.clone(), true));
             }
         }
-        let rows = Arc::new(super::launch::upload(self, values)?);
+        let rows = Arc::new(super::memory::upload(self, values)?);
         let capacity = self.info.total_memory / RESIDENT_SHARE;
         if rows.len() * std::mem::size_of::<f64>() <= capacity {
             let mut resident = lock()?;

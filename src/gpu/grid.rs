@@ -8,7 +8,8 @@
 use cudarc::driver::CudaSlice;
 
 use super::GpuDevice;
-use super::launch::{CellBounds, RadixKeys, cell_bounds, gather_rows, identity_order, radix_pass, upload};
+use super::launch::{CellBounds, RadixKeys, cell_bounds, gather_rows, identity_order, radix_pass};
+use super::memory::upload;
 
 /// One side's grid on the device.
 #[derive(Debug)]

@@ -5,10 +5,14 @@ use std::fmt;
 
 use cudarc::driver::CudaContext;
 
+pub mod abi;
+pub mod buffers;
 mod device;
+pub mod download;
 pub mod grid;
 pub mod kernels;
-pub mod launch;
+pub(crate) mod launch;
+pub mod memory;
 
 pub use device::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 

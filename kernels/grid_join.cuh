@@ -1,0 +1,125 @@
+// The grid join (Gowanlock & Karsin, GPU-Join): a thread per left slot over its cell's neighbour
+// cells, only the ±r window of the sort dimension scanned (sortidu). Included by sim_join.cu.
+
+// Tests left slot `s` against right slots [begin, end); counts or writes the qualifying pairs.
+// DIM > 0: the dimension, with `x` the left row in registers (loaded once per left slot) and each
+// right row read in vector loads; the general path (DIM = 0) reads both rows per candidate, twice
+// the load instructions per dimension (P4's grid kernel was bound by them: NOTES.md v17).
+template <u32 DIM>
+__device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin, u32 end, const float (&x)[DIM ? DIM : 1],
+        const float* lf, const float* rf, const double* lx, const double* rx,
+        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm,
+        const u32* left_order, const u32* right_order,
+        u32& found, int pass, u64 offset, u32* out_left, u32* out_right, double* out_distance,
+        u64* collected, u64 capacity) {
+    for (u32 t = begin; t < end; ++t) {
+        float score;
+        if constexpr (DIM > 0) {
+            float y[DIM];
+            load_row<DIM>(rf, t, y);
+            score = fixed_filter_score<DIM>(p.filter, x, y);
+        } else {
+            score = filter_score(p, lf + (u64)s * p.dim, rf + (u64)t * p.dim, p.limit);
+        }
+        float nx = p.filter == FILTER_NEG_DOT ? lfnorm[s] : 0.0f;
+        float ny = p.filter == FILTER_NEG_DOT ? rfnorm[t] : 0.0f;
+        if (!filter_passes(p, score, nx, ny, p.limit)) continue;
+        double d = exact_distance(p, lx + (u64)s * p.dim, rx + (u64)t * p.dim, cosine_norm(p, lnorm, s), cosine_norm(p, rnorm, t));
+        if (d <= p.threshold) {
+            if (pass == PASS_WRITE) {
+                u64 at = offset + found;
+                out_left[at] = left_order[s];
+                out_right[at] = right_order[t];
+                out_distance[at] = d;
+            } else if (capacity) {
+                collect_pair(collected, capacity, left_order[s], right_order[t], d, out_left, out_right, out_distance);
+            }
+            ++found;
+        }
+    }
+}
+
+#define GRID_JOIN_PARAMS                                                                                          \
+    JoinParams p, u32 slot_begin, u32 slot_end, const float* lf, const float* rf, const double* lx, const double* rx, \
+        const double* lnorm, const double* rnorm, const float* lfnorm, const float* rfnorm, const u32* left_order,   \
+        const u32* right_order, const u64* left_slot_cell, const u64* right_cell_ids, const u32* right_cell_start,  \
+        const u32* cell_table, const double* left_keys, const double* right_keys, u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, \
+        u64* collected, u64 capacity, int pass
+
+// grid_join for dimension DIM (0: any).
+template <u32 DIM>
+__device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
+    u32 s = slot_begin + blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= slot_end) return;
+    float x[DIM ? DIM : 1];
+    if constexpr (DIM > 0) load_row<DIM>(lf, s, x);
+    u64 id = left_slot_cell[s];
+    u64 lo[MAX_GRID_DIMS], hi[MAX_GRID_DIMS], cur[MAX_GRID_DIMS];
+    for (u32 j = 0; j < p.k; ++j) {
+        u64 c = (id / p.strides[j]) % p.cells[j];
+        lo[j] = c > 0 ? c - 1 : 0;
+        hi[j] = c + 1 < p.cells[j] ? c + 1 : c;
+        cur[j] = lo[j];
+    }
+    u64 offset = pass == PASS_WRITE ? offsets[s - slot_begin] : 0;
+    u32 found = 0;
+    for (;;) {
+        u64 nid = 0;
+        for (u32 j = 0; j < p.k; ++j) nid += cur[j] * p.strides[j];
+        if (!p.self_join || nid >= id) {
+            long long c = find_cell(p, right_cell_ids, cell_table, nid);
+            if (c >= 0) {
+                u32 begin = right_cell_start[c], end = right_cell_start[c + 1];
+                if (p.windowed) {
+                    // sortidu: a cell's slots are sorted by the sort dimension's key, and partners
+                    // differ by at most the window there; the host's partition points (grid_join
+                    // in src/backend/cpu.rs, whose proof covers the rounding), by the same f64
+                    // subtractions: the first slot with key − u ≥ −window, then the first beyond
+                    // it with key − u > window.
+                    double u = left_keys[s];
+                    u32 a = begin, b = end;
+                    while (a < b) {
+                        u32 m = a + (b - a) / 2;
+                        if (right_keys[m] - u < -p.window) a = m + 1; else b = m;
+                    }
+                    begin = a;
+                    b = end;
+                    while (a < b) {
+                        u32 m = a + (b - a) / 2;
+                        if (right_keys[m] - u <= p.window) a = m + 1; else b = m;
+                    }
+                    end = a;
+                }
+                if (p.self_join && nid == id) begin = max(begin, s + 1);  // later slots of its own cell
+                scan_range<DIM>(p, s, begin, end, x, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order,
+                                right_order, found, pass, offset, out_left, out_right, out_distance, collected, capacity);
+            }
+        }
+        u32 j = 0;
+        while (j < p.k && cur[j] == hi[j]) { cur[j] = lo[j]; ++j; }
+        if (j == p.k) break;
+        ++cur[j];
+    }
+    if (pass != PASS_WRITE) counts[s - slot_begin] = found;
+}
+
+// At most 64 registers (4 blocks of 256 per SM): the sortidu window took it to 68 and 3 blocks, and
+// P4's kernel from 231 to 250 ms; capped, it needs no spills (scripts/kernel-check.py).
+extern "C" __global__ void __launch_bounds__(256, 4) grid_join(GRID_JOIN_PARAMS) {
+#define GRID_JOIN_ARGS                                                                                              \
+    p, slot_begin, slot_end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order, left_slot_cell, \
+        right_cell_ids, right_cell_start, cell_table, left_keys, right_keys, counts, offsets, out_left, out_right, out_distance, collected, \
+        capacity, pass
+    switch (p.dim) {
+    case 2: grid_join_rows<2>(GRID_JOIN_ARGS); break;
+    case 3: grid_join_rows<3>(GRID_JOIN_ARGS); break;
+    case 4: grid_join_rows<4>(GRID_JOIN_ARGS); break;
+    case 8: grid_join_rows<8>(GRID_JOIN_ARGS); break;
+    case 16: grid_join_rows<16>(GRID_JOIN_ARGS); break;
+    default: grid_join_rows<0>(GRID_JOIN_ARGS); break;
+    }
+#undef GRID_JOIN_ARGS
+}
+
+// kNN's infinite radius (`per_row` with a +∞ threshold, the last level): left slot s takes every
+// right row, NaN distances included, so a query always gets min(k, n) candidates.

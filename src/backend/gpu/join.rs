@@ -1,0 +1,420 @@
+//! ε-joins and range queries on the GPU: the grid or brute force, count and write passes, and the
+//! batches their pairs come back in.
+
+use super::*;
+
+impl GpuBackend {
+    pub(super) fn gpu_join(
+        &self,
+        request: &JoinRequest,
+        sink: &dyn ResultSink,
+        budget: usize,
+    ) -> Result<Result<RunStats>, String> {
+        let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
+        let mut stats = RunStats { tiles: 1, ..Default::default() };
+        if left.is_empty() || right.is_empty() {
+            return Ok(Ok(stats));
+        }
+        // Compile the modules now (once per process) so NVRTC stays out of the run's times; the
+        // grid's only when the plan has a grid, its compilation then left out of build_time.
+        self.device.function(KernelModule::SimJoin, "grid_join")?;
+        let start = Instant::now();
+        let dim = left.dim;
+        let (left_filter, right_filter, strategy) = plan_join(request);
+        let compiling = Instant::now();
+        if matches!(strategy, JoinStrategy::Grid(_)) {
+            self.device.function(KernelModule::Grid, "radix_scatter")?;
+        }
+        let start = start + compiling.elapsed();
+
+        // The host's rows go up in input order; a grid then orders them on the device.
+        let geometry = match &strategy {
+            JoinStrategy::Grid(g) => Some(g),
+            JoinStrategy::BruteForce => None,
+        };
+        let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
+        // The GEMM form's filter rows of L2 and L2² (brute force) are built on the device from
+        // the exact rows (device_side); the other filters' here (host_side).
+        let sides = |gemm: bool| {
+            let origin = filter_origin(metric, gemm, &left_filter, &right_filter, right);
+            let side = |v, filter: &[f64]| {
+                if gemm && metric != Metric::Cosine {
+                    device_side(v, &origin)
+                } else {
+                    host_side(v, filter, identity(v.len()), &origin, metric, gemm)
+                }
+            };
+            (side(left, &left_filter), self_join.is_none().then(|| side(right, &right_filter)))
+        };
+        let upload_sides = |left_host: &HostSide,
+                            right_host: &Option<HostSide>|
+         -> Result<(SideBuffers, Option<SideBuffers>), String> {
+            Ok((self.upload(left_host)?, right_host.as_ref().map(|h| self.upload(h)).transpose()?))
+        };
+        let mut gemm = geometry.is_none() && gemm_metric(metric);
+        let (mut left_host, mut right_host) = sides(gemm);
+        let uploading = Instant::now();
+        let (mut left_buffers, mut right_buffers) = upload_sides(&left_host, &right_host)?;
+        let fits = !gemm || {
+            let sides: Vec<_> = std::iter::once((&left_host, &left_buffers))
+                .chain(right_host.as_ref().zip(right_buffers.as_ref()))
+                .collect();
+            self.gemm_fits(&sides)?
+        };
+        if !fits {
+            gemm = false;
+            (left_host, right_host) = sides(false);
+            (left_buffers, right_buffers) = upload_sides(&left_host, &right_host)?;
+        }
+        stats.transfer_time += uploading.elapsed();
+        stats.resident_inputs =
+            std::iter::once(&left_buffers).chain(right_buffers.as_ref()).filter(|b| b.resident).count();
+        let extent = if gemm {
+            0.0
+        } else {
+            filter_extent(&std::iter::once(&left_host).chain(right_host.as_ref()).collect::<Vec<_>>())
+        };
+        // The tensor cores filter brute force only (a grid's sides are gathered into slot order).
+        let tc = match geometry {
+            None => {
+                let sides: Vec<&SideBuffers> = std::iter::once(&left_buffers).chain(right_buffers.as_ref()).collect();
+                self.tensor_core_scale(metric, gemm, &self.largest_coordinates(metric, gemm, &sides)?)
+            }
+            Some(_) => None,
+        };
+        let mut params = JoinParams {
+            dim: dim as u32,
+            metric: metric_code(metric),
+            self_join: self_join.is_some().into(),
+            threshold,
+            ..filter_params(metric, dim, gemm, tc)
+        };
+        params.limit = filter_limit(metric, threshold, dim, extent, gemm);
+        left_buffers = self.with_tensor_core_rows(left_buffers, &left_host.exact, dim, tc, metric)?;
+        right_buffers = right_buffers
+            .zip(right_host.as_ref())
+            .map(|(side, host)| self.with_tensor_core_rows(side, &host.exact, dim, tc, metric))
+            .transpose()?;
+        stats.byte_row_tiles =
+            byte_sides(&self.device, &params, &left_buffers, right_buffers.as_ref().unwrap_or(&left_buffers))
+                .is_some()
+                .into();
+        let right_len = right_host.as_ref().map_or(left_host.rows, |h| h.rows) as u32;
+        let stream = &self.device.stream;
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let grid = match geometry {
+            Some(g) => {
+                stats.indexed_dims = g.dims.len();
+                let windowed = g.window_prunes();
+                let build = |filter: &[f64]| {
+                    let (cells, values) = g.keys(filter, dim, windowed);
+                    build_grid(&self.device, &cells, values.as_deref(), g.id_bits(), g.table_len(cells.len()))
+                };
+                let DeviceGrid { order, slot_cell, sort_keys: left_sort_keys, bounds } = build(&left_filter)?;
+                left_buffers = in_slot_order(&self.device, left_buffers, order, dim)?;
+                // A self-join probes its own cells.
+                let (right_bounds, right_sort_keys) = match right_buffers.take() {
+                    Some(side) => {
+                        let DeviceGrid { order, sort_keys, bounds: right_bounds, .. } = build(&right_filter)?;
+                        right_buffers = Some(in_slot_order(&self.device, side, order, dim)?);
+                        (right_bounds, sort_keys)
+                    }
+                    None => (bounds, stream.clone_dtod(&left_sort_keys).map_err(copy)?),
+                };
+                params.k = g.dims.len() as u32;
+                params.dense = right_bounds.dense.into();
+                params.right_cells = right_bounds.cells as u32;
+                params.windowed = windowed.into();
+                params.window = g.window();
+                for j in 0..g.dims.len() {
+                    params.cells[j] = g.cells[j];
+                    params.strides[j] = g.strides[j];
+                }
+                Some(GridBuffers {
+                    left_slot_cell: slot_cell,
+                    right_cell_ids: right_bounds.cell_ids,
+                    right_cell_start: right_bounds.cell_start,
+                    cell_table: right_bounds.table,
+                    left_sort_keys,
+                    right_sort_keys,
+                })
+            }
+            None => None,
+        };
+        let right_buffers_ref = right_buffers.as_ref().unwrap_or(&left_buffers);
+        // The build's last gathers are queued, not done: they count as build time.
+        stream.synchronize().map_err(copy)?;
+        stats.build_time = start.elapsed();
+
+        // One count pass over every left slot that also collects the pairs into buffers sized for
+        // COLLECT_PAIRS_PER_ROW per left row. When they all fit, that pass is the whole result,
+        // downloaded in batches of RESULT_BATCH_PAIRS; otherwise write passes follow, in
+        // batches of at most RESULT_BATCH_PAIRS pairs (a single slot with more gets a batch of
+        // its own), each from offsets the counts give, pipelined over PIPELINE_STREAMS streams.
+        let probe = Instant::now();
+        let n_left = left_host.rows;
+        let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
+        let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
+        pass.size_outputs(&self.device, collect_capacity)?;
+        let inputs = JoinInputs {
+            left: &left_buffers,
+            right: right_buffers_ref,
+            right_len,
+            grid: grid.as_ref(),
+            expected_share: 0.0,
+        };
+        let counts = self.count_pass(&params, n_left, inputs, &mut pass, PassKind::CountAndCollect, &mut stats)?;
+        let collected = stream.clone_dtoh(&pass.collected).map_err(copy)?[0];
+        let batches: Vec<ResultBatch> = if collected <= collect_capacity as u64 {
+            collected_batches(collected)
+        } else {
+            // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
+            let most = (output_pairs(budget) / PIPELINE_STREAMS as u64).min(RESULT_BATCH_PAIRS);
+            pass.size_outputs(&self.device, 0)?;
+            write_batches(&counts, most)
+                .0
+                .into_iter()
+                .map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs })
+                .collect()
+        };
+        let largest = batches.iter().map(ResultBatch::pairs).max().unwrap_or(0).max(1) as usize;
+        // Collected pairs come back through two halves of the host buffers, each batch's copy
+        // overlapping the emission of the one before; write batches through a part per stream.
+        let collected_path = matches!(batches.first(), Some(ResultBatch::Collected(_)));
+        let mut results = host_results(&self.device, largest * if collected_path { 2 } else { PIPELINE_STREAMS })?;
+        sink.start(batches.len() as u64);
+
+        let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
+        let exact = ExactCheck::new(metric, threshold, left, right);
+        let (mut transfer, mut kernel, mut emit) = Default::default();
+        // Downloaded pairs into result chunks, on every core: each piece builds and sends its own.
+        let emit_pairs = |(lefts, rights, distances): DownloadedPairs| -> Result<()> {
+            let n = rights.len();
+            let piece = (1 << 16).max(n.div_ceil(rayon::current_num_threads() * 4));
+            (0..n.div_ceil(piece)).into_par_iter().try_for_each(|p| -> Result<()> {
+                let range = p * piece..((p + 1) * piece).min(n);
+                let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
+                for i in range {
+                    let (a, b, d) = (lefts[i], rights[i], distances[i]);
+                    // Self-joins report the smaller position first (the mirror adds (b, a)).
+                    let (a, b) = if self_join.is_some() && a > b { (b, a) } else { (a, b) };
+                    writer.push(a, b, d)?;
+                }
+                writer.flush()
+            })
+        };
+        let outcome = (|| -> Result<()> {
+            let exec = |e: String| DataFusionError::Execution(e);
+            let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
+            if collected_path {
+                let stored = |batch: &ResultBatch| match batch {
+                    ResultBatch::Collected(pairs) => Some(pairs.start as usize..pairs.end as usize),
+                    ResultBatch::Written { .. } => None,
+                };
+                let mut halves = results.parts::<2>().map_err(exec)?;
+                if let Some(pairs) = batches.first().and_then(stored) {
+                    halves[0].start_download(stream, &pass, true, pairs).map_err(exec)?;
+                }
+                for (i, batch) in batches.iter().enumerate() {
+                    let copying = Instant::now();
+                    stream.synchronize().map_err(sync)?; // batch i is in half i % 2
+                    transfer += copying.elapsed();
+                    let [even, odd] = &mut halves;
+                    let (current, next) = if i % 2 == 0 { (even, odd) } else { (odd, even) };
+                    if let Some(pairs) = batches.get(i + 1).and_then(stored) {
+                        next.start_download(stream, &pass, true, pairs).map_err(exec)?;
+                    }
+                    let emitting = Instant::now();
+                    emit_pairs(current.pairs(batch.pairs() as usize, true))?;
+                    emit += emitting.elapsed();
+                    sink.advance(1);
+                }
+            } else {
+                // Write passes take turns on PIPELINE_STREAMS streams, each with output buffers
+                // and a part of the host buffers of its own: batch i is queued (offsets, kernel,
+                // copy to the host) on stream i mod 3 as soon as the host has emitted batch
+                // i − 3 from that stream's part, so while the host emits one batch the next
+                // one's copy and the one after's kernel run (seed 003 §3.2.2). Emission stays in
+                // batch order.
+                let streams = self.device.pipeline_streams().map_err(exec)?;
+                let slots_most = batches
+                    .iter()
+                    .map(|b| if let ResultBatch::Written { slots, .. } = b { slots.len() } else { 0 })
+                    .max()
+                    .unwrap_or(1);
+                let mut lanes = Vec::with_capacity(PIPELINE_STREAMS);
+                for _ in 0..PIPELINE_STREAMS {
+                    let mut lane = PassBuffers::new(&self.device, slots_most, 0).map_err(exec)?;
+                    lane.size_outputs(&self.device, largest).map_err(exec)?;
+                    lane.offsets = stream.alloc_zeros::<u64>(slots_most.max(1)).map_err(sync)?;
+                    lanes.push(lane);
+                }
+                let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;
+                // Queues batch `i` on its stream; the events around its kernel time it.
+                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let queue = |i: usize, lane: &mut PassBuffers, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
+                    let ResultBatch::Written { slots, pairs } = &batches[i] else { unreachable!("write batches only") };
+                    let stream = &streams[i % PIPELINE_STREAMS];
+                    let offsets = exclusive_offsets(&counts[slots.clone()]);
+                    stream
+                        .memcpy_htod(&offsets[..slots.len()], &mut lane.offsets.slice_mut(0..slots.len()))
+                        .map_err(sync)?;
+                    let started = stream.record_event(timing).map_err(sync)?;
+                    let slots = slots.start as u32..slots.end as u32;
+                    launch_join_pass(&self.device, stream, &params, slots, inputs, lane, PassKind::Write)
+                        .map_err(exec)?;
+                    let written = stream.record_event(timing).map_err(sync)?;
+                    part.start_download(stream, lane, true, 0..*pairs as usize).map_err(exec)?;
+                    Ok([started, written])
+                };
+                let mut in_flight = Vec::with_capacity(batches.len());
+                for i in 0..batches.len().min(PIPELINE_STREAMS) {
+                    in_flight.push(queue(i, &mut lanes[i], &mut parts[i])?);
+                }
+                for i in 0..batches.len() {
+                    let lane = i % PIPELINE_STREAMS;
+                    let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
+                    (transfer, kernel) = (transfer + waited, kernel + ran);
+                    stats.write_passes += 1;
+                    let emitting = Instant::now();
+                    emit_pairs(parts[lane].pairs(batches[i].pairs() as usize, true))?;
+                    emit += emitting.elapsed();
+                    sink.advance(1);
+                    if i + PIPELINE_STREAMS < batches.len() {
+                        in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], &mut parts[lane])?);
+                    }
+                }
+            }
+            if self_join.is_some_and(|s| s.include_self) {
+                write_self_pairs(&exact, left, 0..left.len(), &mut writer)?;
+            }
+            writer.flush()
+        })();
+        // No copy may still be writing into the host buffers when they are released, nor a pass
+        // reading the inputs when they are freed (an early return above, e.g. a cancelled query,
+        // can leave some in flight).
+        stream.synchronize().map_err(copy)?;
+        if !collected_path {
+            for lane in self.device.pipeline_streams()? {
+                lane.synchronize().map_err(copy)?;
+            }
+        }
+        stats.probe_time = probe.elapsed();
+        stats.transfer_time += transfer;
+        stats.kernel_time += kernel;
+        stats.emit_time += emit;
+        Ok(outcome.map(|()| stats))
+    }
+}
+
+/// Result pairs a join's count pass collects per left row at most (the size of its output
+/// buffers, 16 bytes a pair on the device): ε-joins are usually asked for tens to a few hundred
+/// neighbours per row (the seeds calibrate ε to 64–256), and then the count pass alone produces the
+/// result. A join with more per row gets write passes, as one too large for device memory does.
+pub(super) const COLLECT_PAIRS_PER_ROW: usize = 256;
+
+/// One downloaded and emitted batch of a join's pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ResultBatch {
+    /// Pairs the count pass collected, at these indices of the output buffers.
+    Collected(std::ops::Range<u64>),
+    /// A write pass over these left slots, producing this many pairs.
+    Written { slots: std::ops::Range<usize>, pairs: u64 },
+}
+
+impl ResultBatch {
+    fn pairs(&self) -> u64 {
+        match self {
+            ResultBatch::Collected(at) => at.end - at.start,
+            ResultBatch::Written { pairs, .. } => *pairs,
+        }
+    }
+}
+
+/// Pairs per download batch of a count pass's collected pairs (64 MiB on the host; two batches'
+/// worth of page-locked memory per run): small enough that copying one overlaps the emission of
+/// the previous one for most of a large result, and that a process's first query page-locks
+/// 128 MiB rather than the 1 GiB of two MAX_BATCH_PAIRS halves.
+pub(super) const RESULT_BATCH_PAIRS: u64 = 1 << 22;
+
+/// Download batches of `collected` pairs of a count pass: RESULT_BATCH_PAIRS each, the last fewer.
+pub(super) fn collected_batches(collected: u64) -> Vec<ResultBatch> {
+    (0..collected)
+        .step_by(RESULT_BATCH_PAIRS as usize)
+        .map(|at| ResultBatch::Collected(at..(at + RESULT_BATCH_PAIRS).min(collected)))
+        .collect()
+}
+
+/// Write-pass batches `(first slot, end slot, pairs)` over consecutive left slots, each at most
+/// `max_pairs` pairs and MAX_PASS_ROWS slots (a slot with more pairs gets a batch of its own),
+/// and the output capacity the largest batch needs.
+pub(super) fn write_batches(counts: &[u32], max_pairs: u64) -> (Vec<(usize, usize, u64)>, usize) {
+    let mut batches = Vec::new();
+    let (mut begin, mut total) = (0usize, 0u64);
+    for (slot, &c) in counts.iter().enumerate() {
+        if (total + c as u64 > max_pairs || slot - begin == MAX_PASS_ROWS) && slot > begin {
+            batches.push((begin, slot, total));
+            begin = slot;
+            total = 0;
+        }
+        total += c as u64;
+    }
+    batches.push((begin, counts.len(), total));
+    let capacity = batches.iter().map(|b| b.2).max().unwrap_or(0).max(1) as usize;
+    (batches, capacity)
+}
+
+/// Where each slot's pairs start in a batch's output, plus the end: an exclusive prefix sum.
+pub(super) fn exclusive_offsets(counts: &[u32]) -> Vec<u64> {
+    let mut offsets = Vec::with_capacity(counts.len() + 1);
+    let mut at = 0u64;
+    offsets.push(at);
+    for &c in counts {
+        at += c as u64;
+        offsets.push(at);
+    }
+    offsets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_batches_cover_every_slot_once_within_the_limits() {
+        let big = MAX_BATCH_PAIRS as u32;
+        let counts = [3, big - 2, 1, 1, big + 5, 0, 7];
+        let (batches, capacity) = write_batches(&counts, MAX_BATCH_PAIRS);
+        assert_eq!(batches, vec![(0, 1, 3), (1, 4, big as u64), (4, 5, big as u64 + 5), (5, 7, 7)]);
+        assert_eq!(capacity, big as usize + 5, "a slot over the limit gets a batch of its own");
+        let many = vec![1u32; MAX_PASS_ROWS + 3];
+        let (batches, _) = write_batches(&many, MAX_BATCH_PAIRS);
+        assert_eq!(batches, vec![(0, MAX_PASS_ROWS, MAX_PASS_ROWS as u64), (MAX_PASS_ROWS, MAX_PASS_ROWS + 3, 3)]);
+        assert_eq!(write_batches(&[], MAX_BATCH_PAIRS), (vec![(0, 0, 0)], 1));
+        // A small memory budget: batches of its quarter's worth of pairs.
+        assert_eq!(output_pairs(64 * 4 * 16), 64);
+        assert_eq!(
+            write_batches(&[40, 30, 20, 15], output_pairs(64 * 4 * 16)).0,
+            vec![(0, 1, 40), (1, 3, 50), (3, 4, 15)]
+        );
+        assert_eq!(exclusive_offsets(&[3, 0, 2]), vec![0, 3, 3, 5]);
+    }
+
+    #[test]
+    fn collected_pairs_download_in_batches_within_the_limit() {
+        let big = RESULT_BATCH_PAIRS;
+        assert_eq!(collected_batches(0), vec![]);
+        assert_eq!(collected_batches(5), vec![ResultBatch::Collected(0..5)]);
+        assert_eq!(collected_batches(big), vec![ResultBatch::Collected(0..big)]);
+        let batches = collected_batches(2 * big + 1);
+        assert_eq!(
+            batches,
+            vec![
+                ResultBatch::Collected(0..big),
+                ResultBatch::Collected(big..2 * big),
+                ResultBatch::Collected(2 * big..2 * big + 1)
+            ]
+        );
+        assert_eq!(batches.iter().map(ResultBatch::pairs).sum::<u64>(), 2 * big + 1);
+    }
+}

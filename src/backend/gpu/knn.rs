@@ -1,0 +1,730 @@
+//! kNN on the GPU: sample radii, count passes with candidate slots, settle, write passes, rank.
+
+use super::*;
+
+impl GpuBackend {
+    /// The count pass over left slots `0..slots`, in launches of at most MAX_PASS_ROWS slots:
+    /// result pairs (kNN: rows within the radius) per left slot. `kind` Count or CountAndCollect.
+    pub(super) fn count_pass(
+        &self,
+        params: &JoinParams,
+        slots: usize,
+        inputs: JoinInputs,
+        pass: &mut PassBuffers,
+        kind: PassKind,
+        stats: &mut RunStats,
+    ) -> Result<Vec<u32>, String> {
+        let stream = &self.device.stream;
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let mut counts = Vec::with_capacity(slots);
+        stats.count_passes += 1;
+        for begin in (0..slots).step_by(MAX_PASS_ROWS) {
+            let end = (begin + MAX_PASS_ROWS).min(slots);
+            stream.memset_zeros(&mut pass.counts).map_err(copy)?;
+            let counting = Instant::now();
+            join_pass(&self.device, params, begin as u32..end as u32, inputs, pass, kind)?;
+            stats.kernel_time += counting.elapsed();
+            let downloading = Instant::now();
+            counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
+            stats.transfer_time += downloading.elapsed();
+        }
+        Ok(counts)
+    }
+
+    /// kNN as a range query with a radius per query: radii from the sampled distances
+    /// (knn_sample_radius), a count pass of brute_join with those radii that also keeps each
+    /// query's candidates in a slot when slots are small, the next radius for any query short of
+    /// k rows (the last level, +∞, takes every row), write passes for the queries whose candidates
+    /// are not all in their slot, and an exact top-k of each query's rows on the host. See
+    /// kernels/knn.cu for why no neighbour is lost.
+    pub(super) fn gpu_knn(
+        &self,
+        request: &KnnRequest,
+        sink: &dyn ResultSink,
+        budget: usize,
+    ) -> Result<Result<RunStats>, String> {
+        let KnnRequest { base, queries, metric, k } = *request;
+        let k = k.min(base.len());
+        let mut stats = RunStats { tiles: 1, ..Default::default() };
+        if k == 0 || queries.is_empty() {
+            return Ok(Ok(stats));
+        }
+        // Compile the modules now (once per process) so NVRTC stays out of the run's times.
+        self.device.function(KernelModule::Knn, "knn_sample_radius")?;
+        self.device.function(KernelModule::SimJoin, "brute_join")?;
+        let start = Instant::now();
+        let (dim, n, nq) = (base.dim, base.len(), queries.len());
+        let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
+        let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
+        // The GEMM form's filter rows of L2 and L2² are built on the device from the exact rows
+        // (device_side); the other filters' here (host_side).
+        let sides = |gemm: bool| {
+            let origin = filter_origin(metric, gemm, &query_filter, &base_filter, base);
+            let (query_host, base_host) = if gemm && metric != Metric::Cosine {
+                (device_side(queries, &origin), device_side(base, &origin))
+            } else {
+                (
+                    host_side(queries, &query_filter, identity(nq), &origin, metric, gemm),
+                    host_side(base, &base_filter, identity(n), &origin, metric, gemm),
+                )
+            };
+            (query_host, base_host)
+        };
+        let mut gemm = gemm_metric(metric);
+        let (mut query_host, mut base_host) = sides(gemm);
+        let uploading = Instant::now();
+        // A kept base's side for the GEMM form of L2 and L2² (whose filter centres on the base's
+        // mean alone), as an earlier query built it: its filter rows, f16 rows and largest
+        // coordinate are not built again (DerivedSide). Likewise a kept query table's side,
+        // centred on that kept base's mean, for a service's repeated queries (build_time −0.2 ms
+        // on 60,000 × 784, NOTES.md v75).
+        let keep_key = resident_key(base).filter(|_| gemm && metric != Metric::Cosine);
+        let query_key = resident_key(queries).filter(|_| keep_key.is_some());
+        let mut kept = keep_key.as_ref().and_then(|key| self.device.derived_side(key, metric_code(metric), None));
+        let mut kept_query = query_key
+            .as_ref()
+            .zip(keep_key.as_ref())
+            .and_then(|(key, base_key)| self.device.derived_side(key, metric_code(metric), Some(base_key)));
+        let mut query_built = if kept_query.is_some() { None } else { Some(self.upload(&query_host)?) };
+        let mut built = if kept.is_some() { None } else { Some(self.upload(&base_host)?) };
+        // A kept side fitted the GEMM form when it was built.
+        let fits = |host: &HostSide, built: &Option<SideBuffers>| match built {
+            Some(buffers) => self.gemm_fits(&[(host, buffers)]),
+            None => Ok(true),
+        };
+        if gemm && !(fits(&base_host, &built)? && fits(&query_host, &query_built)?) {
+            gemm = false;
+            (kept, kept_query) = (None, None);
+            (query_host, base_host) = sides(false);
+            (query_built, built) = (Some(self.upload(&query_host)?), Some(self.upload(&base_host)?));
+        }
+        stats.transfer_time += uploading.elapsed();
+        let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
+        let uploading = Instant::now();
+        let largest_of = |kept: &Option<Arc<DerivedSide>>, built: &Option<SideBuffers>| match (kept, built) {
+            (Some(kept), _) => Ok(vec![kept.largest]),
+            (None, Some(built)) => self.largest_coordinates(metric, gemm, &[built]),
+            (None, None) => Ok(Vec::new()),
+        };
+        let (query_largest, base_largest) = (largest_of(&kept_query, &query_built)?, largest_of(&kept, &built)?);
+        let largest: Vec<f32> = query_largest.iter().chain(&base_largest).copied().collect();
+        let tc = self.tensor_core_scale(metric, gemm, &largest);
+        let sample_len = knn_sample_len(n, tc.is_some());
+        let params = JoinParams {
+            dim: dim as u32,
+            metric: metric_code(metric),
+            per_row: 1,
+            ..filter_params(metric, dim, gemm, tc)
+        };
+        // A kept side serves only at the scale this run's sides allow; else it is built (and kept,
+        // where its rows are) at this scale.
+        let derive = |kept: Option<Arc<DerivedSide>>,
+                      built: Option<SideBuffers>,
+                      host: &HostSide,
+                      largest: &[f32],
+                      key: Option<&ResidentKey>,
+                      centre: Option<&ResidentKey>|
+         -> Result<(Arc<DerivedSide>, bool), String> {
+            if let Some(kept) = kept.filter(|kept| kept.scale_exponent == tc) {
+                return Ok((kept, true));
+            }
+            let side = match built {
+                Some(side) => side,
+                None => self.upload(host)?,
+            };
+            let side = self.with_tensor_core_rows(side, &host.exact, dim, tc, metric)?;
+            let centred_on = centre.map(Arc::downgrade);
+            let derived = Arc::new(DerivedSide {
+                metric: metric_code(metric),
+                centred_on,
+                scale_exponent: tc,
+                largest: largest.first().copied().unwrap_or(f32::NAN),
+                side,
+            });
+            if let Some(key) = key.filter(|_| gemm && !largest.is_empty()) {
+                self.device.keep_derived_side(key, derived.clone());
+            }
+            Ok((derived, false))
+        };
+        let (base_side, reused) = derive(kept, built, &base_host, &base_largest, keep_key.as_ref(), None)?;
+        let (query_side, query_reused) =
+            derive(kept_query, query_built, &query_host, &query_largest, query_key.as_ref(), keep_key.as_ref())?;
+        let (base_buffers, query_buffers) = (&base_side.side, &query_side.side);
+        let base_bytes = byte_sides(&self.device, &params, query_buffers, base_buffers).map(|(_, base)| base);
+        stats.byte_row_tiles = base_bytes.is_some().into();
+        stats.resident_inputs =
+            usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
+        // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
+        // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
+        // rounding below the k-th distance about half the time, would leave those queries short.
+        // On byte rows, from theirs: exact keys on the integer tensor cores.
+        let sample = match (tc, base_bytes) {
+            (Some(_), Some(base_bytes)) if sample_len < n => {
+                sample_byte_rows(&self.device, base_bytes, n, dim, sample_len)?
+            }
+            (Some(a), _) if sample_len < n => {
+                sample_half_rows(&self.device, base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?
+            }
+            _ => KnnSample::Filter(sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?),
+        };
+        let stream = &self.device.stream;
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
+        let mut radii_buffer = stream.alloc_zeros::<f64>(nq * KNN_LEVELS).map_err(alloc)?;
+        stats.transfer_time += uploading.elapsed();
+
+        let sampling = Instant::now();
+        let rank = knn_sample_rank(k, n, sample_len);
+        // The sample distances' scratch (a row of KNN_SAMPLE f32 per query of a round) within an
+        // eighth of the budget, 16 to 8,192 queries a round (128 MiB).
+        let chunk_queries = (budget / 8 / (KNN_SAMPLE * 4)).clamp(16, 8192);
+        sample_radius_pass(
+            &self.device,
+            &params,
+            0..nq as u32,
+            query_buffers,
+            &sample,
+            sample_len as u32,
+            rank,
+            chunk_queries,
+            &mut radii_buffer,
+        )?;
+        stats.kernel_time += sampling.elapsed();
+        let radii = stream.clone_dtoh(&radii_buffer).map_err(copy)?;
+        drop(radii_buffer);
+        let radius = |q: usize, level: usize| match radii.get(q * KNN_LEVELS + level) {
+            Some(&r) if level < KNN_LEVELS && !r.is_nan() => r,
+            _ => f64::INFINITY,
+        };
+        stats.build_time = start.elapsed();
+
+        let probe = Instant::now();
+        let mut pass = PassBuffers::new(&self.device, nq.min(MAX_PASS_ROWS), nq)?;
+        // Each count pass also stores the candidates of its queries in slots of their own while
+        // the slots are small (knn_slot_capacity): a query found with at least k and at most a
+        // slot of candidates is then ranked from its slot, on the device where slots are at most
+        // KNN_RANK_SLOTS long (k entries a query come back instead of whole slots: P1 k = 10,
+        // 1.2 MB instead of 154 MB, NOTES.md v32), and only the others need a write pass.
+        let first_capacity = knn_slot_capacity(k, n, sample_len, rank, nq, budget);
+        let slot_values = nq * first_capacity as usize;
+        pass.size_outputs(&self.device, slot_values)?;
+        let ranked_on_device = first_capacity > 0 && first_capacity as usize <= KNN_RANK_SLOTS;
+        // Count passes until every query has at least k rows within its radius: the first over
+        // every query, each later one over the queries still short of k (a side of their own,
+        // gathered on the device: a pass costs the whole base per query row, and on P1 a few
+        // dozen of 10,000 queries need a second radius) and, where the slots are ranked on the
+        // device, those that overflowed the first pass's slots: the later passes' few queries
+        // share the same buffers in longer slots (P2 at k = 10: 204 queries in slots of 4,096
+        // instead of a write pass, NOTES.md v54). A query's level only rises, and level
+        // KNN_LEVELS (+∞) counts all n ≥ k rows, so this ends. A count depends only on the exact
+        // distances (the filter passes every row within the radius), so a later pass or the
+        // write pass re-finds it exactly.
+        // The exact radii and f32 filter limits of `queries` at their levels, in that order.
+        let row_radii = |queries: &mut dyn Iterator<Item = usize>, levels: &[usize]| -> (Vec<f64>, Vec<f32>) {
+            let thresholds: Vec<f64> = queries.map(|q| radius(q, levels[q])).collect();
+            let limits = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
+            (thresholds, limits)
+        };
+        // The share of base rows within a radius of `level`: about rank·4^level of the sample's
+        // s rows, and every row at the last level (+∞).
+        let expected_share = |level: usize| match level {
+            KNN_LEVELS.. => 1.0,
+            _ => (rank as f64 * 4f64.powi(level as i32) / sample_len as f64).min(1.0),
+        };
+        let mut levels = vec![0usize; nq];
+        let mut counts = vec![0u32; nq];
+        // The k nearest of the queries ranked from slots (`in_slots`), k a query in query order
+        // (every query ends with at least k ≤ n candidates): in page-locked memory the device
+        // keeps for the next query where they fit it (host_ranked), which the first pass's
+        // ranking is copied into directly. A run without slots has no table and takes none.
+        let table = if first_capacity > 0 { nq * k } else { 0 };
+        let mut kept_table =
+            if (1..=KEPT_RANKED).contains(&table) { Some(host_ranked(&self.device, table)?) } else { None };
+        let mut own_table =
+            if kept_table.is_none() { (vec![0f64; table], vec![0u32; table]) } else { (Vec::new(), Vec::new()) };
+        let (nearest_distance, nearest_position): (&mut [f64], &mut [u32]) = match &mut kept_table {
+            Some(kept) => kept.table(table)?,
+            None => (&mut own_table.0, &mut own_table.1),
+        };
+        let mut in_slots = vec![false; nq];
+        // Queries for the write passes, at their final levels.
+        let mut rest: Vec<u32> = Vec::new();
+        let mut pending: Vec<u32> = identity(nq);
+        let mut subset_buffers = None;
+        let mut capacity = first_capacity;
+        let (mut transfer, mut kernel, mut emit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let mut first_pass = true;
+        // The first pass keeps the filter's scores in the slots where brute_join_tc filters f16 rows
+        // under L2 or L2² and the slots are selected from (k ≤ 32): knn_settle_slots then checks
+        // exactly the few pairs that can be among the k nearest instead of all that pass the
+        // filter (P1: ~450 a query).
+        let scores = ranked_on_device
+            && tc.is_some()
+            && base_bytes.is_none()
+            && matches!(metric, Metric::L2 | Metric::L2Squared)
+            && k <= KNN_SELECT_SLOTS_K;
+        while !pending.is_empty() {
+            let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
+            stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
+            stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
+            let side = subset_buffers.as_ref().unwrap_or(query_buffers);
+            // The pass's densest radius sets brute_join_tc's runs and queue.
+            let expected_share = pending.iter().map(|&q| expected_share(levels[q as usize])).fold(0.0, f64::max);
+            let inputs =
+                JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
+            let pass_params = JoinParams { slot_capacity: capacity, ..params };
+            let kind = if first_pass && scores { PassKind::Scores { k: k as u32 } } else { PassKind::Count };
+            let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, kind, &mut stats)?;
+            // Candidates of the pass's queries ranked from its slots (0: not ranked from them).
+            let mut slot_len = vec![0u32; pending.len()];
+            let mut next = Vec::new();
+            for (i, (&q, &c)) in pending.iter().zip(&pending_counts).enumerate() {
+                counts[q as usize] = c;
+                if (c as usize) < k {
+                    if levels[q as usize] >= KNN_LEVELS {
+                        return Err(format!("query {q} has {c} of {n} base rows within an infinite radius"));
+                    }
+                    levels[q as usize] += 1;
+                    next.push(q);
+                } else if c <= capacity {
+                    slot_len[i] = c;
+                } else if first_pass && ranked_on_device && (scores || c as usize <= KNN_RANK_SLOTS) {
+                    // An overflowed scores slot's count is the filter's: the next pass counts exactly.
+                    next.push(q);
+                } else {
+                    rest.push(q);
+                }
+            }
+            if slot_len.iter().any(|&len| len > 0) {
+                if first_pass && ranked_on_device {
+                    // The first pass's queries are all of them, in order: ranked into the table.
+                    let ranking = Instant::now();
+                    rank_slots(
+                        &self.device,
+                        &pass,
+                        capacity as usize,
+                        k,
+                        &slot_len,
+                        nearest_distance,
+                        nearest_position,
+                    )?;
+                    kernel += ranking.elapsed();
+                } else {
+                    let ranked = if ranked_on_device {
+                        let ranking = Instant::now();
+                        let mut ranked = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
+                        rank_slots(&self.device, &pass, capacity as usize, k, &slot_len, &mut ranked.0, &mut ranked.1)?;
+                        kernel += ranking.elapsed();
+                        ranked
+                    } else {
+                        // Slots too long to sort on the device: copied back and ranked here.
+                        let copying = Instant::now();
+                        let cap = capacity as usize;
+                        let mut results = host_results(&self.device, pending.len() * cap)?;
+                        let (_, positions, distances) =
+                            results.download(stream, &pass, false, 0..pending.len() * cap)?;
+                        transfer += copying.elapsed();
+                        let ranking = Instant::now();
+                        let (mut nearest, mut at) = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
+                        nearest
+                            .par_chunks_mut(k)
+                            .zip(at.par_chunks_mut(k))
+                            .zip(&slot_len)
+                            .enumerate()
+                            .filter(|&(_, (_, &len))| len > 0)
+                            .for_each(|(i, ((nearest, at), &len))| {
+                                let all = (i * cap..i * cap + len as usize)
+                                    .map(|j| Neighbour { distance: distances[j], position: positions[j] })
+                                    .collect();
+                                for (j, neighbour) in k_smallest(all, k).into_iter().enumerate() {
+                                    (nearest[j], at[j]) = (neighbour.distance, neighbour.position);
+                                }
+                            });
+                        emit += ranking.elapsed();
+                        (nearest, at)
+                    };
+                    for (i, &q) in pending.iter().enumerate().filter(|&(i, _)| slot_len[i] > 0) {
+                        let (to, from) = (q as usize * k..(q as usize + 1) * k, i * k..(i + 1) * k);
+                        nearest_distance[to.clone()].copy_from_slice(&ranked.0[from.clone()]);
+                        nearest_position[to].copy_from_slice(&ranked.1[from]);
+                    }
+                }
+                pending
+                    .iter()
+                    .zip(&slot_len)
+                    .filter(|&(_, &len)| len > 0)
+                    .for_each(|(&q, _)| in_slots[q as usize] = true);
+            }
+            first_pass = false;
+            // The next pass's slots, where ranked on the device: as long as the buffers allow for
+            // its fewer queries, at most KNN_RANK_SLOTS.
+            capacity = if ranked_on_device && !next.is_empty() {
+                (slot_values / next.len()).min(KNN_RANK_SLOTS) as u32
+            } else {
+                0
+            };
+            subset_buffers =
+                if next.is_empty() { None } else { Some(subset_side(&self.device, query_buffers, &next, dim)?) };
+            pending = next;
+        }
+        stats.candidates = counts.iter().map(|&c| c as u64).sum();
+        // The write passes cover the rest, in query order, each query with its final radius: all
+        // queries (the query side as uploaded) or a side of their own.
+        rest.sort_unstable();
+        let rest_buffers = if rest.len() == nq || rest.is_empty() {
+            None
+        } else {
+            Some(subset_side(&self.device, query_buffers, &rest, dim)?)
+        };
+        let rest_side = rest_buffers.as_ref().unwrap_or(query_buffers);
+        let rest_counts: Vec<u32> = rest.iter().map(|&q| counts[q as usize]).collect();
+        // The write passes' lists are ranked on the device where it sorts k entries in a block
+        // (rank_lists_most_k): k a query comes back instead of every candidate, and the host only
+        // emits them. The ranked neighbours take at most 12 bytes a written pair (each list has
+        // at least k), so the batches are sized for 28 bytes a pair instead of the outputs' 16.
+        let lists_on_device = k <= rank_lists_most_k(&self.device);
+        // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
+        let most = output_pairs(budget).min(MAX_BATCH_PAIRS) / PIPELINE_STREAMS as u64;
+        let most = if lists_on_device { most * 16 / 28 } else { most };
+        let (batches, capacity) =
+            if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts, most.max(1)) };
+        drop(pass);
+        // Write passes take turns on PIPELINE_STREAMS streams, each with output buffers, the
+        // rest's radii and limits, and a part of the host buffers of its own, as the joins' do:
+        // batch i is queued on stream i mod 3 once the host is done with batch i − 3's part, so
+        // the kernels of the next batches run while the host emits this one (P1 k = 10,000: 23
+        // passes, NOTES.md v76, v77).
+        let lanes_needed = batches.len().min(PIPELINE_STREAMS);
+        let slots_most = batches.iter().map(|&(begin, end, _)| end - begin).max().unwrap_or(1);
+        let mut lanes = Vec::with_capacity(lanes_needed);
+        let mut ranked_lanes = Vec::with_capacity(lanes_needed);
+        if lanes_needed > 0 {
+            let (thresholds, limits) = row_radii(&mut rest.iter().map(|&q| q as usize), &levels);
+            for _ in 0..lanes_needed {
+                let mut lane = PassBuffers::new(&self.device, slots_most, rest.len())?;
+                lane.size_outputs(&self.device, capacity)?;
+                lane.offsets = stream.alloc_zeros::<u64>(slots_most + 1).map_err(alloc)?;
+                stream.memcpy_htod(&thresholds, &mut lane.row_threshold.slice_mut(0..rest.len())).map_err(copy)?;
+                stream.memcpy_htod(&limits, &mut lane.row_limit.slice_mut(0..rest.len())).map_err(copy)?;
+                lanes.push(lane);
+                if lists_on_device {
+                    ranked_lanes.push(RankedLists::new(&self.device, slots_most * k)?);
+                }
+            }
+        }
+        // Where each batch's queries' candidates start in its output.
+        let batch_offsets: Vec<Vec<u64>> =
+            batches.iter().map(|&(begin, end, _)| exclusive_offsets(&rest_counts[begin..end])).collect();
+        // Only write passes need the pipeline's streams and result buffers (a kNN ranked from its
+        // slots alone, P1 and P2 at k = 10, creates neither): a part a stream, for the batch's
+        // ranked neighbours or all its candidates.
+        let part_values = if lists_on_device { slots_most * k } else { capacity };
+        let mut results =
+            if batches.is_empty() { None } else { Some(host_results(&self.device, part_values * PIPELINE_STREAMS)?) };
+        // Progress: the queries ranked from slots as one unit, each write batch as one.
+        sink.start(batches.len() as u64 + u64::from(first_capacity > 0));
+        stats.write_passes = batches.len() as u64;
+        // The queries ranked from slots among [from, to), in order.
+        let slotted = |from: usize, to: usize| {
+            (from..to).filter(|&q| in_slots[q]).map(|q| {
+                let range = q * k..(q + 1) * k;
+                (q, Ranked::Arrays { distances: &nearest_distance[range.clone()], positions: &nearest_position[range] })
+            })
+        };
+        let outcome = (|| -> Result<()> {
+            let exec = |e: String| DataFusionError::Execution(e);
+            let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
+            // Queries in order: those ranked from slots up to each write batch's query, then it.
+            let mut next = 0usize;
+            if let Some(results) = results.as_mut() {
+                let streams = self.device.pipeline_streams().map_err(exec)?;
+                let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;
+                // Queues batch `i` on its stream: its write pass, the ranking of its lists where
+                // that runs on the device, and the copy back; the events around its kernels time
+                // them.
+                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let queue = |i: usize,
+                             lane: &mut PassBuffers,
+                             mut ranked: Option<&mut RankedLists>,
+                             part: &mut HostPairs|
+                 -> Result<[CudaEvent; 2]> {
+                    let (begin, end, total) = batches[i];
+                    let stream = &streams[i % PIPELINE_STREAMS];
+                    let offsets = &batch_offsets[i];
+                    stream.memcpy_htod(offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(sync)?;
+                    let started = stream.record_event(timing).map_err(sync)?;
+                    let expected_share = total as f64 / ((end - begin) as f64 * n as f64);
+                    let inputs = JoinInputs {
+                        left: rest_side,
+                        right: base_buffers,
+                        right_len: n as u32,
+                        grid: None,
+                        expected_share,
+                    };
+                    launch_join_pass(
+                        &self.device,
+                        stream,
+                        &params,
+                        begin as u32..end as u32,
+                        inputs,
+                        lane,
+                        PassKind::Write,
+                    )
+                    .map_err(exec)?;
+                    if let Some(ranked) = ranked.as_deref_mut() {
+                        start_rank_lists(&self.device, stream, lane, end - begin, k, ranked).map_err(exec)?;
+                    }
+                    let written = stream.record_event(timing).map_err(sync)?;
+                    match ranked {
+                        Some(ranked) => part.start_download_ranked(stream, ranked, (end - begin) * k).map_err(exec)?,
+                        None => part.start_download(stream, lane, false, 0..total as usize).map_err(exec)?,
+                    }
+                    Ok([started, written])
+                };
+                let mut in_flight = Vec::with_capacity(batches.len());
+                for (i, (lane, part)) in lanes.iter_mut().zip(parts.iter_mut()).enumerate() {
+                    in_flight.push(queue(i, lane, ranked_lanes.get_mut(i), part)?);
+                }
+                for (i, &(begin, end, total)) in batches.iter().enumerate() {
+                    let lane = i % PIPELINE_STREAMS;
+                    let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
+                    (transfer, kernel) = (transfer + waited, kernel + ran);
+                    let emitting = Instant::now();
+                    let (_, positions, distances) =
+                        parts[lane].pairs(if lists_on_device { (end - begin) * k } else { total as usize }, false);
+                    if lists_on_device {
+                        // Query begin + j's k nearest at [j·k, j·k + k) of the part: emitted from
+                        // there, and the part taken by batch i + 3 only after.
+                        let mut ordered = Vec::with_capacity(end - begin);
+                        for (j, i) in (begin..end).enumerate() {
+                            let q = rest[i] as usize;
+                            // One by one: each borrow shortened to the part's (extend would tie
+                            // the part's borrow to the table's, past the next queue).
+                            for slotted in slotted(next, q) {
+                                ordered.push(slotted);
+                            }
+                            let range = j * k..(j + 1) * k;
+                            ordered.push((
+                                q,
+                                Ranked::Arrays { distances: &distances[range.clone()], positions: &positions[range] },
+                            ));
+                            next = q + 1;
+                        }
+                        send_ranked(sink, ordered)?;
+                    } else {
+                        // Each query's rows lie in its own [offset, next offset) range, in no set
+                        // order: ranked here (k beyond what the device sorts in a block).
+                        let offsets = &batch_offsets[i];
+                        let nearest: Vec<Vec<Neighbour>> = (begin..end)
+                            .into_par_iter()
+                            .map(|i| {
+                                let range = offsets[i - begin] as usize..offsets[i - begin + 1] as usize;
+                                let all = range
+                                    .map(|j| Neighbour { distance: distances[j], position: positions[j] })
+                                    .collect();
+                                k_smallest(all, k)
+                            })
+                            .collect();
+                        // The part is read: its stream may take batch i + 3 while this one is sent.
+                        if i + PIPELINE_STREAMS < batches.len() {
+                            in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], None, &mut parts[lane])?);
+                        }
+                        let mut ordered = Vec::with_capacity(end - begin);
+                        for (i, list) in (begin..end).zip(nearest) {
+                            let q = rest[i] as usize;
+                            ordered.extend(slotted(next, q));
+                            ordered.push((q, Ranked::List(list)));
+                            next = q + 1;
+                        }
+                        send_ranked(sink, ordered)?;
+                    }
+                    if lists_on_device && i + PIPELINE_STREAMS < batches.len() {
+                        in_flight.push(queue(
+                            i + PIPELINE_STREAMS,
+                            &mut lanes[lane],
+                            ranked_lanes.get_mut(lane),
+                            &mut parts[lane],
+                        )?);
+                    }
+                    emit += emitting.elapsed();
+                    sink.advance(1);
+                }
+            }
+            let emitting = Instant::now();
+            send_ranked(sink, slotted(next, nq).collect())?;
+            if first_capacity > 0 {
+                sink.advance(1);
+            }
+            emit += emitting.elapsed();
+            Ok(())
+        })();
+        // No copy may still be writing into the host buffers when they are released, nor a pass
+        // reading the sides when they are freed (an early return above, e.g. a cancelled query,
+        // can leave some in flight).
+        if lanes_needed > 0 {
+            for lane in self.device.pipeline_streams()? {
+                lane.synchronize().map_err(copy)?;
+            }
+        }
+        stats.probe_time = probe.elapsed();
+        stats.transfer_time += transfer;
+        stats.kernel_time += kernel;
+        stats.emit_time += emit;
+        Ok(outcome.map(|()| stats))
+    }
+}
+
+/// Most values kNN's candidate slots take on the device when they are copied back to be ranked on
+/// the host (12 bytes each; slots of more than KNN_RANK_SLOTS): for larger k the slots would cost
+/// more to copy than the write pass they save. Slots ranked on the device return k entries a query
+/// and are bounded by the memory budget alone.
+pub(super) const KNN_SLOT_VALUES: usize = 1 << 24;
+
+/// Candidates kept per query in the first count pass (0: none, every query gets a write pass).
+/// The first radius is the sample's `rank`-th smallest distance, so a query's count is about
+/// Gamma(rank)·n/sample_len (exactly k when the sample is the whole base, ties aside): the mean
+/// plus 4 of its standard deviations (mean/√rank) and 64 leave the slot too small for about one
+/// query in 60 at rank 1 (e⁻⁴·⁰⁶ for the exponential count), fewer at larger ranks; those queries
+/// take the next count pass in longer slots where these are ranked on the device, else a write
+/// pass. 0 when `queries` slots exceed a quarter of the memory `budget` (12
+/// bytes a value), or KNN_SLOT_VALUES where they would be copied back, or one count pass.
+pub(super) fn knn_slot_capacity(
+    k: usize,
+    n: usize,
+    sample_len: usize,
+    rank: u32,
+    queries: usize,
+    budget: usize,
+) -> u32 {
+    let expected = if sample_len >= n { k as f64 } else { rank as f64 * n as f64 / sample_len as f64 };
+    let capacity = (expected * (1.0 + 4.0 / (rank.max(1) as f64).sqrt()) + 64.0).ceil() as usize;
+    let copied_limit = if capacity > KNN_RANK_SLOTS { KNN_SLOT_VALUES } else { usize::MAX };
+    if queries > MAX_PASS_ROWS || queries.saturating_mul(capacity) > copied_limit.min(budget / 4 / 12) {
+        return 0;
+    }
+    capacity as u32
+}
+
+/// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]), from which each query's ranks are
+/// picked. Where the tensor cores filter (`tensor_cores`), they take the sample's distances too, and
+/// the sample is KNN_SAMPLE rows (or the whole base): a sample row then costs about 1.5 count-pass
+/// rows (P2: 0.63 ms of keys for 4,096 rows against 6.1 ms for the pass's 60,000, NOTES.md v55),
+/// and the larger sample gives tighter radii, fewer candidates for the same share of queries
+/// short (P2, 60,000 rows of 784 at k = 10: 64 candidates a query and 4 % short with 1,875
+/// rows at rank 2, 44 and 3 % with 4,096 at rank 3; NOTES.md v54). On f32 CUDA cores a sample
+/// row cost about as much as 8 of the count pass's base rows (P2: a sample of 4,096 took 10.7 ms
+/// against the count pass's 9.2 ms, v45), so there it is a 32nd of the base, at least 1,024 rows,
+/// and the whole base up to that. A smaller sample only makes the candidate counts vary more (a
+/// query short of k takes another count pass at its next radius), never an answer.
+pub(super) fn knn_sample_len(n: usize, tensor_cores: bool) -> usize {
+    const SMALLEST: usize = 1024;
+    match n {
+        _ if tensor_cores => n.min(KNN_SAMPLE),
+        0..=SMALLEST => n,
+        _ => (n / 32).clamp(SMALLEST, KNN_SAMPLE),
+    }
+}
+
+/// The sample rank of kNN's first radius. With the whole base as the sample it is k itself (the
+/// radius is then the exact k-th distance). Otherwise it comes from two ranks:
+/// - about `c·k` base rows fall within the (c·k·s/n)-th smallest of s evenly spread sample
+///   distances, and `c = 2 + 6/√k` puts c·k more than 4.6 standard deviations of that count
+///   (near-Poisson) above k;
+/// - the sample itself varies: the r-th smallest sample distance lies below the k-th smallest base
+///   distance, leaving the query short of k (and a second count pass, then a write pass, for it),
+///   when at least r sample rows are among its k nearest, a count near Poisson(λ), λ = k·s/n. That
+///   rank is the smallest r with P(Poisson(λ) ≥ r) ≤ 1 %.
+///
+/// For small λ the rank is the first, or the second where larger but at most 2: each rank adds
+/// n/s candidates a query, each an exact f64 check whose cost grows with d. Measured on the H100
+/// (NOTES.md v49): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
+/// instead of 4.5 % and ran ~2 ms faster; 60,000 × 784 rows (k = 10, λ = 0.31) at rank 3 instead
+/// of 2 ran 2.5–3 ms slower. For large λ the second rank, about λ + 2.3√λ, is the smaller, and is
+/// the one: the sample's own variation is what leaves a query short, and c·k then only adds
+/// candidates (P1 at k = 10,000, λ = 41: rank 58 instead of 85, 1.4·10⁴ candidates a query
+/// instead of 2.1·10⁴, NOTES.md v78).
+pub(super) fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
+    if sample_len >= n {
+        return k as u32;
+    }
+    let lambda = k as f64 * sample_len as f64 / n as f64;
+    let c = 2.0 + 6.0 / (k as f64).sqrt();
+    let by_count = (c * lambda).ceil() as usize;
+    // P(X ≤ r − 1) summed term by term, each in logarithms (e^−λ underflows beyond λ ≈ 745),
+    // until the tail P(X ≥ r) is at most 1 %.
+    let (mut by_sample, mut log_term) = (1usize, -lambda);
+    let mut below = log_term.exp();
+    while 1.0 - below > 0.01 && by_sample <= sample_len {
+        log_term += (lambda / by_sample as f64).ln();
+        below += log_term.exp();
+        by_sample += 1;
+    }
+    by_count.min(by_sample).max(by_sample.min(2)).clamp(1, sample_len + 1) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knn_slots_fit_the_expected_count_with_room() {
+        // P1, k = 10: rank 1 of 4,096 over 10⁶ rows, ~244 candidates per query → 5·244 + 64.
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000, 80 << 30), 1285);
+        // The whole base as the sample: k itself, plus room for ties.
+        assert_eq!(knn_slot_capacity(10, 3000, 3000, 10, 100, 80 << 30), 87);
+        // Rank 2 (P1, k = 10 since v49): 488 expected, 1,934 a slot, 1.9·10⁷ values ranked on the
+        // device, so within the budget alone.
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 2, 10_000, 80 << 30), 1934);
+        // Large k (P1, k = 1,000: rank 9, slots beyond KNN_RANK_SLOTS to copy) or too many
+        // queries: no slots, write passes instead.
+        assert_eq!(knn_slot_capacity(1000, 1_000_000, 4096, 9, 10_000, 80 << 30), 0);
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, MAX_PASS_ROWS + 1, 80 << 30), 0);
+        // P1's 1.3·10⁷ slot values take 154 MB: not within a quarter of a 256 MiB budget.
+        assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000, 256 << 20), 0);
+    }
+
+    #[test]
+    fn knn_samples_within_their_limits() {
+        assert_eq!(knn_sample_len(1, false), 1);
+        assert_eq!(knn_sample_len(1024, false), 1024);
+        assert_eq!(knn_sample_len(10_000, false), 1024);
+        // P2: 60,000 rows.
+        assert_eq!(knn_sample_len(60_000, false), 1875);
+        // P1: 1M rows.
+        assert_eq!(knn_sample_len(1_000_000, false), KNN_SAMPLE);
+        // Tensor cores: KNN_SAMPLE rows, the whole base up to that.
+        assert_eq!(knn_sample_len(1, true), 1);
+        assert_eq!(knn_sample_len(3000, true), 3000);
+        assert_eq!(knn_sample_len(60_000, true), KNN_SAMPLE);
+        assert_eq!(knn_sample_len(1_000_000, true), KNN_SAMPLE);
+    }
+
+    #[test]
+    fn knn_sample_ranks() {
+        // The whole base as the sample: the k-th distance itself.
+        assert_eq!(knn_sample_rank(10, 3000, 3000), 10);
+        // P1: 1M rows, 4096 sampled. k = 10: the sample minimum covers ~244 rows ≥ 3.9·10, but
+        // 4 % of queries would fall short (1 − e^−0.041); rank 2 leaves 0.08 %.
+        assert_eq!(knn_sample_rank(10, 1_000_000, 4096), 2);
+        // k = 1: 0.4 % short at rank 1.
+        assert_eq!(knn_sample_rank(1, 1_000_000, 4096), 1);
+        // k = 1,000 (λ = 4.1): 9 by the count (1.6 % short; 10 would leave 0.65 %, but the sample's
+        // rank stops at 2).
+        assert_eq!(knn_sample_rank(1000, 1_000_000, 4096), 9);
+        // P2: 60,000 rows, 1,875 sampled, k = 10 (λ = 0.31): 2 (4 % short; 3 would leave 0.4 %).
+        assert_eq!(knn_sample_rank(10, 60_000, 1875), 2);
+        // 4,096 sampled (λ = 0.68): 3 by the count (3.2 % short; 4 would leave 0.5 %).
+        assert_eq!(knn_sample_rank(10, 60_000, 4096), 3);
+        // k = 10,000 (λ = 41): the sample's rank, 58 (1 % short), below the count's 85.
+        assert_eq!(knn_sample_rank(10_000, 1_000_000, 4096), 58);
+        // λ = 1,000, where e^−λ underflows: still the sample's rank (λ + 2.3√λ), not an infinite
+        // radius.
+        let rank = knn_sample_rank(244_141, 1_000_000, 4096);
+        assert!((1070..1080).contains(&rank), "{rank}");
+        // k = 900,000 (λ = 3,686): the sample's rank, 3,829 of its 4,096 (the count's 7,400 is
+        // beyond the sample).
+        assert_eq!(knn_sample_rank(900_000, 1_000_000, 4096), 3829);
+        // More than the sample holds: rank sample_len + 1, i.e. an infinite first radius.
+        assert_eq!(knn_sample_rank(999_990, 1_000_000, 4096), 4097);
+    }
+}

@@ -1,0 +1,191 @@
+//! The GPU backend: ε-joins and range queries with the same strategy choice, grid and f32 filter
+//! margins as the CPU backend, run by the kernels of kernels/sim_join.cu with a count pass that
+//! collects the pairs and, when they do not fit, write passes in batches sized so the pairs of one
+//! batch fit the device; kNN as a range query with a sampled radius per query (kernels/knn.cu).
+//! Exact distances are the f64 formulas of common.cuh, compiled without FMA contraction, so
+//! answers equal the CPU's.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::common::{DataFusionError, Result, resources_err};
+
+use super::exact::{ExactCheck, write_self_pairs};
+use super::plan::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
+use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
+use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
+use crate::gpu::abi::JoinParams;
+use crate::gpu::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, SideBuffers};
+use crate::gpu::download::{DownloadedPairs, HostPairs, KEPT_RANKED, host_ranked, host_results};
+use crate::gpu::grid::{DeviceGrid, build_grid};
+use crate::gpu::kernels::KernelModule;
+use crate::gpu::launch::{
+    KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, RankedLists, byte_row_words,
+    byte_rows, byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass,
+    pack_half_rows, rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
+    start_rank_lists, tc_row_words,
+};
+use crate::gpu::memory::{available_memory, upload};
+use crate::gpu::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
+use crate::index::JoinStrategy;
+use crate::op::{Metric, dot};
+use crate::vectors::Vectors;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use rayon::prelude::*;
+
+mod filter;
+mod join;
+mod knn;
+mod sides;
+
+use filter::*;
+use join::*;
+use sides::*;
+
+/// Most result pairs one write pass produces (16 bytes each: 512 MiB of device memory).
+const MAX_BATCH_PAIRS: u64 = 1 << 25;
+/// Most left rows one pass covers (its counts and offsets hold one value per left row).
+const MAX_PASS_ROWS: usize = 65_535 * 128;
+
+/// ε-joins and range queries on a CUDA GPU.
+#[derive(Debug)]
+pub struct GpuBackend {
+    device: Arc<GpuDevice>,
+    /// Bytes of device memory a run may use (0: all that is available).
+    memory_limit: usize,
+}
+
+impl GpuBackend {
+    /// The backend on the process's shared device, using at most `memory_limit` bytes of its
+    /// memory (0: all that is available).
+    pub fn new(device: Arc<GpuDevice>, memory_limit: usize) -> Self {
+        Self { device, memory_limit }
+    }
+
+    /// Device memory this run may use: what is free (with what the memory pool keeps for reuse),
+    /// within the limit.
+    fn memory_budget(&self) -> Result<usize> {
+        let available = available_memory(&self.device).map_err(DataFusionError::Execution)?;
+        Ok(if self.memory_limit > 0 { available.min(self.memory_limit) } else { available })
+    }
+}
+
+/// Device bytes per input row at most, on either side: its f32 filter row, f16 row (tensor
+/// cores) and f64 exact row (14 bytes a dimension, and up to 14 of the f16 row's padding), and 64
+/// for its position, norms, per-row pass buffers (counts, offsets, radii) and grid cell. When both sides take more than half of the memory budget, the inputs
+/// run as tiles of a quarter of it each; the other half holds the result buffers (a quarter for
+/// the pairs a pass collects or writes, [`output_pairs`]) and the grid.
+fn device_row_bytes(dim: usize) -> usize {
+    14 * dim + 78
+}
+
+impl Backend for GpuBackend {
+    fn name(&self) -> String {
+        match self.memory_limit {
+            0 => format!("gpu({})", self.device.arch),
+            limit => format!("gpu({}, memory_limit={})", self.device.arch, format_size(limit)),
+        }
+    }
+
+    fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let budget = self.memory_budget()?;
+        let run = |tile: &JoinRequest, sink: &dyn ResultSink| {
+            self.gpu_join(tile, sink, budget).map_err(|e| DataFusionError::Execution(format!("GPU join: {e}")))?
+        };
+        let rows = request.left.len() + if request.self_join.is_some() { 0 } else { request.right.len() };
+        let row_bytes = device_row_bytes(request.left.dim);
+        if rows.saturating_mul(row_bytes) <= budget / 2 {
+            return run(request, sink);
+        }
+        tiles::tiled_join(request, sink, tile_rows(budget, request.left.dim, self.memory_limit, "GPU join")?, run)
+    }
+
+    fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let budget = self.memory_budget()?;
+        let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
+            self.gpu_knn(tile, sink, budget).map_err(|e| DataFusionError::Execution(format!("GPU kNN: {e}")))?
+        };
+        let row_bytes = device_row_bytes(request.base.dim);
+        if (request.base.len() + request.queries.len()).saturating_mul(row_bytes) <= budget / 2 {
+            return run(request, sink);
+        }
+        let tile_rows = tile_rows(budget, request.base.dim, self.memory_limit, "GPU kNN")?;
+        tiles::tiled_knn(request, sink, tile_rows, tile_rows, run)
+    }
+}
+
+/// Fewest rows per tile a run accepts: smaller tiles would turn a join into more tile pairs (each a
+/// join with its own uploads and launches) than any result is worth waiting for.
+const MIN_TILE_ROWS: usize = 256;
+
+/// Rows of `dim` dimensions per input tile within `budget` (a quarter of it per tile), or the
+/// error that names the limit (`memory_limit`, 0: none) when that is fewer than MIN_TILE_ROWS.
+fn tile_rows(budget: usize, dim: usize, memory_limit: usize, what: &str) -> Result<usize> {
+    let row_bytes = device_row_bytes(dim);
+    let rows = budget / 4 / row_bytes;
+    if rows >= MIN_TILE_ROWS {
+        return Ok(rows);
+    }
+    let needed = format_size((MIN_TILE_ROWS * row_bytes * 4).next_multiple_of(1 << 10));
+    match memory_limit {
+        0 => resources_err!(
+            "{what}: the device has {budget} bytes available, room for {rows} rows of {dim} dimensions per input tile; at least {MIN_TILE_ROWS} need {needed}"
+        ),
+        limit => resources_err!(
+            "{what}: option gpu_memory_limit={} leaves room for {rows} rows of {dim} dimensions per input tile ({row_bytes} bytes a row, a quarter of the limit per tile); at least {MIN_TILE_ROWS} rows need gpu_memory_limit={needed}",
+            format_size(limit)
+        ),
+    }
+}
+
+/// Most result pairs (16 bytes each on the device) one pass may collect or write: a quarter of
+/// the memory budget (write passes: at most MAX_BATCH_PAIRS of them).
+fn output_pairs(budget: usize) -> u64 {
+    (budget / 4 / 16).max(1) as u64
+}
+
+/// `bytes` as the gpu_memory_limit option takes it: `64M`, `2G`, or a number of bytes.
+fn format_size(bytes: usize) -> String {
+    match bytes {
+        b if b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    }
+}
+
+/// Waits for the write pass queued on `stream` (its kernel between `events`, then its copy to the
+/// host): the time waited, and the kernel's own time.
+pub(super) fn finish_queued(
+    stream: &CudaStream,
+    events: &[CudaEvent; 2],
+) -> Result<(Duration, Duration), cudarc::driver::DriverError> {
+    let waiting = Instant::now();
+    stream.synchronize()?;
+    let waited = waiting.elapsed();
+    let [started, written] = events;
+    Ok((waited, Duration::from_secs_f32(started.elapsed_ms(written)? / 1e3)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_below_the_minimum_are_an_error_that_names_the_limit() {
+        // 2-D rows take 106 bytes: 415K gives tiles of 1,002 rows (the selftest's case).
+        assert_eq!(tile_rows(415 << 10, 2, 415 << 10, "GPU join").unwrap(), 1002);
+        let err = tile_rows(64 << 10, 2, 64 << 10, "GPU join").unwrap_err().strip_backtrace();
+        assert_eq!(
+            err,
+            "Resources exhausted: GPU join: option gpu_memory_limit=64K leaves room for 154 rows of 2 dimensions per input tile \
+             (106 bytes a row, a quarter of the limit per tile); at least 256 rows need gpu_memory_limit=106K"
+        );
+        let err = tile_rows(1000, 128, 0, "GPU kNN").unwrap_err().strip_backtrace();
+        assert!(
+            err.contains("GPU kNN: the device has 1000 bytes available, room for 0 rows of 128 dimensions"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,27 @@
+//! Every kernel launch, each checked. One file per
+//! kind of work; the helpers are visible to the crate only.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits, sys,
+};
+
+use super::abi::*;
+use super::buffers::*;
+use super::device::GpuDevice;
+use super::kernels::KernelModule;
+
+mod geometry;
+mod join;
+mod pack;
+mod primitives;
+mod rank;
+mod sample;
+
+use geometry::*;
+pub use join::*;
+pub use pack::*;
+pub use primitives::*;
+pub use rank::*;
+pub use sample::*;
