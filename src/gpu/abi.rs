@@ -44,3 +44,67 @@ pub struct JoinParams {
 // (kernels/common.cuh asserts the same size).
 unsafe impl DeviceRepr for JoinParams {}
 const _: () = assert!(std::mem::size_of::<JoinParams>() == 216, "JoinParams layout changed: update kernels/common.cuh");
+
+/// The distance a kernel computes exactly: `METRIC_*` of kernels/common.cuh.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricCode {
+    L2 = 0,
+    L2Squared = 1,
+    Cosine = 2,
+    InnerProduct = 3,
+    L1 = 4,
+    LInf = 5,
+}
+
+/// The f32 score a kernel filters with: `FILTER_*` of kernels/common.cuh.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterCode {
+    /// Σ (x̃ − ỹ)², term by term.
+    SquaredL2 = 0,
+    L1 = 1,
+    LInf = 2,
+    /// −x̃·ỹ (the inner product).
+    NegDot = 3,
+    /// ‖x̃‖² + ‖ỹ‖² − 2x̃·ỹ (the GEMM form of L2, L2² and cosine).
+    GemmL2 = 4,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define NAME Nu` in kernels/common.cuh.
+    fn defined(name: &str) -> u32 {
+        let source = include_str!("../../kernels/common.cuh");
+        let line = source
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+            .unwrap_or_else(|| panic!("{name} is not defined in kernels/common.cuh"));
+        line.split_whitespace().nth(2).unwrap().trim_end_matches('u').parse().unwrap()
+    }
+
+    #[test]
+    fn codes_match_the_kernels() {
+        for (code, name) in [
+            (MetricCode::L2, "METRIC_L2"),
+            (MetricCode::L2Squared, "METRIC_L2SQ"),
+            (MetricCode::Cosine, "METRIC_COSINE"),
+            (MetricCode::InnerProduct, "METRIC_INNER_PRODUCT"),
+            (MetricCode::L1, "METRIC_L1"),
+            (MetricCode::LInf, "METRIC_LINF"),
+        ] {
+            assert_eq!(code as u32, defined(name), "{name}");
+        }
+        for (code, name) in [
+            (FilterCode::SquaredL2, "FILTER_SQUARED_L2"),
+            (FilterCode::L1, "FILTER_L1"),
+            (FilterCode::LInf, "FILTER_LINF"),
+            (FilterCode::NegDot, "FILTER_NEG_DOT"),
+            (FilterCode::GemmL2, "FILTER_GEMM_L2"),
+        ] {
+            assert_eq!(code as u32, defined(name), "{name}");
+        }
+    }
+}

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
+use super::Result;
 use super::device::GpuDevice;
+use super::memory::zeroed;
 
 /// The rows of one join side on the device, in slot order.
 #[derive(Debug)]
@@ -115,29 +117,27 @@ pub struct PassBuffers {
 impl PassBuffers {
     /// Buffers for passes over at most `slots` left slots, with `row_values` per-row thresholds
     /// and limits (0 without `per_row`); the outputs start empty and are sized after the count.
-    pub fn new(device: &GpuDevice, slots: usize, row_values: usize) -> Result<Self, String> {
+    pub fn new(device: &GpuDevice, slots: usize, row_values: usize) -> Result<Self> {
         let s = &device.stream;
-        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
         Ok(Self {
-            counts: s.alloc_zeros::<u32>(slots.max(1)).map_err(alloc)?,
-            offsets: s.alloc_zeros::<u64>(1).map_err(alloc)?,
-            out_left: s.alloc_zeros::<u32>(1).map_err(alloc)?,
-            out_right: s.alloc_zeros::<u32>(1).map_err(alloc)?,
-            out_distance: s.alloc_zeros::<f64>(1).map_err(alloc)?,
-            collected: s.alloc_zeros::<u64>(1).map_err(alloc)?,
-            row_threshold: s.alloc_zeros::<f64>(row_values.max(1)).map_err(alloc)?,
-            row_limit: s.alloc_zeros::<f32>(row_values.max(1)).map_err(alloc)?,
+            counts: zeroed::<u32>(s, slots.max(1))?,
+            offsets: zeroed::<u64>(s, 1)?,
+            out_left: zeroed::<u32>(s, 1)?,
+            out_right: zeroed::<u32>(s, 1)?,
+            out_distance: zeroed::<f64>(s, 1)?,
+            collected: zeroed::<u64>(s, 1)?,
+            row_threshold: zeroed::<f64>(s, row_values.max(1))?,
+            row_limit: zeroed::<f32>(s, row_values.max(1))?,
         })
     }
 
     /// Output buffers for `pairs` pairs (what a collecting count pass may store, or the largest
     /// write batch's count).
-    pub fn size_outputs(&mut self, device: &GpuDevice, pairs: usize) -> Result<(), String> {
+    pub fn size_outputs(&mut self, device: &GpuDevice, pairs: usize) -> Result<()> {
         let s = &device.stream;
-        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation of {pairs} result pairs failed: {e}");
-        self.out_left = s.alloc_zeros::<u32>(pairs.max(1)).map_err(alloc)?;
-        self.out_right = s.alloc_zeros::<u32>(pairs.max(1)).map_err(alloc)?;
-        self.out_distance = s.alloc_zeros::<f64>(pairs.max(1)).map_err(alloc)?;
+        self.out_left = zeroed::<u32>(s, pairs.max(1))?;
+        self.out_right = zeroed::<u32>(s, pairs.max(1))?;
+        self.out_distance = zeroed::<f64>(s, pairs.max(1))?;
         Ok(())
     }
 }

@@ -13,7 +13,8 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::buffers::SideBuffers;
 use super::download::ResultBuffers;
-use super::kernels::KernelModule;
+use super::kernels::{Kernel, KernelModule};
+use super::{Error, Result};
 use super::{GpuInfo, probe};
 
 /// A usable GPU.
@@ -33,7 +34,7 @@ pub struct GpuDevice {
     pub shared_memory_per_multiprocessor: usize,
     /// Streaming multiprocessors.
     pub multiprocessors: usize,
-    modules: [OnceLock<Result<Arc<CudaModule>, String>>; KernelModule::ALL.len()],
+    modules: [OnceLock<Result<Arc<CudaModule>>>; KernelModule::ALL.len()],
     /// Two page-locked buffers that large uploads pass through (`memory::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
     pub(super) staging: Mutex<Option<[PinnedHostSlice<u8>; 2]>>,
@@ -45,7 +46,7 @@ pub struct GpuDevice {
     pub(super) ranked: Mutex<Option<ResultBuffers>>,
     /// The streams of pipelined write passes, created on first use (from then on cudarc orders
     /// every buffer's uses across streams with events).
-    pipeline: OnceLock<Result<[Arc<CudaStream>; PIPELINE_STREAMS], String>>,
+    pipeline: OnceLock<Result<[Arc<CudaStream>; PIPELINE_STREAMS]>>,
     /// Exact rows kept on the device between queries ([`GpuDevice::resident_rows`]).
     resident: Mutex<ResidentRows>,
 }
@@ -129,24 +130,25 @@ const RESIDENT_SHARE: usize = 4;
 /// copy to the host and the one after's kernel run on the other two (seed 003 §3.2.2).
 pub const PIPELINE_STREAMS: usize = 3;
 
-static SHARED: OnceLock<Result<Arc<GpuDevice>, String>> = OnceLock::new();
+static SHARED: OnceLock<Result<Arc<GpuDevice>>> = OnceLock::new();
 
 impl GpuDevice {
     /// The process-wide device 0, opened on first use; `Err` says why there is none.
-    pub fn shared() -> Result<Arc<GpuDevice>, String> {
+    pub fn shared() -> Result<Arc<GpuDevice>> {
         SHARED.get_or_init(|| Self::open().map(Arc::new)).clone()
     }
 
-    fn open() -> Result<GpuDevice, String> {
+    fn open() -> Result<GpuDevice> {
         let info = probe()?;
         let arch = arch_for(info.compute_capability)?;
-        let ctx = CudaContext::new(info.ordinal).map_err(|e| format!("GPU {} cannot be opened: {e}", info.ordinal))?;
+        let ctx = CudaContext::new(info.ordinal)
+            .map_err(|e| Error::Device(format!("GPU {} cannot be opened: {e}", info.ordinal)))?;
         let stream = ctx.default_stream();
         super::memory::keep_freed_device_memory(&ctx)?;
         let attribute = |attribute| {
             ctx.attribute(attribute)
                 .map(|value| value as usize)
-                .map_err(|e| format!("GPU {} does not answer: {e}", info.ordinal))
+                .map_err(|e| Error::Device(format!("GPU {} does not answer: {e}", info.ordinal)))
         };
         let shared_memory_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let shared_memory_per_multiprocessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
@@ -178,7 +180,7 @@ impl GpuDevice {
     /// copy uploaded at the key's first use is kept, and returned, while the key lives and the
     /// kept rows take at most a quarter of the device's memory (the least recently used leave
     /// first). The caller vouches that `values` are the key's, unchanged.
-    pub fn resident_rows(&self, key: &ResidentKey, values: &[f64]) -> Result<(Arc<CudaSlice<f64>>, bool), String> {
+    pub fn resident_rows(&self, key: &ResidentKey, values: &[f64]) -> Result<(Arc<CudaSlice<f64>>, bool)> {
         let lock = || self.resident.lock().map_err(|_| "the GPU's resident rows are poisoned".to_string());
         {
             let mut resident = lock()?;
@@ -241,18 +243,20 @@ impl GpuDevice {
     }
 
     /// The streams of pipelined write passes.
-    pub fn pipeline_streams(&self) -> Result<&[Arc<CudaStream>; PIPELINE_STREAMS], String> {
+    pub fn pipeline_streams(&self) -> Result<&[Arc<CudaStream>; PIPELINE_STREAMS]> {
         let streams = self.pipeline.get_or_init(|| {
-            let streams: Result<Vec<_>, _> = (0..PIPELINE_STREAMS).map(|_| self.ctx.new_stream()).collect();
+            let streams: std::result::Result<Vec<_>, _> =
+                (0..PIPELINE_STREAMS).map(|_| self.ctx.new_stream()).collect();
             streams
-                .map_err(|e| format!("GPU stream creation failed: {e}"))
+                .map_err(|e| Error::Device(format!("GPU stream creation failed: {e}")))
                 .map(|s| s.try_into().expect("PIPELINE_STREAMS streams"))
         });
         streams.as_ref().map_err(Clone::clone)
     }
 
     /// A kernel of `module`, compiling the module on first use.
-    pub fn function(&self, module: KernelModule, name: &str) -> Result<CudaFunction, String> {
+    pub fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
+        let module = kernel.module();
         let index = KernelModule::ALL.iter().position(|m| *m == module).unwrap_or(0);
         let compiled = self.modules[index].get_or_init(|| {
             let options = CompileOptions {
@@ -264,16 +268,16 @@ impl GpuDevice {
                 ..Default::default()
             };
             let ptx = compile_ptx_with_opts(module.source(), options)
-                .map_err(|e| format!("NVRTC could not compile {}: {e}", module.file_name()))?;
-            self.ctx.load_module(ptx).map_err(|e| format!("loading {} failed: {e}", module.file_name()))
+                .map_err(|e| Error::Device(format!("NVRTC could not compile {}: {e}", module.file_name())))?;
+            self.ctx.load_module(ptx).map_err(|e| Error::Device(format!("loading {} failed: {e}", module.file_name())))
         });
         let module_ref = compiled.clone()?;
-        module_ref.load_function(name).map_err(|e| format!("kernel {name} not found: {e}"))
+        module_ref.load_function(kernel.name()).map_err(|e| Error::Device(format!("kernel {kernel} not found: {e}")))
     }
 }
 
 /// NVRTC's `arch` for a compute capability.
-fn arch_for((major, minor): (i32, i32)) -> Result<&'static str, String> {
+fn arch_for((major, minor): (i32, i32)) -> Result<&'static str> {
     Ok(match (major, minor) {
         (7, 0) => "sm_70",
         (7, 5) => "sm_75",
@@ -286,6 +290,6 @@ fn arch_for((major, minor): (i32, i32)) -> Result<&'static str, String> {
         (10, 0) => "sm_100",
         (10, 3) => "sm_103",
         (12, 0) => "sm_120",
-        _ => return Err(format!("compute capability {major}.{minor} is not supported by this build")),
+        _ => return Err(Error::Device(format!("compute capability {major}.{minor} is not supported by this build"))),
     })
 }

@@ -8,6 +8,7 @@ use super::buffers::PassBuffers;
 use super::device::GpuDevice;
 use super::launch::RankedLists;
 use super::memory::pinned_buffer;
+use super::{Error, Result};
 
 /// Page-locked host buffers for the pairs of one write pass (left and right positions, exact
 /// distances).
@@ -19,7 +20,7 @@ pub struct ResultBuffers {
 }
 
 impl ResultBuffers {
-    fn new(device: &GpuDevice, capacity: usize) -> Result<Self, String> {
+    fn new(device: &GpuDevice, capacity: usize) -> Result<Self> {
         Ok(Self {
             left: pinned_buffer(device, capacity, true)?,
             right: pinned_buffer(device, capacity, true)?,
@@ -47,32 +48,35 @@ impl HostResults<'_> {
         pass: &PassBuffers,
         with_left: bool,
         pairs: std::ops::Range<usize>,
-    ) -> Result<DownloadedPairs<'_>, String> {
+    ) -> Result<DownloadedPairs<'_>> {
         let n = pairs.len();
         let [mut all] = self.parts()?;
         all.start_download(stream, pass, with_left, pairs)?;
-        stream.synchronize().map_err(|e| format!("GPU copy failed: {e}"))?;
+        stream.synchronize().map_err(|e| Error::Device(format!("GPU copy failed: {e}")))?;
         Ok(all.into_pairs(n, with_left))
     }
 
     /// The first `len` distances and positions of the buffers, for the host to fill and read
     /// (kNN's table of ranked neighbours, [`host_ranked`]).
-    pub fn table(&mut self, len: usize) -> Result<(&mut [f64], &mut [u32]), String> {
+    pub fn table(&mut self, len: usize) -> Result<(&mut [f64], &mut [u32])> {
         let [all] = self.parts::<1>()?;
         if len > all.capacity() {
-            return Err(format!("a table of {len} neighbours does not fit result buffers of {}", all.capacity()));
+            return Err(Error::Device(format!(
+                "a table of {len} neighbours does not fit result buffers of {}",
+                all.capacity()
+            )));
         }
         let HostPairs { right, distance, .. } = all;
         Ok((&mut distance[..len], &mut right[..len]))
     }
 
     /// The buffers cut into `N` views of an `N`th of the capacity each.
-    pub fn parts<const N: usize>(&mut self) -> Result<[HostPairs<'_>; N], String> {
+    pub fn parts<const N: usize>(&mut self) -> Result<[HostPairs<'_>; N]> {
         let buffers = match &mut self.kept {
             Some(kept) => kept.as_mut().expect("filled by host_results"),
             None => self.own.as_mut().expect("filled by host_results"),
         };
-        let pinned = |e: cudarc::driver::DriverError| format!("pinned buffer: {e}");
+        let pinned = |e: cudarc::driver::DriverError| Error::Device(format!("pinned buffer: {e}"));
         let (mut left, mut right, mut distance) = (
             buffers.left.as_mut_slice().map_err(pinned)?,
             buffers.right.as_mut_slice().map_err(pinned)?,
@@ -116,12 +120,12 @@ impl<'a> HostPairs<'a> {
         pass: &PassBuffers,
         with_left: bool,
         pairs: std::ops::Range<usize>,
-    ) -> Result<(), String> {
+    ) -> Result<()> {
         let n = pairs.len();
         if n > self.capacity() {
-            return Err(format!("{n} pairs do not fit result buffers of {}", self.capacity()));
+            return Err(Error::Device(format!("{n} pairs do not fit result buffers of {}", self.capacity())));
         }
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let copy = |e: cudarc::driver::DriverError| Error::Device(format!("GPU copy failed: {e}"));
         if n > 0 {
             if with_left {
                 stream.memcpy_dtoh(&pass.out_left.slice(pairs.clone()), &mut self.left[..n]).map_err(copy)?;
@@ -134,16 +138,14 @@ impl<'a> HostPairs<'a> {
 
     /// Starts copying the first `n` ranked neighbours of `ranked` into this view's positions and
     /// distances, as [`HostPairs::start_download`] copies pairs.
-    pub fn start_download_ranked(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        ranked: &RankedLists,
-        n: usize,
-    ) -> Result<(), String> {
+    pub fn start_download_ranked(&mut self, stream: &Arc<CudaStream>, ranked: &RankedLists, n: usize) -> Result<()> {
         if n > self.capacity() {
-            return Err(format!("{n} ranked neighbours do not fit result buffers of {}", self.capacity()));
+            return Err(Error::Device(format!(
+                "{n} ranked neighbours do not fit result buffers of {}",
+                self.capacity()
+            )));
         }
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let copy = |e: cudarc::driver::DriverError| Error::Device(format!("GPU copy failed: {e}"));
         if n > 0 {
             stream.memcpy_dtoh(&ranked.position.slice(0..n), &mut self.right[..n]).map_err(copy)?;
             stream.memcpy_dtoh(&ranked.distance.slice(0..n), &mut self.distance[..n]).map_err(copy)?;
@@ -167,7 +169,7 @@ impl<'a> HostPairs<'a> {
 /// it when a run needs more: page-locking and zeroing ~0.5 GB anew took ~0.3 s of every P3–P5 run
 /// (NOTES.md v14). A run that finds the set held by another (which may be blocked on a slow
 /// consumer) allocates its own rather than wait.
-pub fn host_results(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>, String> {
+pub fn host_results(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>> {
     kept_host_buffers(device, &device.results, capacity)
 }
 
@@ -179,9 +181,9 @@ pub const KEPT_RANKED: usize = 1 << 22;
 /// (`rank_slots`), kept by the device between runs as [`host_results`]' are. Copied into
 /// pageable memory allocated for each query, P1 k = 100's 10⁶ took 2 ms in most processes and
 /// 5–11 ms in some (NOTES.md v68).
-pub fn host_ranked(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>, String> {
+pub fn host_ranked(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>> {
     if capacity > KEPT_RANKED {
-        return Err(format!("{capacity} ranked neighbours exceed the kept buffers' {KEPT_RANKED}"));
+        return Err(Error::Device(format!("{capacity} ranked neighbours exceed the kept buffers' {KEPT_RANKED}")));
     }
     kept_host_buffers(device, &device.ranked, capacity)
 }
@@ -192,7 +194,7 @@ pub(super) fn kept_host_buffers<'a>(
     device: &'a GpuDevice,
     kept: &'a std::sync::Mutex<Option<ResultBuffers>>,
     capacity: usize,
-) -> Result<HostResults<'a>, String> {
+) -> Result<HostResults<'a>> {
     match kept.try_lock() {
         Ok(mut kept) => {
             if kept.as_ref().is_none_or(|b| b.left.len() < capacity) {

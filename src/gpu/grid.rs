@@ -8,8 +8,10 @@
 use cudarc::driver::CudaSlice;
 
 use super::GpuDevice;
+use super::Result;
 use super::launch::{CellBounds, RadixKeys, cell_bounds, gather_rows, identity_order, radix_pass};
 use super::memory::upload;
+use super::memory::zeroed;
 
 /// One side's grid on the device.
 #[derive(Debug)]
@@ -34,12 +36,12 @@ pub fn build_grid(
     sort_values: Option<&[f64]>,
     cell_bits: u32,
     table_len: Option<usize>,
-) -> Result<DeviceGrid, String> {
+) -> Result<DeviceGrid> {
     let n = cells.len();
     let cell_keys = upload(device, cells)?;
     let values = sort_values.map(|v| upload(device, v)).transpose()?;
     let mut order = identity_order(device, n)?;
-    let mut spare = device.stream.alloc_zeros::<u32>(n.max(1)).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut spare = zeroed::<u32>(&device.stream, n.max(1))?;
     // Least significant key first: the sort value's 64 bits, then the cell id's.
     let value_passes = values.iter().flat_map(|v| (0..64).step_by(8).map(move |shift| (RadixKeys::Values(v), shift)));
     let cell_passes = (0..cell_bits).step_by(8).map(|shift| (RadixKeys::Cells(&cell_keys), shift));
@@ -50,7 +52,7 @@ pub fn build_grid(
     let slot_cell = gather_rows(device, &cell_keys, n, &order, n, 1)?;
     let sort_keys = match values {
         Some(v) => gather_rows(device, &v, n, &order, n, 1)?,
-        None => device.stream.alloc_zeros::<f64>(1).map_err(|e| format!("GPU allocation failed: {e}"))?,
+        None => zeroed::<f64>(&device.stream, 1)?,
     };
     let bounds = cell_bounds(device, &slot_cell, n, table_len)?;
     Ok(DeviceGrid { order, slot_cell, sort_keys, bounds })

@@ -36,45 +36,146 @@ impl KernelModule {
             KernelModule::Grid => "grid.cu",
         }
     }
+}
 
-    /// The `extern "C" __global__` entry points the Rust side launches from this module.
-    pub fn entry_points(self) -> &'static [&'static str] {
+/// A kernel the Rust side launches: its module and its `extern "C" __global__` name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    GridJoin,
+    BruteJoin,
+    BruteJoinTc,
+    BruteJoinTcBytes,
+    KnnSettleSlots,
+    KnnSampleKeysBytes,
+    KnnSampleKeysHalf,
+    FilterMaxAbs,
+    PackHalfRows,
+    IntegerRange,
+    PackByteRows,
+    FilterRows,
+    IdentityOrder,
+    KnnSampleRows,
+    KnnSampleDistances,
+    KnnSampleDistancesTc,
+    KnnSampleRadius,
+    KnnRankSlots,
+    KnnSelectSlots,
+    KnnRankLists,
+    RadixHistogram,
+    RadixScatter,
+    ScanBlocks,
+    AddBlockOffsets,
+    CellStarts,
+    CellBounds,
+    FillU32,
+    GatherRows,
+}
+
+impl Kernel {
+    /// Every kernel.
+    pub const ALL: [Kernel; 28] = [
+        Kernel::GridJoin,
+        Kernel::BruteJoin,
+        Kernel::BruteJoinTc,
+        Kernel::BruteJoinTcBytes,
+        Kernel::KnnSettleSlots,
+        Kernel::KnnSampleKeysBytes,
+        Kernel::KnnSampleKeysHalf,
+        Kernel::FilterMaxAbs,
+        Kernel::PackHalfRows,
+        Kernel::IntegerRange,
+        Kernel::PackByteRows,
+        Kernel::FilterRows,
+        Kernel::IdentityOrder,
+        Kernel::KnnSampleRows,
+        Kernel::KnnSampleDistances,
+        Kernel::KnnSampleDistancesTc,
+        Kernel::KnnSampleRadius,
+        Kernel::KnnRankSlots,
+        Kernel::KnnSelectSlots,
+        Kernel::KnnRankLists,
+        Kernel::RadixHistogram,
+        Kernel::RadixScatter,
+        Kernel::ScanBlocks,
+        Kernel::AddBlockOffsets,
+        Kernel::CellStarts,
+        Kernel::CellBounds,
+        Kernel::FillU32,
+        Kernel::GatherRows,
+    ];
+
+    /// The entry point's name in its source.
+    pub fn name(self) -> &'static str {
         match self {
-            KernelModule::SimJoin => &[
-                "grid_join",
-                "brute_join",
-                "brute_join_tc",
-                "brute_join_tc_bytes",
-                "knn_settle_slots",
-                "knn_sample_keys_bytes",
-                "knn_sample_keys_half",
-                "filter_max_abs",
-                "pack_half_rows",
-                "integer_range",
-                "pack_byte_rows",
-                "filter_rows",
-                "identity_order",
-            ],
-            KernelModule::Knn => &[
-                "knn_sample_rows",
-                "knn_sample_distances",
-                "knn_sample_distances_tc",
-                "knn_sample_radius",
-                "knn_rank_slots",
-                "knn_select_slots",
-                "knn_rank_lists",
-            ],
-            KernelModule::Grid => &[
-                "radix_histogram",
-                "radix_scatter",
-                "scan_blocks",
-                "add_block_offsets",
-                "cell_starts",
-                "cell_bounds",
-                "fill_u32",
-                "gather_rows",
-            ],
+            Kernel::GridJoin => "grid_join",
+            Kernel::BruteJoin => "brute_join",
+            Kernel::BruteJoinTc => "brute_join_tc",
+            Kernel::BruteJoinTcBytes => "brute_join_tc_bytes",
+            Kernel::KnnSettleSlots => "knn_settle_slots",
+            Kernel::KnnSampleKeysBytes => "knn_sample_keys_bytes",
+            Kernel::KnnSampleKeysHalf => "knn_sample_keys_half",
+            Kernel::FilterMaxAbs => "filter_max_abs",
+            Kernel::PackHalfRows => "pack_half_rows",
+            Kernel::IntegerRange => "integer_range",
+            Kernel::PackByteRows => "pack_byte_rows",
+            Kernel::FilterRows => "filter_rows",
+            Kernel::IdentityOrder => "identity_order",
+            Kernel::KnnSampleRows => "knn_sample_rows",
+            Kernel::KnnSampleDistances => "knn_sample_distances",
+            Kernel::KnnSampleDistancesTc => "knn_sample_distances_tc",
+            Kernel::KnnSampleRadius => "knn_sample_radius",
+            Kernel::KnnRankSlots => "knn_rank_slots",
+            Kernel::KnnSelectSlots => "knn_select_slots",
+            Kernel::KnnRankLists => "knn_rank_lists",
+            Kernel::RadixHistogram => "radix_histogram",
+            Kernel::RadixScatter => "radix_scatter",
+            Kernel::ScanBlocks => "scan_blocks",
+            Kernel::AddBlockOffsets => "add_block_offsets",
+            Kernel::CellStarts => "cell_starts",
+            Kernel::CellBounds => "cell_bounds",
+            Kernel::FillU32 => "fill_u32",
+            Kernel::GatherRows => "gather_rows",
         }
+    }
+
+    /// The module whose source defines it.
+    pub fn module(self) -> KernelModule {
+        match self {
+            Kernel::GridJoin => KernelModule::SimJoin,
+            Kernel::BruteJoin => KernelModule::SimJoin,
+            Kernel::BruteJoinTc => KernelModule::SimJoin,
+            Kernel::BruteJoinTcBytes => KernelModule::SimJoin,
+            Kernel::KnnSettleSlots => KernelModule::SimJoin,
+            Kernel::KnnSampleKeysBytes => KernelModule::SimJoin,
+            Kernel::KnnSampleKeysHalf => KernelModule::SimJoin,
+            Kernel::FilterMaxAbs => KernelModule::SimJoin,
+            Kernel::PackHalfRows => KernelModule::SimJoin,
+            Kernel::IntegerRange => KernelModule::SimJoin,
+            Kernel::PackByteRows => KernelModule::SimJoin,
+            Kernel::FilterRows => KernelModule::SimJoin,
+            Kernel::IdentityOrder => KernelModule::SimJoin,
+            Kernel::KnnSampleRows => KernelModule::Knn,
+            Kernel::KnnSampleDistances => KernelModule::Knn,
+            Kernel::KnnSampleDistancesTc => KernelModule::Knn,
+            Kernel::KnnSampleRadius => KernelModule::Knn,
+            Kernel::KnnRankSlots => KernelModule::Knn,
+            Kernel::KnnSelectSlots => KernelModule::Knn,
+            Kernel::KnnRankLists => KernelModule::Knn,
+            Kernel::RadixHistogram => KernelModule::Grid,
+            Kernel::RadixScatter => KernelModule::Grid,
+            Kernel::ScanBlocks => KernelModule::Grid,
+            Kernel::AddBlockOffsets => KernelModule::Grid,
+            Kernel::CellStarts => KernelModule::Grid,
+            Kernel::CellBounds => KernelModule::Grid,
+            Kernel::FillU32 => KernelModule::Grid,
+            Kernel::GatherRows => KernelModule::Grid,
+        }
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -84,16 +185,15 @@ mod tests {
 
     #[test]
     fn every_launched_kernel_is_defined_in_its_source() {
-        for module in KernelModule::ALL {
-            for name in module.entry_points() {
-                // `extern "C" __global__ void [attributes] name(` on one line.
-                let call = format!(" {name}(");
-                let declared = module
-                    .source()
-                    .lines()
-                    .any(|line| line.starts_with("extern \"C\" __global__ void") && line.contains(&call));
-                assert!(declared, "{name} missing from {}", module.file_name());
-            }
+        for kernel in Kernel::ALL {
+            // `extern "C" __global__ void [attributes] name(` on one line.
+            let call = format!(" {kernel}(");
+            let module = kernel.module();
+            let declared = module
+                .source()
+                .lines()
+                .any(|line| line.starts_with("extern \"C\" __global__ void") && line.contains(&call));
+            assert!(declared, "{kernel} missing from {}", module.file_name());
         }
     }
 

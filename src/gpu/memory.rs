@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 
 use super::device::GpuDevice;
+use super::{Error, Result};
 
 /// Makes the device's default memory pool, which cudarc's stream-ordered allocations come from,
 /// keep the memory freed to it for the next allocation instead of returning it to the driver at
@@ -14,12 +15,12 @@ use super::device::GpuDevice;
 /// run cost more than some whole joins. The pool holds at most the largest run's peak, as
 /// PyTorch's caching allocator does; `mem_get_info` counts it as used. Devices without
 /// stream-ordered allocation allocate synchronously and are left as they are.
-pub fn keep_freed_device_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<(), String> {
+pub fn keep_freed_device_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<()> {
     use cudarc::driver::{result::mem_pool, sys};
     if !ctx.has_async_alloc() {
         return Ok(());
     }
-    let failed = |e: cudarc::driver::DriverError| format!("GPU memory pool setup failed: {e}");
+    let failed = |e: cudarc::driver::DriverError| Error::Device(format!("GPU memory pool setup failed: {e}"));
     ctx.bind_to_thread().map_err(failed)?;
     let mut threshold = u64::MAX;
     // SAFETY: the device ordinal comes from an open context; RELEASE_THRESHOLD takes a cuuint64_t,
@@ -38,9 +39,9 @@ pub fn keep_freed_device_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Resul
 /// Device memory a run can have: what the driver reports free plus what the default memory pool
 /// holds for reuse (reserved, not in use; [`keep_freed_device_memory`] makes it keep freed memory,
 /// which the driver then counts as used).
-pub fn available_memory(device: &GpuDevice) -> Result<usize, String> {
+pub fn available_memory(device: &GpuDevice) -> Result<usize> {
     use cudarc::driver::{result::mem_pool, sys};
-    let failed = |e: cudarc::driver::DriverError| format!("GPU memory query failed: {e}");
+    let failed = |e: cudarc::driver::DriverError| Error::Device(format!("GPU memory query failed: {e}"));
     let (free, _) = device.ctx.mem_get_info().map_err(failed)?;
     if !device.ctx.has_async_alloc() {
         return Ok(free);
@@ -74,17 +75,17 @@ pub(super) const STAGE_BYTES: usize = 32 << 20;
 /// while one is copied to the device, the worker threads fill the other, so a 1 GB side moves at
 /// DMA speed instead of the few GB/s of a copy from pageable memory (NOTES.md v12). Smaller ones
 /// (under two stages) are copied directly.
-pub fn upload<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, values: &[T]) -> Result<CudaSlice<T>, String> {
+pub fn upload<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, values: &[T]) -> Result<CudaSlice<T>> {
     use rayon::prelude::*;
     let stream = &device.stream;
-    let copy = |e: cudarc::driver::DriverError| format!("copy to the GPU failed: {e}");
+    let copy = |e: cudarc::driver::DriverError| Error::Device(format!("copy to the GPU failed: {e}"));
     // SAFETY: `T: DeviceRepr` is plain data without padding requirements on the host side beyond
     // its size, so its bytes may be read as `u8`; the view covers exactly `values`.
     let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
     if bytes.len() < 2 * STAGE_BYTES {
         return stream.clone_htod(values).map_err(copy);
     }
-    let mut device_values = stream.alloc_zeros::<T>(values.len()).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut device_values = zeroed::<T>(stream, values.len())?;
     let mut staging = device.staging.lock().map_err(|_| "the GPU staging buffers are poisoned".to_string())?;
     if staging.is_none() {
         *staging =
@@ -106,7 +107,7 @@ pub fn upload<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, values: &[T])
         if let Some(done) = copied[i % 2].take() {
             done.synchronize().map_err(copy)?;
         }
-        let host = stages[i % 2].as_mut_slice().map_err(|e| format!("staging buffer: {e}"))?;
+        let host = stages[i % 2].as_mut_slice().map_err(|e| Error::Device(format!("staging buffer: {e}")))?;
         host.par_chunks_mut(1 << 20).zip(chunk.par_chunks(1 << 20)).for_each(|(h, c)| h.copy_from_slice(c));
         stream.memcpy_htod(&stages[i % 2], &mut to).map_err(copy)?;
         copied[i % 2] = Some(stream.record_event(None).map_err(copy)?);
@@ -123,11 +124,16 @@ pub fn pinned_buffer<T: DeviceRepr + ValidAsZeroBits + Default + Copy>(
     device: &GpuDevice,
     len: usize,
     host_reads: bool,
-) -> Result<PinnedHostSlice<T>, String> {
+) -> Result<PinnedHostSlice<T>> {
     let flags = if host_reads { 0 } else { cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED };
     // SAFETY: the allocation is uninitialised; it is zero-filled below before anything reads it.
     let mut buffer = unsafe { device.ctx.alloc_pinned_with_flags::<T>(len.max(1), flags) }
-        .map_err(|e| format!("pinned allocation failed: {e}"))?;
-    buffer.as_mut_slice().map_err(|e| format!("pinned buffer: {e}"))?.fill(T::default());
+        .map_err(|e| Error::Device(format!("pinned allocation failed: {e}")))?;
+    buffer.as_mut_slice().map_err(|e| Error::Device(format!("pinned buffer: {e}")))?.fill(T::default());
     Ok(buffer)
+}
+
+/// `len` zeroed values of `T` on `stream`'s device; a failure names the bytes asked for.
+pub fn zeroed<T: DeviceRepr + ValidAsZeroBits>(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>> {
+    stream.alloc_zeros::<T>(len).map_err(|e| Error::allocation(len * std::mem::size_of::<T>(), e))
 }

@@ -9,12 +9,14 @@ pub mod abi;
 pub mod buffers;
 mod device;
 pub mod download;
+pub mod error;
 pub mod grid;
 pub mod kernels;
 pub(crate) mod launch;
 pub mod memory;
 
 pub use device::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
+pub use error::{Error, Result};
 
 /// A CUDA device that answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,22 +46,24 @@ impl fmt::Display for GpuInfo {
 
 /// The first CUDA device, or why there is none. Never panics: cudarc's dynamic loading panics on
 /// first use when libcuda or libnvrtc is missing, so their presence is checked first.
-pub fn probe() -> Result<GpuInfo, String> {
+pub fn probe() -> Result<GpuInfo> {
     // SAFETY: these only try to dlopen() the libraries; no CUDA function is called.
     let driver = unsafe { cudarc::driver::sys::is_culib_present() };
     // SAFETY: as above.
     let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
     match (driver, nvrtc) {
-        (false, _) => return Err("the CUDA driver library (libcuda) was not found".into()),
-        (_, false) => return Err("the CUDA runtime compiler library (libnvrtc) was not found".into()),
+        (false, _) => return Err(Error::Unavailable("the CUDA driver library (libcuda) was not found".into())),
+        (_, false) => {
+            return Err(Error::Unavailable("the CUDA runtime compiler library (libnvrtc) was not found".into()));
+        }
         _ => {}
     }
-    let count = CudaContext::device_count().map_err(|e| format!("the CUDA driver failed: {e}"))?;
+    let count = CudaContext::device_count().map_err(|e| Error::Unavailable(format!("the CUDA driver failed: {e}")))?;
     if count < 1 {
-        return Err("the CUDA driver reports no device".into());
+        return Err(Error::Unavailable("the CUDA driver reports no device".into()));
     }
-    let ctx = CudaContext::new(0).map_err(|e| format!("GPU 0 cannot be opened: {e}"))?;
-    let info = || -> Result<GpuInfo, cudarc::driver::DriverError> {
+    let ctx = CudaContext::new(0).map_err(|e| Error::Unavailable(format!("GPU 0 cannot be opened: {e}")))?;
+    let info = || -> std::result::Result<GpuInfo, cudarc::driver::DriverError> {
         Ok(GpuInfo {
             ordinal: 0,
             name: ctx.name()?,
@@ -67,7 +71,7 @@ pub fn probe() -> Result<GpuInfo, String> {
             total_memory: ctx.total_mem()?,
         })
     };
-    info().map_err(|e| format!("GPU 0 does not answer: {e}"))
+    info().map_err(|e| Error::Unavailable(format!("GPU 0 does not answer: {e}")))
 }
 
 #[cfg(test)]
@@ -77,7 +81,7 @@ mod tests {
         // On machines without CUDA this is an Err with a reason; with a GPU it names the device.
         match super::probe() {
             Ok(info) => assert!(!info.name.is_empty()),
-            Err(reason) => assert!(!reason.is_empty()),
+            Err(reason) => assert!(!reason.to_string().is_empty()),
         }
     }
 }

@@ -4,7 +4,15 @@ use super::*;
 
 /// The index of `metric` in kernels/common.cuh's METRIC_* codes.
 pub(super) fn metric_code(metric: Metric) -> u32 {
-    Metric::ALL.iter().position(|m| *m == metric).unwrap_or(0) as u32
+    let code = match metric {
+        Metric::L2 => MetricCode::L2,
+        Metric::L2Squared => MetricCode::L2Squared,
+        Metric::Cosine => MetricCode::Cosine,
+        Metric::InnerProduct => MetricCode::InnerProduct,
+        Metric::L1 => MetricCode::L1,
+        Metric::LInf => MetricCode::LInf,
+    };
+    code as u32
 }
 
 /// Whether brute force over `metric` filters with the GEMM form ‖x̃‖² + ‖ỹ‖² − 2x̃·ỹ (one fused
@@ -18,11 +26,11 @@ pub(super) fn gemm_metric(metric: Metric) -> bool {
 /// a device with tensor cores, rows scaled by 2^a: [`GpuBackend::tensor_core_scale`]), the wider
 /// [`tensor_core_margin`] and brute_join_tc.
 pub(super) fn filter_params(metric: Metric, dim: usize, gemm: bool, tc: Option<i32>) -> JoinParams {
-    let dot_form = |filter| match tc {
+    let dot_form = |filter: FilterCode| match tc {
         Some(a) => {
             let TensorCoreMargin { margin, floor, eta } = tensor_core_margin(dim);
             JoinParams {
-                filter,
+                filter: filter as u32,
                 dot_margin: margin,
                 dot_floor: floor,
                 tc_eta: eta,
@@ -32,18 +40,18 @@ pub(super) fn filter_params(metric: Metric, dim: usize, gemm: bool, tc: Option<i
             }
         }
         None => JoinParams {
-            filter,
+            filter: filter as u32,
             dot_margin: (dim as f32 + 16.0) / (1u32 << 23) as f32,
             dot_floor: (dim as f32 + 16.0) * 2f32.powi(-140),
             ..Default::default()
         },
     };
     match metric {
-        _ if gemm => dot_form(4),
-        Metric::InnerProduct => dot_form(3),
-        Metric::L1 => JoinParams { filter: 1, ..Default::default() },
-        Metric::LInf => JoinParams { filter: 2, ..Default::default() },
-        _ => JoinParams::default(),
+        _ if gemm => dot_form(FilterCode::GemmL2),
+        Metric::InnerProduct => dot_form(FilterCode::NegDot),
+        Metric::L1 => JoinParams { filter: FilterCode::L1 as u32, ..Default::default() },
+        Metric::LInf => JoinParams { filter: FilterCode::LInf as u32, ..Default::default() },
+        _ => JoinParams { filter: FilterCode::SquaredL2 as u32, ..Default::default() },
     }
 }
 

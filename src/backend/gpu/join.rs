@@ -9,7 +9,7 @@ impl GpuBackend {
         request: &JoinRequest,
         sink: &dyn ResultSink,
         budget: usize,
-    ) -> Result<Result<RunStats>, String> {
+    ) -> Result<Result<RunStats>, GpuError> {
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let mut stats = RunStats { tiles: 1, ..Default::default() };
         if left.is_empty() || right.is_empty() {
@@ -17,13 +17,13 @@ impl GpuBackend {
         }
         // Compile the modules now (once per process) so NVRTC stays out of the run's times; the
         // grid's only when the plan has a grid, its compilation then left out of build_time.
-        self.device.function(KernelModule::SimJoin, "grid_join")?;
+        self.device.function(Kernel::GridJoin)?;
         let start = Instant::now();
         let dim = left.dim;
         let (left_filter, right_filter, strategy) = plan_join(request);
         let compiling = Instant::now();
         if matches!(strategy, JoinStrategy::Grid(_)) {
-            self.device.function(KernelModule::Grid, "radix_scatter")?;
+            self.device.function(Kernel::RadixScatter)?;
         }
         let start = start + compiling.elapsed();
 
@@ -48,7 +48,7 @@ impl GpuBackend {
         };
         let upload_sides = |left_host: &HostSide,
                             right_host: &Option<HostSide>|
-         -> Result<(SideBuffers, Option<SideBuffers>), String> {
+         -> Result<(SideBuffers, Option<SideBuffers>), GpuError> {
             Ok((self.upload(left_host)?, right_host.as_ref().map(|h| self.upload(h)).transpose()?))
         };
         let mut gemm = geometry.is_none() && gemm_metric(metric);
@@ -204,7 +204,7 @@ impl GpuBackend {
             })
         };
         let outcome = (|| -> Result<()> {
-            let exec = |e: String| DataFusionError::Execution(e);
+            let exec = |e: GpuError| gpu_error("GPU join", e);
             let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
             if collected_path {
                 let stored = |batch: &ResultBatch| match batch {
@@ -246,7 +246,7 @@ impl GpuBackend {
                 for _ in 0..PIPELINE_STREAMS {
                     let mut lane = PassBuffers::new(&self.device, slots_most, 0).map_err(exec)?;
                     lane.size_outputs(&self.device, largest).map_err(exec)?;
-                    lane.offsets = stream.alloc_zeros::<u64>(slots_most.max(1)).map_err(sync)?;
+                    lane.offsets = zeroed::<u64>(stream, slots_most.max(1)).map_err(exec)?;
                     lanes.push(lane);
                 }
                 let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;

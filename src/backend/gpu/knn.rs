@@ -13,7 +13,7 @@ impl GpuBackend {
         pass: &mut PassBuffers,
         kind: PassKind,
         stats: &mut RunStats,
-    ) -> Result<Vec<u32>, String> {
+    ) -> Result<Vec<u32>, GpuError> {
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let mut counts = Vec::with_capacity(slots);
@@ -42,7 +42,7 @@ impl GpuBackend {
         request: &KnnRequest,
         sink: &dyn ResultSink,
         budget: usize,
-    ) -> Result<Result<RunStats>, String> {
+    ) -> Result<Result<RunStats>, GpuError> {
         let KnnRequest { base, queries, metric, k } = *request;
         let k = k.min(base.len());
         let mut stats = RunStats { tiles: 1, ..Default::default() };
@@ -50,8 +50,8 @@ impl GpuBackend {
             return Ok(Ok(stats));
         }
         // Compile the modules now (once per process) so NVRTC stays out of the run's times.
-        self.device.function(KernelModule::Knn, "knn_sample_radius")?;
-        self.device.function(KernelModule::SimJoin, "brute_join")?;
+        self.device.function(Kernel::KnnSampleRadius)?;
+        self.device.function(Kernel::BruteJoin)?;
         let start = Instant::now();
         let (dim, n, nq) = (base.dim, base.len(), queries.len());
         let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
@@ -124,7 +124,7 @@ impl GpuBackend {
                       largest: &[f32],
                       key: Option<&ResidentKey>,
                       centre: Option<&ResidentKey>|
-         -> Result<(Arc<DerivedSide>, bool), String> {
+         -> Result<(Arc<DerivedSide>, bool), GpuError> {
             if let Some(kept) = kept.filter(|kept| kept.scale_exponent == tc) {
                 return Ok((kept, true));
             }
@@ -169,8 +169,7 @@ impl GpuBackend {
         };
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
-        let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
-        let mut radii_buffer = stream.alloc_zeros::<f64>(nq * KNN_LEVELS).map_err(alloc)?;
+        let mut radii_buffer = zeroed::<f64>(stream, nq * KNN_LEVELS)?;
         stats.transfer_time += uploading.elapsed();
 
         let sampling = Instant::now();
@@ -282,7 +281,9 @@ impl GpuBackend {
                 counts[q as usize] = c;
                 if (c as usize) < k {
                     if levels[q as usize] >= KNN_LEVELS {
-                        return Err(format!("query {q} has {c} of {n} base rows within an infinite radius"));
+                        return Err(GpuError::Device(format!(
+                            "query {q} has {c} of {n} base rows within an infinite radius"
+                        )));
                     }
                     levels[q as usize] += 1;
                     next.push(q);
@@ -403,7 +404,7 @@ impl GpuBackend {
             for _ in 0..lanes_needed {
                 let mut lane = PassBuffers::new(&self.device, slots_most, rest.len())?;
                 lane.size_outputs(&self.device, capacity)?;
-                lane.offsets = stream.alloc_zeros::<u64>(slots_most + 1).map_err(alloc)?;
+                lane.offsets = zeroed::<u64>(stream, slots_most + 1)?;
                 stream.memcpy_htod(&thresholds, &mut lane.row_threshold.slice_mut(0..rest.len())).map_err(copy)?;
                 stream.memcpy_htod(&limits, &mut lane.row_limit.slice_mut(0..rest.len())).map_err(copy)?;
                 lanes.push(lane);
@@ -432,7 +433,7 @@ impl GpuBackend {
             })
         };
         let outcome = (|| -> Result<()> {
-            let exec = |e: String| DataFusionError::Execution(e);
+            let exec = |e: GpuError| gpu_error("GPU kNN", e);
             let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
             // Queries in order: those ranked from slots up to each write batch's query, then it.
             let mut next = 0usize;

@@ -15,19 +15,20 @@ use super::exact::{ExactCheck, write_self_pairs};
 use super::plan::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
-use crate::gpu::abi::JoinParams;
+use crate::gpu::abi::{FilterCode, JoinParams, MetricCode};
 use crate::gpu::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, SideBuffers};
 use crate::gpu::download::{DownloadedPairs, HostPairs, KEPT_RANKED, host_ranked, host_results};
+use crate::gpu::error::format_size;
 use crate::gpu::grid::{DeviceGrid, build_grid};
-use crate::gpu::kernels::KernelModule;
+use crate::gpu::kernels::Kernel;
 use crate::gpu::launch::{
     KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, RankedLists, byte_row_words,
     byte_rows, byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass,
     pack_half_rows, rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
     start_rank_lists, tc_row_words,
 };
-use crate::gpu::memory::{available_memory, upload};
-use crate::gpu::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
+use crate::gpu::memory::{available_memory, upload, zeroed};
+use crate::gpu::{DerivedSide, Error as GpuError, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 use crate::index::JoinStrategy;
 use crate::op::{Metric, dot};
 use crate::vectors::Vectors;
@@ -66,7 +67,7 @@ impl GpuBackend {
     /// Device memory this run may use: what is free (with what the memory pool keeps for reuse),
     /// within the limit.
     fn memory_budget(&self) -> Result<usize> {
-        let available = available_memory(&self.device).map_err(DataFusionError::Execution)?;
+        let available = available_memory(&self.device).map_err(|e| gpu_error("GPU", e))?;
         Ok(if self.memory_limit > 0 { available.min(self.memory_limit) } else { available })
     }
 }
@@ -91,7 +92,7 @@ impl Backend for GpuBackend {
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let budget = self.memory_budget()?;
         let run = |tile: &JoinRequest, sink: &dyn ResultSink| {
-            self.gpu_join(tile, sink, budget).map_err(|e| DataFusionError::Execution(format!("GPU join: {e}")))?
+            self.gpu_join(tile, sink, budget).map_err(|e| gpu_error("GPU join", e))?
         };
         let rows = request.left.len() + if request.self_join.is_some() { 0 } else { request.right.len() };
         let row_bytes = device_row_bytes(request.left.dim);
@@ -104,7 +105,7 @@ impl Backend for GpuBackend {
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let budget = self.memory_budget()?;
         let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
-            self.gpu_knn(tile, sink, budget).map_err(|e| DataFusionError::Execution(format!("GPU kNN: {e}")))?
+            self.gpu_knn(tile, sink, budget).map_err(|e| gpu_error("GPU kNN", e))?
         };
         let row_bytes = device_row_bytes(request.base.dim);
         if (request.base.len() + request.queries.len()).saturating_mul(row_bytes) <= budget / 2 {
@@ -145,13 +146,15 @@ fn output_pairs(budget: usize) -> u64 {
     (budget / 4 / 16).max(1) as u64
 }
 
-/// `bytes` as the gpu_memory_limit option takes it: `64M`, `2G`, or a number of bytes.
-fn format_size(bytes: usize) -> String {
-    match bytes {
-        b if b % (1 << 30) == 0 => format!("{}G", b >> 30),
-        b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
-        b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
-        b => b.to_string(),
+/// The one place a GPU error becomes a DataFusion error: device memory exhausted is a resources
+/// error that names the size asked for and the option that bounds a run's memory; the rest are
+/// execution errors.
+pub(super) fn gpu_error(context: &str, e: GpuError) -> DataFusionError {
+    match e {
+        GpuError::OutOfMemory { .. } => DataFusionError::ResourcesExhausted(format!(
+            "{context}: {e}; set simjoin.gpu_memory_limit below the free device memory to run the inputs as tiles"
+        )),
+        other => DataFusionError::Execution(format!("{context}: {other}")),
     }
 }
 

@@ -90,7 +90,7 @@ pub(super) fn in_slot_order(
     side: SideBuffers,
     order: cudarc::driver::CudaSlice<u32>,
     dim: usize,
-) -> Result<SideBuffers, String> {
+) -> Result<SideBuffers, GpuError> {
     let n = order.len();
     // A grid's sides are never the tensor cores' (gpu_join), so they have no f16 or byte rows to
     // gather.
@@ -120,10 +120,10 @@ pub(super) fn subset_side(
     side: &SideBuffers,
     rows: &[u32],
     dim: usize,
-) -> Result<SideBuffers, String> {
+) -> Result<SideBuffers, GpuError> {
     let (source, n) = (side.order.len(), rows.len());
     if let Some(&row) = rows.iter().find(|&&row| row as usize >= source) {
-        return Err(format!("kNN pass: query slot {row} of a side of {source}"));
+        return Err(GpuError::Device(format!("kNN pass: query slot {row} of a side of {source}")));
     }
     let picked = device.stream.clone_htod(rows).map_err(|e| format!("GPU copy failed: {e}"))?;
     // A buffer the metric does not use holds one value, which no kernel reads per row.
@@ -132,10 +132,10 @@ pub(super) fn subset_side(
         buffer: &CudaSlice<T>,
         source: usize,
         picked: &CudaSlice<u32>,
-    ) -> Result<CudaSlice<T>, String> {
+    ) -> Result<CudaSlice<T>, GpuError> {
         match buffer.len() == source {
             true => gather_rows(device, buffer, source, picked, picked.len(), 1),
-            false => device.stream.alloc_zeros(1).map_err(|e| format!("GPU allocation failed: {e}")),
+            false => zeroed(&device.stream, 1),
         }
     }
     Ok(SideBuffers {
@@ -164,7 +164,7 @@ pub(super) fn subset_side(
 
 impl GpuBackend {
     /// The side's buffers on the device.
-    pub(super) fn upload(&self, side: &HostSide) -> Result<SideBuffers, String> {
+    pub(super) fn upload(&self, side: &HostSide) -> Result<SideBuffers, GpuError> {
         let device = &self.device;
         let (exact, resident) = match &side.resident {
             Some(key) => device.resident_rows(key, side.exact.as_ref())?,
@@ -226,7 +226,7 @@ impl GpuBackend {
         metric: Metric,
         gemm: bool,
         sides: &[&SideBuffers],
-    ) -> Result<Vec<f32>, String> {
+    ) -> Result<Vec<f32>, GpuError> {
         match self.tensor_cores_filter(metric, gemm) {
             true => sides.iter().map(|side| filter_max_abs(&self.device, &side.filter)).collect(),
             false => Ok(Vec::new()),
@@ -245,7 +245,7 @@ impl GpuBackend {
         dim: usize,
         tc: Option<i32>,
         metric: Metric,
-    ) -> Result<SideBuffers, String> {
+    ) -> Result<SideBuffers, GpuError> {
         if let Some(a) = tc {
             side.half_rows = Some(pack_half_rows(&self.device, &side.filter, side.order.len(), dim, 2f32.powi(a))?);
             let may_be_bytes = values.iter().take(4096).all(|&v| v == v.round() && (-128.0..=255.0).contains(&v));
@@ -259,7 +259,7 @@ impl GpuBackend {
     /// Whether the sides' GEMM-form squared norms stay where f32 scores are meaningful
     /// (GemmSide's 10³⁶; a NaN fails), their largest found on the device where it built them (one
     /// value read back instead of a row's: P1's 4 MB took 1.5 ms, NOTES.md v47).
-    pub(super) fn gemm_fits(&self, sides: &[(&HostSide, &SideBuffers)]) -> Result<bool, String> {
+    pub(super) fn gemm_fits(&self, sides: &[(&HostSide, &SideBuffers)]) -> Result<bool, GpuError> {
         for (host, buffers) in sides {
             let fits = if host.device_filter.is_some() {
                 filter_max_abs(&self.device, &buffers.filter_sq_norms)? <= 1e36

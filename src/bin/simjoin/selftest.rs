@@ -401,8 +401,9 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         // above never reach: a round trip of 100 MB that must come back bit for bit.
         let values: Vec<f64> =
             (0..12_500_000u64).map(|i| (i as f64).sqrt() * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
-        let back = simjoin::gpu::memory::upload(device, &values)
-            .and_then(|buffer| device.stream.clone_dtoh(&buffer).map_err(|e| e.to_string()));
+        let back = simjoin::gpu::memory::upload(device, &values).and_then(|buffer| {
+            device.stream.clone_dtoh(&buffer).map_err(|e| simjoin::gpu::Error::Device(e.to_string()))
+        });
         match back {
             Ok(back)
                 if back.iter().zip(&values).all(|(a, b)| a.to_bits() == b.to_bits()) && back.len() == values.len() =>

@@ -143,7 +143,7 @@ unsafe impl DeviceRepr for TensorMap {}
 /// brute_join_tc_bytes its byte rows: `rows.len() / row_words` rows of `row_words` 32-bit words, a
 /// box of 32 words (one chunk, 128 bytes) × 128 rows (a tile) written to shared memory in the
 /// 128-byte swizzle that its wgmma descriptors name, zeros beyond the rows' end. Elsewhere the kernel copies by cp.async and gets zeros.
-pub(super) fn tc_row_map(device: &GpuDevice, rows: &CudaSlice<u32>, row_words: usize) -> Result<TensorMap, String> {
+pub(super) fn tc_row_map(device: &GpuDevice, rows: &CudaSlice<u32>, row_words: usize) -> Result<TensorMap> {
     if device.arch != "sm_90a" || rows.is_empty() {
         return Ok(TensorMap([0; 16]));
     }
@@ -173,9 +173,9 @@ pub(super) fn tc_row_map(device: &GpuDevice, rows: &CudaSlice<u32>, row_words: u
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
-    result
-        .result()
-        .map_err(|e| format!("brute_join_tc: TMA map of {} rows × {row_words} words refused: {e}", dims[1]))?;
+    result.result().map_err(|e| {
+        Error::Device(format!("brute_join_tc: TMA map of {} rows × {row_words} words refused: {e}", dims[1]))
+    })?;
     Ok(TensorMap(map.opaque))
 }
 

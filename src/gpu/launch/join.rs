@@ -29,12 +29,12 @@ pub fn join_pass(
     inputs: JoinInputs,
     pass: &mut PassBuffers,
     kind: PassKind,
-) -> Result<(), String> {
+) -> Result<()> {
     let kernel = launch_join_pass(device, &device.stream, params, slots.clone(), inputs, pass, kind)?;
     if let PassKind::Scores { k } = kind {
         settle_slots(device, params, slots, k, inputs, pass)?;
     }
-    device.stream.synchronize().map_err(|e| format!("{kernel} failed: {e}"))
+    device.stream.synchronize().map_err(|e| Error::Device(format!("{kernel} failed: {e}")))
 }
 
 /// Queues knn_settle_slots over left slots `slots` after a scores pass over them (see
@@ -46,11 +46,11 @@ pub(super) fn settle_slots(
     k: u32,
     inputs: JoinInputs,
     pass: &mut PassBuffers,
-) -> Result<(), String> {
+) -> Result<()> {
     if slots.is_empty() {
         return Ok(());
     }
-    let function = device.function(KernelModule::SimJoin, "knn_settle_slots")?;
+    let function = device.function(Kernel::KnnSettleSlots)?;
     let warps = BLOCK as usize / 32;
     let config = LaunchConfig {
         grid_dim: (slots.len().div_ceil(warps) as u32, 1, 1),
@@ -81,7 +81,7 @@ pub(super) fn settle_slots(
     // slot_capacity, which launch_join_pass checked the outputs hold; each entry's right slot is
     // one the pass stored, below `right_len`, so its exact row and order entry exist. It writes
     // only within those entries and its own count.
-    unsafe { builder.launch(config) }.map_err(|e| format!("knn_settle_slots launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("knn_settle_slots launch failed: {e}")))?;
     Ok(())
 }
 
@@ -95,26 +95,26 @@ pub fn launch_join_pass(
     inputs: JoinInputs,
     pass: &mut PassBuffers,
     kind: PassKind,
-) -> Result<&'static str, String> {
+) -> Result<Kernel> {
     let JoinInputs { left, right, right_len, grid, expected_share } = inputs;
     let byte_sides = byte_sides(device, params, left, right);
     let kernel = match grid {
-        Some(_) => "grid_join",
-        None if byte_sides.is_some() => "brute_join_tc_bytes",
-        None if params.tensor_cores != 0 => "brute_join_tc",
-        None => "brute_join",
+        Some(_) => Kernel::GridJoin,
+        None if byte_sides.is_some() => Kernel::BruteJoinTcBytes,
+        None if params.tensor_cores != 0 => Kernel::BruteJoinTc,
+        None => Kernel::BruteJoin,
     };
-    let tensor_cores = kernel.starts_with("brute_join_tc");
+    let tensor_cores = matches!(kernel, Kernel::BruteJoinTc | Kernel::BruteJoinTcBytes);
     if slots.is_empty() {
         return Ok(kernel);
     }
-    let function = device.function(KernelModule::SimJoin, kernel)?;
+    let function = device.function(kernel)?;
     // brute_join_tc reads the sides' f16 rows, brute_join_tc_bytes their byte rows, in the f32
     // filter rows' place (and the byte rows' squared norms in the f32 ones').
     let (tc_rows, row_words) = match (byte_sides, &left.half_rows, &right.half_rows) {
         (Some((l, r)), ..) => (Some((&l.rows, &r.rows)), byte_row_words(params.dim as usize)),
         (None, Some(l), Some(r)) if tensor_cores => (Some((l, r)), tc_row_words(params.dim as usize)),
-        _ if tensor_cores => return Err("brute_join_tc: a side has no f16 rows".to_string()),
+        _ if tensor_cores => return Err("brute_join_tc: a side has no f16 rows".into()),
         _ => (None, 0),
     };
     let left_tiles = slots.len().div_ceil(BRUTE_TILE);
@@ -122,7 +122,7 @@ pub fn launch_join_pass(
     // many (kNN: `expected_share`); brute_join_tc_bytes decides every pair in its epilogue and
     // queues none; the other kernels have neither.
     let (run, queue) = match kernel {
-        "brute_join_tc" => {
+        Kernel::BruteJoinTc => {
             let per_tile = 2.0 * expected_share * (BRUTE_TILE * BRUTE_TILE) as f64;
             let queue_most = tc_queue_most(
                 device.shared_memory_per_block,
@@ -133,7 +133,7 @@ pub fn launch_join_pass(
             let run = tc_run(device, left_tiles, right_len as usize, per_tile, queue_most);
             (run, tc_queue(run, per_tile, queue_most))
         }
-        "brute_join_tc_bytes" => (tc_run(device, left_tiles, right_len as usize, 0.0, 0), 0),
+        Kernel::BruteJoinTcBytes => (tc_run(device, left_tiles, right_len as usize, 0.0, 0), 0),
         _ => (1, 0),
     };
     let params = &JoinParams { tc_run: run as u32, tc_queue: queue as u32, ..*params };
@@ -149,7 +149,7 @@ pub fn launch_join_pass(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shared_mem_bytes as i32,
             )
-            .map_err(|e| format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
+            .map_err(|e| Error::Device(format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}")))?;
     }
     // PASS_COUNT, PASS_WRITE and PASS_SCORES in kernels/sim_join.cu (a collecting count pass is
     // a count pass with a capacity).
@@ -158,17 +158,17 @@ pub fn launch_join_pass(
         PassKind::Write => 1,
         PassKind::Scores { .. } => 2,
     };
-    if matches!(kind, PassKind::Scores { .. }) && (kernel != "brute_join_tc" || params.slot_capacity == 0) {
-        return Err(format!("{kernel}: a scores pass needs brute_join_tc and slots"));
+    if matches!(kind, PassKind::Scores { .. }) && (kernel != Kernel::BruteJoinTc || params.slot_capacity == 0) {
+        return Err(Error::Device(format!("{kernel}: a scores pass needs brute_join_tc and slots")));
     }
     if params.slot_capacity > 0 && kind != PassKind::Write {
         let needed = slots.len() as u64 * params.slot_capacity as u64;
         if grid.is_some() || (pass.out_right.len().min(pass.out_distance.len()) as u64) < needed {
-            return Err(format!(
+            return Err(Error::Device(format!(
                 "{kernel}: slots of {} pairs for {} left rows need {needed} outputs",
                 params.slot_capacity,
                 slots.len()
-            ));
+            )));
         }
     }
     let capacity = match kind {
@@ -258,7 +258,7 @@ pub fn launch_join_pass(
         // exactly the pairs the count pass counted (same inputs, same deterministic arithmetic),
         // each row within its own [offset, offset + count) range, whatever launches the right rows
         // are split into.
-        unsafe { builder.launch(config) }.map_err(|e| format!("{kernel} launch failed: {e}"))?;
+        unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
     }
     Ok(kernel)
 }

@@ -10,7 +10,7 @@ use cudarc::driver::{
 use super::abi::*;
 use super::buffers::*;
 use super::device::GpuDevice;
-use super::kernels::KernelModule;
+use super::kernels::Kernel;
 
 mod geometry;
 mod join;
@@ -19,6 +19,8 @@ mod primitives;
 mod rank;
 mod sample;
 
+use super::memory::zeroed;
+use super::{Error, Result};
 use geometry::*;
 pub use join::*;
 pub use pack::*;

@@ -37,18 +37,13 @@ pub fn byte_sides<'a>(
 /// on a device with wgmma, at most [`BYTE_ROWS_MOST_DIM`] dimensions, every value an integer in
 /// [0, 255] or else in [−128, 127] (integer_range, then pack_byte_rows in kernels/pack_rows.cuh);
 /// `None` otherwise.
-pub fn byte_rows(
-    device: &GpuDevice,
-    exact: &CudaSlice<f64>,
-    rows: usize,
-    dim: usize,
-) -> Result<Option<ByteRows>, String> {
+pub fn byte_rows(device: &GpuDevice, exact: &CudaSlice<f64>, rows: usize, dim: usize) -> Result<Option<ByteRows>> {
     if !warpgroup_mma(device) || rows == 0 || dim == 0 || dim > BYTE_ROWS_MOST_DIM || exact.len() < rows * dim {
         return Ok(None);
     }
     let stream = &device.stream;
-    let failed = |e: cudarc::driver::DriverError| format!("integer_range failed: {e}");
-    let range = device.function(KernelModule::SimJoin, "integer_range")?;
+    let failed = |e: cudarc::driver::DriverError| Error::Device(format!("integer_range failed: {e}"));
+    let range = device.function(Kernel::IntegerRange)?;
     let mut result = stream.clone_htod(&[i32::MAX, i32::MIN, 0]).map_err(failed)?;
     let len = (rows * dim) as u64;
     // At least 8 values a thread, at most 1,024 blocks of 256 threads (about as many threads as an
@@ -60,31 +55,32 @@ pub fn byte_rows(
     // SAFETY: integer_range(const double*, u64, int*) reads indices < len ≤ the rows' length
     // (checked above) in a grid-stride loop and updates the three values of `result`; blocks of
     // BLOCK = RANGE_WARPS · 32 threads, as its shared arrays assume.
-    unsafe { builder.launch(config) }.map_err(|e| format!("integer_range launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("integer_range launch failed: {e}")))?;
     let offset = match stream.clone_dtoh(&result).map_err(failed)?[..] {
         [least, greatest, 0] if least >= 0 && greatest <= 255 => 0,
         [least, greatest, 0] if least >= -128 && greatest <= 127 => -128,
         _ => return Ok(None),
     };
-    let pack = device.function(KernelModule::SimJoin, "pack_byte_rows")?;
+    let pack = device.function(Kernel::PackByteRows)?;
     let row_words = byte_row_words(dim);
-    let mut packed = stream.alloc_zeros::<u32>(rows * row_words).map_err(alloc_failed)?;
-    let mut sq_norms = stream.alloc_zeros::<u32>(rows).map_err(alloc_failed)?;
+    let mut packed = zeroed::<u32>(stream, rows * row_words)?;
+    let mut sq_norms = zeroed::<u32>(stream, rows)?;
     let (rows64, dim32, words32) = (rows as u64, dim as u32, row_words as u32);
     let mut builder = stream.launch_builder(&pack);
     builder.arg(exact).arg(&rows64).arg(&dim32).arg(&words32).arg(&offset).arg(&mut packed).arg(&mut sq_norms);
     // SAFETY: pack_byte_rows(const double*, u64, u32, u32, int, u32*, u32*) reads rows · dim ≤
     // the exact rows' length values and writes rows · row_words words and rows norms, the
     // outputs' lengths, a warp a row in a grid-stride loop.
-    unsafe { builder.launch(strided(rows as u64 * 32)) }.map_err(|e| format!("pack_byte_rows launch failed: {e}"))?;
+    unsafe { builder.launch(strided(rows as u64 * 32)) }
+        .map_err(|e| Error::Device(format!("pack_byte_rows launch failed: {e}")))?;
     Ok(Some(ByteRows { rows: packed, sq_norms, offset }))
 }
 
 /// The largest |value| of f32 `values` (filter_max_abs in kernels/pack_rows.cuh); NaN if one is.
-pub fn filter_max_abs(device: &GpuDevice, values: &CudaSlice<f32>) -> Result<f32, String> {
-    let function = device.function(KernelModule::SimJoin, "filter_max_abs")?;
-    let failed = |e: cudarc::driver::DriverError| format!("filter_max_abs failed: {e}");
-    let mut result = device.stream.alloc_zeros::<u32>(1).map_err(failed)?;
+pub fn filter_max_abs(device: &GpuDevice, values: &CudaSlice<f32>) -> Result<f32> {
+    let function = device.function(Kernel::FilterMaxAbs)?;
+    let failed = |e: cudarc::driver::DriverError| Error::Device(format!("filter_max_abs failed: {e}"));
+    let mut result = zeroed::<u32>(&device.stream, 1)?;
     let len = values.len() as u64;
     let blocks = len.div_ceil(BLOCK as u64 * 8).clamp(1, 4096) as u32;
     let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
@@ -92,7 +88,7 @@ pub fn filter_max_abs(device: &GpuDevice, values: &CudaSlice<f32>) -> Result<f32
     builder.arg(values).arg(&len).arg(&mut result);
     // SAFETY: filter_max_abs(const float*, u64, u32*) reads indices < `len`, the buffer's length
     // (a grid-stride loop), and updates the single u32 of `result`.
-    unsafe { builder.launch(config) }.map_err(|e| format!("filter_max_abs launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("filter_max_abs launch failed: {e}")))?;
     let bits = device.stream.clone_dtoh(&result).map_err(failed)?;
     Ok(f32::from_bits(bits[0]))
 }
@@ -106,16 +102,13 @@ pub fn pack_half_rows(
     rows: usize,
     dim: usize,
     scale: f32,
-) -> Result<CudaSlice<u32>, String> {
+) -> Result<CudaSlice<u32>> {
     if filter.len() < rows * dim {
-        return Err(format!("pack_half_rows: {rows} rows of {dim} values from {} values", filter.len()));
+        return Err(Error::Device(format!("pack_half_rows: {rows} rows of {dim} values from {} values", filter.len())));
     }
-    let function = device.function(KernelModule::SimJoin, "pack_half_rows")?;
+    let function = device.function(Kernel::PackHalfRows)?;
     let row_words = tc_row_words(dim);
-    let mut packed = device
-        .stream
-        .alloc_zeros::<u32>((rows * row_words).max(1))
-        .map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut packed = zeroed::<u32>(&device.stream, (rows * row_words).max(1))?;
     let (rows64, dim32, words32) = (rows as u64, dim as u32, row_words as u32);
     let blocks = ((rows * row_words) as u64).div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
     let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
@@ -124,7 +117,7 @@ pub fn pack_half_rows(
     // SAFETY: pack_half_rows(const float*, u64, u32, u32, float, u32*) writes indices < rows ·
     // row_words ≤ the output's length and reads values < rows · dim ≤ the filter's length (checked
     // above), in a grid-stride loop.
-    unsafe { builder.launch(config) }.map_err(|e| format!("pack_half_rows launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("pack_half_rows launch failed: {e}")))?;
     Ok(packed)
 }
 
@@ -141,18 +134,17 @@ pub struct FilterRows {
 
 /// The GEMM form's f32 filter rows of `n` exact rows (`origin.len()` wide) centred on `origin`,
 /// computed on the device exactly as the host computes them (filter_rows in kernels/pack_rows.cuh).
-pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin: &[f64]) -> Result<FilterRows, String> {
+pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin: &[f64]) -> Result<FilterRows> {
     let dim = origin.len();
     if exact.len() < n * dim || n >= u32::MAX as usize || dim == 0 {
-        return Err(format!("filter rows of {n} rows of {dim} values from {} values", exact.len()));
+        return Err(Error::Device(format!("filter rows of {n} rows of {dim} values from {} values", exact.len())));
     }
     let stream = &device.stream;
-    let alloc = |e: cudarc::driver::DriverError| format!("GPU allocation failed: {e}");
-    let origin = stream.clone_htod(origin).map_err(|e| format!("GPU copy failed: {e}"))?;
-    let mut filter = stream.alloc_zeros::<f32>((n * dim).max(1)).map_err(alloc)?;
-    let mut norms = stream.alloc_zeros::<f32>(n.max(1)).map_err(alloc)?;
-    let mut sq_norms = stream.alloc_zeros::<f32>(n.max(1)).map_err(alloc)?;
-    let function = device.function(KernelModule::SimJoin, "filter_rows")?;
+    let origin = stream.clone_htod(origin).map_err(|e| Error::Device(format!("GPU copy failed: {e}")))?;
+    let mut filter = zeroed::<f32>(stream, (n * dim).max(1))?;
+    let mut norms = zeroed::<f32>(stream, n.max(1))?;
+    let mut sq_norms = zeroed::<f32>(stream, n.max(1))?;
+    let function = device.function(Kernel::FilterRows)?;
     let (rows, width) = (n as u32, dim as u32);
     // A warp per 32 rows (FILTER_WARPS = BLOCK / 32 warps a block).
     let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, 65_536) as u32;
@@ -163,6 +155,6 @@ pub fn filter_rows(device: &GpuDevice, exact: &CudaSlice<f64>, n: usize, origin:
     // below n (grid-stride, 32 a warp) of `dim` values, within `exact` (checked above) and
     // `filter` (n · dim);
     // `origin` holds dim values; `norms` and `sq_norms` one per row.
-    unsafe { builder.launch(config) }.map_err(|e| format!("filter_rows launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("filter_rows launch failed: {e}")))?;
     Ok(FilterRows { filter, norms, sq_norms })
 }

@@ -15,10 +15,6 @@ pub(super) fn strided(len: u64) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (GRID_BUILD_BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
 
-pub(super) fn alloc_failed(e: cudarc::driver::DriverError) -> String {
-    format!("GPU allocation failed: {e}")
-}
-
 /// The keys one radix pass orders by: each point's linear cell id, or its sort-dimension value
 /// (ordered as `f64::total_cmp`).
 #[derive(Debug, Clone, Copy)]
@@ -38,15 +34,16 @@ impl RadixKeys<'_> {
 
 /// The positions `0..n` (identity_order in kernels/pack_rows.cuh): a side's slot order in input
 /// order, and the permutation a stable sort starts from.
-pub fn identity_order(device: &GpuDevice, n: usize) -> Result<CudaSlice<u32>, String> {
-    let function = device.function(KernelModule::SimJoin, "identity_order")?;
+pub fn identity_order(device: &GpuDevice, n: usize) -> Result<CudaSlice<u32>> {
+    let function = device.function(Kernel::IdentityOrder)?;
     let stream = &device.stream;
-    let mut perm = stream.alloc_zeros::<u32>(n.max(1)).map_err(alloc_failed)?;
+    let mut perm = zeroed::<u32>(stream, n.max(1))?;
     let len = n as u32;
     let mut builder = stream.launch_builder(&function);
     builder.arg(&mut perm).arg(&len);
     // SAFETY: identity_order(u32*, u32) writes indices < n ≤ the buffer's length (grid-stride).
-    unsafe { builder.launch(strided(n as u64)) }.map_err(|e| format!("identity_order launch failed: {e}"))?;
+    unsafe { builder.launch(strided(n as u64)) }
+        .map_err(|e| Error::Device(format!("identity_order launch failed: {e}")))?;
     Ok(perm)
 }
 
@@ -59,26 +56,26 @@ pub fn radix_pass(
     to: &mut CudaSlice<u32>,
     n: usize,
     shift: u32,
-) -> Result<(), String> {
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     if keys.len() < n || from.len() < n || to.len() < n || n >= u32::MAX as usize {
-        return Err(format!(
+        return Err(Error::Device(format!(
             "radix pass over {n} positions: buffers of {}, {} and {} values",
             keys.len(),
             from.len(),
             to.len()
-        ));
+        )));
     }
     let stream = &device.stream;
     let tiles = n.div_ceil(RADIX_TILE);
-    let mut counts = stream.alloc_zeros::<u32>(256 * tiles).map_err(alloc_failed)?;
+    let mut counts = zeroed::<u32>(stream, 256 * tiles)?;
     let (len, tiles_arg) = (n as u32, tiles as u32);
     let float_keys: u32 = matches!(keys, RadixKeys::Values(_)).into();
     let config =
         LaunchConfig { grid_dim: (tiles as u32, 1, 1), block_dim: (GRID_BUILD_BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let histogram = device.function(KernelModule::Grid, "radix_histogram")?;
+    let histogram = device.function(Kernel::RadixHistogram)?;
     let mut builder = stream.launch_builder(&histogram);
     match keys {
         RadixKeys::Cells(k) => builder.arg(k),
@@ -88,9 +85,9 @@ pub fn radix_pass(
     // SAFETY: radix_histogram(const u64*, u32, const u32*, u32, u32, u32*, u32): one block per
     // tile of RADIX_TILE positions below n; `from` holds n positions, each < n ≤ the keys' length
     // (8-byte values either way); `counts` holds 256 · tiles values, indexed digit · tiles + tile.
-    unsafe { builder.launch(config) }.map_err(|e| format!("radix_histogram launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("radix_histogram launch failed: {e}")))?;
     exclusive_scan(device, &mut counts)?;
-    let scatter = device.function(KernelModule::Grid, "radix_scatter")?;
+    let scatter = device.function(Kernel::RadixScatter)?;
     let mut builder = stream.launch_builder(&scatter);
     match keys {
         RadixKeys::Cells(k) => builder.arg(k),
@@ -100,34 +97,35 @@ pub fn radix_pass(
     // SAFETY: radix_scatter(const u64*, u32, const u32*, u32*, u32, u32, const u32*, u32): reads
     // as radix_histogram; the scanned counts place every position of `from` at a distinct index
     // below n (each digit's run of each tile is as long as that tile's count), which `to` holds.
-    unsafe { builder.launch(config) }.map_err(|e| format!("radix_scatter launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("radix_scatter launch failed: {e}")))?;
     Ok(())
 }
 
 /// Exclusive prefix sums of `values` in place (scan_blocks per block of SCAN_ITEMS, the blocks'
 /// totals scanned the same way, then added back).
-pub fn exclusive_scan(device: &GpuDevice, values: &mut CudaSlice<u32>) -> Result<(), String> {
+pub fn exclusive_scan(device: &GpuDevice, values: &mut CudaSlice<u32>) -> Result<()> {
     let stream = &device.stream;
     let n = values.len();
     let blocks = n.div_ceil(SCAN_ITEMS).max(1);
-    let mut totals = stream.alloc_zeros::<u32>(blocks).map_err(alloc_failed)?;
+    let mut totals = zeroed::<u32>(stream, blocks)?;
     let len = n as u32;
     let config =
         LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (GRID_BUILD_BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let scan = device.function(KernelModule::Grid, "scan_blocks")?;
+    let scan = device.function(Kernel::ScanBlocks)?;
     let mut builder = stream.launch_builder(&scan);
     builder.arg(&mut *values).arg(&len).arg(&mut totals);
     // SAFETY: scan_blocks(u32*, u32, u32*): block b reads and writes values[b·SCAN_ITEMS ..] below
     // n, the buffer's length, and writes totals[b], b < blocks, the totals' length.
-    unsafe { builder.launch(config) }.map_err(|e| format!("scan_blocks launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("scan_blocks launch failed: {e}")))?;
     if blocks > 1 {
         exclusive_scan(device, &mut totals)?;
-        let add = device.function(KernelModule::Grid, "add_block_offsets")?;
+        let add = device.function(Kernel::AddBlockOffsets)?;
         let mut builder = stream.launch_builder(&add);
         builder.arg(values).arg(&len).arg(&totals);
         // SAFETY: add_block_offsets(u32*, u32, const u32*): block b updates values below n and
         // reads totals[b], b < blocks.
-        unsafe { builder.launch(config) }.map_err(|e| format!("add_block_offsets launch failed: {e}"))?;
+        unsafe { builder.launch(config) }
+            .map_err(|e| Error::Device(format!("add_block_offsets launch failed: {e}")))?;
     }
     Ok(())
 }
@@ -140,36 +138,38 @@ pub fn cell_bounds(
     slot_cell: &CudaSlice<u64>,
     n: usize,
     table_len: Option<usize>,
-) -> Result<CellBounds, String> {
+) -> Result<CellBounds> {
     let stream = &device.stream;
     let len = n as u32;
-    let mut starts = stream.alloc_zeros::<u32>(n.max(1)).map_err(alloc_failed)?;
-    let mark = device.function(KernelModule::Grid, "cell_starts")?;
+    let mut starts = zeroed::<u32>(stream, n.max(1))?;
+    let mark = device.function(Kernel::CellStarts)?;
     let mut builder = stream.launch_builder(&mark);
     builder.arg(slot_cell).arg(&len).arg(&mut starts);
     // SAFETY: cell_starts(const u64*, u32, u32*) reads slot_cell and writes starts below n, both
     // buffers' lengths at least (grid-stride).
-    unsafe { builder.launch(strided(n as u64)) }.map_err(|e| format!("cell_starts launch failed: {e}"))?;
+    unsafe { builder.launch(strided(n as u64)) }
+        .map_err(|e| Error::Device(format!("cell_starts launch failed: {e}")))?;
     exclusive_scan(device, &mut starts)?;
-    let mut table = stream.alloc_zeros::<u32>(table_len.unwrap_or(1).max(1)).map_err(alloc_failed)?;
+    let mut table = zeroed::<u32>(stream, table_len.unwrap_or(1).max(1))?;
     if let Some(entries) = table_len {
-        let fill = device.function(KernelModule::Grid, "fill_u32")?;
+        let fill = device.function(Kernel::FillU32)?;
         let (entries, empty) = (entries as u64, u32::MAX);
         let mut builder = stream.launch_builder(&fill);
         builder.arg(&mut table).arg(&entries).arg(&empty);
         // SAFETY: fill_u32(u32*, u64, u32) writes indices below `entries`, the table's length.
-        unsafe { builder.launch(strided(entries)) }.map_err(|e| format!("fill_u32 launch failed: {e}"))?;
+        unsafe { builder.launch(strided(entries)) }
+            .map_err(|e| Error::Device(format!("fill_u32 launch failed: {e}")))?;
     }
     let mut bounds = CellBounds {
-        cell_ids: stream.alloc_zeros::<u64>(n.max(1)).map_err(alloc_failed)?,
-        cell_start: stream.alloc_zeros::<u32>(n + 1).map_err(alloc_failed)?,
+        cell_ids: zeroed::<u64>(stream, n.max(1))?,
+        cell_start: zeroed::<u32>(stream, n + 1)?,
         table,
         dense: table_len.is_some(),
         cells: 0,
     };
-    let mut count = stream.alloc_zeros::<u32>(1).map_err(alloc_failed)?;
+    let mut count = zeroed::<u32>(stream, 1)?;
     let dense: u32 = table_len.is_some().into();
-    let bound = device.function(KernelModule::Grid, "cell_bounds")?;
+    let bound = device.function(Kernel::CellBounds)?;
     let mut builder = stream.launch_builder(&bound);
     builder
         .arg(slot_cell)
@@ -184,8 +184,9 @@ pub fn cell_bounds(
     // n; cell indices (the exclusive scan of the starts) are below the number of cells ≤ n, the
     // length of cell_ids, and the end entry at most n, within cell_start's n + 1; with `dense`,
     // every cell id is below the table's length (the caller sizes it to all linear ids).
-    unsafe { builder.launch(strided(n as u64)) }.map_err(|e| format!("cell_bounds launch failed: {e}"))?;
-    bounds.cells = stream.clone_dtoh(&count).map_err(|e| format!("GPU copy failed: {e}"))?[0] as usize;
+    unsafe { builder.launch(strided(n as u64)) }
+        .map_err(|e| Error::Device(format!("cell_bounds launch failed: {e}")))?;
+    bounds.cells = stream.clone_dtoh(&count).map_err(|e| Error::Device(format!("GPU copy failed: {e}")))?[0] as usize;
     Ok(bounds)
 }
 
@@ -216,9 +217,9 @@ pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(
     order: &CudaSlice<u32>,
     n: usize,
     width: usize,
-) -> Result<CudaSlice<T>, String> {
+) -> Result<CudaSlice<T>> {
     let stream = &device.stream;
-    let mut out = stream.alloc_zeros::<T>((n * width).max(1)).map_err(alloc_failed)?;
+    let mut out = zeroed::<T>(stream, (n * width).max(1))?;
     let words = width * std::mem::size_of::<T>() / 4;
     if n == 0 || words == 0 {
         return Ok(out);
@@ -228,13 +229,13 @@ pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(
         || order.len() < n
         || source > u32::MAX as usize
     {
-        return Err(format!(
+        return Err(Error::Device(format!(
             "gather of {n} rows of {width} values from {source} rows in {} values by {} positions",
             rows.len(),
             order.len()
-        ));
+        )));
     }
-    let gather = device.function(KernelModule::Grid, "gather_rows")?;
+    let gather = device.function(Kernel::GatherRows)?;
     let (source_arg, len, words_arg) = (source as u32, n as u32, words as u32);
     let mut builder = stream.launch_builder(&gather);
     builder.arg(rows).arg(&source_arg).arg(order).arg(&len).arg(&words_arg).arg(&mut out);
@@ -242,6 +243,7 @@ pub fn gather_rows<T: DeviceRepr + ValidAsZeroBits>(
     // holds n) and of `rows` only rows below `source` (it tests each index), of `words` 4-byte
     // words each: within `rows` (source · width values of T, a multiple of 4 bytes each); it
     // writes n · words words, `out`'s size.
-    unsafe { builder.launch(strided((n * words) as u64)) }.map_err(|e| format!("gather_rows launch failed: {e}"))?;
+    unsafe { builder.launch(strided((n * words) as u64)) }
+        .map_err(|e| Error::Device(format!("gather_rows launch failed: {e}")))?;
     Ok(out)
 }

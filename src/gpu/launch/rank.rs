@@ -25,34 +25,39 @@ pub fn rank_slots(
     slot_len: &[u32],
     nearest_distance: &mut [f64],
     nearest_position: &mut [u32],
-) -> Result<(), String> {
+) -> Result<()> {
     let queries = slot_len.len();
     if capacity > KNN_RANK_SLOTS
         || queries == 0
         || k == 0
         || queries * capacity > pass.out_right.len().min(pass.out_distance.len())
     {
-        return Err(format!("knn_rank_slots: {queries} slots of {capacity} (at most {KNN_RANK_SLOTS}) for k = {k}"));
+        return Err(Error::Device(format!(
+            "knn_rank_slots: {queries} slots of {capacity} (at most {KNN_RANK_SLOTS}) for k = {k}"
+        )));
     }
     if nearest_distance.len().min(nearest_position.len()) < queries * k {
-        return Err(format!(
+        return Err(Error::Device(format!(
             "knn_rank_slots: {} and {} places for {queries} queries' {k} neighbours",
             nearest_distance.len(),
             nearest_position.len()
-        ));
+        )));
     }
     if let Some(q) = slot_len.iter().position(|&len| (len != 0 && (len as usize) < k) || len as usize > capacity) {
-        return Err(format!("knn_rank_slots: query {q} has {} candidates, outside [{k}, {capacity}]", slot_len[q]));
+        return Err(Error::Device(format!(
+            "knn_rank_slots: query {q} has {} candidates, outside [{k}, {capacity}]",
+            slot_len[q]
+        )));
     }
     let stream = &device.stream;
-    let failed = |e: cudarc::driver::DriverError| format!("knn_rank_slots: {e}");
+    let failed = |e: cudarc::driver::DriverError| Error::Device(format!("knn_rank_slots: {e}"));
     let lengths = stream.clone_htod(slot_len).map_err(failed)?;
-    let mut out_distance = stream.alloc_zeros::<f64>(queries * k).map_err(failed)?;
-    let mut out_position = stream.alloc_zeros::<u32>(queries * k).map_err(failed)?;
+    let mut out_distance = zeroed::<f64>(stream, queries * k)?;
+    let mut out_position = zeroed::<u32>(stream, queries * k)?;
     let (queries_arg, capacity_arg, k_arg) = (queries as u32, capacity as u32, k as u32);
     // Small k: a warp per query selects (knn_select_slots); else a block per query sorts.
     let select = k <= KNN_SELECT_SLOTS_K;
-    let function = device.function(KernelModule::Knn, if select { "knn_select_slots" } else { "knn_rank_slots" })?;
+    let function = device.function(if select { Kernel::KnnSelectSlots } else { Kernel::KnnRankSlots })?;
     // Shared memory for the longest slot's sort: a key (8 bytes) and a position (4) an entry.
     let room = slot_len.iter().max().map_or(1, |&len| len.max(1).next_power_of_two());
     let config = match select {
@@ -83,7 +88,7 @@ pub fn rank_slots(
     // power of two ≥ slot_len[q], at most `room` entries, in its 12·room bytes of dynamic shared
     // memory (≤ 48 KB: room ≤ RANK_SLOTS = 4,096), and writes k values at [q·k, q·k + k) of the
     // outputs, which hold queries · k.
-    unsafe { builder.launch(config) }.map_err(|e| format!("knn_rank_slots launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("knn_rank_slots launch failed: {e}")))?;
     stream.memcpy_dtoh(&out_distance, &mut nearest_distance[..queries * k]).map_err(failed)?;
     stream.memcpy_dtoh(&out_position, &mut nearest_position[..queries * k]).map_err(failed)?;
     stream.synchronize().map_err(failed)
@@ -121,12 +126,10 @@ pub struct RankedLists {
 
 impl RankedLists {
     /// Buffers for `neighbours` (lists · k) ranked neighbours.
-    pub fn new(device: &GpuDevice, neighbours: usize) -> Result<Self, String> {
-        let alloc =
-            |e: cudarc::driver::DriverError| format!("GPU allocation of {neighbours} ranked neighbours failed: {e}");
+    pub fn new(device: &GpuDevice, neighbours: usize) -> Result<Self> {
         Ok(Self {
-            distance: device.stream.alloc_zeros::<f64>(neighbours.max(1)).map_err(alloc)?,
-            position: device.stream.alloc_zeros::<u32>(neighbours.max(1)).map_err(alloc)?,
+            distance: zeroed::<f64>(&device.stream, neighbours.max(1))?,
+            position: zeroed::<u32>(&device.stream, neighbours.max(1))?,
         })
     }
 }
@@ -143,7 +146,7 @@ pub fn start_rank_lists(
     lists: usize,
     k: usize,
     ranked: &mut RankedLists,
-) -> Result<(), String> {
+) -> Result<()> {
     let most = rank_lists_most_k(device);
     if lists == 0
         || k == 0
@@ -151,13 +154,13 @@ pub fn start_rank_lists(
         || pass.offsets.len() < lists
         || ranked.distance.len().min(ranked.position.len()) < lists * k
     {
-        return Err(format!(
+        return Err(Error::Device(format!(
             "knn_rank_lists: {lists} lists at k = {k} (at most {most}) for {} offsets and {} places",
             pass.offsets.len(),
             ranked.distance.len().min(ranked.position.len())
-        ));
+        )));
     }
-    let function = device.function(KernelModule::Knn, "knn_rank_lists")?;
+    let function = device.function(Kernel::KnnRankLists)?;
     let room = k.next_power_of_two();
     let shared_mem_bytes = (room * 12) as u32;
     if shared_mem_bytes as usize + RANK_LISTS_STATIC_BYTES > 48 << 10 {
@@ -168,7 +171,9 @@ pub fn start_rank_lists(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shared_mem_bytes as i32,
             )
-            .map_err(|e| format!("knn_rank_lists: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
+            .map_err(|e| {
+                Error::Device(format!("knn_rank_lists: {shared_mem_bytes} bytes of shared memory refused: {e}"))
+            })?;
     }
     let config = LaunchConfig { grid_dim: (lists as u32, 1, 1), block_dim: (RANK_LISTS_BLOCK, 1, 1), shared_mem_bytes };
     let (k_arg, room_arg) = (k as u32, room as u32);
@@ -189,7 +194,7 @@ pub fn start_rank_lists(
     // into the 12·room bytes of dynamic shared memory given here (room ≥ k, within the device's
     // opt-in: k ≤ rank_lists_most_k) and writes [q·k, q·k + k) of the outputs, which hold
     // lists · k (checked above).
-    unsafe { builder.launch(config) }.map_err(|e| format!("knn_rank_lists launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("knn_rank_lists launch failed: {e}")))?;
     Ok(())
 }
 

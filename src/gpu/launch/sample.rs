@@ -31,21 +31,23 @@ pub fn sample_half_rows(
     sample_len: usize,
     scale_exponent: i32,
     squared_distances: bool,
-) -> Result<KnnSample, String> {
+) -> Result<KnnSample> {
     let Some(half_rows) = &base.half_rows else {
         return Err("knn_sample_distances_tc: the base has no f16 rows".into());
     };
     if sample_len == 0 || sample_len > n {
-        return Err(format!("knn_sample_distances_tc: a sample of {sample_len} rows of a base of {n} rows"));
+        return Err(Error::Device(format!(
+            "knn_sample_distances_tc: a sample of {sample_len} rows of a base of {n} rows"
+        )));
     }
     let picked = sample_positions(device, n, sample_len)?;
     let rows = gather_rows(device, half_rows, n, &picked, sample_len, tc_row_words(dim))?;
     let sq_norms = match squared_distances {
         true if base.filter_sq_norms.len() < n => {
-            return Err(format!(
+            return Err(Error::Device(format!(
                 "knn_sample_distances_tc: {} squared norms for a base of {n} rows",
                 base.filter_sq_norms.len()
-            ));
+            )));
         }
         true => Some(gather_rows(device, &base.filter_sq_norms, n, &picked, sample_len, 1)?),
         false => None,
@@ -55,9 +57,9 @@ pub fn sample_half_rows(
 
 /// The base rows a sample of `sample_len` of `n` takes, ⌊i·n/sample_len⌋ (knn_sample_rows' choice),
 /// on the device.
-pub(super) fn sample_positions(device: &GpuDevice, n: usize, sample_len: usize) -> Result<CudaSlice<u32>, String> {
+pub(super) fn sample_positions(device: &GpuDevice, n: usize, sample_len: usize) -> Result<CudaSlice<u32>> {
     let picked: Vec<u32> = (0..sample_len).map(|i| (i as u64 * n as u64 / sample_len as u64) as u32).collect();
-    device.stream.clone_htod(&picked).map_err(|e| format!("GPU copy failed: {e}"))
+    device.stream.clone_htod(&picked).map_err(|e| Error::Device(format!("GPU copy failed: {e}")))
 }
 
 /// The sample as knn_sample_keys_bytes reads it, where the base has byte rows: rows ⌊i·n/sample_len⌋
@@ -68,9 +70,11 @@ pub fn sample_byte_rows(
     n: usize,
     dim: usize,
     sample_len: usize,
-) -> Result<KnnSample, String> {
+) -> Result<KnnSample> {
     if sample_len == 0 || sample_len > n {
-        return Err(format!("knn_sample_keys_bytes: a sample of {sample_len} rows of a base of {n} rows"));
+        return Err(Error::Device(format!(
+            "knn_sample_keys_bytes: a sample of {sample_len} rows of a base of {n} rows"
+        )));
     }
     let picked = sample_positions(device, n, sample_len)?;
     Ok(KnnSample::Bytes(ByteRows {
@@ -88,13 +92,14 @@ pub fn sample_rows(
     n: usize,
     dim: usize,
     sample_len: usize,
-) -> Result<CudaSlice<f32>, String> {
+) -> Result<CudaSlice<f32>> {
     if sample_len == 0 || sample_len > n || base_filter.len() < n * dim {
-        return Err(format!("knn_sample_rows: a sample of {sample_len} rows of a base of {n} rows of {dim} values"));
+        return Err(Error::Device(format!(
+            "knn_sample_rows: a sample of {sample_len} rows of a base of {n} rows of {dim} values"
+        )));
     }
-    let function = device.function(KernelModule::Knn, "knn_sample_rows")?;
-    let mut sample =
-        device.stream.alloc_zeros::<f32>(sample_len * dim).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let function = device.function(Kernel::KnnSampleRows)?;
+    let mut sample = zeroed::<f32>(&device.stream, sample_len * dim)?;
     let blocks = (sample_len * dim).div_ceil(BLOCK as usize).clamp(1, 65_536) as u32;
     let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let (n32, dim32, len32) = (n as u32, dim as u32, sample_len as u32);
@@ -103,7 +108,7 @@ pub fn sample_rows(
     // SAFETY: the arguments match knn_sample_rows's parameter list one for one. It writes indices
     // < sample_len·dim, the sample's length, and reads row ⌊i·n/sample_len⌋ < n (i < sample_len),
     // values < n·dim ≤ the filter's length (checked above).
-    unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_rows launch failed: {e}"))?;
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("knn_sample_rows launch failed: {e}")))?;
     Ok(sample)
 }
 
@@ -134,14 +139,14 @@ pub fn sample_radius_pass(
     rank: u32,
     chunk_queries: usize,
     radii: &mut CudaSlice<f64>,
-) -> Result<(), String> {
+) -> Result<()> {
     if queries.is_empty() {
         return Ok(());
     }
     if sample_len as usize > KNN_SAMPLE || sample_len == 0 || rank == 0 || chunk_queries == 0 {
-        return Err(format!(
+        return Err(Error::Device(format!(
             "knn_sample_radius: a sample of {sample_len} rows (at most {KNN_SAMPLE}) at rank {rank}, {chunk_queries} queries a round"
-        ));
+        )));
     }
     let stream = &device.stream;
     // The f16 kernel's squared L2 distances need both sides' squared norms.
@@ -153,19 +158,19 @@ pub fn sample_radius_pass(
     // Under wgmma the tensor-core keys come from brute_join_tc's pipeline (knn_sample_keys_bytes,
     // knn_sample_keys_half: TMA and wgmma, its shared memory without a queue), over the queries'
     // and the sample's rows by their TMA maps; mma.sync devices keep knn_sample_distances_tc.
-    let on_pipeline = |kernel: &str,
+    let on_pipeline = |kernel: Kernel,
                        query_rows: &CudaSlice<u32>,
                        sample_rows: &CudaSlice<u32>,
                        row_words: usize|
-     -> Result<SampleKeys, String> {
-        let function = device.function(KernelModule::SimJoin, kernel)?;
+     -> Result<SampleKeys> {
+        let function = device.function(kernel)?;
         let shared_mem_bytes = tc_shared_bytes(device, row_words, 0);
         function
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shared_mem_bytes as i32,
             )
-            .map_err(|e| format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}"))?;
+            .map_err(|e| Error::Device(format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}")))?;
         Ok(SampleKeys {
             function,
             shared_mem_bytes,
@@ -180,25 +185,24 @@ pub fn sample_radius_pass(
                 && query.sq_norms.len() >= queries.end as usize
                 && sample.sq_norms.len() >= sample_len as usize =>
         {
-            Some(on_pipeline("knn_sample_keys_bytes", &query.rows, &sample.rows, byte_row_words(dim))?)
+            Some(on_pipeline(Kernel::KnnSampleKeysBytes, &query.rows, &sample.rows, byte_row_words(dim))?)
         }
         (KnnSample::Bytes(_), ..) => {
             return Err("knn_sample_keys_bytes: the queries have no byte rows shifted as the sample's".into());
         }
         (KnnSample::Half { rows, .. }, Some(query_rows), _) if warpgroup_mma(device) => {
-            Some(on_pipeline("knn_sample_keys_half", query_rows, rows, tc_row_words(dim))?)
+            Some(on_pipeline(Kernel::KnnSampleKeysHalf, query_rows, rows, tc_row_words(dim))?)
         }
         _ => None,
     };
     let distances_kernel = match (sample, &pipeline) {
         (_, Some(keys)) => keys.function.clone(),
-        (KnnSample::Filter(_), None) => device.function(KernelModule::Knn, "knn_sample_distances")?,
-        (_, None) => device.function(KernelModule::Knn, "knn_sample_distances_tc")?,
+        (KnnSample::Filter(_), None) => device.function(Kernel::KnnSampleDistances)?,
+        (_, None) => device.function(Kernel::KnnSampleDistancesTc)?,
     };
-    let radius_kernel = device.function(KernelModule::Knn, "knn_sample_radius")?;
+    let radius_kernel = device.function(Kernel::KnnSampleRadius)?;
     let chunk = chunk_queries.min(queries.len());
-    let mut distances =
-        stream.alloc_zeros::<f32>(chunk * KNN_SAMPLE).map_err(|e| format!("GPU allocation failed: {e}"))?;
+    let mut distances = zeroed::<f32>(stream, chunk * KNN_SAMPLE)?;
     for begin in queries.clone().step_by(chunk) {
         let end = (begin as usize + chunk).min(queries.end as usize) as u32;
         let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
@@ -291,7 +295,8 @@ pub fn sample_radius_pass(
                 // brute_join_tc_bytes's dynamic shared memory (allowed by the attribute set above)
                 // and writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
                 // `distances` (chunk ≥ end − begin rows of SAMPLE).
-                unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_keys_bytes launch failed: {e}"))?;
+                unsafe { builder.launch(config) }
+                    .map_err(|e| Error::Device(format!("knn_sample_keys_bytes launch failed: {e}")))?;
             }
             (KnnSample::Bytes(_), ..) => return Err("knn_sample_keys_bytes: the queries have no byte rows".into()),
             (KnnSample::Filter(sample), ..) => {
@@ -309,7 +314,8 @@ pub fn sample_radius_pass(
                 // (dimension-major: `dim · sample_len` values, the sample's length), and writes
                 // entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances`
                 // (chunk ≥ end − begin rows of SAMPLE).
-                unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_distances launch failed: {e}"))?;
+                unsafe { builder.launch(config) }
+                    .map_err(|e| Error::Device(format!("knn_sample_distances launch failed: {e}")))?;
             }
         }
         let config = LaunchConfig { grid_dim: (end - begin, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
@@ -319,9 +325,10 @@ pub fn sample_radius_pass(
         // row b < end − begin ≤ chunk of `distances` (its first sample_len entries, written above)
         // and writes LEVELS radii at query position begin + b < queries.end, within `radii`, which
         // holds LEVELS values for every query.
-        unsafe { builder.launch(config) }.map_err(|e| format!("knn_sample_radius launch failed: {e}"))?;
+        unsafe { builder.launch(config) }
+            .map_err(|e| Error::Device(format!("knn_sample_radius launch failed: {e}")))?;
     }
-    stream.synchronize().map_err(|e| format!("knn_sample_radius failed: {e}"))
+    stream.synchronize().map_err(|e| Error::Device(format!("knn_sample_radius failed: {e}")))
 }
 
 /// Most sample rows knn_sample_radius selects from (`SAMPLE` in kernels/knn.cu).
