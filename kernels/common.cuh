@@ -58,7 +58,7 @@ struct JoinParams {
     u32 tc_queue;       // brute_join_tc: pairs its queue holds (`tc_queue` in src/gpu/launch/geometry.rs)
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
-    double window;      // grid, windowed: half-width of that range (sortidu, seed 003 §4.3)
+    double window;      // grid, windowed: half-width of that range (sortidu, Gowanlock & Karsin, GPU-Join, §4.3)
 };
 // The host's mirror (`JoinParams` in src/gpu/abi.rs) asserts the same size.
 static_assert(sizeof(JoinParams) == 216, "JoinParams layout changed: update src/gpu/abi.rs");
@@ -127,7 +127,7 @@ __device__ __forceinline__ double exact_distance(const JoinParams& p, const doub
 }
 
 // The f32 filter score of two filter-space rows (see FilterLimit / GemmSide on the host). The
-// direct scores stop early once they exceed `limit` (shortc, seed 003 §4.4), checked every 8
+// direct scores stop early once they exceed `limit` (shortc, Gowanlock & Karsin, GPU-Join, §4.4), checked every 8
 // dimensions: their terms are non-negative and each rounded addition (or maximum) of one never
 // decreases the sum, so a partial score above the limit means the whole score, summed in the same
 // order, fails the filter too; the early return is such a failing score.

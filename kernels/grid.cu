@@ -1,4 +1,4 @@
-// The ε-grid built on the device (seed 003 §3.2.1): the host computes each point's linear cell id
+// The ε-grid built on the device (Gowanlock & Karsin, GPU-Join, §3.2.1): the host computes each point's linear cell id
 // and, where the window prunes, its sort-dimension value (the f64 arithmetic of
 // `GridGeometry::cell_id`, so both backends place every point in the same cell); here the points
 // are ordered by (cell, sort value, position) with a stable LSD radix sort of the position

@@ -1,4 +1,4 @@
-// ε-join and range-query kernels (GPU-Join, seed 003 §3.2.1, with Böhm's count-then-write).
+// ε-join and range-query kernels (GPU-Join, Gowanlock & Karsin, GPU-Join, §3.2.1, with Böhm's count-then-write).
 //
 // Thread mapping (grid_join): one thread per left row ("slot"), `slot_begin + blockIdx.x *
 // blockDim.x + threadIdx.x`, over a batch [slot_begin, slot_end); brute_join: see its own comment.

@@ -29,7 +29,7 @@ impl PartialOrd for Neighbour {
 
 /// The k smallest neighbours seen so far: those offered below the k-th smallest of the last
 /// compaction, unordered, compacted (select the k smallest, linear time) whenever k + k/4 + 8 are
-/// kept — the buffered selection of seed 004 §4.1, at about five comparisons per neighbour kept.
+/// kept — the buffered selection of Hanák, kNN on GPU accelerators, §4.1, at about five comparisons per neighbour kept.
 /// A binary heap replaced its top and sifted it down log₂ k levels per improvement, each level a
 /// cache miss once the heaps of a block of queries outgrew the caches: 81 % of a 1,000-query kNN
 /// at k = 10,000 (8.5 s, now 1.7–2.0 s; NOTES.md v35). A smaller buffer keeps the bound that

@@ -127,7 +127,7 @@ pub struct DerivedSide {
 const RESIDENT_SHARE: usize = 4;
 
 /// Streams that write passes take turns on: while the host emits one batch, the next batch's
-/// copy to the host and the one after's kernel run on the other two (seed 003 §3.2.2).
+/// copy to the host and the one after's kernel run on the other two (Gowanlock & Karsin, GPU-Join, §3.2.2).
 pub const PIPELINE_STREAMS: usize = 3;
 
 static SHARED: OnceLock<Result<Arc<GpuDevice>>> = OnceLock::new();

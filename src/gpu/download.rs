@@ -95,8 +95,8 @@ impl HostResults<'_> {
 
 /// A view of a run's page-locked result buffers: all of them ([`HostResults::download`]) or one
 /// of several parts ([`HostResults::parts`]: a batch of pairs is copied into one part while the
-/// host reads the previous batch from another, seed 003 §3.2.2's transfers overlapping the host's
-/// use of the results).
+/// host reads the previous batch from another: the transfers overlap the host's use of the
+/// results, as in Gowanlock & Karsin, GPU-Join, §3.2.2).
 #[derive(Debug)]
 pub struct HostPairs<'a> {
     left: &'a mut [u32],

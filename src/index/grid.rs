@@ -1,4 +1,4 @@
-//! The ε-grid of GPU-Join (seed 003 §3.2.1, §4): cells of edge ≥ the coordinate bound `r` over the
+//! The ε-grid of GPU-Join (Gowanlock & Karsin, GPU-Join, §3.2.1, §4): cells of edge ≥ the coordinate bound `r` over the
 //! `k` highest-variance dimensions, only non-empty cells stored (sorted linearised ids, found by
 //! binary search), points grouped by cell and sorted inside each cell on one more dimension
 //! (`sortidu`, §4.3). `k` comes from a sampled cost model (§5.6) that can also reject the grid in
@@ -163,7 +163,7 @@ pub struct CostInputs<'a> {
     pub grid_dims: usize,
 }
 
-/// Chooses between the grid (and its `k`) and brute force by estimated time (seed 003 §5.6):
+/// Chooses between the grid (and its `k`) and brute force by estimated time (Gowanlock & Karsin, GPU-Join, §5.6):
 /// index search ≈ cells·3^k·log₂|G|, refinement ≈ sampled candidate pairs × (pair + d·dimension).
 pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
     let CostInputs { left, right, dim, radius, self_join, index, grid_dims, .. } = *inputs;

@@ -234,7 +234,7 @@ impl GpuBackend {
                 // and a part of the host buffers of its own: batch i is queued (offsets, kernel,
                 // copy to the host) on stream i mod 3 as soon as the host has emitted batch
                 // i − 3 from that stream's part, so while the host emits one batch the next
-                // one's copy and the one after's kernel run (seed 003 §3.2.2). Emission stays in
+                // one's copy and the one after's kernel run (Gowanlock & Karsin, GPU-Join, §3.2.2). Emission stays in
                 // batch order.
                 let streams = self.device.pipeline_streams().map_err(exec)?;
                 let slots_most = batches
