@@ -4,7 +4,7 @@
 // Tests left slot `s` against right slots [begin, end); counts or writes the qualifying pairs.
 // DIM > 0: the dimension, with `x` the left row in registers (loaded once per left slot) and each
 // right row read in vector loads; the general path (DIM = 0) reads both rows per candidate, twice
-// the load instructions per dimension (P4's grid kernel was bound by them: NOTES.md v17).
+// the load instructions per dimension (P4's grid kernel was bound by them: docs/optimisations.md, v17).
 template <u32 DIM>
 __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin, u32 end, const float (&x)[DIM ? DIM : 1],
         const float* lf, const float* rf, const double* lx, const double* rx,

@@ -22,7 +22,7 @@ struct TcQueue {
 // pairs that pass the filter go to the block's queue (each warp takes its places with one atomic),
 // decided at the end of the run by all threads at once. Deciding them here, one exact f64 distance
 // after another per thread (a chain of dependent f64 additions d long, with loads of both rows),
-// held up the whole block at its next barrier (NOTES.md v35). A pair beyond the queue's room is
+// held up the whole block at its next barrier (docs/optimisations.md, v35). A pair beyond the queue's room is
 // decided here (under PASS_SCORES, its slot is marked overflowed). The warp's accumulators are M
 // blocks of 16 rows by N of 8 columns (4 × 4 under mma.sync, 1 × 16 under wgmma).
 template <int M, int N>
@@ -247,10 +247,10 @@ __device__ __forceinline__ void half_keys(u32 row0, u32 col0, u32 warp_row, u32 
 // each lane adds its pair's terms from there in dimension order, exact_distance's terms and order,
 // while the next dimensions' loads are in flight. One thread per pair reading its own rows made
 // each load instruction touch 32 rows' cache lines, which the L1 serves one a cycle: at 784
-// dimensions those loads held 28 % of the count pass's stall samples (NOTES.md v51). The drain is
+// dimensions those loads held 28 % of the count pass's stall samples (docs/optimisations.md, v51). The drain is
 // bound by its round trips to memory, one per DRAIN_DIMS dimensions and warp: 32 pairs a warp at 16
 // dimensions a trip left half the warps idle (P1 queues ~116 pairs a block) and made 49 trips a
-// warp at 784 dimensions, 1.6 of the 3.6 ms of 60,000 × 784's count pass (NOTES.md v65).
+// warp at 784 dimensions, 1.6 of the 3.6 ms of 60,000 × 784's count pass (docs/optimisations.md, v65).
 #define DRAIN_PAIRS 16
 #define DRAIN_DIMS 32
 #define DRAIN_STRIDE (DRAIN_DIMS + 1)  // a lane's row is read without bank conflicts
@@ -570,7 +570,7 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
     if (pass == PASS_SCORES) {
         // The queued pairs into their slots, each with its value recomputed from the f16 rows: a
         // pair's accumulator, picked out of the 64 by its bit in the epilogue, cost ~200
-        // instructions a warp, as much as the drain saved (NOTES.md v85). A group of lanes per
+        // instructions a warp, as much as the drain saved (docs/optimisations.md, v85). A group of lanes per
         // pair, about 16 words a lane (4 lanes at 128 dimensions, 32 at 784), so that each lane's
         // loads are in flight together.
         const float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;
@@ -621,7 +621,7 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
 // Two blocks an SM, so that one block's warps hide the other's latencies. (Under wgmma, one block
 // with 255 registers a thread for two sets of accumulators, tile T's epilogue running while tile
 // T + 1's wgmma did, took 1.5 times as long: with 8 warps an SM every barrier and epilogue was
-// exposed, NOTES.md v58.)
+// exposed, docs/optimisations.md, v58.)
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS, const __grid_constant__ TensorMap left_map,
                                                                    const __grid_constant__ TensorMap right_map) {
     brute_join_tc_run<false>(BRUTE_JOIN_ARGS, left_map, right_map);
@@ -640,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc_bytes(BRUTE_J
 // kNN's sample keys on byte rows (knn_sample_radius reads them as knn.cu's other sample kernels
 // write theirs), through brute_join_tc_bytes's pipeline: TMA copies and wgmma. knn_sample_distances_tc's
 // byte instance, its register-staged loads and mma.sync, waited on its loads (P2: 0.28 ms for
-// 8,192 queries, NOTES.md v89). Query slots [query_begin, query_end) against the sample's `sample_len` rows
+// 8,192 queries, docs/optimisations.md, v89). Query slots [query_begin, query_end) against the sample's `sample_len` rows
 // (sample_byte_rows), each pair's key at keys[(q − query_begin)·SAMPLE + i]; `p` sets the
 // dimensions and the run (p.tc_run, no queue), and the maps cover the two sides' byte rows.
 extern "C" __global__ void __launch_bounds__(256, 2) knn_sample_keys_bytes(JoinParams p, u32 query_begin, u32 query_end,

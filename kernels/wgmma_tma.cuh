@@ -3,7 +3,7 @@
 
 // Hopper's warpgroup mma (sm_90a: `arch_for` in src/gpu/device.rs compiles for it on compute
 // capability 9.0). mma.sync left brute_join_tc's count pass latency-bound at 16 warps an SM: each
-// m16n8k16 waits on its fragments' ldmatrix and the tensor pipe was 29 % busy (NOTES.md v53, v55).
+// m16n8k16 waits on its fragments' ldmatrix and the tensor pipe was 29 % busy (docs/optimisations.md, v53, v55).
 // wgmma.mma_async reads both operands from shared memory through a descriptor and multiplies a
 // 64 × 128 × 16 block in one instruction, asynchronously, so a warpgroup (four warps) issues a
 // chunk's four blocks back to back and waits once. Its accumulators are the mma.sync m16n8
@@ -74,7 +74,7 @@ __device__ __forceinline__ void wgmma_settled(int (&d)[1][16][4]) { asm volatile
 // The Hopper tensor memory accelerator (TMA) copies a chunk's tile (128 rows × 32 words) into
 // shared memory on one thread's request, in the 128-byte swizzle (the map's, src/gpu/launch/geometry.rs
 // `tc_row_map`), with zeros beyond the data, and counts its bytes on an mbarrier that the
-// readers wait on: the cp.async loader spent ~170 instructions a warp and step (NOTES.md v58).
+// readers wait on: the cp.async loader spent ~170 instructions a warp and step (docs/optimisations.md, v58).
 __device__ __forceinline__ void mbarrier_init(u64* barrier) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((u32)__cvta_generic_to_shared(barrier)) : "memory");
 }

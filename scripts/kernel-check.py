@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compiles kernels/*.cu for an sm_XY with NVRTC on a machine without a GPU and prints what ptxas
 reports per kernel (registers, spills, shared memory): register pressure and spills can be checked
-before spending device time (NOTES.md, fourth session). Options as on the device (--fmad=false,
+before a GPU is used. Options as on the device (--fmad=false,
 C++17, the includes inlined as build.rs does).
 
 Needs NVRTC: `scripts/kernel-check.py --setup` installs PyPI's nvidia-cuda-nvrtc (and

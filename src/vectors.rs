@@ -377,7 +377,7 @@ fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
 /// The common case in one parallel pass: FixedSizeList columns (one per batch of an input) of
 /// Float32/Float64 with no NULL row or value and only finite values, widened into one row-major
 /// buffer without concatenating the lists first (a 1M × 128 concatenation alone took longer
-/// than the widening: NOTES.md v13). `None` sends the input through the general, row-by-row path.
+/// than the widening: docs/optimisations.md, v13). `None` sends the input through the general, row-by-row path.
 fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
     let Some(DataType::FixedSizeList(field, n)) = columns.first().map(|c| c.data_type().clone()) else {
         return Ok(None);

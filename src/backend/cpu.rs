@@ -699,7 +699,7 @@ fn offer_exact(
 /// filter: offsets from the base's (right side's) mean, dimension-major; the base in tiles of
 /// `tile_rows` rows (a multiple of LANES, about 32 KB), each tile's columns contiguous, so that a
 /// tile stays in the L1 cache while every query of a block passes over it. (One column per dimension across the whole base put a 128-d lane
-/// block's values on 128 pages: 2.5× slower than computing every exact distance, NOTES.md v38.)
+/// block's values on 128 pages: 2.5× slower than computing every exact distance, docs/optimisations.md, v38.)
 struct DirectColumns {
     queries: Vec<f32>,
     base: Vec<f32>,
@@ -743,7 +743,7 @@ impl DirectColumns {
 /// vectorised f32 filter for every query of the block, at the limit of the query's current k-th
 /// distance bound (`FilterLimit`: every row within the bound passes, and only such a row can
 /// enter the k nearest); the rows that pass by their exact distance. Computing every exact
-/// distance took 4–6 ns a pair (NOTES.md v38). Without f32 columns, every distance is exact.
+/// distance took 4–6 ns a pair (docs/optimisations.md, v38). Without f32 columns, every distance is exact.
 #[allow(clippy::too_many_arguments)]
 fn knn_direct_unit(
     request: &KnnRequest,

@@ -92,7 +92,7 @@ impl ExactCheck {
     /// `distance(a, rows[l], ia, ibs[l])` for four rows at once, bit for bit: the same operations
     /// in the same order per row, four independent chains in flight. One distance is a chain of d
     /// dependent additions, each waiting out the latency of the one before; four interleaved fill
-    /// those waits (the exact re-rank of a kNN at large k is mostly such chains, NOTES.md v37).
+    /// those waits (the exact re-rank of a kNN at large k is mostly such chains, docs/optimisations.md, v37).
     #[inline]
     pub fn distances4(&self, a: &[f64], ia: usize, rows: [&[f64]; 4], ibs: [usize; 4]) -> [f64; 4] {
         let dim = a.len();

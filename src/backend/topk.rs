@@ -32,7 +32,7 @@ impl PartialOrd for Neighbour {
 /// kept — the buffered selection of Hanák, kNN on GPU accelerators, §4.1, at about five comparisons per neighbour kept.
 /// A binary heap replaced its top and sifted it down log₂ k levels per improvement, each level a
 /// cache miss once the heaps of a block of queries outgrew the caches: 81 % of a 1,000-query kNN
-/// at k = 10,000 (8.5 s, now 1.7–2.0 s; NOTES.md v35). A smaller buffer keeps the bound that
+/// at k = 10,000 (8.5 s, now 1.7–2.0 s; docs/optimisations.md, v35). A smaller buffer keeps the bound that
 /// filters rows tighter (k = 100: 0.19 s against 0.25 s with 2k).
 #[derive(Debug)]
 pub struct KSmallest {
@@ -97,7 +97,7 @@ pub(crate) enum Ranked<'a> {
     /// A list of its own.
     List(Vec<Neighbour>),
     /// Entries of arrays that hold many queries' lists (the GPU's, ranked on the device: without a
-    /// list per query, P1's 10⁴ lists of 10 took 0.6–2.5 ms to build, NOTES.md v54).
+    /// list per query, P1's 10⁴ lists of 10 took 0.6–2.5 ms to build, docs/optimisations.md, v54).
     Arrays { distances: &'a [f64], positions: &'a [u32] },
 }
 
@@ -113,8 +113,8 @@ impl Ranked<'_> {
 /// Sends neighbour lists, each (query, list nearest first), in the order given, ranked from 1 (the
 /// order [`super::Backend::knn`] promises), in chunks of about the sink's size filled on every
 /// core, a wave of one chunk per worker at a time. Filled one row after another, the 10⁸ rows of
-/// a k = 10,000 kNN over 10⁴ queries held up the run for most of its 1.6 s of emission (NOTES.md
-/// v42).
+/// a k = 10,000 kNN over 10⁴ queries held up the run for most of its 1.6 s of emission
+/// (docs/optimisations.md, v42).
 pub(crate) fn send_ranked(
     sink: &dyn super::ResultSink,
     mut lists: Vec<(usize, Ranked)>,

@@ -236,7 +236,7 @@ impl Run {
         let Run { op, backend, builder, metrics, progress, .. } = self;
         // Chunks of 8 batches: each chunk is one hand-off between a backend thread and the
         // consumer, and at one batch per chunk those hand-offs were a visible part of emitting
-        // 5·10⁷ pairs (NOTES.md v18); the consumer still yields batches of `batch_size` rows.
+        // 5·10⁷ pairs (docs/optimisations.md, v18); the consumer still yields batches of `batch_size` rows.
         let chunk_rows = (8 * builder.batch_size).max(1024);
         let (lv, rv) = (lv.clone(), rv.clone());
         let baseline = metrics.baseline.clone();
@@ -290,7 +290,7 @@ impl Run {
 }
 
 /// Worker pools of finished runs, kept for the next: starting a pool's threads took 0.3–0.5 ms of a
-/// 19-ms GPU kNN on a 16-core host (NOTES.md v54). At most [`IDLE_POOLS`] wait; a run whose
+/// 19-ms GPU kNN on a 16-core host (docs/optimisations.md, v54). At most [`IDLE_POOLS`] wait; a run whose
 /// backend panicked does not return its pool.
 static IDLE_WORKERS: Mutex<Vec<rayon::ThreadPool>> = Mutex::new(Vec::new());
 const IDLE_POOLS: usize = 4;

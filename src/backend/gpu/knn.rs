@@ -77,7 +77,7 @@ impl GpuBackend {
         // mean alone), as an earlier query built it: its filter rows, f16 rows and largest
         // coordinate are not built again (DerivedSide). Likewise a kept query table's side,
         // centred on that kept base's mean, for a service's repeated queries (build_time −0.2 ms
-        // on 60,000 × 784, NOTES.md v75).
+        // on 60,000 × 784, docs/optimisations.md, v75).
         let keep_key = resident_key(base).filter(|_| gemm && metric != Metric::Cosine);
         let query_key = resident_key(queries).filter(|_| keep_key.is_some());
         let mut kept = keep_key.as_ref().and_then(|key| self.device.derived_side(key, metric_code(metric), None));
@@ -154,7 +154,7 @@ impl GpuBackend {
         stats.byte_row_tiles = base_bytes.is_some().into();
         stats.resident_inputs =
             usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
-        // Where the tensor cores filter, the sample's distances come from them too (NOTES.md v54),
+        // Where the tensor cores filter, the sample's distances come from them too (docs/optimisations.md, v54),
         // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
         // rounding below the k-th distance about half the time, would leave those queries short.
         // On byte rows, from theirs: exact keys on the integer tensor cores.
@@ -203,7 +203,7 @@ impl GpuBackend {
         // the slots are small (knn_slot_capacity): a query found with at least k and at most a
         // slot of candidates is then ranked from its slot, on the device where slots are at most
         // KNN_RANK_SLOTS long (k entries a query come back instead of whole slots: P1 k = 10,
-        // 1.2 MB instead of 154 MB, NOTES.md v32), and only the others need a write pass.
+        // 1.2 MB instead of 154 MB, docs/optimisations.md, v32), and only the others need a write pass.
         let first_capacity = knn_slot_capacity(k, n, sample_len, rank, nq, budget);
         let slot_values = nq * first_capacity as usize;
         pass.size_outputs(&self.device, slot_values)?;
@@ -214,7 +214,7 @@ impl GpuBackend {
         // dozen of 10,000 queries need a second radius) and, where the slots are ranked on the
         // device, those that overflowed the first pass's slots: the later passes' few queries
         // share the same buffers in longer slots (P2 at k = 10: 204 queries in slots of 4,096
-        // instead of a write pass, NOTES.md v54). A query's level only rises, and level
+        // instead of a write pass, docs/optimisations.md, v54). A query's level only rises, and level
         // KNN_LEVELS (+∞) counts all n ≥ k rows, so this ends. A count depends only on the exact
         // distances (the filter passes every row within the radius), so a later pass or the
         // write pass re-finds it exactly.
@@ -394,7 +394,7 @@ impl GpuBackend {
         // rest's radii and limits, and a part of the host buffers of its own, as the joins' do:
         // batch i is queued on stream i mod 3 once the host is done with batch i − 3's part, so
         // the kernels of the next batches run while the host emits this one (P1 k = 10,000: 23
-        // passes, NOTES.md v76, v77).
+        // passes, docs/optimisations.md, v76, v77).
         let lanes_needed = batches.len().min(PIPELINE_STREAMS);
         let slots_most = batches.iter().map(|&(begin, end, _)| end - begin).max().unwrap_or(1);
         let mut lanes = Vec::with_capacity(lanes_needed);
@@ -609,10 +609,10 @@ pub(super) fn knn_slot_capacity(
 /// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]), from which each query's ranks are
 /// picked. Where the tensor cores filter (`tensor_cores`), they take the sample's distances too, and
 /// the sample is KNN_SAMPLE rows (or the whole base): a sample row then costs about 1.5 count-pass
-/// rows (P2: 0.63 ms of keys for 4,096 rows against 6.1 ms for the pass's 60,000, NOTES.md v55),
+/// rows (P2: 0.63 ms of keys for 4,096 rows against 6.1 ms for the pass's 60,000, docs/optimisations.md, v55),
 /// and the larger sample gives tighter radii, fewer candidates for the same share of queries
 /// short (P2, 60,000 rows of 784 at k = 10: 64 candidates a query and 4 % short with 1,875
-/// rows at rank 2, 44 and 3 % with 4,096 at rank 3; NOTES.md v54). On f32 CUDA cores a sample
+/// rows at rank 2, 44 and 3 % with 4,096 at rank 3; docs/optimisations.md, v54). On f32 CUDA cores a sample
 /// row cost about as much as 8 of the count pass's base rows (P2: a sample of 4,096 took 10.7 ms
 /// against the count pass's 9.2 ms, v45), so there it is a 32nd of the base, at least 1,024 rows,
 /// and the whole base up to that. A smaller sample only makes the candidate counts vary more (a
@@ -638,12 +638,12 @@ pub(super) fn knn_sample_len(n: usize, tensor_cores: bool) -> usize {
 ///
 /// For small λ the rank is the first, or the second where larger but at most 2: each rank adds
 /// n/s candidates a query, each an exact f64 check whose cost grows with d. Measured on the H100
-/// (NOTES.md v49): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
+/// (docs/optimisations.md, v49): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
 /// instead of 4.5 % and ran ~2 ms faster; 60,000 × 784 rows (k = 10, λ = 0.31) at rank 3 instead
 /// of 2 ran 2.5–3 ms slower. For large λ the second rank, about λ + 2.3√λ, is the smaller, and is
 /// the one: the sample's own variation is what leaves a query short, and c·k then only adds
 /// candidates (P1 at k = 10,000, λ = 41: rank 58 instead of 85, 1.4·10⁴ candidates a query
-/// instead of 2.1·10⁴, NOTES.md v78).
+/// instead of 2.1·10⁴, docs/optimisations.md, v78).
 pub(super) fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
     if sample_len >= n {
         return k as u32;

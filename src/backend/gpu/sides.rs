@@ -12,7 +12,7 @@ pub(super) struct HostSide<'a> {
     pub(super) filter_sq_norms: Vec<f32>,
     pub(super) rows: usize,
     /// Slot → position, or `None`: input order, which the device writes itself (P1's 1M-row base
-    /// took 1.8 ms to build here and ~1 ms to upload, NOTES.md v49).
+    /// took 1.8 ms to build here and ~1 ms to upload, docs/optimisations.md, v49).
     pub(super) order: Option<Vec<u32>>,
     /// The origin the device builds the filter rows from (`filter`, `filter_norms` and
     /// `filter_sq_norms` are then empty), or `None`: they were built here.
@@ -114,7 +114,7 @@ pub(super) fn in_slot_order(
 /// The rows `rows` (slots of `side`, each below its length) of `side` as a side of their own, in
 /// that order, gathered on the device: the queries a kNN pass runs again. The same values as the
 /// whole side's (f16 rows included), so a query's filter and exact distances do not change; building
-/// and uploading such a side from the host took ~1 ms for 300 of P2's queries (NOTES.md v54).
+/// and uploading such a side from the host took ~1 ms for 300 of P2's queries (docs/optimisations.md, v54).
 pub(super) fn subset_side(
     device: &GpuDevice,
     side: &SideBuffers,
@@ -258,7 +258,7 @@ impl GpuBackend {
 
     /// Whether the sides' GEMM-form squared norms stay where f32 scores are meaningful
     /// (GemmSide's 10³⁶; a NaN fails), their largest found on the device where it built them (one
-    /// value read back instead of a row's: P1's 4 MB took 1.5 ms, NOTES.md v47).
+    /// value read back instead of a row's: P1's 4 MB took 1.5 ms, docs/optimisations.md, v47).
     pub(super) fn gemm_fits(&self, sides: &[(&HostSide, &SideBuffers)]) -> Result<bool, GpuError> {
         for (host, buffers) in sides {
             let fits = if host.device_filter.is_some() {

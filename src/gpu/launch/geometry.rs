@@ -11,7 +11,7 @@ pub(super) const BRUTE_TILE: usize = 128;
 /// for its left tile's copies and bounds, its pipeline's filling and its queue's draining, so
 /// longer runs pay off where the grid is large: 64 where it still has at least 16 waves of two
 /// blocks an SM (P1, 79 left tiles × 123 runs of 64: kernel time 8.6–8.7 → 8.1–8.3 ms against
-/// 16, NOTES.md v73; 16 against 8 was 11.2 → 9.3 ms, v62). But fewer, longer blocks leave the
+/// 16, docs/optimisations.md, v73; 16 against 8 was 11.2 → 9.3 ms, v62). But fewer, longer blocks leave the
 /// last wave emptier: 60,000 × 784 (79 × 30 blocks of 16, 8.7 waves) took 5.3–5.4 → 5.9–6.0 ms
 /// (v62), so 8 there. A small grid (kNN's later passes over a few hundred queries) takes the
 /// longest run of at most 8 that still fills 4 waves, else runs of one tile: 60,000 × 784's
@@ -22,7 +22,7 @@ pub(super) const BRUTE_TILE: usize = 128;
 /// tile) takes runs short enough that its queue holds them ([`tc_queue`], at most `queue_most`):
 /// a pair beyond the queue is decided by its thread at once, and at P1 k = 10,000 (~230 pairs a
 /// tile) runs of 64 decided most of them that way: 0.33 s against 0.15 with runs of 4 and a queue
-/// of 2,048 (NOTES.md v79).
+/// of 2,048 (docs/optimisations.md, v79).
 pub(super) fn tc_run(
     device: &GpuDevice,
     left_tiles: usize,
@@ -46,7 +46,7 @@ pub(super) fn tc_run(
 /// Pairs brute_join_tc's queue holds for a run of `run` right tiles (`p.tc_queue`): 16 a tile, at
 /// least 256, or where more are expected (`per_tile`, twice the pairs expected a tile) those of
 /// the run, at most `queue_most`. A pair beyond the queue is decided by its thread at once, which
-/// holds up the block (NOTES.md v35): P1 at k = 10 queues ~7 pairs a tile and block on average
+/// holds up the block (docs/optimisations.md, v35): P1 at k = 10 queues ~7 pairs a tile and block on average
 /// (4.5 M in 617,000 tiles), and its runs of 32 with a queue of 256 ran 8.9–9.1 ms against 8.2–8.3
 /// with 512 (v73). Shared memory spent on a longer queue is not spent on stages: 60,000 × 784
 /// (runs of 8) took 4.0 → 4.7 ms with a queue of 512, whose 2 KB more left two stages instead of

@@ -4,7 +4,7 @@ use super::*;
 
 /// The largest k knn_select_slots ranks (kernels/knn.cu): a warp per query takes the smallest
 /// remaining candidate k times, where knn_rank_slots sorts the whole slot. Beyond a few dozen its
-/// rounds cost more than the sort (k = 100: 1.53 ms against 0.72, NOTES.md v67).
+/// rounds cost more than the sort (k = 100: 1.53 ms against 0.72, docs/optimisations.md, v67).
 pub const KNN_SELECT_SLOTS_K: usize = 32;
 
 /// Most candidates knn_rank_slots sorts per query (`RANK_SLOTS` in kernels/knn.cu).
