@@ -17,7 +17,8 @@ pub struct SimJoinOptions {
     pub include_self: bool,
     /// Self-joins: `ordered` reports (a,b) and (b,a); `unordered` each pair once.
     pub pairs: PairOrder,
-    /// The vector column; empty means: the only list column, else every floating-point column.
+    /// The vector column, or numeric columns separated by spaces (`x y z`); empty means: the only
+    /// list column, else every floating-point column.
     pub column: String,
     /// Joins and range queries: auto (cost model), grid, brute_force.
     pub index: IndexChoice,
@@ -54,7 +55,10 @@ const KEYS: [(&str, &str); 9] = [
     ("device", "Where to run: auto (GPU when usable, else CPU), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
     ("pairs", "Self-joins: ordered reports (a,b) and (b,a); unordered reports each pair once"),
-    ("column", "Vector column; empty: the only list column, else every floating-point column"),
+    (
+        "column",
+        "Vector column, or numeric columns separated by spaces (x y z); empty: the only list column, else every floating-point column",
+    ),
     ("index", "Joins and range queries: auto (sampled cost model), grid, brute_force"),
     ("grid_dims", "With the grid: dimensions to index, 1..=8 (0: the cost model decides)"),
     (

@@ -26,9 +26,25 @@ pub enum VectorSource {
 }
 
 impl VectorSource {
-    /// Picks the vector column(s) of `schema`: the named column, else the only list column, else
-    /// every floating-point column in order. `function`/`argument` name the call in errors.
+    /// Picks the vector column(s) of `schema`: the named column, or the numeric columns named
+    /// (separated by spaces: `x y z`, any numeric types), else the only list column, else every
+    /// floating-point column in order. `function`/`argument` name the call in errors.
     pub fn resolve(schema: &Schema, column: Option<&str>, function: &str, argument: &str) -> Result<Self> {
+        if let Some(names) = column.filter(|c| c.split_whitespace().nth(1).is_some()) {
+            let mut indices = Vec::new();
+            for name in names.split_whitespace() {
+                match Self::resolve(schema, Some(name), function, argument)? {
+                    VectorSource::Columns(index) => indices.extend(index),
+                    VectorSource::List { .. } => {
+                        return plan_err!(
+                            "{function}: column '{name}' of argument '{argument}' is a list; \
+                             'column={names}' takes numeric columns, one coordinate each"
+                        );
+                    }
+                }
+            }
+            return Ok(VectorSource::Columns(indices));
+        }
         if let Some(name) = column {
             let Some((index, field)) = schema.column_with_name(name) else {
                 let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
@@ -58,7 +74,8 @@ impl VectorSource {
                 if floats.is_empty() {
                     return plan_err!(
                         "{function}: argument '{argument}' has no vector column (a list of \
-                         numbers, or floating-point columns); name one with 'column=...'"
+                         numbers, or floating-point columns); name it with 'column=v', or name \
+                         numeric columns with 'column=x y z'"
                     );
                 }
                 Ok(VectorSource::Columns(floats))

@@ -54,3 +54,54 @@ async fn parquet_and_csv_paths_give_the_same_answers() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn integer_columns_named_in_the_options_form_the_vector() {
+    let dir = std::env::temp_dir().join(format!("simjoin-int-columns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Whole-number coordinates (pixels, counts): id, x, y, z all Int64 in the CSV's schema; the
+    // same values written as decimals are Float64 columns, which form the vector by default.
+    let (csv, decimals) = (dir.join("cells.csv"), dir.join("cells-decimal.csv"));
+    let (mut text, mut decimal_text) = (String::from("id,x,y,z\n"), String::from("id,x,y,z\n"));
+    for i in 0..300i64 {
+        let (x, y, z) = ((i * 7) % 31, (i * 13) % 17, (i * 5) % 23);
+        text.push_str(&format!("{i},{x},{y},{z}\n"));
+        decimal_text.push_str(&format!("{i},{x}.0,{y}.0,{z}.0\n"));
+    }
+    std::fs::write(&csv, text).unwrap();
+    std::fs::write(&decimals, decimal_text).unwrap();
+    let ctx = ctx();
+    let query = |path: &std::path::Path, options: &str| {
+        format!(
+            "SELECT base_id, base_id AS again, distance, rank FROM knn('{}', '[3, 4, 5]', 7{options}) ORDER BY rank",
+            path.display()
+        )
+    };
+    let by_columns = rows(&ctx, &query(&csv, ", 'column=x y z'")).await;
+    let by_default = rows(&ctx, &query(&decimals, "")).await;
+    assert_eq!(by_columns.len(), 7);
+    assert_eq!(by_columns, by_default);
+
+    let err =
+        crate::common::error(&ctx, &format!("SELECT * FROM knn('{}', '[1, 2]', 1, 'column=x w')", csv.display())).await;
+    assert!(err.contains("has no column 'w'"), "{err}");
+    let err = crate::common::error(&ctx, &format!("SELECT * FROM knn('{}', '[1, 2, 3]', 1)", csv.display())).await;
+    assert!(err.contains("'column=x y z'"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_cli_reads_a_file_named_in_from() {
+    let dir = std::env::temp_dir().join(format!("simjoin-url-table-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let parquet = dir.join("points.parquet");
+    datagen::write(&datagen::generate(Distribution::Uniform, 120, 2, 3), 2, &parquet).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_simjoin"))
+        .args(["sql", "--format", "csv", &format!("SELECT count(*) AS n FROM '{}'", parquet.display())])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout} {}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.lines().any(|l| l.trim() == "120"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -22,7 +22,8 @@ const MAX_TABLE_ROWS: usize = 1000;
 /// A session with the simjoin functions, the progress bar, the device default and the tables.
 pub async fn session(args: &SessionArgs) -> Result<SessionContext> {
     let config = SessionConfig::new().with_extension(Arc::new(simjoin::Progress(Arc::new(Bar::default()))));
-    register_tables(simjoin::session_context_with_config(config), args).await
+    // `SELECT … FROM 'points.parquet'` reads the file, as in datafusion-cli.
+    register_tables(simjoin::session_context_with_config(config).enable_url_table(), args).await
 }
 
 /// Sets the device default of `ctx` and registers the `--table`s.
