@@ -43,168 +43,67 @@ impl GpuBackend {
         sink: &dyn ResultSink,
         budget: usize,
     ) -> Result<Result<RunStats>, GpuError> {
-        let KnnRequest { base, queries, metric, k } = *request;
-        let k = k.min(base.len());
+        let k = request.k.min(request.base.len());
         let mut stats = RunStats { tiles: 1, ..Default::default() };
-        if k == 0 || queries.is_empty() {
+        if k == 0 || request.queries.is_empty() {
             return Ok(Ok(stats));
         }
         // Compile the modules now (once per process) so NVRTC stays out of the run's times.
         self.device.function(Kernel::KnnSampleRadius)?;
         self.device.function(Kernel::BruteJoin)?;
-        let start = Instant::now();
-        let (dim, n, nq) = (base.dim, base.len(), queries.len());
-        let (query_filter, base_filter) = (filter_space(queries, metric), filter_space(base, metric));
-        let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
-        // The GEMM form's filter rows of L2 and L2² are built on the device from the exact rows
-        // (device_side); the other filters' here (host_side).
-        let sides = |gemm: bool| {
-            let origin = filter_origin(metric, gemm, &query_filter, &base_filter, base);
-            let (query_host, base_host) = if gemm && metric != Metric::Cosine {
-                (device_side(queries, &origin), device_side(base, &origin))
-            } else {
-                (
-                    host_side(queries, &query_filter, identity(nq), &origin, metric, gemm),
-                    host_side(base, &base_filter, identity(n), &origin, metric, gemm),
-                )
-            };
-            (query_host, base_host)
+        let plan = self.knn_plan(request, k, budget, &mut stats)?;
+        let probe = Instant::now();
+        let first_capacity = knn_slot_capacity(k, plan.n, plan.sample_len, plan.rank, plan.nq, budget);
+        // The k nearest of the queries ranked from slots (`in_slots`), k a query in query order
+        // (every query ends with at least k ≤ n candidates): in page-locked memory the device
+        // keeps for the next query where they fit it (host_ranked), which the first pass's
+        // ranking is copied into directly. A run without slots has no table and takes none.
+        let table = if first_capacity > 0 { plan.nq * k } else { 0 };
+        let mut kept_table =
+            if (1..=KEPT_RANKED).contains(&table) { Some(host_ranked(&self.device, table)?) } else { None };
+        let mut own_table =
+            if kept_table.is_none() { (vec![0f64; table], vec![0u32; table]) } else { (Vec::new(), Vec::new()) };
+        let (nearest_distance, nearest_position): (&mut [f64], &mut [u32]) = match &mut kept_table {
+            Some(kept) => kept.table(table)?,
+            None => (&mut own_table.0, &mut own_table.1),
         };
-        let mut gemm = gemm_metric(metric);
-        let (mut query_host, mut base_host) = sides(gemm);
-        let uploading = Instant::now();
-        // A kept base's side for the GEMM form of L2 and L2² (whose filter centres on the base's
-        // mean alone), as an earlier query built it: its filter rows, f16 rows and largest
-        // coordinate are not built again (DerivedSide). Likewise a kept query table's side,
-        // centred on that kept base's mean, for a service's repeated queries (build_time −0.2 ms
-        // on 60,000 × 784, docs/optimisations.md, v75).
-        let keep_key = resident_key(base).filter(|_| gemm && metric != Metric::Cosine);
-        let query_key = resident_key(queries).filter(|_| keep_key.is_some());
-        let mut kept = keep_key.as_ref().and_then(|key| self.device.derived_side(key, metric_code(metric), None));
-        let mut kept_query = query_key
-            .as_ref()
-            .zip(keep_key.as_ref())
-            .and_then(|(key, base_key)| self.device.derived_side(key, metric_code(metric), Some(base_key)));
-        let mut query_built = if kept_query.is_some() { None } else { Some(self.upload(&query_host)?) };
-        let mut built = if kept.is_some() { None } else { Some(self.upload(&base_host)?) };
-        // A kept side fitted the GEMM form when it was built.
-        let fits = |host: &HostSide, built: &Option<SideBuffers>| match built {
-            Some(buffers) => self.gemm_fits(&[(host, buffers)]),
-            None => Ok(true),
-        };
-        if gemm && !(fits(&base_host, &built)? && fits(&query_host, &query_built)?) {
-            gemm = false;
-            (kept, kept_query) = (None, None);
-            (query_host, base_host) = sides(false);
-            (query_built, built) = (Some(self.upload(&query_host)?), Some(self.upload(&base_host)?));
-        }
-        stats.transfer_time += uploading.elapsed();
-        let extent = if gemm { 0.0 } else { filter_extent(&[&query_host, &base_host]) };
-        let uploading = Instant::now();
-        let largest_of = |kept: &Option<Arc<DerivedSide>>, built: &Option<SideBuffers>| match (kept, built) {
-            (Some(kept), _) => Ok(vec![kept.largest]),
-            (None, Some(built)) => self.largest_coordinates(metric, gemm, &[built]),
-            (None, None) => Ok(Vec::new()),
-        };
-        let (query_largest, base_largest) = (largest_of(&kept_query, &query_built)?, largest_of(&kept, &built)?);
-        let largest: Vec<f32> = query_largest.iter().chain(&base_largest).copied().collect();
-        let tc = self.tensor_core_scale(metric, gemm, &largest);
-        let sample_len = knn_sample_len(n, tc.is_some());
-        let params = JoinParams {
-            dim: dim as u32,
-            metric: metric_code(metric),
-            per_row: 1,
-            ..filter_params(metric, dim, gemm, tc)
-        };
-        // A kept side serves only at the scale this run's sides allow; else it is built (and kept,
-        // where its rows are) at this scale.
-        let derive = |kept: Option<Arc<DerivedSide>>,
-                      built: Option<SideBuffers>,
-                      host: &HostSide,
-                      largest: &[f32],
-                      key: Option<&ResidentKey>,
-                      centre: Option<&ResidentKey>|
-         -> Result<(Arc<DerivedSide>, bool), GpuError> {
-            if let Some(kept) = kept.filter(|kept| kept.scale_exponent == tc) {
-                return Ok((kept, true));
-            }
-            let side = match built {
-                Some(side) => side,
-                None => self.upload(host)?,
-            };
-            let side = self.with_tensor_core_rows(side, &host.exact, dim, tc, metric)?;
-            let centred_on = centre.map(Arc::downgrade);
-            let derived = Arc::new(DerivedSide {
-                metric: metric_code(metric),
-                centred_on,
-                scale_exponent: tc,
-                largest: largest.first().copied().unwrap_or(f32::NAN),
-                side,
-            });
-            if let Some(key) = key.filter(|_| gemm && !largest.is_empty()) {
-                self.device.keep_derived_side(key, derived.clone());
-            }
-            Ok((derived, false))
-        };
-        let (base_side, reused) = derive(kept, built, &base_host, &base_largest, keep_key.as_ref(), None)?;
-        let (query_side, query_reused) =
-            derive(kept_query, query_built, &query_host, &query_largest, query_key.as_ref(), keep_key.as_ref())?;
-        let (base_buffers, query_buffers) = (&base_side.side, &query_side.side);
-        let base_bytes = byte_sides(&self.device, &params, query_buffers, base_buffers).map(|(_, base)| base);
-        stats.byte_row_tiles = base_bytes.is_some().into();
-        stats.resident_inputs =
-            usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
-        // Where the tensor cores filter, the sample's distances come from them too (docs/optimisations.md, v54),
-        // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
-        // rounding below the k-th distance about half the time, would leave those queries short.
-        // On byte rows, from theirs: exact keys on the integer tensor cores.
-        let sample = match (tc, base_bytes) {
-            (Some(_), Some(base_bytes)) if sample_len < n => {
-                sample_byte_rows(&self.device, base_bytes, n, dim, sample_len)?
-            }
-            (Some(a), _) if sample_len < n => {
-                sample_half_rows(&self.device, base_buffers, n, dim, sample_len, a, metric != Metric::InnerProduct)?
-            }
-            _ => KnnSample::Filter(sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?),
-        };
+        let counted = self.knn_count_passes(&plan, first_capacity, nearest_distance, nearest_position, &mut stats)?;
+        let outcome = self.knn_write_passes(
+            &plan,
+            counted,
+            first_capacity,
+            nearest_distance,
+            nearest_position,
+            sink,
+            budget,
+            &mut stats,
+        )?;
+        stats.probe_time = probe.elapsed();
+        Ok(outcome.map(|()| stats))
+    }
+
+    /// Count passes until every query has at least k rows within its radius, each query's
+    /// candidates kept in a slot where slots are small and ranked into `nearest_*` (k a query, in
+    /// query order): which queries were ranked from slots, and which need a write pass.
+    fn knn_count_passes(
+        &self,
+        plan: &KnnPlan,
+        first_capacity: u32,
+        nearest_distance: &mut [f64],
+        nearest_position: &mut [u32],
+        stats: &mut RunStats,
+    ) -> Result<Counted, GpuError> {
+        let KnnPlan { k, dim, n, nq, metric, tc, sample_len, rank, .. } = *plan;
+        let params = plan.params;
+        let (base_buffers, query_buffers) = (&plan.base_side.side, &plan.query_side.side);
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
-        let mut radii_buffer = zeroed::<f64>(stream, nq * KNN_LEVELS)?;
-        stats.transfer_time += uploading.elapsed();
-
-        let sampling = Instant::now();
-        let rank = knn_sample_rank(k, n, sample_len);
-        // The sample distances' scratch (a row of KNN_SAMPLE f32 per query of a round) within an
-        // eighth of the budget, 16 to 8,192 queries a round (128 MiB).
-        let chunk_queries = (budget / 8 / (KNN_SAMPLE * 4)).clamp(16, 8192);
-        sample_radius_pass(
-            &self.device,
-            &params,
-            0..nq as u32,
-            query_buffers,
-            &sample,
-            sample_len as u32,
-            rank,
-            chunk_queries,
-            &mut radii_buffer,
-        )?;
-        stats.kernel_time += sampling.elapsed();
-        let radii = stream.clone_dtoh(&radii_buffer).map_err(copy)?;
-        drop(radii_buffer);
-        let radius = |q: usize, level: usize| match radii.get(q * KNN_LEVELS + level) {
-            Some(&r) if level < KNN_LEVELS && !r.is_nan() => r,
-            _ => f64::INFINITY,
-        };
-        stats.build_time = start.elapsed();
-
-        let probe = Instant::now();
         let mut pass = PassBuffers::new(&self.device, nq.min(MAX_PASS_ROWS), nq)?;
         // Each count pass also stores the candidates of its queries in slots of their own while
         // the slots are small (knn_slot_capacity): a query found with at least k and at most a
         // slot of candidates is then ranked from its slot, on the device where slots are at most
         // KNN_RANK_SLOTS long (k entries a query come back instead of whole slots: P1 k = 10,
         // 1.2 MB instead of 154 MB, docs/optimisations.md, v32), and only the others need a write pass.
-        let first_capacity = knn_slot_capacity(k, n, sample_len, rank, nq, budget);
         let slot_values = nq * first_capacity as usize;
         pass.size_outputs(&self.device, slot_values)?;
         let ranked_on_device = first_capacity > 0 && first_capacity as usize <= KNN_RANK_SLOTS;
@@ -218,12 +117,6 @@ impl GpuBackend {
         // KNN_LEVELS (+∞) counts all n ≥ k rows, so this ends. A count depends only on the exact
         // distances (the filter passes every row within the radius), so a later pass or the
         // write pass re-finds it exactly.
-        // The exact radii and f32 filter limits of `queries` at their levels, in that order.
-        let row_radii = |queries: &mut dyn Iterator<Item = usize>, levels: &[usize]| -> (Vec<f64>, Vec<f32>) {
-            let thresholds: Vec<f64> = queries.map(|q| radius(q, levels[q])).collect();
-            let limits = thresholds.iter().map(|&t| filter_limit(metric, t, dim, extent, gemm)).collect();
-            (thresholds, limits)
-        };
         // The share of base rows within a radius of `level`: about rank·4^level of the sample's
         // s rows, and every row at the last level (+∞).
         let expected_share = |level: usize| match level {
@@ -232,23 +125,10 @@ impl GpuBackend {
         };
         let mut levels = vec![0usize; nq];
         let mut counts = vec![0u32; nq];
-        // The k nearest of the queries ranked from slots (`in_slots`), k a query in query order
-        // (every query ends with at least k ≤ n candidates): in page-locked memory the device
-        // keeps for the next query where they fit it (host_ranked), which the first pass's
-        // ranking is copied into directly. A run without slots has no table and takes none.
-        let table = if first_capacity > 0 { nq * k } else { 0 };
-        let mut kept_table =
-            if (1..=KEPT_RANKED).contains(&table) { Some(host_ranked(&self.device, table)?) } else { None };
-        let mut own_table =
-            if kept_table.is_none() { (vec![0f64; table], vec![0u32; table]) } else { (Vec::new(), Vec::new()) };
-        let (nearest_distance, nearest_position): (&mut [f64], &mut [u32]) = match &mut kept_table {
-            Some(kept) => kept.table(table)?,
-            None => (&mut own_table.0, &mut own_table.1),
-        };
         let mut in_slots = vec![false; nq];
         // Queries for the write passes, at their final levels.
         let mut rest: Vec<u32> = Vec::new();
-        let mut pending: Vec<u32> = identity(nq);
+        let mut pending: Vec<u32> = (0..nq as u32).collect();
         let mut subset_buffers = None;
         let mut capacity = first_capacity;
         let (mut transfer, mut kernel, mut emit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
@@ -259,11 +139,11 @@ impl GpuBackend {
         // filter (P1: ~450 a query).
         let scores = ranked_on_device
             && tc.is_some()
-            && base_bytes.is_none()
+            && !plan.byte_rows
             && matches!(metric, Metric::L2 | Metric::L2Squared)
             && k <= KNN_SELECT_SLOTS_K;
         while !pending.is_empty() {
-            let (thresholds, limits) = row_radii(&mut pending.iter().map(|&q| q as usize), &levels);
+            let (thresholds, limits) = plan.row_radii(pending.iter().map(|&q| q as usize), &levels);
             stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
             stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
             let side = subset_buffers.as_ref().unwrap_or(query_buffers);
@@ -273,7 +153,7 @@ impl GpuBackend {
                 JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
             let pass_params = JoinParams { slot_capacity: capacity, ..params };
             let kind = if first_pass && scores { PassKind::Scores { k: k as u32 } } else { PassKind::Count };
-            let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, kind, &mut stats)?;
+            let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, kind, stats)?;
             // Candidates of the pass's queries ranked from its slots (0: not ranked from them).
             let mut slot_len = vec![0u32; pending.len()];
             let mut next = Vec::new();
@@ -368,211 +248,23 @@ impl GpuBackend {
                 if next.is_empty() { None } else { Some(subset_side(&self.device, query_buffers, &next, dim)?) };
             pending = next;
         }
-        stats.candidates = counts.iter().map(|&c| c as u64).sum();
-        // The write passes cover the rest, in query order, each query with its final radius: all
-        // queries (the query side as uploaded) or a side of their own.
-        rest.sort_unstable();
-        let rest_buffers = if rest.len() == nq || rest.is_empty() {
-            None
-        } else {
-            Some(subset_side(&self.device, query_buffers, &rest, dim)?)
-        };
-        let rest_side = rest_buffers.as_ref().unwrap_or(query_buffers);
-        let rest_counts: Vec<u32> = rest.iter().map(|&q| counts[q as usize]).collect();
-        // The write passes' lists are ranked on the device where it sorts k entries in a block
-        // (rank_lists_most_k): k a query comes back instead of every candidate, and the host only
-        // emits them. The ranked neighbours take at most 12 bytes a written pair (each list has
-        // at least k), so the batches are sized for 28 bytes a pair instead of the outputs' 16.
-        let lists_on_device = k <= rank_lists_most_k(&self.device);
-        // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
-        let most = output_pairs(budget).min(MAX_BATCH_PAIRS) / PIPELINE_STREAMS as u64;
-        let most = if lists_on_device { most * 16 / 28 } else { most };
-        let (batches, capacity) =
-            if rest.is_empty() { (Vec::new(), 1) } else { write_batches(&rest_counts, most.max(1)) };
-        drop(pass);
-        // Write passes take turns on PIPELINE_STREAMS streams, each with output buffers, the
-        // rest's radii and limits, and a part of the host buffers of its own, as the joins' do:
-        // batch i is queued on stream i mod 3 once the host is done with batch i − 3's part, so
-        // the kernels of the next batches run while the host emits this one (P1 k = 10,000: 23
-        // passes, docs/optimisations.md, v76, v77).
-        let lanes_needed = batches.len().min(PIPELINE_STREAMS);
-        let slots_most = batches.iter().map(|&(begin, end, _)| end - begin).max().unwrap_or(1);
-        let mut lanes = Vec::with_capacity(lanes_needed);
-        let mut ranked_lanes = Vec::with_capacity(lanes_needed);
-        if lanes_needed > 0 {
-            let (thresholds, limits) = row_radii(&mut rest.iter().map(|&q| q as usize), &levels);
-            for _ in 0..lanes_needed {
-                let mut lane = PassBuffers::new(&self.device, slots_most, rest.len())?;
-                lane.size_outputs(&self.device, capacity)?;
-                lane.offsets = zeroed::<u64>(stream, slots_most + 1)?;
-                stream.memcpy_htod(&thresholds, &mut lane.row_threshold.slice_mut(0..rest.len())).map_err(copy)?;
-                stream.memcpy_htod(&limits, &mut lane.row_limit.slice_mut(0..rest.len())).map_err(copy)?;
-                lanes.push(lane);
-                if lists_on_device {
-                    ranked_lanes.push(RankedLists::new(&self.device, slots_most * k)?);
-                }
-            }
-        }
-        // Where each batch's queries' candidates start in its output.
-        let batch_offsets: Vec<Vec<u64>> =
-            batches.iter().map(|&(begin, end, _)| exclusive_offsets(&rest_counts[begin..end])).collect();
-        // Only write passes need the pipeline's streams and result buffers (a kNN ranked from its
-        // slots alone, P1 and P2 at k = 10, creates neither): a part a stream, for the batch's
-        // ranked neighbours or all its candidates.
-        let part_values = if lists_on_device { slots_most * k } else { capacity };
-        let mut results =
-            if batches.is_empty() { None } else { Some(host_results(&self.device, part_values * PIPELINE_STREAMS)?) };
-        // Progress: the queries ranked from slots as one unit, each write batch as one.
-        sink.start(batches.len() as u64 + u64::from(first_capacity > 0));
-        stats.write_passes = batches.len() as u64;
-        // The queries ranked from slots among [from, to), in order.
-        let slotted = |from: usize, to: usize| {
-            (from..to).filter(|&q| in_slots[q]).map(|q| {
-                let range = q * k..(q + 1) * k;
-                (q, Ranked::Arrays { distances: &nearest_distance[range.clone()], positions: &nearest_position[range] })
-            })
-        };
-        let outcome = (|| -> Result<()> {
-            let exec = |e: GpuError| gpu_error("GPU kNN", e);
-            let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
-            // Queries in order: those ranked from slots up to each write batch's query, then it.
-            let mut next = 0usize;
-            if let Some(results) = results.as_mut() {
-                let streams = self.device.pipeline_streams().map_err(exec)?;
-                let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;
-                // Queues batch `i` on its stream: its write pass, the ranking of its lists where
-                // that runs on the device, and the copy back; the events around its kernels time
-                // them.
-                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let queue = |i: usize,
-                             lane: &mut PassBuffers,
-                             mut ranked: Option<&mut RankedLists>,
-                             part: &mut HostPairs|
-                 -> Result<[CudaEvent; 2]> {
-                    let (begin, end, total) = batches[i];
-                    let stream = &streams[i % PIPELINE_STREAMS];
-                    let offsets = &batch_offsets[i];
-                    stream.memcpy_htod(offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(sync)?;
-                    let started = stream.record_event(timing).map_err(sync)?;
-                    let expected_share = total as f64 / ((end - begin) as f64 * n as f64);
-                    let inputs = JoinInputs {
-                        left: rest_side,
-                        right: base_buffers,
-                        right_len: n as u32,
-                        grid: None,
-                        expected_share,
-                    };
-                    launch_join_pass(
-                        &self.device,
-                        stream,
-                        &params,
-                        begin as u32..end as u32,
-                        inputs,
-                        lane,
-                        PassKind::Write,
-                    )
-                    .map_err(exec)?;
-                    if let Some(ranked) = ranked.as_deref_mut() {
-                        start_rank_lists(&self.device, stream, lane, end - begin, k, ranked).map_err(exec)?;
-                    }
-                    let written = stream.record_event(timing).map_err(sync)?;
-                    match ranked {
-                        Some(ranked) => part.start_download_ranked(stream, ranked, (end - begin) * k).map_err(exec)?,
-                        None => part.start_download(stream, lane, false, 0..total as usize).map_err(exec)?,
-                    }
-                    Ok([started, written])
-                };
-                let mut in_flight = Vec::with_capacity(batches.len());
-                for (i, (lane, part)) in lanes.iter_mut().zip(parts.iter_mut()).enumerate() {
-                    in_flight.push(queue(i, lane, ranked_lanes.get_mut(i), part)?);
-                }
-                for (i, &(begin, end, total)) in batches.iter().enumerate() {
-                    let lane = i % PIPELINE_STREAMS;
-                    let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
-                    (transfer, kernel) = (transfer + waited, kernel + ran);
-                    let emitting = Instant::now();
-                    let (_, positions, distances) =
-                        parts[lane].pairs(if lists_on_device { (end - begin) * k } else { total as usize }, false);
-                    if lists_on_device {
-                        // Query begin + j's k nearest at [j·k, j·k + k) of the part: emitted from
-                        // there, and the part taken by batch i + 3 only after.
-                        let mut ordered = Vec::with_capacity(end - begin);
-                        for (j, i) in (begin..end).enumerate() {
-                            let q = rest[i] as usize;
-                            // One by one: each borrow shortened to the part's (extend would tie
-                            // the part's borrow to the table's, past the next queue).
-                            for slotted in slotted(next, q) {
-                                ordered.push(slotted);
-                            }
-                            let range = j * k..(j + 1) * k;
-                            ordered.push((
-                                q,
-                                Ranked::Arrays { distances: &distances[range.clone()], positions: &positions[range] },
-                            ));
-                            next = q + 1;
-                        }
-                        send_ranked(sink, ordered)?;
-                    } else {
-                        // Each query's rows lie in its own [offset, next offset) range, in no set
-                        // order: ranked here (k beyond what the device sorts in a block).
-                        let offsets = &batch_offsets[i];
-                        let nearest: Vec<Vec<Neighbour>> = (begin..end)
-                            .into_par_iter()
-                            .map(|i| {
-                                let range = offsets[i - begin] as usize..offsets[i - begin + 1] as usize;
-                                let all = range
-                                    .map(|j| Neighbour { distance: distances[j], position: positions[j] })
-                                    .collect();
-                                k_smallest(all, k)
-                            })
-                            .collect();
-                        // The part is read: its stream may take batch i + 3 while this one is sent.
-                        if i + PIPELINE_STREAMS < batches.len() {
-                            in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], None, &mut parts[lane])?);
-                        }
-                        let mut ordered = Vec::with_capacity(end - begin);
-                        for (i, list) in (begin..end).zip(nearest) {
-                            let q = rest[i] as usize;
-                            ordered.extend(slotted(next, q));
-                            ordered.push((q, Ranked::List(list)));
-                            next = q + 1;
-                        }
-                        send_ranked(sink, ordered)?;
-                    }
-                    if lists_on_device && i + PIPELINE_STREAMS < batches.len() {
-                        in_flight.push(queue(
-                            i + PIPELINE_STREAMS,
-                            &mut lanes[lane],
-                            ranked_lanes.get_mut(lane),
-                            &mut parts[lane],
-                        )?);
-                    }
-                    emit += emitting.elapsed();
-                    sink.advance(1);
-                }
-            }
-            let emitting = Instant::now();
-            send_ranked(sink, slotted(next, nq).collect())?;
-            if first_capacity > 0 {
-                sink.advance(1);
-            }
-            emit += emitting.elapsed();
-            Ok(())
-        })();
-        // No copy may still be writing into the host buffers when they are released, nor a pass
-        // reading the sides when they are freed (an early return above, e.g. a cancelled query,
-        // can leave some in flight).
-        if lanes_needed > 0 {
-            for lane in self.device.pipeline_streams()? {
-                lane.synchronize().map_err(copy)?;
-            }
-        }
-        stats.probe_time = probe.elapsed();
-        stats.transfer_time += transfer;
-        stats.kernel_time += kernel;
-        stats.emit_time += emit;
-        Ok(outcome.map(|()| stats))
+        Ok(Counted { levels, counts, in_slots, rest, transfer, kernel, emit })
     }
+}
+
+/// What the count passes leave for the write passes.
+pub(super) struct Counted {
+    /// Each query's final radius level.
+    pub(super) levels: Vec<usize>,
+    /// Each query's rows within its final radius.
+    pub(super) counts: Vec<u32>,
+    /// The queries ranked from their slots.
+    pub(super) in_slots: Vec<bool>,
+    /// The queries the write passes cover.
+    pub(super) rest: Vec<u32>,
+    pub(super) transfer: Duration,
+    pub(super) kernel: Duration,
+    pub(super) emit: Duration,
 }
 
 /// Most values kNN's candidate slots take on the device when they are copied back to be ranked on

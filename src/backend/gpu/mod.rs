@@ -38,10 +38,13 @@ use rayon::prelude::*;
 mod filter;
 mod join;
 mod knn;
+mod knn_plan;
+mod knn_write;
 mod sides;
 
 use filter::*;
 use join::*;
+use knn_plan::*;
 use sides::*;
 
 /// Most result pairs one write pass produces (16 bytes each: 512 MiB of device memory).
