@@ -141,3 +141,22 @@ impl PassBuffers {
         Ok(())
     }
 }
+
+/// Device buffers for the k nearest of each list of a kNN write pass (`start_rank_lists` in src/gpu/launch/rank.rs).
+#[derive(Debug)]
+pub struct RankedLists {
+    /// Exact distances, k a list, nearest first.
+    pub distance: CudaSlice<f64>,
+    /// Base positions, as `distance`.
+    pub position: CudaSlice<u32>,
+}
+
+impl RankedLists {
+    /// Buffers for `neighbours` (lists · k) ranked neighbours.
+    pub fn new(device: &GpuDevice, neighbours: usize) -> Result<Self> {
+        Ok(Self {
+            distance: zeroed::<f64>(&device.stream, neighbours.max(1))?,
+            position: zeroed::<u32>(&device.stream, neighbours.max(1))?,
+        })
+    }
+}

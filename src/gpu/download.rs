@@ -4,9 +4,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, PinnedHostSlice};
 
-use super::buffers::PassBuffers;
+use super::buffers::{PassBuffers, RankedLists};
 use super::device::GpuDevice;
-use super::launch::RankedLists;
 use super::memory::pinned_buffer;
 use super::{Error, Result};
 

@@ -16,15 +16,15 @@ use super::plan::{FilterLimit, filter_space, gather, lower_corner, plan_join, sc
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
 use crate::gpu::abi::{FilterCode, JoinParams, MetricCode};
-use crate::gpu::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, SideBuffers};
+use crate::gpu::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, RankedLists, SideBuffers};
 use crate::gpu::download::{DownloadedPairs, HostPairs, KEPT_RANKED, host_ranked, host_results};
 use crate::gpu::error::format_size;
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::kernels::Kernel;
 use crate::gpu::launch::{
-    KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, RankedLists, byte_row_words,
-    byte_rows, byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass,
-    pack_half_rows, rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
+    KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, byte_row_words, byte_rows,
+    byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass, pack_half_rows,
+    rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
     start_rank_lists, tc_row_words,
 };
 use crate::gpu::memory::{available_memory, upload, zeroed};

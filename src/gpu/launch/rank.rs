@@ -115,25 +115,6 @@ pub(super) fn rank_lists_most_entries(per_block: usize) -> usize {
     if entries == 0 { 0 } else { 1 << entries.ilog2() }
 }
 
-/// Device buffers for the k nearest of each list of a kNN write pass ([`start_rank_lists`]).
-#[derive(Debug)]
-pub struct RankedLists {
-    /// Exact distances, k a list, nearest first.
-    pub distance: CudaSlice<f64>,
-    /// Base positions, as `distance`.
-    pub position: CudaSlice<u32>,
-}
-
-impl RankedLists {
-    /// Buffers for `neighbours` (lists · k) ranked neighbours.
-    pub fn new(device: &GpuDevice, neighbours: usize) -> Result<Self> {
-        Ok(Self {
-            distance: zeroed::<f64>(&device.stream, neighbours.max(1))?,
-            position: zeroed::<u32>(&device.stream, neighbours.max(1))?,
-        })
-    }
-}
-
 /// Queues on `stream`, behind the kNN write pass that filled `pass`'s outputs for `lists` queries
 /// (each with at least k candidates), the ranking of each query's k nearest by (distance, base
 /// position), as the host ranks them (knn_rank_lists in kernels/knn.cu), into the first lists · k
