@@ -1,7 +1,6 @@
 //! kNN's plan: both sides on the device (kept ones reused) and each query's radii from the
 //! sample, which every pass of the run reads.
 
-use super::knn::{knn_sample_len, knn_sample_rank};
 use super::*;
 
 impl GpuBackend {
@@ -217,5 +216,112 @@ impl KnnPlan {
         let limits =
             thresholds.iter().map(|&t| filter_limit(self.metric, t, self.dim, self.extent, self.gemm)).collect();
         (thresholds, limits)
+    }
+}
+
+/// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]), from which each query's ranks are
+/// picked. Where the tensor cores filter (`tensor_cores`), they take the sample's distances too, and
+/// the sample is KNN_SAMPLE rows (or the whole base): a sample row then costs about 1.5 count-pass
+/// rows (P2: 0.63 ms of keys for 4,096 rows against 6.1 ms for the pass's 60,000, docs/optimisations.md, v55),
+/// and the larger sample gives tighter radii, fewer candidates for the same share of queries
+/// short (P2, 60,000 rows of 784 at k = 10: 64 candidates a query and 4 % short with 1,875
+/// rows at rank 2, 44 and 3 % with 4,096 at rank 3; docs/optimisations.md, v54). On f32 CUDA cores a sample
+/// row cost about as much as 8 of the count pass's base rows (P2: a sample of 4,096 took 10.7 ms
+/// against the count pass's 9.2 ms, v45), so there it is a 32nd of the base, at least 1,024 rows,
+/// and the whole base up to that. A smaller sample only makes the candidate counts vary more (a
+/// query short of k takes another count pass at its next radius), never an answer.
+pub(super) fn knn_sample_len(n: usize, tensor_cores: bool) -> usize {
+    const SMALLEST: usize = 1024;
+    match n {
+        _ if tensor_cores => n.min(KNN_SAMPLE),
+        0..=SMALLEST => n,
+        _ => (n / 32).clamp(SMALLEST, KNN_SAMPLE),
+    }
+}
+
+/// The sample rank of kNN's first radius. With the whole base as the sample it is k itself (the
+/// radius is then the exact k-th distance). Otherwise it comes from two ranks:
+/// - about `c·k` base rows fall within the (c·k·s/n)-th smallest of s evenly spread sample
+///   distances, and `c = 2 + 6/√k` puts c·k more than 4.6 standard deviations of that count
+///   (near-Poisson) above k;
+/// - the sample itself varies: the r-th smallest sample distance lies below the k-th smallest base
+///   distance, leaving the query short of k (and a second count pass, then a write pass, for it),
+///   when at least r sample rows are among its k nearest, a count near Poisson(λ), λ = k·s/n. That
+///   rank is the smallest r with P(Poisson(λ) ≥ r) ≤ 1 %.
+///
+/// For small λ the rank is the first, or the second where larger but at most 2: each rank adds
+/// n/s candidates a query, each an exact f64 check whose cost grows with d. Measured on the H100
+/// (docs/optimisations.md, v49): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
+/// instead of 4.5 % and ran ~2 ms faster; 60,000 × 784 rows (k = 10, λ = 0.31) at rank 3 instead
+/// of 2 ran 2.5–3 ms slower. For large λ the second rank, about λ + 2.3√λ, is the smaller, and is
+/// the one: the sample's own variation is what leaves a query short, and c·k then only adds
+/// candidates (P1 at k = 10,000, λ = 41: rank 58 instead of 85, 1.4·10⁴ candidates a query
+/// instead of 2.1·10⁴, docs/optimisations.md, v78).
+pub(super) fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
+    if sample_len >= n {
+        return k as u32;
+    }
+    let lambda = k as f64 * sample_len as f64 / n as f64;
+    let c = 2.0 + 6.0 / (k as f64).sqrt();
+    let by_count = (c * lambda).ceil() as usize;
+    // P(X ≤ r − 1) summed term by term, each in logarithms (e^−λ underflows beyond λ ≈ 745),
+    // until the tail P(X ≥ r) is at most 1 %.
+    let (mut by_sample, mut log_term) = (1usize, -lambda);
+    let mut below = log_term.exp();
+    while 1.0 - below > 0.01 && by_sample <= sample_len {
+        log_term += (lambda / by_sample as f64).ln();
+        below += log_term.exp();
+        by_sample += 1;
+    }
+    by_count.min(by_sample).max(by_sample.min(2)).clamp(1, sample_len + 1) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knn_samples_within_their_limits() {
+        assert_eq!(knn_sample_len(1, false), 1);
+        assert_eq!(knn_sample_len(1024, false), 1024);
+        assert_eq!(knn_sample_len(10_000, false), 1024);
+        // P2: 60,000 rows.
+        assert_eq!(knn_sample_len(60_000, false), 1875);
+        // P1: 1M rows.
+        assert_eq!(knn_sample_len(1_000_000, false), KNN_SAMPLE);
+        // Tensor cores: KNN_SAMPLE rows, the whole base up to that.
+        assert_eq!(knn_sample_len(1, true), 1);
+        assert_eq!(knn_sample_len(3000, true), 3000);
+        assert_eq!(knn_sample_len(60_000, true), KNN_SAMPLE);
+        assert_eq!(knn_sample_len(1_000_000, true), KNN_SAMPLE);
+    }
+
+    #[test]
+    fn knn_sample_ranks() {
+        // The whole base as the sample: the k-th distance itself.
+        assert_eq!(knn_sample_rank(10, 3000, 3000), 10);
+        // P1: 1M rows, 4096 sampled. k = 10: the sample minimum covers ~244 rows ≥ 3.9·10, but
+        // 4 % of queries would fall short (1 − e^−0.041); rank 2 leaves 0.08 %.
+        assert_eq!(knn_sample_rank(10, 1_000_000, 4096), 2);
+        // k = 1: 0.4 % short at rank 1.
+        assert_eq!(knn_sample_rank(1, 1_000_000, 4096), 1);
+        // k = 1,000 (λ = 4.1): 9 by the count (1.6 % short; 10 would leave 0.65 %, but the sample's
+        // rank stops at 2).
+        assert_eq!(knn_sample_rank(1000, 1_000_000, 4096), 9);
+        // P2: 60,000 rows, 1,875 sampled, k = 10 (λ = 0.31): 2 (4 % short; 3 would leave 0.4 %).
+        assert_eq!(knn_sample_rank(10, 60_000, 1875), 2);
+        // 4,096 sampled (λ = 0.68): 3 by the count (3.2 % short; 4 would leave 0.5 %).
+        assert_eq!(knn_sample_rank(10, 60_000, 4096), 3);
+        // k = 10,000 (λ = 41): the sample's rank, 58 (1 % short), below the count's 85.
+        assert_eq!(knn_sample_rank(10_000, 1_000_000, 4096), 58);
+        // λ = 1,000, where e^−λ underflows: still the sample's rank (λ + 2.3√λ), not an infinite
+        // radius.
+        let rank = knn_sample_rank(244_141, 1_000_000, 4096);
+        assert!((1070..1080).contains(&rank), "{rank}");
+        // k = 900,000 (λ = 3,686): the sample's rank, 3,829 of its 4,096 (the count's 7,400 is
+        // beyond the sample).
+        assert_eq!(knn_sample_rank(900_000, 1_000_000, 4096), 3829);
+        // More than the sample holds: rank sample_len + 1, i.e. an infinite first radius.
+        assert_eq!(knn_sample_rank(999_990, 1_000_000, 4096), 4097);
     }
 }
