@@ -106,6 +106,30 @@ pub fn column_batch(values: &[f64], dim: usize) -> Result<RecordBatch> {
     Ok(RecordBatch::try_from_iter(columns)?)
 }
 
+/// Rows per Parquet row group at most: readers decode row groups in parallel (DataFusion one per
+/// core), so a file of one large group decodes on one thread.
+const ROW_GROUP_ROWS: usize = 65536;
+/// Bytes per row group at most: wide vectors (Fashion-MNIST's 784 values a row) get groups of
+/// fewer rows, and so as many groups to decode in parallel as narrow ones.
+const ROW_GROUP_BYTES: usize = 32 << 20;
+
+fn writer_properties() -> parquet::file::properties::WriterProperties {
+    parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+        .build()
+}
+
+/// Writes `batch` a few thousand rows at a time: the writer checks the byte limit of a row group
+/// between writes only.
+fn write_in_slices(writer: &mut parquet::arrow::ArrowWriter<File>, batch: &RecordBatch) -> Result<()> {
+    const SLICE_ROWS: usize = 4096;
+    for start in (0..batch.num_rows()).step_by(SLICE_ROWS) {
+        writer.write(&batch.slice(start, SLICE_ROWS.min(batch.num_rows() - start)))?;
+    }
+    Ok(())
+}
+
 /// Writes a dataset to `path`: Parquet (vector column) or CSV (x1..xd columns), by extension.
 pub fn write(values: &[f64], dim: usize, path: &Path) -> Result<()> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
@@ -114,10 +138,8 @@ pub fn write(values: &[f64], dim: usize, path: &Path) -> Result<()> {
     match ext.as_str() {
         "parquet" => {
             let batch = vector_batch(values, dim)?;
-            let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
-            for start in (0..batch.num_rows()).step_by(65536) {
-                writer.write(&batch.slice(start, 65536.min(batch.num_rows() - start)))?;
-            }
+            let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(writer_properties()))?;
+            write_in_slices(&mut writer, &batch)?;
             writer.close()?;
         }
         "csv" => {
@@ -141,8 +163,8 @@ pub fn write_labelled(images: &LabelledImages, dim: usize, path: &Path) -> Resul
     ])?;
     let file =
         File::create(path).map_err(|e| DataFusionError::Execution(format!("cannot create {}: {e}", path.display())))?;
-    let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
-    writer.write(&batch)?;
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(writer_properties()))?;
+    write_in_slices(&mut writer, &batch)?;
     writer.close()?;
     Ok(())
 }
@@ -220,6 +242,23 @@ mod tests {
             assert_eq!(generate(d, 10, 3, 1), generate(d, 10, 3, 1));
             assert_ne!(generate(d, 10, 3, 1), generate(d, 10, 3, 2));
         }
+    }
+
+    #[test]
+    fn parquet_files_have_row_groups_to_decode_in_parallel() {
+        let dir = std::env::temp_dir().join(format!("simjoin-datagen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let groups = |n: usize, dim: usize| {
+            let path = dir.join(format!("{n}-{dim}.parquet"));
+            write(&generate(Distribution::Uniform, n, dim, 1), dim, &path).unwrap();
+            let file = File::open(&path).unwrap();
+            let reader = parquet::file::reader::SerializedFileReader::new(file).unwrap();
+            parquet::file::reader::FileReader::metadata(&reader).num_row_groups()
+        };
+        // Narrow rows: groups of 65,536 rows; wide rows: groups of at most 32 MiB.
+        assert_eq!(groups(200_000, 2), 4);
+        assert!(groups(30_000, 784) >= 3);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

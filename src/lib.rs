@@ -29,10 +29,14 @@ pub mod op;
 pub mod options;
 pub mod results;
 pub mod server;
+pub mod stores;
 pub mod table;
 pub mod vectors;
 
+use std::sync::Arc;
+
 use datafusion::execution::context::SessionContext;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::SessionConfig;
 
 pub use exec::{Progress, ProgressListener, SimilarityExec};
@@ -61,8 +65,21 @@ pub fn session_context() -> SessionContext {
 }
 
 /// A new session from `config` with the simjoin functions and options registered.
+/// A single Parquet file written by `COPY … TO` (or the CLI's `--output`) has its row groups
+/// encoded on every core rather than one, unless the configuration chose a number.
 pub fn session_context_with_config(config: SessionConfig) -> SessionContext {
-    let ctx = SessionContext::new_with_config(config.with_option_extension(SimJoinOptions::default()));
+    session_context_with_config_rt(config, Arc::new(RuntimeEnv::default()))
+}
+
+/// [`session_context_with_config`] on `runtime` (its memory pool, object stores, disk manager);
+/// `RuntimeEnvBuilder::new().with_object_store_registry(Arc::new(stores::RemoteStoreRegistry::new()))`
+/// gives it `s3://`, `gs://`, `az://` and `http(s)://` paths from the environment.
+pub fn session_context_with_config_rt(mut config: SessionConfig, runtime: Arc<RuntimeEnv>) -> SessionContext {
+    let parquet = &mut config.options_mut().execution.parquet;
+    if parquet.maximum_parallel_row_group_writers == 1 {
+        parquet.maximum_parallel_row_group_writers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    }
+    let ctx = SessionContext::new_with_config_rt(config.with_option_extension(SimJoinOptions::default()), runtime);
     register(&ctx);
     ctx
 }

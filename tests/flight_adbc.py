@@ -18,6 +18,8 @@ import adbc_driver_flightsql
 import adbc_driver_flightsql.dbapi as flight_sql
 from adbc_driver_manager import DatabaseOptions as StandardOptions
 
+from checks import Checks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The release binary: $SIMJOIN, or target/release/simjoin.
 SIMJOIN = os.environ.get("SIMJOIN") or os.path.join(ROOT, "target", "release", "simjoin")
@@ -29,19 +31,6 @@ STATEMENTS = [
     "SELECT * FROM knn(points, '[0.5, 0.5, 0.5]', 25, 'metric=cosine') ORDER BY rank",
 ]
 PREPARED = "SELECT base_id, distance, rank FROM knn(points, queries, 5) WHERE query_id = $1 ORDER BY rank"
-
-
-class Checks:
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}")
-        else:
-            self.failed += 1
-            print(f"FAIL {name} {detail}")
 
 
 def as_f32(value):

@@ -10,6 +10,7 @@ use datafusion::common::{Result, plan_err};
 use crate::op::{Device, IndexChoice, Metric, SimilarityOp};
 use crate::vectors::Vectors;
 
+mod auto;
 pub mod cpu;
 mod exact;
 pub mod gpu;
@@ -18,6 +19,7 @@ mod simd;
 mod tiles;
 mod topk;
 
+pub use auto::AutoBackend;
 pub use cpu::CpuBackend;
 pub use exact::ExactCheck;
 pub use gpu::GpuBackend;
@@ -169,19 +171,24 @@ pub trait Backend: Debug + Send + Sync {
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats>;
 }
 
-/// The backend for `op`: the GPU under `device=gpu`, and under `device=auto` when one is usable;
-/// otherwise every CPU core.
+/// The backend for `op`: the GPU under `device=gpu`; under `device=auto`, per run, the GPU or the
+/// CPU by estimated time where a GPU may be usable; otherwise every CPU core. Either way the
+/// device's start-up begins now, on a background thread, while the inputs are read.
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     let function = op.function_name();
+    let knn = matches!(op.operation, crate::op::Operation::Knn { .. });
     match op.device {
         Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
-        Device::Auto => Ok(match crate::gpu::GpuDevice::shared() {
-            Ok(device) => std::sync::Arc::new(GpuBackend::new(device, op.gpu_memory_limit)),
-            Err(_) => std::sync::Arc::new(CpuBackend),
-        }),
-        Device::Gpu => match crate::gpu::GpuDevice::shared() {
-            Ok(device) => Ok(std::sync::Arc::new(GpuBackend::new(device, op.gpu_memory_limit))),
+        Device::Auto if crate::gpu::startup::libraries_present() => {
+            Ok(std::sync::Arc::new(AutoBackend::new(op.gpu_memory_limit, knn)))
+        }
+        Device::Auto => Ok(std::sync::Arc::new(CpuBackend)),
+        Device::Gpu if crate::gpu::startup::libraries_present() => {
+            Ok(std::sync::Arc::new(AutoBackend::gpu_only(op.gpu_memory_limit, knn)))
+        }
+        Device::Gpu => match crate::gpu::probe() {
             Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),
+            Ok(_) => plan_err!("{function}: option device=gpu, but the CUDA libraries failed to load"),
         },
     }
 }

@@ -7,9 +7,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{ArrayRef, new_empty_array};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, new_empty_array};
 use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, exec_err};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -98,6 +99,9 @@ impl SimilarityMetrics {
     }
 }
 
+/// The task collecting one partition of an input.
+type PartitionTask = SpawnedTask<Result<Vec<RecordBatch>>>;
+
 /// Everything a run needs, detached from the plan.
 struct Run {
     op: Arc<SimilarityOp>,
@@ -143,19 +147,43 @@ impl Run {
         inputs: Vec<(SchemaRef, Vec<SendableRecordBatchStream>)>,
         reservation: MemoryReservation,
     ) -> Result<futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>>> {
-        let mut collected = Vec::with_capacity(inputs.len());
-        for (schema, streams) in inputs {
-            // All partitions at once; their batches are kept in partition order.
-            let collect = |stream: SendableRecordBatchStream| {
-                stream
-                    .and_then(|batch| {
-                        let grown = reservation.try_grow(batch.get_array_memory_size());
-                        async move { grown.map(|_| batch) }
+        // Every partition of every input on a task of its own: a partition decodes (Parquet, CSV)
+        // as its stream is polled, so one task polling them all decoded on one thread (P1 from a
+        // file: docs/optimisations.md, v96). Batches are kept in partition order; dropping the
+        // tasks (an error, a cancelled query) stops them.
+        let reservation = Arc::new(reservation);
+        let tasks: Vec<(SchemaRef, Vec<PartitionTask>)> = inputs
+            .into_iter()
+            .map(|(schema, streams)| {
+                let tasks = streams
+                    .into_iter()
+                    .map(|stream| {
+                        let reservation = reservation.clone();
+                        SpawnedTask::spawn(async move {
+                            stream
+                                .and_then(|batch| {
+                                    let grown = reservation.try_grow(batch.get_array_memory_size());
+                                    async move { grown.map(|_| batch) }
+                                })
+                                .try_collect::<Vec<_>>()
+                                .await
+                        })
                     })
-                    .try_collect::<Vec<_>>()
-            };
-            let partitions = futures::future::try_join_all(streams.into_iter().map(collect)).await?;
-            collected.push((schema, partitions.into_iter().flatten().collect::<Vec<_>>()));
+                    .collect();
+                (schema, tasks)
+            })
+            .collect();
+        let mut collected = Vec::with_capacity(tasks.len());
+        for (schema, tasks) in tasks {
+            let mut batches = Vec::new();
+            for task in tasks {
+                let partition = task
+                    .join()
+                    .await
+                    .map_err(|e| exec_datafusion_err!("{}: reading an input failed: {e}", self.op.function_name()))??;
+                batches.extend(partition);
+            }
+            collected.push((schema, batches));
         }
         let collected_bytes: usize =
             collected.iter().flat_map(|(_, parts)| parts).map(|b| b.get_array_memory_size()).sum();

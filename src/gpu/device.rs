@@ -1,5 +1,5 @@
-//! One CUDA device: its context, its stream and its NVRTC-compiled modules (compiled once per
-//! process, for the device's own `sm_XY`).
+//! One CUDA device: its context, its stream and its kernel modules (machine code for the device's
+//! own `sm_XY`, from the disk cache or NVRTC: src/gpu/compile.rs), loaded on first use.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUdevice_attribute::{
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
 };
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, PinnedHostSlice};
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use cudarc::nvrtc::Ptx;
 
 use super::buffers::SideBuffers;
 use super::download::ResultBuffers;
@@ -34,6 +34,8 @@ pub struct GpuDevice {
     pub shared_memory_per_multiprocessor: usize,
     /// Streaming multiprocessors.
     pub multiprocessors: usize,
+    /// `cuDriverGetVersion`: part of the compiled-kernel cache's key.
+    pub driver_version: i32,
     modules: [OnceLock<Result<Arc<CudaModule>>>; KernelModule::ALL.len()],
     /// Two page-locked buffers that large uploads pass through (`memory::upload`), allocated on
     /// first use and kept: page-locking costs more than the copies it speeds up.
@@ -138,6 +140,11 @@ impl GpuDevice {
         SHARED.get_or_init(|| Self::open().map(Arc::new)).clone()
     }
 
+    /// Device 0 if opening it has finished (`None` while it is opening or before).
+    pub fn opened() -> Option<Result<Arc<GpuDevice>>> {
+        SHARED.get().cloned()
+    }
+
     fn open() -> Result<GpuDevice> {
         let info = probe()?;
         let arch = arch_for(info.compute_capability)?;
@@ -153,6 +160,11 @@ impl GpuDevice {
         let shared_memory_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let shared_memory_per_multiprocessor = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
         let multiprocessors = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let mut driver_version = 0;
+        // SAFETY: writes one int through a valid pointer; the driver library is loaded (probe).
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(|e| Error::Device(format!("the CUDA driver does not give its version: {e}")))?;
         Ok(GpuDevice {
             info,
             ctx,
@@ -161,6 +173,7 @@ impl GpuDevice {
             shared_memory_per_block,
             shared_memory_per_multiprocessor,
             multiprocessors,
+            driver_version,
             modules: std::array::from_fn(|_| OnceLock::new()),
             staging: Mutex::new(None),
             results: Mutex::new(None),
@@ -254,25 +267,42 @@ impl GpuDevice {
         streams.as_ref().map_err(Clone::clone)
     }
 
-    /// A kernel of `module`, compiling the module on first use.
+    /// A kernel, loading its module on first use.
     pub fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
-        let module = kernel.module();
+        let module = self.module(kernel.module())?;
+        module.load_function(kernel.name()).map_err(|e| Error::Device(format!("kernel {kernel} not found: {e}")))
+    }
+
+    /// Whether `module` is loaded already.
+    pub fn module_loaded(&self, module: KernelModule) -> bool {
         let index = KernelModule::ALL.iter().position(|m| *m == module).unwrap_or(0);
-        let compiled = self.modules[index].get_or_init(|| {
-            let options = CompileOptions {
-                arch: Some(self.arch),
-                name: Some(module.file_name().to_string()),
-                // Two roundings for `a * b + c`, as on the CPU: exact distances stay bit-identical.
-                fmad: Some(false),
-                options: vec!["-std=c++17".into()],
-                ..Default::default()
-            };
-            let ptx = compile_ptx_with_opts(module.source(), options)
-                .map_err(|e| Error::Device(format!("NVRTC could not compile {}: {e}", module.file_name())))?;
-            self.ctx.load_module(ptx).map_err(|e| Error::Device(format!("loading {} failed: {e}", module.file_name())))
+        matches!(self.modules[index].get(), Some(Ok(_)))
+    }
+
+    /// Whether the rows kept under `key` are on the device (without counting as their use).
+    pub fn holds(&self, key: &ResidentKey) -> bool {
+        self.resident.lock().is_ok_and(|mut resident| resident.entry(key).is_some())
+    }
+
+    /// `module` loaded on the device: its machine code from the disk cache, else from NVRTC.
+    /// Loaded once per process; later callers wait for the first.
+    pub fn module(&self, module: KernelModule) -> Result<Arc<CudaModule>> {
+        let index = KernelModule::ALL.iter().position(|m| *m == module).unwrap_or(0);
+        let loaded = self.modules[index].get_or_init(|| {
+            let load = |image: Vec<u8>| self.ctx.load_module(Ptx::from_binary(image));
+            let (image, origin) = super::compile::module_image(module, self.arch, self.driver_version)?;
+            match load(image) {
+                Ok(loaded) => Ok(loaded),
+                // A cached image the driver refuses (a file replaced behind the cache's back) is
+                // compiled again; a fresh one it refuses is an error.
+                Err(_) if origin == super::compile::ImageOrigin::Cache => {
+                    load(super::compile::recompile(module, self.arch, self.driver_version)?)
+                        .map_err(|e| Error::Device(format!("loading {} failed: {e}", module.file_name())))
+                }
+                Err(e) => Err(Error::Device(format!("loading {} failed: {e}", module.file_name()))),
+            }
         });
-        let module_ref = compiled.clone()?;
-        module_ref.load_function(kernel.name()).map_err(|e| Error::Device(format!("kernel {kernel} not found: {e}")))
+        loaded.clone()
     }
 }
 

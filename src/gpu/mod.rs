@@ -7,6 +7,7 @@ use cudarc::driver::CudaContext;
 
 pub mod abi;
 pub mod buffers;
+pub mod compile;
 mod device;
 pub mod download;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod grid;
 pub mod kernels;
 pub(crate) mod launch;
 pub mod memory;
+pub mod startup;
 
 pub use device::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 pub use error::{Error, Result};

@@ -166,16 +166,25 @@ pub struct CostInputs<'a> {
 /// Chooses between the grid (and its `k`) and brute force by estimated time (Gowanlock & Karsin, GPU-Join, §5.6):
 /// index search ≈ cells·3^k·log₂|G|, refinement ≈ sampled candidate pairs × (pair + d·dimension).
 pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
+    estimate_strategy(inputs).0
+}
+
+/// Estimated nanoseconds of one CPU core comparing every pair of `n_left × n_right` rows (half of
+/// them for a self-join) by brute force.
+pub fn brute_force_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: bool, self_join: bool) -> f64 {
+    let pair_factor = if self_join { 0.5 } else { 1.0 };
+    let brute_dim = if gemm_form { NS_BRUTE_DIM_GEMM } else { NS_BRUTE_DIM_DIRECT };
+    n_left as f64 * n_right as f64 * pair_factor * (NS_BRUTE_PAIR + dim as f64 * brute_dim)
+}
+
+/// [`choose_strategy`]'s choice and its estimated time on one CPU core (nanoseconds).
+pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
     let CostInputs { left, right, dim, radius, self_join, index, grid_dims, .. } = *inputs;
-    if index == IndexChoice::BruteForce {
-        return JoinStrategy::BruteForce;
-    }
     let (n_left, n_right) = (left.len() / dim, right.len() / dim);
     let pair_factor = if self_join { 0.5 } else { 1.0 };
-    let brute_dim = if inputs.gemm_form { NS_BRUTE_DIM_GEMM } else { NS_BRUTE_DIM_DIRECT };
-    let brute_cost = n_left as f64 * n_right as f64 * pair_factor * (NS_BRUTE_PAIR + dim as f64 * brute_dim);
-    if n_left == 0 || n_right == 0 {
-        return JoinStrategy::BruteForce;
+    let brute_cost = brute_force_ns(n_left, n_right, dim, inputs.gemm_form, self_join);
+    if index == IndexChoice::BruteForce || n_left == 0 || n_right == 0 {
+        return (JoinStrategy::BruteForce, brute_cost);
     }
     let forced_grid = index == IndexChoice::Grid;
 
@@ -218,7 +227,7 @@ pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
             best = (cost, JoinStrategy::Grid(geometry));
         }
     }
-    best.1
+    (best.1, if best.0.is_finite() { best.0 } else { brute_cost })
 }
 
 /// Geometry over `indexed` (a prefix of `ranked`); the sort dimension is the next ranked one.

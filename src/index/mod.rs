@@ -2,4 +2,4 @@
 
 pub mod grid;
 
-pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy};
+pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, brute_force_ns, choose_strategy, estimate_strategy};

@@ -258,7 +258,15 @@ impl ObjectStoreRegistry for ConfinedRegistry {
     }
 
     fn get_store(&self, url: &Url) -> Result<Arc<dyn ObjectStore>> {
-        if url.scheme() == "file" { Ok(self.files.clone()) } else { self.inner.get_store(url) }
+        if url.scheme() == "file" {
+            return Ok(self.files.clone());
+        }
+        self.inner.get_store(url).map_err(|_| {
+            DataFusionError::Configuration(format!(
+                "simjoin server: '{url}' is not reachable: this server reads remote object stores only \
+                 in the buckets of its --table and --data-dir URLs"
+            ))
+        })
     }
 }
 

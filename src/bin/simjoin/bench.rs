@@ -24,16 +24,16 @@ use super::SessionArgs;
 pub struct BenchArgs {
     /// Where datasets, workloads.json and results go.
     #[arg(long, default_value = "bench-out")]
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     /// Run only workloads whose name contains this.
     #[arg(long)]
-    only: Option<String>,
+    pub(super) only: Option<String>,
     /// Times each query runs; the best is reported.
     #[arg(long, default_value_t = 2)]
-    repeat: usize,
+    pub(super) repeat: usize,
     /// Smaller sizes (a tenth), for a quick look.
     #[arg(long)]
-    quick: bool,
+    pub(super) quick: bool,
     /// The scaling curves (time against n and against d) instead of the CPU set.
     #[arg(long)]
     curves: bool,
@@ -47,7 +47,12 @@ pub struct BenchArgs {
     gpu_workloads: bool,
     /// Where the Fashion-MNIST IDX files are (Debian's dataset-fashion-mnist puts them here).
     #[arg(long, default_value = datagen::FASHION_MNIST_DIR)]
-    fashion_mnist: PathBuf,
+    pub(super) fashion_mnist: PathBuf,
+    /// Each workload as a user runs it instead: `simjoin sql` in a new process over Parquet files
+    /// (the first process with an empty kernel cache, later ones on the GPU, the CPU and auto),
+    /// with the time to decode the same files as the floor.
+    #[arg(long)]
+    e2e: bool,
     /// Load-test `simjoin serve` instead: concurrent Flight SQL clients running a query mix, every
     /// answer checked against the embedded library's.
     #[arg(long)]
@@ -246,6 +251,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&args.dir)?;
     if args.serve_load {
         return serve_load(&args).await;
+    }
+    if args.e2e {
+        return super::e2e::run(&args);
     }
     let ctx = super::sql::session(&args.session).await?;
     let mut records = Vec::new();

@@ -9,6 +9,7 @@ use simjoin::{Device, Metric};
 
 mod bench;
 mod demo;
+mod e2e;
 mod progress;
 mod selftest;
 mod serve;

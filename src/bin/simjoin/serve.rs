@@ -10,6 +10,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use simjoin::server::{Access, Credentials, DEFAULT_MAX_CONCURRENT_QUERIES, FlightSqlServer};
+use url::Url;
 
 use super::SessionArgs;
 
@@ -127,8 +128,21 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     if let Some(bytes) = args.memory_limit {
         runtime = runtime.with_memory_limit(bytes, 1.0);
     }
-    let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime.build_arc()?);
-    simjoin::register(&ctx);
+    let ctx = simjoin::session_context_with_config_rt(SessionConfig::new(), runtime.build_arc()?);
+    // Remote object stores are reachable only as the server names them: the buckets (containers,
+    // hosts) of the --table and --data-dir URLs, with credentials from the environment.
+    let mut local_dirs = Vec::new();
+    for dir in &args.data_dirs {
+        match remote_url(&dir.to_string_lossy()) {
+            Some(url) => register_remote_store(&ctx, &url)?,
+            None => local_dirs.push(dir.clone()),
+        }
+    }
+    for spec in &args.session.tables {
+        if let Some(url) = spec.split_once('=').and_then(|(_, path)| remote_url(path.trim())) {
+            register_remote_store(&ctx, &url)?;
+        }
+    }
     let ctx = super::sql::register_tables(ctx, &args.session).await?;
 
     if args.max_concurrent_queries == 0 {
@@ -141,7 +155,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .with_credentials(credentials.clone())
         .with_access(access)
         .with_max_concurrent_queries(args.max_concurrent_queries);
-    for dir in &args.data_dirs {
+    for dir in &local_dirs {
         server = server.with_data_dir(dir);
     }
     if let Some(timeout) = args.query_timeout {
@@ -201,6 +215,18 @@ async fn shutdown_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// `path` as the URL of a remote object store (`s3://…`, `https://…`), if it is one.
+fn remote_url(path: &str) -> Option<Url> {
+    Url::parse(path).ok().filter(simjoin::stores::is_remote)
+}
+
+fn register_remote_store(ctx: &SessionContext, url: &Url) -> Result<()> {
+    let store = simjoin::stores::store_for_url(url)
+        .map_err(|e| DataFusionError::Configuration(format!("simjoin serve: {}", e.strip_backtrace())))?;
+    ctx.register_object_store(url, store);
+    Ok(())
 }
 
 #[cfg(test)]

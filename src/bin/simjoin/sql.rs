@@ -8,6 +8,7 @@ use std::time::Instant;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::dataframe::DataFrameWriteOptions;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::DFParser;
 use futures::StreamExt;
@@ -22,8 +23,12 @@ const MAX_TABLE_ROWS: usize = 1000;
 /// A session with the simjoin functions, the progress bar, the device default and the tables.
 pub async fn session(args: &SessionArgs) -> Result<SessionContext> {
     let config = SessionConfig::new().with_extension(Arc::new(simjoin::Progress(Arc::new(Bar::default()))));
+    // s3://, gs://, az:// and http(s):// paths work with credentials from the environment.
+    let runtime = RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::new(simjoin::stores::RemoteStoreRegistry::new()))
+        .build_arc()?;
     // `SELECT … FROM 'points.parquet'` reads the file, as in datafusion-cli.
-    register_tables(simjoin::session_context_with_config(config).enable_url_table(), args).await
+    register_tables(simjoin::session_context_with_config_rt(config, runtime).enable_url_table(), args).await
 }
 
 /// Sets the device default of `ctx` and registers the `--table`s.

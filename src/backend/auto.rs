@@ -1,0 +1,161 @@
+//! `device=auto`: each run goes where it is estimated to finish first — the GPU or every CPU
+//! core — counting what the GPU has not paid yet (opening the device and loading kernels, which
+//! planning started on a background thread) and copying the inputs to it. `device=gpu` takes the
+//! same path without the choice, so that its device too opens while the inputs are read.
+//!
+//! The estimate is the sampled cost model both backends plan with (index/grid.rs: nanoseconds of
+//! one CPU core), divided by the cores for the CPU, and by a factor for the GPU plus its fixed
+//! costs. It only has to be right where the two are far apart; where they are close either choice
+//! costs little.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use datafusion::common::{Result, exec_err};
+
+use super::plan::{filter_space, gemm_form};
+use super::{Backend, CpuBackend, GpuBackend, JoinRequest, KnnRequest, ResultSink, RunStats};
+use crate::gpu::kernels::KernelModule;
+use crate::gpu::startup::{startup_left, warm_up};
+use crate::gpu::{GpuDevice, ResidentKey};
+use crate::index::{CostInputs, brute_force_ns, estimate_strategy};
+use crate::vectors::Vectors;
+
+/// One GPU against one CPU core on the cost model's work. On the H100 host P1's whole GPU operator
+/// (0.17 s) against its CPU operator on 16 cores (2.9 s) is ~270 cores, its kernels alone ~6,000;
+/// the choice only has to be right where the two are far apart (docs/optimisations.md, v98).
+const GPU_OVER_ONE_CORE: f64 = 400.0;
+/// A GPU run's own fixed cost: allocations, launches, synchronisations.
+const GPU_RUN: Duration = Duration::from_millis(15);
+/// Host-to-device copy rate of exact f64 rows through the page-locked staging buffers.
+const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
+
+/// The kernel modules a join may launch (the grid's when the cost model picks it) and kNN's.
+pub(super) const JOIN_MODULES: [KernelModule; 2] = [KernelModule::SimJoin, KernelModule::Grid];
+pub(super) const KNN_MODULES: [KernelModule; 2] = [KernelModule::SimJoin, KernelModule::Knn];
+
+/// The GPU or the CPU, chosen per run (or the GPU alone).
+#[derive(Debug)]
+pub struct AutoBackend {
+    /// Device bytes a GPU run may use (0: all that is available).
+    memory_limit: usize,
+    /// `device=gpu`: no choice, only the deferred opening.
+    gpu_only: bool,
+    /// What the last run chose, for EXPLAIN ANALYZE.
+    last_choice: Mutex<Option<String>>,
+}
+
+impl AutoBackend {
+    /// Starts opening the GPU and loading the modules of a join (`knn: false`) or kNN on a
+    /// background thread, and returns the backend that decides per run.
+    pub fn new(memory_limit: usize, knn: bool) -> Self {
+        warm_up(if knn { &KNN_MODULES } else { &JOIN_MODULES });
+        Self { memory_limit, gpu_only: false, last_choice: Mutex::new(None) }
+    }
+
+    /// As [`AutoBackend::new`], for `device=gpu`: every run on the GPU, or the error saying why
+    /// it cannot be used.
+    pub fn gpu_only(memory_limit: usize, knn: bool) -> Self {
+        Self { gpu_only: true, ..Self::new(memory_limit, knn) }
+    }
+
+    fn gpu(&self) -> Result<GpuBackend> {
+        match GpuDevice::shared() {
+            Ok(device) => Ok(GpuBackend::new(device, self.memory_limit)),
+            Err(reason) => exec_err!("option device=gpu, but no GPU can be used: {reason}"),
+        }
+    }
+
+    /// The backend to run `cpu_ns` of work (one core's estimate) on `inputs`.
+    fn pick(&self, cpu_ns: f64, inputs: &[&Vectors], modules: &[KernelModule]) -> Result<Arc<dyn Backend>> {
+        if self.gpu_only {
+            return Ok(Arc::new(self.gpu()?));
+        }
+        let cpu = Duration::from_secs_f64(cpu_ns * 1e-9 / rayon::current_num_threads() as f64);
+        let gpu = startup_left(modules).map(|startup| {
+            let upload_bytes: usize = inputs
+                .iter()
+                .filter(|v| !resident_on_device(v))
+                .map(|v| v.values.len() * std::mem::size_of::<f64>())
+                .sum();
+            startup
+                + GPU_RUN
+                + Duration::from_secs_f64(upload_bytes as f64 / UPLOAD_BYTES_PER_SECOND)
+                + Duration::from_secs_f64(cpu_ns * 1e-9 / GPU_OVER_ONE_CORE)
+        });
+        // Only a run that goes to the GPU waits for the device to be open.
+        let device = gpu.filter(|&gpu| gpu < cpu).and_then(|_| GpuDevice::shared().ok());
+        let chosen: Arc<dyn Backend> = match device {
+            Some(device) => Arc::new(GpuBackend::new(device, self.memory_limit)),
+            None => Arc::new(CpuBackend),
+        };
+        let estimate = match gpu {
+            Some(gpu) => format!("estimated gpu {:.3} s, cpu {:.3} s", gpu.as_secs_f64(), cpu.as_secs_f64()),
+            None => "no usable GPU".to_string(),
+        };
+        if let Ok(mut last) = self.last_choice.lock() {
+            *last = Some(format!("{} ({estimate})", chosen.name()));
+        }
+        Ok(chosen)
+    }
+}
+
+/// Whether `v`'s exact rows are on the device already (kept from an earlier query).
+fn resident_on_device(v: &Vectors) -> bool {
+    let Some(mark) = v.resident() else { return false };
+    let key: ResidentKey = mark.clone();
+    matches!(GpuDevice::opened(), Some(Ok(device)) if device.holds(&key))
+}
+
+impl Backend for AutoBackend {
+    fn name(&self) -> String {
+        if self.gpu_only {
+            return self.gpu().map_or_else(|_| "gpu (unusable)".to_string(), |gpu| gpu.name());
+        }
+        match self.last_choice.lock().ok().and_then(|last| last.clone()) {
+            Some(last) => format!("auto, last run: {last}"),
+            None => "gpu or cpu, whichever is estimated to finish first".to_string(),
+        }
+    }
+
+    fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let self_join = request.self_join.is_some();
+        let cpu_ns = match request.metric.coordinate_bound(request.threshold) {
+            Some(radius) => {
+                let left = filter_space(request.left, request.metric);
+                let right = if self_join { left.clone() } else { filter_space(request.right, request.metric) };
+                estimate_strategy(&CostInputs {
+                    left: &left,
+                    right: &right,
+                    dim: request.left.dim,
+                    radius,
+                    self_join,
+                    gemm_form: gemm_form(request.metric),
+                    index: request.index,
+                    grid_dims: request.grid_dims,
+                })
+                .1
+            }
+            None => brute_force_ns(
+                request.left.len(),
+                request.right.len(),
+                request.left.dim,
+                gemm_form(request.metric),
+                self_join,
+            ),
+        };
+        let inputs: &[&Vectors] = if self_join { &[request.left] } else { &[request.left, request.right] };
+        self.pick(cpu_ns, inputs, &JOIN_MODULES)?.join(request, sink)
+    }
+
+    fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let cpu_ns = brute_force_ns(
+            request.queries.len(),
+            request.base.len(),
+            request.base.dim,
+            gemm_form(request.metric),
+            false,
+        );
+        self.pick(cpu_ns, &[request.base, request.queries], &KNN_MODULES)?.knn(request, sink)
+    }
+}

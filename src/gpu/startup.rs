@@ -1,0 +1,94 @@
+//! Opening the device and loading its kernels off the query's path: planning starts both on a
+//! background thread, so they overlap reading and decoding the inputs, and `device=auto` weighs
+//! what is still left of them against the CPU's estimated time.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::device::GpuDevice;
+use super::kernels::KernelModule;
+
+/// Opening device 0 (driver initialisation, its primary context, the probe).
+const OPEN: Duration = Duration::from_millis(300);
+/// Loading a module whose machine code is in the disk cache.
+const LOAD_CACHED: Duration = Duration::from_millis(20);
+
+/// NVRTC's time for a module not in the cache, on an H100 host (sim_join.cu with its tensor-core
+/// joins is by far the largest: a process that compiles it takes 7–8 s longer).
+fn compile_time(module: KernelModule) -> Duration {
+    match module {
+        KernelModule::SimJoin => Duration::from_secs(7),
+        KernelModule::Knn => Duration::from_millis(1300),
+        KernelModule::Grid => Duration::from_millis(300),
+    }
+}
+
+/// When the first warm-up began.
+static STARTED: OnceLock<Instant> = OnceLock::new();
+
+/// Whether the CUDA driver and NVRTC libraries can be loaded at all (no CUDA call is made).
+pub fn libraries_present() -> bool {
+    // SAFETY: these only try to dlopen() the libraries.
+    unsafe { cudarc::driver::sys::is_culib_present() && cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Opens device 0 and loads `modules` on a background thread, unless that is done already; a
+/// query that needs them first waits only for what is left.
+pub fn warm_up(modules: &[KernelModule]) {
+    if !libraries_present() {
+        return;
+    }
+    if let Some(Ok(device)) = GpuDevice::opened()
+        && modules.iter().all(|&m| device.module_loaded(m))
+    {
+        return;
+    }
+    STARTED.get_or_init(Instant::now);
+    let modules = modules.to_vec();
+    // A thread that cannot start only means the query opens the device itself. Modules not in the
+    // cache compile concurrently, one thread each (NVRTC compiles one program per thread).
+    let _ = std::thread::Builder::new().name("simjoin-gpu-start".into()).spawn(move || {
+        if let Ok(device) = GpuDevice::shared() {
+            std::thread::scope(|scope| {
+                for module in modules {
+                    let device = &device;
+                    let _ = std::thread::Builder::new()
+                        .name("simjoin-gpu-load".into())
+                        .spawn_scoped(scope, move || device.module(module));
+                }
+            });
+        }
+    });
+}
+
+/// The estimated start-up still to be paid before `modules` run on device 0, or `None` when it
+/// cannot be used (no libraries, or it failed to open).
+pub fn startup_left(modules: &[KernelModule]) -> Option<Duration> {
+    if !libraries_present() {
+        return None;
+    }
+    let (mut expected, arch) = match GpuDevice::opened() {
+        Some(Err(_)) => return None,
+        Some(Ok(device)) => {
+            if modules.iter().all(|&m| device.module_loaded(m)) {
+                return Some(Duration::ZERO);
+            }
+            (Duration::ZERO, Some(device))
+        }
+        None => (OPEN, None),
+    };
+    // Modules load (or compile) concurrently: the longest is what is left of them.
+    let mut longest = Duration::ZERO;
+    for &module in modules {
+        let cached = match &arch {
+            Some(device) if device.module_loaded(module) => continue,
+            Some(device) => super::compile::is_cached(module, device.arch, device.driver_version),
+            None => super::compile::any_cached(module),
+        };
+        longest = longest.max(if cached { LOAD_CACHED } else { compile_time(module) });
+    }
+    expected += longest;
+    // Work already under way on the background thread counts as paid.
+    let elapsed = STARTED.get().map(Instant::elapsed).unwrap_or_default();
+    Some(expected.saturating_sub(elapsed).max(expected / 10))
+}
