@@ -43,8 +43,9 @@ pub use exec::{Progress, ProgressListener, SimilarityExec};
 pub use op::{Device, Metric, PairOrder};
 pub use options::SimJoinOptions;
 
-/// Adds the simjoin functions (`sim_join`, `range_query`, `knn` and their upper-case spellings) and
-/// the `simjoin.*` options to `ctx`.
+/// Adds the simjoin functions (`sim_join`, `range_query`, `knn` and their upper-case spellings; the
+/// scalar distance functions `l2_distance`, `cosine_distance`, `inner_product`, …) and the
+/// `simjoin.*` options to `ctx`.
 pub fn register(ctx: &SessionContext) {
     {
         let state = ctx.state_ref();
@@ -56,6 +57,9 @@ pub fn register(ctx: &SessionContext) {
     }
     for (name, function) in functions::all() {
         ctx.register_udtf(name, function);
+    }
+    for function in functions::distance::all() {
+        ctx.register_udf(function);
     }
 }
 

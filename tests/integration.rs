@@ -2,6 +2,8 @@
 
 #[path = "integration/common.rs"]
 mod common;
+#[path = "integration/distance_functions.rs"]
+mod distance_functions;
 #[path = "integration/edge_cases.rs"]
 mod edge_cases;
 #[path = "integration/errors.rs"]

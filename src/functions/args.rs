@@ -112,16 +112,9 @@ pub fn vector_literal(function: &str, argument: &str, expr: &Expr) -> Result<Opt
         ScalarValue::LargeList(a) => list_values(a.value(0))?,
         ScalarValue::FixedSizeList(a) => list_values(a.value(0))?,
         v => match string_value(v) {
-            Some(s) if s.trim_start().starts_with('[') => {
-                let inner = s.trim().trim_start_matches('[').trim_end_matches(']');
-                inner.split(',').map(|t| t.trim().parse::<f64>()).collect::<std::result::Result<_, _>>().map_err(
-                    |_| {
-                        plan_datafusion_err!(
-                            "{function}: argument '{argument}' is not a vector literal of numbers: '{s}'"
-                        )
-                    },
-                )?
-            }
+            Some(s) if s.trim_start().starts_with('[') => parse_vector_text(s).ok_or_else(|| {
+                plan_datafusion_err!("{function}: argument '{argument}' is not a vector literal of numbers: '{s}'")
+            })?,
             _ => return Ok(None),
         },
     };
@@ -132,6 +125,12 @@ pub fn vector_literal(function: &str, argument: &str, expr: &Expr) -> Result<Opt
         return plan_err!("{function}: argument '{argument}' holds a non-finite value {bad}");
     }
     Ok(Some(values))
+}
+
+/// The numbers of a vector written as text, `[0.1, 0.2]` (pgvector's spelling), or `None`.
+pub(crate) fn parse_vector_text(text: &str) -> Option<Vec<f64>> {
+    let inner = text.trim().strip_prefix('[')?.strip_suffix(']')?;
+    inner.split(',').map(|t| t.trim().parse::<f64>().ok()).collect()
 }
 
 fn list_values(array: ArrayRef) -> Result<Vec<f64>> {

@@ -1,5 +1,6 @@
-//! The SQL surface: `sim_join`, `range_query` and `knn` as table functions. Each parses and checks
-//! its arguments into a [`SimilarityOp`] and input tables; nothing here executes anything.
+//! The SQL surface: `sim_join`, `range_query` and `knn` as table functions (each parses and checks
+//! its arguments into a [`SimilarityOp`] and input tables; nothing here executes anything), and the
+//! scalar distance functions (`l2_distance`, `cosine_distance`, …) of `distance.rs`.
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use crate::table::{SimilarityTable, TableInput};
 use crate::vectors::VectorSource;
 
 mod args;
+pub mod distance;
 mod knn;
 mod range_query;
 mod sim_join;
