@@ -1,6 +1,13 @@
 //! [`SimilarityTable`]: the table a simjoin function call returns. Its schema is fixed by the call;
 //! `scan()` reads only the input columns the query uses (plus the vector columns) and builds the
 //! [`SimilarityExec`].
+//!
+//! A `WHERE` on one input's columns runs below the operator, on that input, where that cannot
+//! change the answer: each pair of an ε-join or a range query stands alone, and so do a kNN query's
+//! neighbours, so filters on either side of `sim_join(a, b, …)` and `range_query`, and on kNN's
+//! query side, drop rows before they are searched. A filter on kNN's base is never pushed (the k
+//! nearest of a filtered base are other rows), nor one of a self-join (its one input is both
+//! sides). Pushed filters are also kept above the operator (`Inexact`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -8,10 +15,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::Result;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema, Result};
 use datafusion::datasource::TableType;
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter::FilterExec;
 
 use crate::backend::Backend;
 use crate::exec::{InputSide, SimilarityExec};
@@ -71,6 +81,86 @@ impl SimilarityTable {
     }
 }
 
+/// The input a filter reads only, when it may run below the operator.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FilterSide {
+    Left,
+    Right,
+}
+
+impl SimilarityTable {
+    /// The side `filter` may be pushed to (see the module docs), or `None`.
+    fn pushable_side(&self, filter: &Expr) -> Option<FilterSide> {
+        if self.right.is_none() || filter.is_volatile() {
+            return None;
+        }
+        let mut side = None;
+        for column in filter.column_refs() {
+            let this = match self.columns[self.schema.index_of(&column.name).ok()?] {
+                OutputColumn::Left(_) => FilterSide::Left,
+                OutputColumn::Right(_) => FilterSide::Right,
+                OutputColumn::Distance | OutputColumn::Rank => return None,
+            };
+            if side.is_some_and(|s| s != this) {
+                return None;
+            }
+            side = Some(this);
+        }
+        match side? {
+            FilterSide::Right if matches!(self.op.operation, Operation::Knn { .. }) => None,
+            side => Some(side),
+        }
+    }
+
+    /// `filter` over the input's own column names, and the input columns it reads.
+    fn input_filter(&self, filter: &Expr, side: FilterSide) -> Result<(Expr, BTreeSet<usize>)> {
+        let input = match side {
+            FilterSide::Left => &self.left,
+            FilterSide::Right => self.right.as_ref().unwrap_or(&self.left),
+        };
+        let input_schema = input.provider.schema();
+        let mut read = BTreeSet::new();
+        let rewritten = filter
+            .clone()
+            .transform(|e| {
+                let Expr::Column(column) = &e else { return Ok(Transformed::no(e)) };
+                let (OutputColumn::Left(i) | OutputColumn::Right(i)) =
+                    self.columns[self.schema.index_of(&column.name)?]
+                else {
+                    return Ok(Transformed::no(e));
+                };
+                read.insert(i);
+                Ok(Transformed::yes(Expr::Column(Column::new_unqualified(input_schema.field(i).name()))))
+            })?
+            .data;
+        Ok((rewritten, read))
+    }
+}
+
+/// `plan` (an input's scan) under `filters` (over its columns): passed to the provider's scan for
+/// what it can use (row-group pruning), and applied exactly by a `FilterExec` above it.
+async fn scan_filtered(
+    state: &dyn Session,
+    input: &TableInput,
+    read: &[usize],
+    filters: &[Expr],
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let refs: Vec<&Expr> = filters.iter().collect();
+    let usable: Vec<Expr> = input
+        .provider
+        .supports_filters_pushdown(&refs)?
+        .into_iter()
+        .zip(filters)
+        .filter(|(support, _)| *support != TableProviderFilterPushDown::Unsupported)
+        .map(|(_, f)| f.clone())
+        .collect();
+    let plan = input.provider.scan(state, Some(&read.to_vec()), &usable, None).await?;
+    let Some(predicate) = conjunction(filters.iter().cloned()) else { return Ok(plan) };
+    let schema = DFSchema::try_from(plan.schema().as_ref().clone())?;
+    let predicate = state.create_physical_expr(predicate, &schema)?;
+    Ok(Arc::new(FilterExec::try_new(predicate, plan)?))
+}
+
 /// The columns of one input that a scan needs, and where each lands in the scanned schema.
 struct InputProjection {
     /// Input columns to read, ascending.
@@ -105,11 +195,21 @@ impl TableProvider for SimilarityTable {
         TableType::Temporary
     }
 
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| match self.pushable_side(f) {
+                Some(_) => TableProviderFilterPushDown::Inexact,
+                None => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect())
+    }
+
     async fn scan(
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let projected: Vec<usize> = match projection {
@@ -136,14 +236,29 @@ impl TableProvider for SimilarityTable {
                 OutputColumn::Distance | OutputColumn::Rank => {}
             }
         }
+        let (mut left_filters, mut right_filters) = (Vec::new(), Vec::new());
+        for filter in filters {
+            let Some(side) = self.pushable_side(filter) else { continue };
+            let (rewritten, read) = self.input_filter(filter, side)?;
+            match side {
+                FilterSide::Left => {
+                    left_needed.extend(read);
+                    left_filters.push(rewritten);
+                }
+                FilterSide::Right => {
+                    right_needed.extend(read);
+                    right_filters.push(rewritten);
+                }
+            }
+        }
         let left_read = InputProjection::new(left_needed);
         let right_read = InputProjection::new(right_needed);
-        let mut children = vec![self.left.provider.scan(state, Some(&left_read.read), &[], None).await?];
+        let mut children = vec![scan_filtered(state, &self.left, &left_read.read, &left_filters).await?];
         let left =
             InputSide { child: 0, source: left_read.source(&self.left.source), describe: self.left.describe.clone() };
         let right = match &self.right {
             Some(r) => {
-                children.push(r.provider.scan(state, Some(&right_read.read), &[], None).await?);
+                children.push(scan_filtered(state, r, &right_read.read, &right_filters).await?);
                 InputSide { child: 1, source: right_read.source(&r.source), describe: r.describe.clone() }
             }
             None => left.clone(),

@@ -18,6 +18,8 @@ mod flight;
 mod flight_access;
 #[path = "integration/oracle.rs"]
 mod oracle;
+#[path = "integration/pushdown.rs"]
+mod pushdown;
 #[path = "integration/sql_examples.rs"]
 mod sql_examples;
 #[path = "integration/streaming.rs"]
