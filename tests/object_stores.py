@@ -156,6 +156,23 @@ def main():
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
+            # --data-dir with a URL opens that bucket to the queries' paths.
+            proc = subprocess.Popen(
+                [SIMJOIN, "serve", "--bind", "127.0.0.1:0", "--data-dir", f"s3://{BUCKET}/data"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=s3_env,
+            )
+            try:
+                address = proc.stdout.readline().split("://")[1].split()[0]
+                with flight_sql.connect(f"grpc://{address}") as conn, conn.cursor() as cursor:
+                    cursor.execute(f"SELECT count(*) AS n FROM sim_join('{s3('points.csv')}', 0.05)")
+                    served = cursor.fetch_arrow_table().to_pylist()[0]["n"]
+                _, expected, _ = sql(f"SELECT count(*) AS n FROM sim_join('{local('points.csv')}', 0.05)", s3_env)
+                checks.check("serve: a path under an s3:// --data-dir", served == expected[0]["n"], f"{served}")
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
     finally:
         server.stop()
     print(f"{checks.passed} passed, {checks.failed} failed")
