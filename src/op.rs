@@ -141,7 +141,8 @@ impl FromStr for Metric {
 /// Where the work runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Device {
-    /// The GPU when one is usable, otherwise every CPU core.
+    /// Per run, the GPU or every CPU core, whichever is estimated to finish first (every CPU core
+    /// when no GPU is usable).
     #[default]
     Auto,
     /// The GPU, or an error saying why it cannot be used.

@@ -11,7 +11,7 @@ use crate::op::{Device, IndexChoice, Metric, PairOrder};
 pub struct SimJoinOptions {
     /// Distance function: l2, l2sq, cosine, inner_product, l1, linf.
     pub metric: Metric,
-    /// Where to run: auto (GPU when usable, else CPU), gpu, cpu.
+    /// Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu.
     pub device: Device,
     /// Self-joins: also pair each row with itself.
     pub include_self: bool,
@@ -52,7 +52,7 @@ impl Default for SimJoinOptions {
 
 const KEYS: [(&str, &str); 9] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf"),
-    ("device", "Where to run: auto (GPU when usable, else CPU), gpu, cpu"),
+    ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
     ("pairs", "Self-joins: ordered reports (a,b) and (b,a); unordered reports each pair once"),
     (
