@@ -38,10 +38,11 @@ pub fn warm_up(modules: &[KernelModule]) {
     if !libraries_present() {
         return;
     }
-    if let Some(Ok(device)) = GpuDevice::opened()
-        && modules.iter().all(|&m| device.module_loaded(m))
-    {
-        return;
+    match GpuDevice::opened() {
+        // Opening failed for good (no device answers): nothing to start.
+        Some(Err(_)) => return,
+        Some(Ok(device)) if modules.iter().all(|&m| device.module_loaded(m)) => return,
+        _ => {}
     }
     STARTED.get_or_init(Instant::now);
     let modules = modules.to_vec();
