@@ -8,6 +8,7 @@ every answer against the same files read locally. Also checks that a missing buc
 scheme are clear errors naming the URL, and that `simjoin serve` reads
 the buckets of its --table URLs and refuses others. Run by .ci/run; prints "N passed, N failed".
 """
+import contextlib
 import json
 import os
 import socket
@@ -30,6 +31,17 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(args, env):
+    """A `simjoin serve` process with `args`, stopped on leaving; yields its address."""
+    proc = subprocess.Popen([SIMJOIN, "serve", "--bind", "127.0.0.1:0"] + args, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        yield proc.stdout.readline().split("://")[1].split()[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def sql(query, env):
@@ -120,14 +132,7 @@ def main():
                 "ftp://host/points.parquet",
             )
             # simjoin serve: tables in the bucket, credentials from the environment.
-            proc = subprocess.Popen(
-                [SIMJOIN, "serve", "--bind", "127.0.0.1:0", "--table", f"points={s3('points.parquet')}"],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=s3_env,
-            )
-            try:
-                address = proc.stdout.readline().split("://")[1].split()[0]
+            with serving(["--table", f"points={s3('points.parquet')}"], s3_env) as address:
                 with flight_sql.connect(f"grpc://{address}") as conn:
                     with conn.cursor() as cursor:
                         cursor.execute("SELECT count(*) AS n FROM sim_join(points, 0.05)")
@@ -153,26 +158,13 @@ def main():
                                 "not reachable" in message and "another-bucket" in message,
                                 message,
                             )
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
             # --data-dir with a URL opens that bucket to the queries' paths.
-            proc = subprocess.Popen(
-                [SIMJOIN, "serve", "--bind", "127.0.0.1:0", "--data-dir", f"s3://{BUCKET}/data"],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=s3_env,
-            )
-            try:
-                address = proc.stdout.readline().split("://")[1].split()[0]
+            with serving(["--data-dir", f"s3://{BUCKET}/data"], s3_env) as address:
                 with flight_sql.connect(f"grpc://{address}") as conn, conn.cursor() as cursor:
                     cursor.execute(f"SELECT count(*) AS n FROM sim_join('{s3('points.csv')}', 0.05)")
                     served = cursor.fetch_arrow_table().to_pylist()[0]["n"]
                 _, expected, _ = sql(f"SELECT count(*) AS n FROM sim_join('{local('points.csv')}', 0.05)", s3_env)
                 checks.check("serve: a path under an s3:// --data-dir", served == expected[0]["n"], f"{served}")
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
     finally:
         server.stop()
     print(f"{checks.passed} passed, {checks.failed} failed")

@@ -41,7 +41,7 @@ pub fn cache_dir() -> Option<PathBuf> {
         .map(|d| d.join("kernels"))
 }
 
-/// Where an image came from, for the start-up report.
+/// Where an image came from: a cached one the driver refuses is compiled again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageOrigin {
     /// Read from the disk cache.
@@ -50,11 +50,17 @@ pub enum ImageOrigin {
     Compiled,
 }
 
-/// The cubin of `module` for `arch`: from the cache when a sound image is there, else compiled
-/// (and stored). `driver_version` is `cuDriverGetVersion`'s answer.
-pub fn module_image(module: KernelModule, arch: &str, driver_version: i32) -> Result<(Vec<u8>, ImageOrigin)> {
+/// The cubin of `module` for `arch`: from the cache when `read_cache` and a sound image is there,
+/// else compiled and stored (replacing any cached one). `driver_version` is `cuDriverGetVersion`'s
+/// answer.
+pub fn module_image(
+    module: KernelModule,
+    arch: &str,
+    driver_version: i32,
+    read_cache: bool,
+) -> Result<(Vec<u8>, ImageOrigin)> {
     let path = cache_dir().map(|dir| dir.join(file_name(module, arch, driver_version)));
-    if let Some(image) = path.as_deref().and_then(read_image) {
+    if let Some(image) = path.as_deref().filter(|_| read_cache).and_then(read_image) {
         return Ok((image, ImageOrigin::Cache));
     }
     let image = compile(module, arch)?;
@@ -65,18 +71,10 @@ pub fn module_image(module: KernelModule, arch: &str, driver_version: i32) -> Re
     Ok((image, ImageOrigin::Compiled))
 }
 
-/// Compiles `module` again and replaces its cached image: for an image the driver refused.
-pub fn recompile(module: KernelModule, arch: &str, driver_version: i32) -> Result<Vec<u8>> {
-    let image = compile(module, arch)?;
-    if let Some(dir) = cache_dir() {
-        let _ = write_image(&dir.join(file_name(module, arch, driver_version)), &image);
-    }
-    Ok(image)
-}
-
-/// Whether a whole image of `module` for this architecture and driver is in the cache.
+/// Whether the cache holds an image of `module` for this architecture and driver (an estimate
+/// for `device=auto`: loading checks the image).
 pub fn is_cached(module: KernelModule, arch: &str, driver_version: i32) -> bool {
-    cache_dir().is_some_and(|dir| read_image(&dir.join(file_name(module, arch, driver_version))).is_some())
+    cache_dir().is_some_and(|dir| dir.join(file_name(module, arch, driver_version)).is_file())
 }
 
 /// Whether the cache holds an image of `module` for some architecture (before the device is open).

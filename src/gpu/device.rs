@@ -275,8 +275,7 @@ impl GpuDevice {
 
     /// Whether `module` is loaded already.
     pub fn module_loaded(&self, module: KernelModule) -> bool {
-        let index = KernelModule::ALL.iter().position(|m| *m == module).unwrap_or(0);
-        matches!(self.modules[index].get(), Some(Ok(_)))
+        matches!(self.modules[module.index()].get(), Some(Ok(_)))
     }
 
     /// Whether the rows kept under `key` are on the device (without counting as their use).
@@ -287,19 +286,19 @@ impl GpuDevice {
     /// `module` loaded on the device: its machine code from the disk cache, else from NVRTC.
     /// Loaded once per process; later callers wait for the first.
     pub fn module(&self, module: KernelModule) -> Result<Arc<CudaModule>> {
-        let index = KernelModule::ALL.iter().position(|m| *m == module).unwrap_or(0);
-        let loaded = self.modules[index].get_or_init(|| {
-            let load = |image: Vec<u8>| self.ctx.load_module(Ptx::from_binary(image));
-            let (image, origin) = super::compile::module_image(module, self.arch, self.driver_version)?;
-            match load(image) {
-                Ok(loaded) => Ok(loaded),
+        let loaded = self.modules[module.index()].get_or_init(|| {
+            let image = |read_cache| super::compile::module_image(module, self.arch, self.driver_version, read_cache);
+            let load = |image: Vec<u8>| {
+                self.ctx
+                    .load_module(Ptx::from_binary(image))
+                    .map_err(|e| Error::Device(format!("loading {} failed: {e}", module.file_name())))
+            };
+            let (cubin, origin) = image(true)?;
+            match load(cubin) {
                 // A cached image the driver refuses (a file replaced behind the cache's back) is
                 // compiled again; a fresh one it refuses is an error.
-                Err(_) if origin == super::compile::ImageOrigin::Cache => {
-                    load(super::compile::recompile(module, self.arch, self.driver_version)?)
-                        .map_err(|e| Error::Device(format!("loading {} failed: {e}", module.file_name())))
-                }
-                Err(e) => Err(Error::Device(format!("loading {} failed: {e}", module.file_name()))),
+                Err(_) if origin == super::compile::ImageOrigin::Cache => load(image(false)?.0),
+                loaded => loaded,
             }
         });
         loaded.clone()

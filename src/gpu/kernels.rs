@@ -19,6 +19,11 @@ impl KernelModule {
     /// Every module.
     pub const ALL: [KernelModule; 3] = [KernelModule::SimJoin, KernelModule::Knn, KernelModule::Grid];
 
+    /// The module's position in [`KernelModule::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The flattened source.
     pub fn source(self) -> &'static str {
         match self {
@@ -194,6 +199,13 @@ mod tests {
                 .lines()
                 .any(|line| line.starts_with("extern \"C\" __global__ void") && line.contains(&call));
             assert!(declared, "{kernel} missing from {}", module.file_name());
+        }
+    }
+
+    #[test]
+    fn module_indices_are_positions_in_all() {
+        for (position, module) in KernelModule::ALL.into_iter().enumerate() {
+            assert_eq!(module.index(), position, "{module:?}");
         }
     }
 
