@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 dir=${1:-bench-out}
 cargo build --release --bin simjoin
 python3 -m venv "$dir/venv"
-"$dir/venv/bin/pip" install -q numpy scipy pyarrow faiss-cpu scikit-learn duckdb matplotlib
+"$dir/venv/bin/pip" install -q numpy scipy pyarrow faiss-cpu scikit-learn duckdb matplotlib rapidfuzz
+[ -f /usr/share/dict/american-english ] || apt-get install -y -q wamerican
 ./target/release/simjoin bench --dir "$dir"
 "$dir/venv/bin/python" benches/peers.py --dir "$dir"
 ./target/release/simjoin bench --curves --dir "$dir/curves"
 "$dir/venv/bin/python" benches/peers.py --dir "$dir/curves"
 "$dir/venv/bin/python" benches/report.py --dir "$dir" --curves "$dir/curves" --update BENCHMARKS.md
+# Edit distance against RapidFuzz and DuckDB (BENCHMARKS.md, "Text"; printed, pasted by hand).
+"$dir/venv/bin/python" benches/text.py --dir "$dir/text" --simjoin ./target/release/simjoin --plot benches/plots/text.png

@@ -32,6 +32,16 @@ def main():
                 else:
                     failed += 1
                     print(f"FAIL {w['name']}: {p['peer']}: {p['results']} results, simjoin {w['rows']}")
+        # Edit distance: RapidFuzz and DuckDB against simjoin's metric=levenshtein (exits 1 on a
+        # differing count or kNN list).
+        text = subprocess.run([sys.executable, os.path.join(HERE, "text.py"), "--tiny", "--dir",
+                               os.path.join(d, "text"), "--simjoin", SIMJOIN])
+        if text.returncode == 0:
+            passed += 1
+            print("ok   text: every peer's result equals simjoin's")
+        else:
+            failed += 1
+            print("FAIL text: benches/text.py --tiny")
         print(f"{passed} passed, {failed} failed")
         return 1 if failed else 0
 

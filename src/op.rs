@@ -30,12 +30,20 @@ pub enum Metric {
     L1,
     /// Chebyshev distance `max |a_i - b_i|`.
     LInf,
+    /// Edit distance between strings: the fewest insertions, deletions and substitutions of
+    /// Unicode scalar values turning one into the other (text columns only).
+    Levenshtein,
 }
 
 impl Metric {
-    /// Every metric, in the order the documentation lists them.
+    /// Every vector metric, in the order the documentation lists them.
     pub const ALL: [Metric; 6] =
         [Metric::L2, Metric::L2Squared, Metric::Cosine, Metric::InnerProduct, Metric::L1, Metric::LInf];
+
+    /// Whether the metric compares strings (text columns) rather than vectors.
+    pub fn is_text(self) -> bool {
+        self == Metric::Levenshtein
+    }
 
     /// The SQL spelling of the metric.
     pub fn name(self) -> &'static str {
@@ -46,10 +54,13 @@ impl Metric {
             Metric::InnerProduct => "inner_product",
             Metric::L1 => "l1",
             Metric::LInf => "linf",
+            Metric::Levenshtein => "levenshtein",
         }
     }
 
-    /// The definition of the distance (see the module docs). `a` and `b` have the same length.
+    /// The definition of the distance between vectors (see the module docs). `a` and `b` have
+    /// the same length. Text metrics never reach vector code (planning resolves a text metric to a
+    /// text column, see `vectors::VectorSource::resolve`); theirs is `backend::text::levenshtein`.
     pub fn distance(self, a: &[f64], b: &[f64]) -> f64 {
         debug_assert_eq!(a.len(), b.len());
         match self {
@@ -67,6 +78,7 @@ impl Metric {
             Metric::InnerProduct => -dot(a, b),
             Metric::L1 => a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, |s, t| s + t),
             Metric::LInf => a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max),
+            Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
         }
     }
 
@@ -88,7 +100,7 @@ impl Metric {
             Metric::L2 | Metric::L1 | Metric::LInf => Some(threshold),
             Metric::L2Squared => Some(threshold.sqrt()),
             Metric::Cosine => Some((2.0 * threshold).min(4.0).sqrt() * (1.0 + 1e-9) + 1e-12),
-            Metric::InnerProduct => None,
+            Metric::InnerProduct | Metric::Levenshtein => None,
         }
     }
 }
@@ -131,10 +143,9 @@ impl FromStr for Metric {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let lower = s.trim().to_ascii_lowercase();
-        Metric::ALL
-            .into_iter()
-            .find(|m| m.name() == lower)
-            .ok_or_else(|| format!("unknown metric '{s}' (expected one of l2, l2sq, cosine, inner_product, l1, linf)"))
+        Metric::ALL.into_iter().chain([Metric::Levenshtein]).find(|m| m.name() == lower).ok_or_else(|| {
+            format!("unknown metric '{s}' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein)")
+        })
     }
 }
 
@@ -302,13 +313,20 @@ impl SimilarityOp {
     }
 }
 
-/// Checks a join/range threshold: finite, and non-negative unless the metric can be negative.
+/// Checks a join/range threshold: finite, non-negative unless the metric can be negative, and a
+/// whole number of edits for the edit distance (whose values are whole numbers: a fractional
+/// threshold would only hide a typo such as `1.5` for `1`).
 pub fn validate_threshold(function: &str, argument: &str, value: f64, metric: Metric) -> Result<f64> {
     if !value.is_finite() {
         return plan_err!("{function}: argument '{argument}' must be a finite number, got {value}");
     }
     if value < 0.0 && !metric.allows_negative_threshold() {
         return plan_err!("{function}: argument '{argument}' must be >= 0 for metric {metric}, got {value}");
+    }
+    if metric.is_text() && (value.fract() != 0.0 || value > u32::MAX as f64) {
+        return plan_err!(
+            "{function}: argument '{argument}' must be a whole number of edits for metric {metric}, got {value}"
+        );
     }
     Ok(value)
 }
@@ -337,8 +355,9 @@ mod tests {
         }
         assert_eq!(
             "hamming".parse::<Metric>().unwrap_err(),
-            "unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf)"
+            "unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein)"
         );
+        assert_eq!("Levenshtein".parse::<Metric>().unwrap(), Metric::Levenshtein);
     }
 
     #[test]
@@ -346,5 +365,10 @@ mod tests {
         assert!(validate_threshold("sim_join", "eps", -0.1, Metric::L2).is_err());
         assert!(validate_threshold("sim_join", "eps", f64::NAN, Metric::L2).is_err());
         assert_eq!(validate_threshold("sim_join", "eps", -0.5, Metric::InnerProduct).unwrap(), -0.5);
+        assert_eq!(validate_threshold("sim_join", "eps", 2.0, Metric::Levenshtein).unwrap(), 2.0);
+        let fractional = validate_threshold("sim_join", "eps", 1.5, Metric::Levenshtein).unwrap_err();
+        assert!(
+            fractional.to_string().contains("'eps' must be a whole number of edits for metric levenshtein, got 1.5")
+        );
     }
 }

@@ -51,7 +51,7 @@ impl Default for SimJoinOptions {
 }
 
 const KEYS: [(&str, &str); 9] = [
-    ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf"),
+    ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
     ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
     ("pairs", "Self-joins: ordered reports (a,b) and (b,a); unordered reports each pair once"),

@@ -181,6 +181,7 @@ impl InputProjection {
         match source {
             VectorSource::List { index, dim } => VectorSource::List { index: self.position(*index), dim: *dim },
             VectorSource::Columns(c) => VectorSource::Columns(c.iter().map(|&i| self.position(i)).collect()),
+            VectorSource::Text { index } => VectorSource::Text { index: self.position(*index) },
         }
     }
 }

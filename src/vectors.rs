@@ -7,6 +7,10 @@
 //!
 //! A row never matches (and is counted as skipped) when its vector is NULL, contains a NULL, NaN or
 //! ±Inf, or — under the cosine metric — is the zero vector, whose cosine distance is undefined.
+//!
+//! Under a text metric (`metric=levenshtein`) the column is a string column (Utf8, LargeUtf8,
+//! Utf8View) and each row is kept as its Unicode scalar values ([`Strings`]); NULL strings never
+//! match, the empty string does.
 
 use std::sync::{Arc, OnceLock};
 
@@ -23,19 +27,25 @@ pub enum VectorSource {
     List { index: usize, dim: Option<usize> },
     /// Several numeric columns (indices into the table schema), one coordinate each.
     Columns(Vec<usize>),
+    /// One string column (index into the table schema), for a text metric.
+    Text { index: usize },
 }
 
 impl VectorSource {
     /// Picks the vector column(s) of `schema`: the named column, or the numeric columns named
     /// (separated by spaces: `x y z`, any numeric types), else the only list column, else every
-    /// floating-point column in order. `function`/`argument` name the call in errors.
-    pub fn resolve(schema: &Schema, column: Option<&str>, function: &str, argument: &str) -> Result<Self> {
+    /// floating-point column in order. Under a text metric (`text`), the named string column, else
+    /// the only one. `function`/`argument` name the call in errors.
+    pub fn resolve(schema: &Schema, column: Option<&str>, text: bool, function: &str, argument: &str) -> Result<Self> {
+        if text {
+            return Self::resolve_text(schema, column, function, argument);
+        }
         if let Some(names) = column.filter(|c| c.split_whitespace().nth(1).is_some()) {
             let mut indices = Vec::new();
             for name in names.split_whitespace() {
-                match Self::resolve(schema, Some(name), function, argument)? {
+                match Self::resolve(schema, Some(name), false, function, argument)? {
                     VectorSource::Columns(index) => indices.extend(index),
-                    VectorSource::List { .. } => {
+                    VectorSource::List { .. } | VectorSource::Text { .. } => {
                         return plan_err!(
                             "{function}: column '{name}' of argument '{argument}' is a list; \
                              'column={names}' takes numeric columns, one coordinate each"
@@ -56,6 +66,10 @@ impl VectorSource {
             return match field.data_type() {
                 t if is_list(t) => Self::list(index, field.name(), t, function, argument),
                 t if t.is_numeric() => Ok(VectorSource::Columns(vec![index])),
+                t if is_text(t) => plan_err!(
+                    "{function}: column '{name}' of argument '{argument}' is text ({t}): a vector \
+                     metric cannot compare it; use 'metric=levenshtein'"
+                ),
                 t => plan_err!(
                     "{function}: column '{name}' of argument '{argument}' has type {t}, \
                      which is not a vector (expected a list of numbers or numeric columns)"
@@ -71,6 +85,13 @@ impl VectorSource {
             [] => {
                 let floats: Vec<usize> =
                     (0..schema.fields().len()).filter(|&i| schema.field(i).data_type().is_floating()).collect();
+                let texts = (0..schema.fields().len()).filter(|&i| is_text(schema.field(i).data_type())).count();
+                if floats.is_empty() && texts > 0 {
+                    return plan_err!(
+                        "{function}: argument '{argument}' has no vector column, only text; compare \
+                         strings with 'metric=levenshtein'"
+                    );
+                }
                 if floats.is_empty() {
                     return plan_err!(
                         "{function}: argument '{argument}' has no vector column (a list of \
@@ -89,6 +110,48 @@ impl VectorSource {
                 )
             }
         }
+    }
+
+    /// The string column of a text metric: the named one, else the only one.
+    fn resolve_text(schema: &Schema, column: Option<&str>, function: &str, argument: &str) -> Result<Self> {
+        let texts: Vec<usize> = (0..schema.fields().len()).filter(|&i| is_text(schema.field(i).data_type())).collect();
+        let index = match column {
+            Some(name) => match schema.column_with_name(name) {
+                Some((index, field)) if is_text(field.data_type()) => index,
+                Some((_, field)) => {
+                    return plan_err!(
+                        "{function}: column '{name}' of argument '{argument}' has type {}, but metric \
+                         levenshtein compares strings (Utf8, LargeUtf8 or Utf8View)",
+                        field.data_type()
+                    );
+                }
+                None => {
+                    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                    return plan_err!(
+                        "{function}: argument '{argument}' has no column '{name}' (columns: {})",
+                        names.join(", ")
+                    );
+                }
+            },
+            None => match texts.as_slice() {
+                [index] => *index,
+                [] => {
+                    return plan_err!(
+                        "{function}: argument '{argument}' has no text column for metric levenshtein \
+                         (Utf8, LargeUtf8 or Utf8View)"
+                    );
+                }
+                several => {
+                    let names: Vec<&str> = several.iter().map(|&i| schema.field(i).name().as_str()).collect();
+                    return plan_err!(
+                        "{function}: argument '{argument}' has several text columns ({}); choose one \
+                         with 'column=...'",
+                        names.join(", ")
+                    );
+                }
+            },
+        };
+        Ok(VectorSource::Text { index })
     }
 
     fn list(index: usize, name: &str, t: &DataType, function: &str, argument: &str) -> Result<Self> {
@@ -114,13 +177,14 @@ impl VectorSource {
         match self {
             VectorSource::List { dim, .. } => *dim,
             VectorSource::Columns(c) => Some(c.len()),
+            VectorSource::Text { .. } => None,
         }
     }
 
     /// The schema columns the vectors are read from.
     pub fn columns(&self) -> Vec<usize> {
         match self {
-            VectorSource::List { index, .. } => vec![*index],
+            VectorSource::List { index, .. } | VectorSource::Text { index } => vec![*index],
             VectorSource::Columns(c) => c.clone(),
         }
     }
@@ -128,6 +192,48 @@ impl VectorSource {
 
 fn is_list(t: &DataType) -> bool {
     matches!(t, DataType::FixedSizeList(..) | DataType::List(..) | DataType::LargeList(..))
+}
+
+fn is_text(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+/// Strings as Unicode scalar values, one after another (the rows of a text metric).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Strings {
+    /// Where each string starts in `chars`, and where the last one ends.
+    pub offsets: Vec<usize>,
+    /// The scalar values of every string.
+    pub chars: Vec<u32>,
+}
+
+impl Strings {
+    /// The `i`-th string.
+    #[inline]
+    pub fn get(&self, i: usize) -> &[u32] {
+        &self.chars[self.offsets[i]..self.offsets[i + 1]]
+    }
+
+    /// Appends `s`.
+    pub fn push(&mut self, s: &str) {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+        self.chars.extend(s.chars().map(u32::from));
+        self.offsets.push(self.chars.len());
+    }
+
+    /// The strings at `positions`.
+    fn slice(&self, positions: std::ops::Range<usize>) -> Strings {
+        let mut out = Strings::default();
+        if self.offsets.is_empty() || positions.is_empty() {
+            return out;
+        }
+        let base = self.offsets[positions.start];
+        out.offsets = self.offsets[positions.start..=positions.end].iter().map(|o| o - base).collect();
+        out.chars = self.chars[base..self.offsets[positions.end]].to_vec();
+        out
+    }
 }
 
 /// The usable vectors of one input, dense and row-major.
@@ -139,8 +245,10 @@ pub struct Vectors {
     pub values: Vec<f64>,
     /// For each vector, its row in the input batch.
     pub rows: Vec<u32>,
-    /// Input rows that never match (NULL/NaN/±Inf, or zero vectors under cosine).
+    /// Input rows that never match (NULL/NaN/±Inf, or zero vectors under cosine; NULL strings).
     pub skipped: usize,
+    /// Text metrics: the strings (`dim` is 0 and `values` empty).
+    pub strings: Strings,
     /// Set on vectors the conversion cache keeps across queries (exec/cache.rs), which nobody
     /// changes while it lives: the GPU keeps their rows resident under it.
     resident: Option<Arc<ResidentMark>>,
@@ -156,6 +264,7 @@ impl Clone for Vectors {
             values: self.values.clone(),
             rows: self.rows.clone(),
             skipped: self.skipped,
+            strings: self.strings.clone(),
             ..Default::default()
         }
     }
@@ -189,6 +298,7 @@ impl Vectors {
         Vectors {
             dim: self.dim,
             values: self.values[positions.start * self.dim..positions.end * self.dim].to_vec(),
+            strings: self.strings.slice(positions.clone()),
             rows: self.rows[positions].to_vec(),
             skipped: 0,
             ..Default::default()
@@ -199,6 +309,22 @@ impl Vectors {
     pub fn new(dim: usize, values: Vec<f64>) -> Vectors {
         let rows = (0..values.len().checked_div(dim).unwrap_or(0) as u32).collect();
         Vectors { dim, values, rows, ..Default::default() }
+    }
+
+    /// Strings (text metrics): each is kept, numbered 0.. in input order.
+    pub fn from_strings<'a>(strings: impl IntoIterator<Item = &'a str>) -> Vectors {
+        let mut out = Vectors::default();
+        for (row, s) in strings.into_iter().enumerate() {
+            out.strings.push(s);
+            out.rows.push(row as u32);
+        }
+        out
+    }
+
+    /// The `i`-th string (text metrics).
+    #[inline]
+    pub fn string(&self, i: usize) -> &[u32] {
+        self.strings.get(i)
     }
 
     /// The mark these vectors are kept across queries under, if they are.
@@ -298,6 +424,7 @@ impl Vectors {
                     .collect::<Result<Vec<ArrayRef>>>()?;
                 from_columns(&columns, rows)
             }
+            VectorSource::Text { index } => from_text(&column(*index)?, describe)?,
         };
         if reject_zero {
             vectors.skip_zero_vectors();
@@ -326,6 +453,25 @@ impl Vectors {
         self.values.truncate(kept * dim);
         self.rows.truncate(kept);
     }
+}
+
+fn from_text(column: &ArrayRef, describe: &str) -> Result<Vectors> {
+    let mut out = Vectors::default();
+    out.strings.offsets.push(0);
+    let mut add = |row: usize, s: Option<&str>| match s {
+        Some(s) => {
+            out.strings.push(s);
+            out.rows.push(row as u32);
+        }
+        None => out.skipped += 1,
+    };
+    match column.data_type() {
+        DataType::Utf8 => column.as_string::<i32>().iter().enumerate().for_each(|(r, s)| add(r, s)),
+        DataType::LargeUtf8 => column.as_string::<i64>().iter().enumerate().for_each(|(r, s)| add(r, s)),
+        DataType::Utf8View => column.as_string_view().iter().enumerate().for_each(|(r, s)| add(r, s)),
+        other => return exec_err!("{describe}: column of type {other} is not text"),
+    }
+    Ok(out)
 }
 
 fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
@@ -472,7 +618,7 @@ mod tests {
             Some(vec![Some(5.0), Some(6.0)]),
         ]);
         let batch = RecordBatch::try_from_iter([("v", Arc::new(list) as ArrayRef)]).unwrap();
-        let source = VectorSource::resolve(&batch.schema(), None, "knn", "base").unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, false, "knn", "base").unwrap();
         let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
         assert_eq!((v.dim, v.rows.clone(), v.skipped), (2, vec![0, 4], 3));
         assert_eq!(v.values, vec![1.0, 2.0, 5.0, 6.0]);
@@ -487,7 +633,7 @@ mod tests {
         let half = DataType::new_list(DataType::Float16, true);
         let column = cast(&(Arc::new(list) as ArrayRef), &half).unwrap();
         let batch = RecordBatch::try_from_iter([("v", column)]).unwrap();
-        let source = VectorSource::resolve(&batch.schema(), None, "knn", "base").unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, false, "knn", "base").unwrap();
         let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
         assert_eq!(v.values, vec![0.5, -2.0, 1.25, 65504.0]);
     }
@@ -499,7 +645,7 @@ mod tests {
             Some(vec![Some(1.0)]),
         ]);
         let batch = RecordBatch::try_from_iter([("v", Arc::new(list) as ArrayRef)]).unwrap();
-        let source = VectorSource::resolve(&batch.schema(), None, "knn", "base").unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, false, "knn", "base").unwrap();
         let err = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap_err();
         assert!(err.to_string().contains("vectors of different lengths: row 0 has 2 values, row 1 has 1"), "{err}");
     }
@@ -514,7 +660,7 @@ mod tests {
         let whole = list((0..7).map(|i| Some(vec![Some(i as f32), Some(-(i as f32))])).collect());
         // Slices (offsets into one child array), as a scan hands them over.
         let parts = [whole.slice(0, 3), whole.slice(3, 0), whole.slice(3, 4)];
-        let source = VectorSource::resolve(&whole.schema(), None, "knn", "base").unwrap();
+        let source = VectorSource::resolve(&whole.schema(), None, false, "knn", "base").unwrap();
         let dense = Vectors::from_batches(&whole.schema(), &parts, &source, false, "knn").unwrap();
         assert_eq!(dense.values, (0..7).flat_map(|i| [i as f64, -(i as f64)]).collect::<Vec<_>>());
         assert_eq!((dense.rows, dense.skipped), ((0..7).collect(), 0));
@@ -533,7 +679,7 @@ mod tests {
             ("y", Arc::new(Float64Array::from(vec![0.0, 2.5])) as ArrayRef),
         ])
         .unwrap();
-        let source = VectorSource::resolve(&batch.schema(), None, "sim_join", "t").unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, false, "sim_join", "t").unwrap();
         assert_eq!(source, VectorSource::Columns(vec![1, 2]));
         let v = Vectors::from_batch(&batch, &source, true, "sim_join: argument 't'").unwrap();
         assert_eq!((v.rows.clone(), v.skipped, v.values.clone()), (vec![1], 1, vec![1.5, 2.5]));
@@ -551,9 +697,9 @@ mod tests {
             Field::new("a", DataType::new_list(DataType::Float32, true), true),
             Field::new("b", DataType::new_list(DataType::Float32, true), true),
         ]);
-        let err = VectorSource::resolve(&schema, None, "knn", "base").unwrap_err();
+        let err = VectorSource::resolve(&schema, None, false, "knn", "base").unwrap_err();
         assert!(err.to_string().contains("has several vector columns (a, b)"), "{err}");
-        let err = VectorSource::resolve(&schema, Some("c"), "knn", "base").unwrap_err();
+        let err = VectorSource::resolve(&schema, Some("c"), false, "knn", "base").unwrap_err();
         assert!(err.to_string().contains("has no column 'c' (columns: a, b)"), "{err}");
     }
 }

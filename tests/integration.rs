@@ -24,3 +24,5 @@ mod pushdown;
 mod sql_examples;
 #[path = "integration/streaming.rs"]
 mod streaming;
+#[path = "integration/text.rs"]
+mod text;

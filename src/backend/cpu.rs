@@ -9,6 +9,7 @@
 //!   cannot rule out; for L1 and L∞ the exact check on every pair.
 //! * kNN: blocked brute force with the same f32 filter and bounded per-query selection, then an
 //!   exact f64 re-rank, so the answer is exactly the k smallest f64 distances (ties by position).
+//! * Text metrics: `backend::text`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -43,6 +44,9 @@ impl Backend for CpuBackend {
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.metric.is_text() {
+            return super::text::join(request, sink);
+        }
         let start = Instant::now();
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let exact = ExactCheck::new(metric, threshold, left, right);
@@ -84,6 +88,9 @@ impl Backend for CpuBackend {
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.metric.is_text() {
+            return super::text::knn(request, sink);
+        }
         let start = Instant::now();
         let KnnRequest { base, queries, metric, k } = *request;
         let k = k.min(base.len());

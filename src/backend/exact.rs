@@ -75,7 +75,7 @@ impl ExactCheck {
                 }
                 max
             }
-            Metric::Cosine | Metric::InnerProduct => self.distance(a, b, ia, ib),
+            Metric::Cosine | Metric::InnerProduct | Metric::Levenshtein => self.distance(a, b, ia, ib),
         };
         (distance <= self.threshold).then_some(distance)
     }
@@ -128,6 +128,7 @@ impl ExactCheck {
                     }
                 }
             }
+            Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
         }
         let mut out = acc;
         for (value, ib) in out.iter_mut().zip(ibs) {
@@ -136,6 +137,7 @@ impl ExactCheck {
                 Metric::Cosine => cosine_from_parts(*value, self.left_norms[ia], self.right_norms[ib]),
                 Metric::InnerProduct => -*value,
                 Metric::L2Squared | Metric::L1 | Metric::LInf => *value,
+                Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
             };
         }
         out

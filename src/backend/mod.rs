@@ -16,6 +16,7 @@ mod exact;
 pub mod gpu;
 mod plan;
 mod simd;
+pub mod text;
 mod tiles;
 mod topk;
 
@@ -172,11 +173,20 @@ pub trait Backend: Debug + Send + Sync {
 }
 
 /// The backend for `op`: the GPU under `device=gpu`; under `device=auto`, per run, the GPU or the
-/// CPU by estimated time where a GPU may be usable; otherwise every CPU core. Either way the
+/// CPU by estimated time where a GPU may be usable; otherwise (and for text metrics) every CPU core. Either way the
 /// device's start-up begins now, on a background thread, while the inputs are read.
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     let function = op.function_name();
     let knn = matches!(op.operation, crate::op::Operation::Knn { .. });
+    if op.metric.is_text() {
+        return match op.device {
+            Device::Gpu => plan_err!(
+                "{function}: option device=gpu is not available for metric {}: edit distances run on every CPU core (device=auto or cpu)",
+                op.metric
+            ),
+            Device::Auto | Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
+        };
+    }
     match op.device {
         Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
         Device::Auto if crate::gpu::startup::libraries_present() => {

@@ -98,6 +98,7 @@ impl FilterLimit {
             Metric::Cosine => (FilterKind::SquaredL2, 2.0 * threshold + 1e-12),
             Metric::L1 => (FilterKind::L1, threshold),
             Metric::LInf | Metric::InnerProduct => (FilterKind::LInf, threshold),
+            Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
         };
         let (u, d, m) = (2f64.powi(-24), dim as f64, extent);
         let margin = match kind {

@@ -94,6 +94,13 @@ impl SimilarityExec {
 
     /// How the answer will be found, as EXPLAIN shows it.
     fn index_description(&self) -> String {
+        if self.op.metric.is_text() {
+            return match (&self.op.operation, self.op.index) {
+                (Operation::Knn { .. }, _) => "length-ordered scan(bit-parallel distance cut off at the k-th)".into(),
+                (_, IndexChoice::BruteForce) => "brute_force(length filter, bit-parallel distance)".into(),
+                (_, _) => "segments(τ + 1 per string, PASS-JOIN filter, bit-parallel distance)".into(),
+            };
+        }
         let exact_filter = match self.op.metric {
             Metric::L1 | Metric::LInf => "exact f64",
             _ => "f32 filter + exact f64 check",

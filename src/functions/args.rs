@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float64Array, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
 use datafusion::catalog::{MemTable, Session, TableProvider};
@@ -125,6 +125,39 @@ pub fn vector_literal(function: &str, argument: &str, expr: &Expr) -> Result<Opt
         return plan_err!("{function}: argument '{argument}' holds a non-finite value {bad}");
     }
     Ok(Some(values))
+}
+
+/// Constant query strings for a text metric: an array literal of strings, `['colour']` or
+/// `['colour', 'flavour']` (one query each). A bare quoted string names a table or a file, so it
+/// cannot be a query string.
+pub fn text_literal(function: &str, argument: &str, expr: &Expr) -> Result<Option<Vec<String>>> {
+    let Expr::Literal(value, _) = expr else { return Ok(None) };
+    let array = match value {
+        ScalarValue::List(a) => a.value(0),
+        ScalarValue::LargeList(a) => a.value(0),
+        ScalarValue::FixedSizeList(a) => a.value(0),
+        _ => return Ok(None),
+    };
+    if !matches!(array.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
+        return Ok(None);
+    }
+    let array = cast(&array, &DataType::Utf8)?;
+    let strings = array.as_string::<i32>();
+    if strings.is_empty() {
+        return plan_err!("{function}: argument '{argument}' is an empty list of query strings");
+    }
+    if strings.null_count() > 0 {
+        return plan_err!("{function}: argument '{argument}' holds a NULL query string");
+    }
+    Ok(Some(strings.iter().map(|s| s.unwrap_or_default().to_string()).collect()))
+}
+
+/// A table with column `text` holding `strings`, one row each.
+pub fn text_table(strings: Vec<String>) -> Result<Arc<dyn TableProvider>> {
+    let schema = Arc::new(Schema::new(vec![Field::new("text", DataType::Utf8, false)]));
+    let column = StringArray::from(strings);
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(column)])?;
+    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
 }
 
 /// The numbers of a vector written as text, `[0.1, 0.2]` (pgvector's spelling), or `None`.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use datafusion::catalog::{Session, TableFunctionImpl};
-use datafusion::common::{Result, plan_err};
+use datafusion::common::{DataFusionError, Result, plan_err};
 
 use crate::backend;
 use crate::op::{IndexChoice, Operation, SimilarityOp};
@@ -47,8 +47,14 @@ fn input(
     table: &args::TableArg,
     options: &SimJoinOptions,
 ) -> Result<TableInput> {
-    let provider = args::resolve_table(session, function, argument, table)?;
-    let source = VectorSource::resolve(&provider.schema(), options.column(), function, argument)?;
+    let provider = args::resolve_table(session, function, argument, table).map_err(|e| match e {
+        DataFusionError::Plan(message) if options.metric.is_text() && argument == "query" => {
+            DataFusionError::Plan(format!("{message} (a constant query string is written as an array: ['text'])"))
+        }
+        e => e,
+    })?;
+    let source =
+        VectorSource::resolve(&provider.schema(), options.column(), options.metric.is_text(), function, argument)?;
     Ok(TableInput { provider, source, describe: format!("argument '{argument}'") })
 }
 
@@ -104,10 +110,29 @@ fn query_and_base(
     options: &SimJoinOptions,
 ) -> Result<(TableInput, TableInput)> {
     let base = input(session, function, "base", &args::table_arg(function, "base", base)?, options)?;
-    let query = match args::vector_literal(function, "query", query)? {
-        Some(values) => {
-            let provider = args::vector_table(values)?;
-            let source = VectorSource::resolve(&provider.schema(), None, function, "query")?;
+    let text = options.metric.is_text();
+    let literal = match args::text_literal(function, "query", query)? {
+        Some(_) if !text => {
+            return plan_err!(
+                "{function}: argument 'query' is a list of strings, which metric {} cannot compare; use 'metric=levenshtein'",
+                options.metric
+            );
+        }
+        Some(strings) => Some(args::text_table(strings)?),
+        None => match args::vector_literal(function, "query", query)? {
+            Some(_) if text => {
+                return plan_err!(
+                    "{function}: argument 'query' is a vector, which metric levenshtein cannot compare; \
+                     write query strings as an array such as ['text']"
+                );
+            }
+            Some(values) => Some(args::vector_table(values)?),
+            None => None,
+        },
+    };
+    let query = match literal {
+        Some(provider) => {
+            let source = VectorSource::resolve(&provider.schema(), None, text, function, "query")?;
             TableInput { provider, source, describe: "argument 'query'".to_string() }
         }
         None => input(session, function, "query", &args::table_arg(function, "query", query)?, options)?,

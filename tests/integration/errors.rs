@@ -36,7 +36,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'metric=hamming')",
-            "Error during planning: sim_join: options string 'metric=hamming': unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf)",
+            "Error during planning: sim_join: options string 'metric=hamming': unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein)",
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'metrc=l1')",
@@ -123,7 +123,7 @@ async fn set_rejects_bad_option_values() {
     let err = ctx.sql("SET simjoin.metric = 'hamming'").await.unwrap_err().strip_backtrace();
     assert_eq!(
         err,
-        "Invalid or Unsupported Configuration: simjoin.metric: unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf)"
+        "Invalid or Unsupported Configuration: simjoin.metric: unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein)"
     );
     let err = ctx.sql("SET simjoin.colour = 'red'").await.unwrap_err().strip_backtrace();
     assert!(err.contains("unknown option 'colour'"), "{err}");

@@ -11,6 +11,7 @@ pub(super) fn metric_code(metric: Metric) -> u32 {
         Metric::InnerProduct => MetricCode::InnerProduct,
         Metric::L1 => MetricCode::L1,
         Metric::LInf => MetricCode::LInf,
+        Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
     };
     code as u32
 }

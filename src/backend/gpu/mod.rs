@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::common::{DataFusionError, Result, resources_err};
+use datafusion::common::{DataFusionError, Result, exec_err, resources_err};
 
 use super::exact::{ExactCheck, write_self_pairs};
 use super::plan::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
@@ -93,6 +93,9 @@ impl Backend for GpuBackend {
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.metric.is_text() {
+            return exec_err!("GPU join: metric {} runs on the CPU backend", request.metric);
+        }
         let budget = self.memory_budget()?;
         let run = |tile: &JoinRequest, sink: &dyn ResultSink| {
             self.gpu_join(tile, sink, budget).map_err(|e| gpu_error("GPU join", e))?
@@ -106,6 +109,9 @@ impl Backend for GpuBackend {
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.metric.is_text() {
+            return exec_err!("GPU kNN: metric {} runs on the CPU backend", request.metric);
+        }
         let budget = self.memory_budget()?;
         let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
             self.gpu_knn(tile, sink, budget).map_err(|e| gpu_error("GPU kNN", e))?
