@@ -44,8 +44,9 @@ pub use op::{Device, Metric, PairOrder};
 pub use options::SimJoinOptions;
 
 /// Adds the simjoin functions (`sim_join`, `range_query`, `knn` and their upper-case spellings; the
-/// scalar distance functions `l2_distance`, `cosine_distance`, `inner_product`, …) and the
-/// `simjoin.*` options to `ctx`.
+/// scalar distance functions `l2_distance`, `cosine_distance`, `inner_product`, …), the
+/// `simjoin.*` options, and the optimizer rule that plans joins on a distance bound as `sim_join`
+/// (functions/rewrite.rs) to `ctx`.
 pub fn register(ctx: &SessionContext) {
     {
         let state = ctx.state_ref();
@@ -61,6 +62,7 @@ pub fn register(ctx: &SessionContext) {
     for function in functions::distance::all() {
         ctx.register_udf(function);
     }
+    ctx.add_optimizer_rule(Arc::new(functions::rewrite::SimilarityJoinRewrite));
 }
 
 /// A new session with the simjoin functions and options registered.

@@ -291,6 +291,12 @@ pub struct SimilarityOp {
     pub gpu_memory_limit: usize,
     /// Bytes of converted vectors kept across queries for inputs held in memory (0: none).
     pub cache_size: usize,
+    /// Set on a join planned from SQL's `dist(a.v, b.v) <= eps` (functions/rewrite.rs): the rows
+    /// this contract skips without being NULL (NaN or ±Inf values, zero vectors under cosine) are
+    /// compared too, by the scalar distance function, and kept when SQL's `<=` keeps the value —
+    /// a total order, in which a NaN with its sign bit set precedes every number — so that the
+    /// answer is the unrewritten plan's.
+    pub scalar_semantics: bool,
 }
 
 impl SimilarityOp {

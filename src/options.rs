@@ -29,6 +29,8 @@ pub struct SimJoinOptions {
     /// Bytes of converted vectors kept across queries for inputs held in memory (an in-memory
     /// table's), their rows resident on the GPU too; 0 keeps none.
     pub cache_size: usize,
+    /// Plan `JOIN … ON dist(a.v, b.v) <= eps` as the similarity operator (functions/rewrite.rs).
+    pub rewrite_joins: bool,
 }
 
 /// `cache_size`'s default: room for a 1M × 128 base (1 GiB as f64) a few times over.
@@ -46,11 +48,12 @@ impl Default for SimJoinOptions {
             grid_dims: 0,
             gpu_memory_limit: 0,
             cache_size: DEFAULT_CACHE_SIZE,
+            rewrite_joins: true,
         }
     }
 }
 
-const KEYS: [(&str, &str); 9] = [
+const KEYS: [(&str, &str); 10] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
     ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -69,6 +72,10 @@ const KEYS: [(&str, &str); 9] = [
         "cache_size",
         "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none)",
     ),
+    (
+        "rewrite_joins",
+        "Plan joins on a distance bound (JOIN … ON l2_distance(a.v, b.v) <= eps) as sim_join (true/false)",
+    ),
 ];
 
 impl SimJoinOptions {
@@ -78,13 +85,8 @@ impl SimJoinOptions {
         match key {
             "metric" => self.metric = value.parse()?,
             "device" => self.device = value.parse()?,
-            "include_self" => {
-                self.include_self = match value.trim().to_ascii_lowercase().as_str() {
-                    "true" | "1" | "yes" | "on" => true,
-                    "false" | "0" | "no" | "off" => false,
-                    _ => return Err(format!("include_self must be true or false, got '{value}'")),
-                }
-            }
+            "include_self" => self.include_self = parse_bool("include_self", value)?,
+            "rewrite_joins" => self.rewrite_joins = parse_bool("rewrite_joins", value)?,
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
             "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size("gpu_memory_limit", value, "no limit")?,
@@ -114,6 +116,7 @@ impl SimJoinOptions {
             "grid_dims" => self.grid_dims.to_string(),
             "gpu_memory_limit" => self.gpu_memory_limit.to_string(),
             "cache_size" => self.cache_size.to_string(),
+            "rewrite_joins" => self.rewrite_joins.to_string(),
             _ => self.column.clone(),
         }
     }
@@ -142,6 +145,14 @@ impl SimJoinOptions {
 
 /// Option `key`'s size in bytes as DataFusion's `datafusion.runtime.memory_limit` takes it (`512K`,
 /// `64M`, `1.5G`: binary units), or a plain number of bytes; the error says what 0 means (`zero`).
+fn parse_bool(key: &str, value: &str) -> std::result::Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(format!("{key} must be true or false, got '{value}'")),
+    }
+}
+
 fn parse_memory_size(key: &str, value: &str, zero: &str) -> std::result::Result<usize, String> {
     let value = value.trim();
     value.parse::<usize>().or_else(|_| {
@@ -214,7 +225,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size)"
+             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size, rewrite_joins)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

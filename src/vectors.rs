@@ -311,6 +311,11 @@ impl Vectors {
         Vectors { dim, values, rows, ..Default::default() }
     }
 
+    /// No values, only the input row of each position (for mapping result positions to rows).
+    pub fn numbering(rows: Vec<u32>) -> Vectors {
+        Vectors { rows, ..Default::default() }
+    }
+
     /// Strings (text metrics): each is kept, numbered 0.. in input order.
     pub fn from_strings<'a>(strings: impl IntoIterator<Item = &'a str>) -> Vectors {
         let mut out = Vectors::default();
@@ -581,6 +586,62 @@ fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
         return Ok(None);
     }
     Ok(Some(Vectors::new(dim, values)))
+}
+
+/// The rows of `batches` (numbered across them) that the conversion skipped although their vector
+/// is not NULL and holds no NULL — NaN or ±Inf values, zero vectors under cosine — with their
+/// values widened to f64: SQL's scalar distance functions still compare them (see
+/// `SimilarityOp::scalar_semantics`). `usable` is the converted vectors' rows, ascending.
+pub fn skipped_values(batches: &[RecordBatch], source: &VectorSource, usable: &[u32]) -> Result<Vec<(u32, Vec<f64>)>> {
+    let mut out = Vec::new();
+    let mut first_row = 0usize;
+    let mut next_usable = usable.iter().copied().peekable();
+    for batch in batches {
+        let rows = batch.num_rows();
+        let mut skipped = Vec::new();
+        for i in 0..rows {
+            if next_usable.next_if_eq(&((first_row + i) as u32)).is_none() {
+                skipped.push(i);
+            }
+        }
+        if !skipped.is_empty() {
+            match source {
+                VectorSource::List { index, .. } => {
+                    let column = batch.column(*index);
+                    for &i in &skipped {
+                        if column.is_null(i) {
+                            continue;
+                        }
+                        let value = match column.data_type() {
+                            DataType::FixedSizeList(..) => column.as_fixed_size_list().value(i),
+                            DataType::List(_) => column.as_list::<i32>().value(i),
+                            _ => column.as_list::<i64>().value(i),
+                        };
+                        let value = cast(&value, &DataType::Float64)?;
+                        if value.null_count() == 0 {
+                            out.push(((first_row + i) as u32, value.as_primitive::<Float64Type>().values().to_vec()));
+                        }
+                    }
+                }
+                VectorSource::Columns(indices) => {
+                    let columns = indices
+                        .iter()
+                        .map(|&c| cast(batch.column(c), &DataType::Float64))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    let columns: Vec<_> = columns.iter().map(|c| c.as_primitive::<Float64Type>()).collect();
+                    for &i in &skipped {
+                        if columns.iter().all(|c| c.is_valid(i)) {
+                            out.push(((first_row + i) as u32, columns.iter().map(|c| c.value(i)).collect()));
+                        }
+                    }
+                }
+                // Only NULL strings are skipped.
+                VectorSource::Text { .. } => {}
+            }
+        }
+        first_row += rows;
+    }
+    Ok(out)
 }
 
 fn from_columns(columns: &[ArrayRef], num_rows: usize) -> Vectors {

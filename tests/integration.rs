@@ -20,6 +20,8 @@ mod flight_access;
 mod oracle;
 #[path = "integration/pushdown.rs"]
 mod pushdown;
+#[path = "integration/rewrite.rs"]
+mod rewrite;
 #[path = "integration/sql_examples.rs"]
 mod sql_examples;
 #[path = "integration/streaming.rs"]

@@ -131,6 +131,9 @@ impl DisplayAs for SimilarityExec {
                 if *self_join {
                     write!(f, ", pairs={pairs}, include_self={include_self}")?;
                 }
+                if op.scalar_semantics {
+                    write!(f, ", from=join condition")?;
+                }
             }
             Operation::RangeQuery { radius } => write!(f, ", r={radius}, metric={}", op.metric)?,
             Operation::Knn { k } => write!(f, ", k={k}, metric={}", op.metric)?,

@@ -26,7 +26,7 @@ use super::{InputSide, SimilarityExec};
 use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, SelfJoin};
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
 use crate::results::{BatchBuilder, OutputColumn, SideData};
-use crate::vectors::Vectors;
+use crate::vectors::{Vectors, skipped_values};
 
 /// The operator's metrics (EXPLAIN ANALYZE).
 struct SimilarityMetrics {
@@ -194,10 +194,10 @@ impl Run {
         let (left_side, right_side) = (self.left.clone(), self.right.clone());
         let output_columns = self.builder.columns.clone();
         let converting = Instant::now();
-        let ((left, left_cached), (right, right_cached)) =
-            tokio::task::spawn_blocking(move || -> Result<((SideData, bool), (SideData, bool))> {
+        let ((mut left, left_cached, left_odd), (mut right, right_cached, right_odd)) =
+            tokio::task::spawn_blocking(move || -> Result<(ConvertedSide, ConvertedSide)> {
                 let reject_zero = op.metric == Metric::Cosine;
-                let side = |input: &InputSide| -> Result<(SideData, bool)> {
+                let side = |input: &InputSide| -> Result<ConvertedSide> {
                     let (schema, parts) = &collected[input.child];
                     let describe = format!("{}: {}", op.function_name(), input.describe);
                     let (vectors, cached) =
@@ -219,11 +219,18 @@ impl Run {
                     };
                     let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
                     let num_rows = parts.iter().map(|b| b.num_rows()).sum();
-                    Ok((SideData { columns, num_rows, vectors }, cached))
+                    let odd = match op.scalar_semantics && vectors.skipped > 0 {
+                        true => skipped_values(parts, &input.source, &vectors.rows)?,
+                        false => Vec::new(),
+                    };
+                    Ok((SideData { columns, num_rows, vectors }, cached, odd))
                 };
                 let left = side(&left_side)?;
-                let right =
-                    if right_side.child == left_side.child { (left.0.clone(), false) } else { side(&right_side)? };
+                let right = if right_side.child == left_side.child {
+                    (left.0.clone(), false, left.2.clone())
+                } else {
+                    side(&right_side)?
+                };
                 Ok((left, right))
             })
             .await
@@ -251,7 +258,9 @@ impl Run {
                 rv.dim
             );
         }
-        let same = Arc::ptr_eq(lv, rv);
+        // A self-join reads one input; two inputs may still share their vectors (the same kept
+        // table on both sides of `sim_join(t, t, eps)`), which changes nothing of a two-table join.
+        let same = same_input;
         let input_rows = left.num_rows + if same { 0 } else { right.num_rows };
         self.metrics.input_rows.add(input_rows);
         self.metrics.skipped_rows.add(lv.skipped + if same { 0 } else { rv.skipped });
@@ -268,6 +277,13 @@ impl Run {
         // 5·10⁷ pairs (docs/optimisations.md, v18); the consumer still yields batches of `batch_size` rows.
         let chunk_rows = (8 * builder.batch_size).max(1024);
         let (lv, rv) = (lv.clone(), rv.clone());
+        // The output numbers each side's skipped-but-compared rows after its vectors.
+        for (side, odd) in [(&mut left, &left_odd), (&mut right, &right_odd)] {
+            if !odd.is_empty() {
+                let rows = side.vectors.rows.iter().copied().chain(odd.iter().map(|(row, _)| *row)).collect();
+                side.vectors = Arc::new(Vectors::numbering(rows));
+            }
+        }
         let baseline = metrics.baseline.clone();
         tokio::task::spawn_blocking(move || {
             let sink = ChannelSink { sender, chunk_rows, progress: progress.clone(), function: op.function_name() };
@@ -282,7 +298,14 @@ impl Run {
                         op.function_name()
                     ))
                 })?;
-                let result = pool.install(|| compute(&op, backend.as_ref(), &lv, &rv, same, &sink));
+                let result = pool.install(|| {
+                    let stats = compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?;
+                    if let Some(threshold) = op.threshold().filter(|_| !left_odd.is_empty() || !right_odd.is_empty()) {
+                        let sides = [(lv.as_ref(), &left_odd), (rv.as_ref(), &right_odd)];
+                        scalar_pairs(op.metric, threshold, sides, &sink)?;
+                    }
+                    Ok(stats)
+                });
                 return_worker_pool(pool);
                 result
             }));
@@ -340,6 +363,52 @@ fn return_worker_pool(pool: rayon::ThreadPool) {
     if idle.len() < IDLE_POOLS {
         idle.push(pool);
     }
+}
+
+/// Rows skipped by the conversion but compared under `SimilarityOp::scalar_semantics`: (input
+/// row, values).
+type OddRows = Vec<(u32, Vec<f64>)>;
+
+/// One converted input: its data, whether its vectors came from the cache, and its odd rows.
+type ConvertedSide = (SideData, bool, OddRows);
+
+/// The pairs of a join planned from SQL (`SimilarityOp::scalar_semantics`) that involve a row the
+/// operator's contract skips: each side's `odd` rows against every row of the other side, by the
+/// scalar formula (the distance functions' own), kept when SQL's `<=` keeps the value, which
+/// orders floats totally (a NaN with its sign bit set precedes every number). An odd row's
+/// position is its side's vector count plus its index among the odd rows.
+fn scalar_pairs(
+    metric: Metric,
+    threshold: f64,
+    [(left, left_odd), (right, right_odd)]: [(&Vectors, &OddRows); 2],
+    sink: &dyn ResultSink,
+) -> Result<()> {
+    let mut writer = crate::backend::PairWriter::new(sink, false);
+    let mut pair = |a: &[f64], b: &[f64], pa: usize, pb: usize| -> Result<()> {
+        if a.len() != b.len() {
+            return exec_err!(
+                "sim_join: dimension mismatch: {}-dimensional and {}-dimensional vectors",
+                a.len(),
+                b.len()
+            );
+        }
+        let distance = metric.distance(a, b);
+        if distance.total_cmp(&threshold).is_le() { writer.push(pa as u32, pb as u32, distance) } else { Ok(()) }
+    };
+    let right_rows = (0..right.len()).map(|j| (right.row(j), j));
+    let right_all: Vec<(&[f64], usize)> =
+        right_rows.chain(right_odd.iter().enumerate().map(|(j, (_, b))| (b.as_slice(), right.len() + j))).collect();
+    for (i, (_, a)) in left_odd.iter().enumerate() {
+        for &(b, pb) in &right_all {
+            pair(a, b, left.len() + i, pb)?;
+        }
+    }
+    for i in 0..left.len() {
+        for (j, (_, b)) in right_odd.iter().enumerate() {
+            pair(left.row(i), b, i, right.len() + j)?;
+        }
+    }
+    writer.flush()
 }
 
 /// Calls the backend for the operation.

@@ -7,6 +7,20 @@ fn points(coords: &[(f64, f64)]) -> Vec<Option<Vec<f64>>> {
     coords.iter().map(|&(x, y)| Some(vec![x, y])).collect()
 }
 
+/// `sim_join(t, t, eps)` is a join of two tables that happen to be one: every pair, each row with
+/// itself included, although both sides share one set of kept vectors.
+#[tokio::test]
+async fn a_table_joined_with_itself_as_two_tables_pairs_each_row_with_itself() {
+    let ctx = ctx();
+    let data = crate::common::vectors(300, 3, 9);
+    register(&ctx, "t", &data, 3, Shape::FixedF32);
+    let eps = crate::common::threshold("l2", &data, 0.01);
+    for _ in 0..2 {
+        let sql = format!("SELECT left_id, right_id, distance FROM sim_join(t, t, {eps})");
+        check(&ctx, &sql, &oracle_join("l2", &data, &data, eps, None)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn pairs_exactly_at_eps_are_included() {
     let ctx = ctx();
