@@ -29,8 +29,12 @@ pub struct SimJoinOptions {
     /// Bytes of converted vectors kept across queries for inputs held in memory (an in-memory
     /// table's), their rows resident on the GPU too; 0 keeps none.
     pub cache_size: usize,
-    /// Plan `JOIN … ON dist(a.v, b.v) <= eps` as the similarity operator (functions/rewrite.rs).
+    /// Plan `JOIN … ON dist(a.v, b.v) <= eps` as `sim_join` (functions/rewrite.rs).
     pub rewrite_joins: bool,
+    /// Plan `WHERE dist(v, c) <= r` and `ORDER BY dist(v, c) LIMIT k` over one table as
+    /// `range_query` and `knn` (functions/rewrite.rs); off by default: for one constant query the
+    /// operator's fixed costs exceed DataFusion's own scan (docs/optimisations.md, v101).
+    pub rewrite_scans: bool,
 }
 
 /// `cache_size`'s default: room for a 1M × 128 base (1 GiB as f64) a few times over.
@@ -49,11 +53,12 @@ impl Default for SimJoinOptions {
             gpu_memory_limit: 0,
             cache_size: DEFAULT_CACHE_SIZE,
             rewrite_joins: true,
+            rewrite_scans: false,
         }
     }
 }
 
-const KEYS: [(&str, &str); 10] = [
+const KEYS: [(&str, &str); 11] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
     ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -76,6 +81,10 @@ const KEYS: [(&str, &str); 10] = [
         "rewrite_joins",
         "Plan joins on a distance bound (JOIN … ON l2_distance(a.v, b.v) <= eps) as sim_join (true/false)",
     ),
+    (
+        "rewrite_scans",
+        "Plan WHERE dist(v, constant) <= r and ORDER BY dist(v, constant) LIMIT k over one table as range_query and knn (true/false; default false)",
+    ),
 ];
 
 impl SimJoinOptions {
@@ -87,6 +96,7 @@ impl SimJoinOptions {
             "device" => self.device = value.parse()?,
             "include_self" => self.include_self = parse_bool("include_self", value)?,
             "rewrite_joins" => self.rewrite_joins = parse_bool("rewrite_joins", value)?,
+            "rewrite_scans" => self.rewrite_scans = parse_bool("rewrite_scans", value)?,
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
             "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size("gpu_memory_limit", value, "no limit")?,
@@ -117,6 +127,7 @@ impl SimJoinOptions {
             "gpu_memory_limit" => self.gpu_memory_limit.to_string(),
             "cache_size" => self.cache_size.to_string(),
             "rewrite_joins" => self.rewrite_joins.to_string(),
+            "rewrite_scans" => self.rewrite_scans.to_string(),
             _ => self.column.clone(),
         }
     }
@@ -225,7 +236,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size, rewrite_joins)"
+             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size, rewrite_joins, rewrite_scans)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

@@ -219,9 +219,17 @@ impl Run {
                     };
                     let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
                     let num_rows = parts.iter().map(|b| b.num_rows()).sum();
-                    let odd = match op.scalar_semantics && vectors.skipped > 0 {
-                        true => skipped_values(parts, &input.source, &vectors.rows)?,
-                        false => Vec::new(),
+                    let odd = match (op.scalar_semantics && vectors.skipped > 0, &op.operation) {
+                        (false, _) => Vec::new(),
+                        // Every skipped base row is a candidate of the sort above a rewritten kNN.
+                        (true, Operation::Knn { .. }) => {
+                            let mut usable = vectors.rows.iter().copied().peekable();
+                            (0..num_rows as u32)
+                                .filter(|&r| usable.next_if_eq(&r).is_none())
+                                .map(|r| (r, Vec::new()))
+                                .collect()
+                        }
+                        (true, _) => skipped_values(parts, &input.source, &vectors.rows)?,
                     };
                     Ok((SideData { columns, num_rows, vectors }, cached, odd))
                 };
@@ -300,9 +308,15 @@ impl Run {
                 })?;
                 let result = pool.install(|| {
                     let stats = compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?;
-                    if let Some(threshold) = op.threshold().filter(|_| !left_odd.is_empty() || !right_odd.is_empty()) {
-                        let sides = [(lv.as_ref(), &left_odd), (rv.as_ref(), &right_odd)];
-                        scalar_pairs(op.metric, threshold, sides, &sink)?;
+                    match op.threshold() {
+                        Some(threshold) if !left_odd.is_empty() || !right_odd.is_empty() => {
+                            let sides = [(lv.as_ref(), &left_odd), (rv.as_ref(), &right_odd)];
+                            scalar_pairs(op.metric, threshold, sides, &sink)?;
+                        }
+                        None if !right_odd.is_empty() => {
+                            skipped_candidates(lv.len(), rv.len(), right_odd.len(), &sink)?
+                        }
+                        _ => {}
                     }
                     Ok(stats)
                 });
@@ -409,6 +423,25 @@ fn scalar_pairs(
         }
     }
     writer.flush()
+}
+
+/// A rewritten kNN's skipped base rows (positions `base..base + skipped`), each paired with every
+/// query with a NaN distance and rank 0: candidates for the sort above, which computes their
+/// distances itself (functions/rewrite.rs).
+fn skipped_candidates(queries: usize, base: usize, skipped: usize, sink: &dyn ResultSink) -> Result<()> {
+    let mut chunk = ResultChunk::default();
+    for q in 0..queries as u32 {
+        for j in 0..skipped {
+            chunk.left.push(q);
+            chunk.right.push((base + j) as u32);
+            chunk.distance.push(f64::NAN);
+            chunk.rank.push(0);
+            if chunk.len() >= sink.chunk_rows() {
+                sink.send(std::mem::take(&mut chunk))?;
+            }
+        }
+    }
+    if chunk.is_empty() { Ok(()) } else { sink.send(chunk) }
 }
 
 /// Calls the backend for the operation.

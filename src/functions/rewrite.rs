@@ -1,14 +1,17 @@
-//! Plain SQL planned as the similarity operator: an optimizer rule (registered by
+//! Plain SQL planned as the similarity operators: an optimizer rule (registered by
 //! `simjoin::register`, switched off with `SET simjoin.rewrite_joins = false`) that plans
 //!
 //! ```sql
-//! SELECT … FROM a JOIN b ON l2_distance(a.v, b.v) <= 0.5 [AND …]
+//! SELECT … FROM a JOIN b ON l2_distance(a.v, b.v) <= 0.5 [AND …]    -- sim_join(a, b, 0.5)
+//! SELECT … FROM t WHERE l2_distance(v, [0.1, 0.2]) <= 0.5 [AND …]   -- range_query(t, [0.1, 0.2], 0.5)
+//! SELECT … FROM t ORDER BY l2_distance(v, [0.1, 0.2]) LIMIT 10      -- knn(t, [0.1, 0.2], 10) candidates
 //! ```
 //!
 //! — the distance functions of `distance.rs`, DataFusion's `array_distance` (`list_distance`) and
 //! `levenshtein`, either argument order, `<=` or `<`, the constant on either side; a dot product
-//! (`inner_product`, `array_inner_product`) bounded from below as `metric=inner_product` — as
-//! `sim_join(a, b, 0.5, 'metric=…, column=v')` with the join's other conjuncts as a filter above it.
+//! (`inner_product`, `array_inner_product`) bounded from below, or sorted descending, as
+//! `metric=inner_product` — with the other conjuncts as a filter above the operator. The inputs are
+//! the plans below the join, filter or sort, read through views.
 //!
 //! Why the answer cannot change: the operator keeps a pair iff its distance, by the same f64
 //! formula (or the same edit distance), is `<=` the threshold; `d < t` is `d <= t⁻` for the
@@ -29,11 +32,14 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::TableProvider;
 use datafusion::catalog::view::ViewTable;
-use datafusion::common::tree_node::Transformed;
-use datafusion::common::{Column, Result, ScalarValue};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchemaRef, Result, ScalarValue};
 use datafusion::datasource::provider_as_source;
+use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
-use datafusion::logical_expr::{BinaryExpr, Expr, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Operator};
+use datafusion::logical_expr::{
+    BinaryExpr, Expr, Filter, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Operator, Projection, Sort,
+};
 use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
@@ -42,8 +48,10 @@ use crate::options::SimJoinOptions;
 use crate::table::TableInput;
 use crate::vectors::VectorSource;
 
-/// The qualifier of the rewritten join's scan.
+/// The qualifier of a rewritten join's or range query's scan.
 const SCAN: &str = "simjoin_join";
+/// The qualifier of a rewritten ORDER BY … LIMIT's candidate scan.
+const NEAREST: &str = "simjoin_nearest";
 
 /// The rule; see the module docs.
 #[derive(Debug, Default)]
@@ -64,14 +72,16 @@ impl OptimizerRule for SimilarityJoinRewrite {
 
     fn rewrite(&self, plan: LogicalPlan, config: &dyn OptimizerConfig) -> Result<Transformed<LogicalPlan>> {
         let options = config.options().extensions.get::<SimJoinOptions>().cloned().unwrap_or_default();
-        if !options.rewrite_joins {
-            return Ok(Transformed::no(plan));
-        }
-        let LogicalPlan::Join(join) = &plan else { return Ok(Transformed::no(plan)) };
-        match rewrite_join(join, &options) {
-            Some(rewritten) => Ok(Transformed::yes(rewritten)),
-            None => Ok(Transformed::no(plan)),
-        }
+        let rewritten = match &plan {
+            LogicalPlan::Join(join) if options.rewrite_joins => rewrite_join(join, &options),
+            LogicalPlan::Filter(filter) if options.rewrite_scans => rewrite_range(filter, &options),
+            LogicalPlan::Sort(sort) if options.rewrite_scans => rewrite_nearest(sort, &options),
+            _ => None,
+        };
+        Ok(match rewritten {
+            Some(rewritten) => Transformed::yes(rewritten),
+            None => Transformed::no(plan),
+        })
     }
 }
 
@@ -95,26 +105,9 @@ fn rewrite_join(join: &Join, options: &SimJoinOptions) -> Option<LogicalPlan> {
     let rest: Vec<Expr> = conjuncts.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, c)| (*c).clone()).collect();
 
     let options = SimJoinOptions { metric: bound.metric, ..options.clone() };
-    let input = |plan: &LogicalPlan, column: &Column, argument: &str| -> Option<TableInput> {
-        let provider = Arc::new(ViewTable::new(plan.clone(), None));
-        let index = plan.schema().index_of_column(column).ok()?;
-        let name = plan.schema().field(index).name();
-        let schema = provider.schema();
-        let source = VectorSource::resolve(&schema, Some(name), bound.metric.is_text(), "sim_join", argument).ok()?;
-        // A name the input holds twice (columns of an inner join) resolves to the first.
-        (source.columns() == [index]).then(|| TableInput {
-            provider,
-            source,
-            describe: format!("argument '{argument}'"),
-        })
-    };
-    let left = input(&join.left, &bound.left, "left")?;
-    let right = input(&join.right, &bound.right, "right")?;
-    // SQL's `<=` orders -0.0 before 0.0, the operator's does not: a bound of -0.0 stays as it is.
-    if bound.threshold == 0.0 && bound.threshold.is_sign_negative() {
-        return None;
-    }
-    let eps = validate_threshold("sim_join", "eps", bound.threshold, bound.metric).ok()?;
+    let left = view_input(&join.left, &bound.left, bound.metric, "left")?;
+    let right = view_input(&join.right, &bound.right, bound.metric, "right")?;
+    let eps = checked_threshold(bound.threshold, bound.metric)?;
     let operation = Operation::SimJoin { eps, self_join: false, include_self: false, pairs: PairOrder::Ordered };
     let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(operation, &options) };
     let table = super::table(op, left, Some(right), ["left", "right"]).ok()?;
@@ -140,8 +133,23 @@ fn rewrite_join(join: &Join, options: &SimJoinOptions) -> Option<LogicalPlan> {
 
 /// `conjunct` as a distance bound between the join's two sides.
 fn distance_bound(conjunct: &Expr, join: &Join) -> Option<DistanceBound> {
+    let (call, metric, threshold) = bounded_call(conjunct)?;
+    let [x, y] = call.args.as_slice() else { return None };
+    let (x, y) = (operand(x)?, operand(y)?);
+    let (left, right) = match (side(join, &x)?, side(join, &y)?) {
+        (Side::Left, Side::Right) => (x, y),
+        (Side::Right, Side::Left) => (y, x),
+        _ => return None,
+    };
+    Some(DistanceBound { metric, left, right, threshold })
+}
+
+/// `conjunct` as `f(x, y) <= t` for a distance function `f` (or `< t`, or the constant first, or
+/// a dot product bounded from below): the call, its metric, and the bound as the operator takes
+/// it (`<=`). A dot product bounded from below is the negative inner product bounded from above:
+/// negation reverses SQL's total order exactly.
+fn bounded_call(conjunct: &Expr) -> Option<(&ScalarFunction, Metric, f64)> {
     let Expr::BinaryExpr(BinaryExpr { left, op, right }) = conjunct else { return None };
-    // `f(x, y) op t`, or `t op f(x, y)` read the other way round.
     let (call, op, constant) = match (left.as_ref(), right.as_ref()) {
         (Expr::ScalarFunction(call), Expr::Literal(value, _)) => (call, *op, value),
         (Expr::Literal(value, _), Expr::ScalarFunction(call)) => (call, op.swap()?, value),
@@ -151,33 +159,9 @@ fn distance_bound(conjunct: &Expr, join: &Join) -> Option<DistanceBound> {
         ScalarValue::Float64(Some(t)) if t.is_finite() => t,
         _ => return None,
     };
-    // The metric, the bound on its distance, and whether the bound is strict. A dot product
-    // bounded from below is the negative inner product bounded from above: negation reverses
-    // SQL's total order exactly.
-    let (metric, threshold, strict) = match (call.func.name(), op) {
-        ("inner_product" | "array_inner_product", Operator::GtEq | Operator::Gt) => {
-            (Metric::InnerProduct, -threshold, op == Operator::Gt)
-        }
-        (name, Operator::LtEq | Operator::Lt) => {
-            let metric = match name {
-                "l2_distance" | "array_distance" | "list_distance" => Metric::L2,
-                "l2sq_distance" => Metric::L2Squared,
-                "cosine_distance" | "array_cosine_distance" => Metric::Cosine,
-                "l1_distance" => Metric::L1,
-                "linf_distance" => Metric::LInf,
-                "array_negative_inner_product" => Metric::InnerProduct,
-                "levenshtein" => Metric::Levenshtein,
-                _ => return None,
-            };
-            (metric, threshold, op == Operator::Lt)
-        }
-        _ => return None,
-    };
-    let [x, y] = call.args.as_slice() else { return None };
-    let (x, y) = (operand(x)?, operand(y)?);
-    let (left, right) = match (side(join, &x)?, side(join, &y)?) {
-        (Side::Left, Side::Right) => (x, y),
-        (Side::Right, Side::Left) => (y, x),
+    let (metric, threshold, strict) = match (ordering(call.func.name())?, op) {
+        (Ordering::Dot, Operator::GtEq | Operator::Gt) => (Metric::InnerProduct, -threshold, op == Operator::Gt),
+        (Ordering::Distance(metric), Operator::LtEq | Operator::Lt) => (metric, threshold, op == Operator::Lt),
         _ => return None,
     };
     let threshold = match (strict, metric.is_text()) {
@@ -186,7 +170,186 @@ fn distance_bound(conjunct: &Expr, join: &Join) -> Option<DistanceBound> {
         (true, true) => threshold.ceil() - 1.0,
         (true, false) => threshold.next_down(),
     };
-    Some(DistanceBound { metric, left, right, threshold })
+    Some((call, metric, threshold))
+}
+
+/// How a function's values order neighbours.
+enum Ordering {
+    /// A distance of the metric: smaller is nearer.
+    Distance(Metric),
+    /// A dot product: larger is nearer (`metric=inner_product` is its negation).
+    Dot,
+}
+
+fn ordering(function: &str) -> Option<Ordering> {
+    Some(match function {
+        "l2_distance" | "array_distance" | "list_distance" => Ordering::Distance(Metric::L2),
+        "l2sq_distance" => Ordering::Distance(Metric::L2Squared),
+        "cosine_distance" | "array_cosine_distance" => Ordering::Distance(Metric::Cosine),
+        "l1_distance" => Ordering::Distance(Metric::L1),
+        "linf_distance" => Ordering::Distance(Metric::LInf),
+        "array_negative_inner_product" => Ordering::Distance(Metric::InnerProduct),
+        "levenshtein" => Ordering::Distance(Metric::Levenshtein),
+        "inner_product" | "array_inner_product" => Ordering::Dot,
+        _ => return None,
+    })
+}
+
+/// `WHERE dist(v, <constant>) <= r [AND …]` over one input as `range_query(input, constant, r)`
+/// under a projection back to the input's columns (each base row within `r` once), the other
+/// conjuncts as a filter above it.
+fn rewrite_range(filter: &Filter, options: &SimJoinOptions) -> Option<LogicalPlan> {
+    let conjuncts = split_conjunction(&filter.predicate);
+    let (at, (column, constant, metric, threshold)) = conjuncts.iter().enumerate().find_map(|(i, c)| {
+        let (call, metric, threshold) = bounded_call(c)?;
+        let (column, constant) = column_and_constant(call, filter.input.schema())?;
+        Some((i, (column, constant, metric, threshold)))
+    })?;
+    let rest: Vec<Expr> = conjuncts.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, c)| (*c).clone()).collect();
+    let options = SimJoinOptions { metric, ..options.clone() };
+    let base = view_input(&filter.input, &column, metric, "base")?;
+    let query = query_input(constant, metric)?;
+    let radius = checked_threshold(threshold, metric)?;
+    let op =
+        SimilarityOp { scalar_semantics: true, ..super::similarity_op(Operation::RangeQuery { radius }, &options) };
+    let table = super::table(op, query, Some(base), ["query", "base"]).ok()?;
+    let mut builder = base_rows(table, filter.input.schema())?;
+    if let Some(rest) = conjunction(rest) {
+        builder = builder.filter(rest).ok()?;
+    }
+    builder.build().ok()
+}
+
+/// `ORDER BY dist(v, <constant>) [ASC] LIMIT n` (a dot product `DESC`), with the distance written
+/// in the sort or computed by the projection below it: the sort's input becomes the rows of
+/// `knn(input, constant, n)` together with every row the operator skips (NULL, NaN, ±∞, zero
+/// under cosine), which SQL's order may place anywhere (a NULL distance last, a NaN with its sign
+/// bit set first), and the sort and limit above pick the same rows from those as from all rows
+/// (rows tied at the n-th distance are SQL's to choose either way).
+fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan> {
+    let n = sort.fetch?;
+    let [key] = sort.expr.as_slice() else { return None };
+    // The call, and the projection that computes it when the sort names its output column.
+    let (call, projection) = match &key.expr {
+        Expr::Column(column) => {
+            let LogicalPlan::Projection(projection) = sort.input.as_ref() else { return None };
+            let index = projection.schema.index_of_column(column).ok()?;
+            (sort_call(&projection.expr[index])?, Some(projection))
+        }
+        other => (sort_call(other)?, None),
+    };
+    let metric = match (ordering(call.func.name())?, key.asc) {
+        (Ordering::Distance(metric), true) => metric,
+        (Ordering::Dot, false) => Metric::InnerProduct,
+        _ => return None,
+    };
+    let input = projection.map_or(&sort.input, |p| &p.input);
+    // Already the candidates of an earlier pass of this rule (later passes merge its projections).
+    let rewritten_before =
+        |plan: &LogicalPlan| matches!(plan, LogicalPlan::TableScan(scan) if scan.table_name.table() == NEAREST);
+    if sort.input.exists(|p| Ok(rewritten_before(p))).unwrap_or(true) {
+        return None;
+    }
+    let (column, constant) = column_and_constant(call, input.schema())?;
+    let options = SimJoinOptions { metric, ..options.clone() };
+    let base = view_input(input, &column, metric, "base")?;
+    let query = query_input(constant, metric)?;
+    let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(Operation::Knn { k: n }, &options) };
+    let table = super::table(op, query, Some(base), ["query", "base"]).ok()?;
+    let candidates = base_rows_named(table, input.schema(), NEAREST)?.build().ok()?;
+    let sorted_input = match projection {
+        Some(p) => LogicalPlan::Projection(Projection::try_new(p.expr.clone(), Arc::new(candidates)).ok()?),
+        None => candidates,
+    };
+    Some(LogicalPlan::Sort(Sort { expr: sort.expr.clone(), input: Arc::new(sorted_input), fetch: sort.fetch }))
+}
+
+/// The function call a sort key orders by: the call itself, under an alias, or widened to Float64
+/// (`CAST(levenshtein(w, 'x') AS DOUBLE)`: exact and order-preserving, so the same rows come first).
+fn sort_call(expr: &Expr) -> Option<&ScalarFunction> {
+    match expr {
+        Expr::Alias(alias) => sort_call(&alias.expr),
+        Expr::Cast(cast) if *cast.field.data_type() == DataType::Float64 => sort_call(&cast.expr),
+        Expr::ScalarFunction(call) => Some(call),
+        _ => None,
+    }
+}
+
+/// The scan of a range query's or kNN's table under a projection back to the base input's columns.
+fn base_rows(table: Arc<crate::table::SimilarityTable>, schema: &DFSchemaRef) -> Option<LogicalPlanBuilder> {
+    base_rows_named(table, schema, SCAN)
+}
+
+fn base_rows_named(
+    table: Arc<crate::table::SimilarityTable>,
+    schema: &DFSchemaRef,
+    name: &str,
+) -> Option<LogicalPlanBuilder> {
+    let columns: Vec<Expr> = schema
+        .iter()
+        .map(|(qualifier, field)| {
+            Expr::Column(Column::new(Some(name), format!("base_{}", field.name())))
+                .alias_qualified(qualifier.cloned(), field.name())
+        })
+        .collect();
+    LogicalPlanBuilder::scan(name, provider_as_source(table), None).ok()?.project(columns).ok()
+}
+
+/// The column and the constant of `f(column, constant)` (either order), the column in `schema`.
+fn column_and_constant<'a>(call: &'a ScalarFunction, schema: &DFSchemaRef) -> Option<(Column, &'a Expr)> {
+    let [x, y] = call.args.as_slice() else { return None };
+    let (column, constant) = match (x, y) {
+        (_, Expr::Literal(..)) => (operand(x)?, y),
+        (Expr::Literal(..), _) => (operand(y)?, x),
+        _ => return None,
+    };
+    schema.has_column(&column).then_some((column, constant))
+}
+
+/// The constant query of a range query or kNN: a vector (an array literal, or text such as
+/// `'[0.1, 0.2]'`) or, for the edit distance, a string. `None` for one the operator would skip
+/// (non-finite values, the zero vector under cosine) — SQL compares every row with it.
+fn query_input(constant: &Expr, metric: Metric) -> Option<TableInput> {
+    let provider = match (metric.is_text(), constant) {
+        (true, Expr::Literal(value, _)) => {
+            let text = match value {
+                ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => s,
+                _ => return None,
+            };
+            super::args::text_table(vec![text.clone()]).ok()?
+        }
+        (false, _) => {
+            let values = super::args::vector_literal("knn", "query", constant).ok()??;
+            if metric == Metric::Cosine && values.iter().all(|v| *v == 0.0) {
+                return None;
+            }
+            super::args::vector_table(values).ok()?
+        }
+        _ => return None,
+    };
+    let source = VectorSource::resolve(&provider.schema(), None, metric.is_text(), "knn", "query").ok()?;
+    Some(TableInput { provider, source, describe: "argument 'query'".to_string() })
+}
+
+/// `plan` as an input read by the operator, its vector (or text) column `column`; `None` when the
+/// operator would not take it.
+fn view_input(plan: &LogicalPlan, column: &Column, metric: Metric, argument: &str) -> Option<TableInput> {
+    let provider = Arc::new(ViewTable::new(plan.clone(), None));
+    let index = plan.schema().index_of_column(column).ok()?;
+    let name = plan.schema().field(index).name();
+    let source = VectorSource::resolve(&provider.schema(), Some(name), metric.is_text(), "sim_join", argument).ok()?;
+    // A name the input holds twice (columns of an inner join) resolves to the first.
+    (source.columns() == [index]).then(|| TableInput { provider, source, describe: format!("argument '{argument}'") })
+}
+
+/// The bound as the operator takes it, or `None` where it would reject it (SQL then returns no
+/// row, or the rows its own comparison keeps): negative, or fractional for the edit distance. SQL's
+/// `<=` orders -0.0 before 0.0 and the operator's does not, so -0.0 stays as it is too.
+fn checked_threshold(threshold: f64, metric: Metric) -> Option<f64> {
+    if threshold == 0.0 && threshold.is_sign_negative() {
+        return None;
+    }
+    validate_threshold("sim_join", "eps", threshold, metric).ok()
 }
 
 /// A distance argument the operator reads as a column: the column itself, or a cast of it to a
