@@ -184,6 +184,43 @@ impl FromStr for Device {
     }
 }
 
+/// Which GPUs a run may use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Devices {
+    /// Every GPU the driver shows the process (after `CUDA_VISIBLE_DEVICES`).
+    #[default]
+    All,
+    /// These ordinals, in this order, each once.
+    List(Vec<usize>),
+}
+
+impl fmt::Display for Devices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Devices::All => f.write_str("all"),
+            Devices::List(list) => f.write_str(&list.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(",")),
+        }
+    }
+}
+
+impl FromStr for Devices {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s.trim().eq_ignore_ascii_case("all") || s.trim().is_empty() {
+            return Ok(Devices::All);
+        }
+        let mut list = Vec::new();
+        for part in s.split([',', ' ']).map(str::trim).filter(|p| !p.is_empty()) {
+            match part.parse::<usize>() {
+                Ok(ordinal) if !list.contains(&ordinal) => list.push(ordinal),
+                Ok(ordinal) => return Err(format!("devices '{s}' names GPU {ordinal} twice")),
+                Err(_) => return Err(format!("unknown devices '{s}' (expected all, or GPU ordinals such as 0,1)")),
+            }
+        }
+        Ok(Devices::List(list))
+    }
+}
+
 /// How a join or range query finds its candidate pairs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IndexChoice {
@@ -287,8 +324,10 @@ pub struct SimilarityOp {
     pub index: IndexChoice,
     /// Joins and range queries with the grid: dimensions to index (0: the cost model decides).
     pub grid_dims: usize,
-    /// GPU: bytes of device memory a run may use (0: all that is free).
+    /// GPU: bytes of device memory a run may use on each GPU (0: all that is free).
     pub gpu_memory_limit: usize,
+    /// GPU: which devices a run uses.
+    pub devices: Devices,
     /// Bytes of converted vectors kept across queries for inputs held in memory (0: none).
     pub cache_size: usize,
     /// Set on a join planned from SQL's `dist(a.v, b.v) <= eps` (functions/rewrite.rs): the rows

@@ -4,7 +4,7 @@
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions, Visit};
 use datafusion::common::{Result, config_err, plan_err};
 
-use crate::op::{Device, IndexChoice, Metric, PairOrder};
+use crate::op::{Device, Devices, IndexChoice, Metric, PairOrder};
 
 /// Session-wide defaults of every simjoin function, settable with `SET simjoin.<name> = <value>`.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +26,8 @@ pub struct SimJoinOptions {
     pub grid_dims: usize,
     /// GPU: bytes of device memory a run may use (0: all that is free); larger inputs are tiled.
     pub gpu_memory_limit: usize,
+    /// GPU: `all` the devices, or ordinals such as `0,1`.
+    pub devices: Devices,
     /// Bytes of converted vectors kept across queries for inputs held in memory (an in-memory
     /// table's), their rows resident on the GPU too; 0 keeps none.
     pub cache_size: usize,
@@ -51,6 +53,7 @@ impl Default for SimJoinOptions {
             index: IndexChoice::default(),
             grid_dims: 0,
             gpu_memory_limit: 0,
+            devices: Devices::All,
             cache_size: DEFAULT_CACHE_SIZE,
             rewrite_joins: true,
             rewrite_scans: false,
@@ -58,7 +61,7 @@ impl Default for SimJoinOptions {
     }
 }
 
-const KEYS: [(&str, &str); 11] = [
+const KEYS: [(&str, &str); 12] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
     ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -73,6 +76,7 @@ const KEYS: [(&str, &str); 11] = [
         "gpu_memory_limit",
         "GPU: device memory a run may use, such as 512M or 4G (0: all that is free); larger inputs are tiled",
     ),
+    ("devices", "GPU: all (every visible GPU), or ordinals such as 0,1"),
     (
         "cache_size",
         "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none)",
@@ -96,6 +100,7 @@ impl SimJoinOptions {
             "device" => self.device = value.parse()?,
             "include_self" => self.include_self = parse_bool("include_self", value)?,
             "rewrite_joins" => self.rewrite_joins = parse_bool("rewrite_joins", value)?,
+            "devices" => self.devices = value.parse()?,
             "rewrite_scans" => self.rewrite_scans = parse_bool("rewrite_scans", value)?,
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
@@ -127,6 +132,7 @@ impl SimJoinOptions {
             "gpu_memory_limit" => self.gpu_memory_limit.to_string(),
             "cache_size" => self.cache_size.to_string(),
             "rewrite_joins" => self.rewrite_joins.to_string(),
+            "devices" => self.devices.to_string(),
             "rewrite_scans" => self.rewrite_scans.to_string(),
             _ => self.column.clone(),
         }
@@ -135,12 +141,19 @@ impl SimJoinOptions {
     /// These options overridden by a call's options string such as `'metric=cosine, column=v'`.
     pub fn with_call_options(&self, function: &str, text: &str) -> Result<Self> {
         let mut options = self.clone();
+        // (key, value) pairs; a bare item after `devices=` continues its list (`devices=0,1`).
+        let mut items: Vec<(String, String)> = Vec::new();
         for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let Some((key, value)) = item.split_once('=') else {
-                return plan_err!("{function}: options string '{text}': expected key=value, got '{item}'");
-            };
-            let key = key.trim().to_ascii_lowercase();
-            let value = value.trim().trim_matches(|c| c == '\'' || c == '"');
+            match (item.split_once('='), items.last_mut()) {
+                (Some((key, value)), _) => items.push((key.trim().to_ascii_lowercase(), value.trim().to_string())),
+                (None, Some((key, value))) if key == "devices" => *value = format!("{value},{item}"),
+                (None, _) => {
+                    return plan_err!("{function}: options string '{text}': expected key=value, got '{item}'");
+                }
+            }
+        }
+        for (key, value) in items {
+            let value = value.trim_matches(|c| c == '\'' || c == '"');
             if let Err(message) = options.set_value(&key, value) {
                 return plan_err!("{function}: options string '{text}': {message}");
             }
@@ -236,10 +249,20 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size, rewrite_joins, rewrite_scans)"
+             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");
+    }
+
+    #[test]
+    fn device_lists_take_commas_inside_the_options_string() {
+        let o = SimJoinOptions::default().with_call_options("knn", "devices=0,1, metric=l1").unwrap();
+        assert_eq!(o.devices, Devices::List(vec![0, 1]));
+        assert_eq!(o.metric, Metric::L1);
+        assert_eq!(SimJoinOptions::default().with_call_options("knn", "devices=all").unwrap().devices, Devices::All);
+        let twice = SimJoinOptions::default().with_call_options("knn", "devices=1,1").unwrap_err();
+        assert!(twice.to_string().contains("devices '1,1' names GPU 1 twice"), "{twice}");
     }
 
     #[test]

@@ -13,12 +13,15 @@ use std::time::Duration;
 
 use datafusion::common::{Result, exec_err};
 
+use super::gpu::MultiGpuBackend;
 use super::plan::{filter_space, gemm_form};
 use super::{Backend, CpuBackend, GpuBackend, JoinRequest, KnnRequest, ResultSink, RunStats};
+use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{startup_left, warm_up};
-use crate::gpu::{GpuDevice, ResidentKey};
+use crate::gpu::{GpuDevice, MAX_DEVICES, ResidentKey};
 use crate::index::{CostInputs, brute_force_ns, estimate_strategy};
+use crate::op::Devices;
 use crate::vectors::Vectors;
 
 /// One GPU against one CPU core on the cost model's work. On the H100 host P1's whole GPU operator
@@ -37,8 +40,10 @@ pub(super) const KNN_MODULES: [KernelModule; 2] = [KernelModule::SimJoin, Kernel
 /// The GPU or the CPU, chosen per run (or the GPU alone).
 #[derive(Debug)]
 pub struct AutoBackend {
-    /// Device bytes a GPU run may use (0: all that is available).
+    /// Device bytes a GPU run may use on each GPU (0: all that is available).
     memory_limit: usize,
+    /// The GPUs a GPU run uses.
+    devices: Devices,
     /// `device=gpu`: no choice, only the deferred opening.
     gpu_only: bool,
     /// What the last run chose, for EXPLAIN ANALYZE.
@@ -48,28 +53,58 @@ pub struct AutoBackend {
 impl AutoBackend {
     /// Starts opening the GPU and loading the modules of a join (`knn: false`) or kNN on a
     /// background thread, and returns the backend that decides per run.
-    pub fn new(memory_limit: usize, knn: bool) -> Self {
+    pub fn new(memory_limit: usize, devices: Devices, knn: bool) -> Self {
         warm_up(if knn { &KNN_MODULES } else { &JOIN_MODULES });
-        Self { memory_limit, gpu_only: false, last_choice: Mutex::new(None) }
+        Self { memory_limit, devices, gpu_only: false, last_choice: Mutex::new(None) }
     }
 
     /// As [`AutoBackend::new`], for `device=gpu`: every run on the GPU, or the error saying why
     /// it cannot be used.
-    pub fn gpu_only(memory_limit: usize, knn: bool) -> Self {
-        Self { gpu_only: true, ..Self::new(memory_limit, knn) }
+    pub fn gpu_only(memory_limit: usize, devices: Devices, knn: bool) -> Self {
+        Self { gpu_only: true, ..Self::new(memory_limit, devices, knn) }
     }
 
-    fn gpu(&self) -> Result<GpuBackend> {
-        match GpuDevice::shared() {
-            Ok(device) => Ok(GpuBackend::new(device, self.memory_limit)),
-            Err(reason) => exec_err!("option device=gpu, but no GPU can be used: {reason}"),
+    /// The GPU backend over the selected devices (opened at once, each on a thread of its own).
+    fn gpu(&self) -> Result<Arc<dyn Backend>> {
+        let ordinals: Vec<usize> = match &self.devices {
+            Devices::All => match crate::gpu::device_count() {
+                Ok(count) => (0..count.min(MAX_DEVICES)).collect(),
+                Err(reason) => return exec_err!("option device=gpu, but no GPU can be used: {reason}"),
+            },
+            Devices::List(list) if list.is_empty() => {
+                return exec_err!("option devices='': no GPU selected (devices=all, or ordinals such as 0,1)");
+            }
+            Devices::List(list) => list.clone(),
+        };
+        let opened: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = ordinals.iter().map(|&o| s.spawn(move || GpuDevice::at(o))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(GpuError::Device("opening a GPU panicked".into()))))
+                .collect()
+        });
+        let mut devices = Vec::new();
+        for (ordinal, device) in ordinals.iter().zip(opened) {
+            match (device, &self.devices) {
+                (Ok(device), _) => devices.push(device),
+                (Err(reason), Devices::List(_)) => return exec_err!("option devices={}: {reason}", self.devices),
+                // Every visible GPU: one that cannot be opened is left out, unless it is the first.
+                (Err(reason), Devices::All) if *ordinal == 0 => {
+                    return exec_err!("option device=gpu, but no GPU can be used: {reason}");
+                }
+                (Err(_), Devices::All) => {}
+            }
         }
+        Ok(match devices.len() {
+            1 => Arc::new(GpuBackend::new(devices.remove(0), self.memory_limit)),
+            _ => Arc::new(MultiGpuBackend::new(devices, self.memory_limit, matches!(self.devices, Devices::List(_)))),
+        })
     }
 
     /// The backend to run `cpu_ns` of work (one core's estimate) on `inputs`.
     fn pick(&self, cpu_ns: f64, inputs: &[&Vectors], modules: &[KernelModule]) -> Result<Arc<dyn Backend>> {
         if self.gpu_only {
-            return Ok(Arc::new(self.gpu()?));
+            return self.gpu();
         }
         let cpu = Duration::from_secs_f64(cpu_ns * 1e-9 / rayon::current_num_threads() as f64);
         let gpu = startup_left(modules).map(|startup| {
@@ -84,9 +119,8 @@ impl AutoBackend {
                 + Duration::from_secs_f64(cpu_ns * 1e-9 / GPU_OVER_ONE_CORE)
         });
         // Only a run that goes to the GPU waits for the device to be open.
-        let device = gpu.filter(|&gpu| gpu < cpu).and_then(|_| GpuDevice::shared().ok());
-        let chosen: Arc<dyn Backend> = match device {
-            Some(device) => Arc::new(GpuBackend::new(device, self.memory_limit)),
+        let chosen: Arc<dyn Backend> = match gpu.filter(|&gpu| gpu < cpu).and_then(|_| self.gpu().ok()) {
+            Some(gpu) => gpu,
             None => Arc::new(CpuBackend),
         };
         let estimate = match gpu {

@@ -187,14 +187,18 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
             Device::Auto | Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
         };
     }
+    let devices = op.devices.clone();
     match op.device {
+        Device::Cpu if devices != crate::op::Devices::All => {
+            plan_err!("{function}: option devices={devices} selects GPUs, but device=cpu runs on the CPU")
+        }
         Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
         Device::Auto if crate::gpu::startup::libraries_present() => {
-            Ok(std::sync::Arc::new(AutoBackend::new(op.gpu_memory_limit, knn)))
+            Ok(std::sync::Arc::new(AutoBackend::new(op.gpu_memory_limit, devices, knn)))
         }
         Device::Auto => Ok(std::sync::Arc::new(CpuBackend)),
         Device::Gpu if crate::gpu::startup::libraries_present() => {
-            Ok(std::sync::Arc::new(AutoBackend::gpu_only(op.gpu_memory_limit, knn)))
+            Ok(std::sync::Arc::new(AutoBackend::gpu_only(op.gpu_memory_limit, devices, knn)))
         }
         Device::Gpu => match crate::gpu::probe() {
             Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),

@@ -62,7 +62,18 @@ fn input(
 /// `operation` with the options that say how and where it runs.
 fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp {
     let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, cache_size, .. } = *options;
-    SimilarityOp { operation, metric, device, index, grid_dims, gpu_memory_limit, cache_size, scalar_semantics: false }
+    let devices = options.devices.clone();
+    SimilarityOp {
+        operation,
+        metric,
+        device,
+        index,
+        grid_dims,
+        gpu_memory_limit,
+        devices,
+        cache_size,
+        scalar_semantics: false,
+    }
 }
 
 /// The table of a call: checks what the schemas alone can (dimensions) and picks the backend.

@@ -15,7 +15,7 @@ use super::buffers::SideBuffers;
 use super::download::ResultBuffers;
 use super::kernels::{Kernel, KernelModule};
 use super::{Error, Result};
-use super::{GpuInfo, probe};
+use super::{GpuInfo, probe_ordinal};
 
 /// A usable GPU.
 #[derive(Debug)]
@@ -132,21 +132,37 @@ const RESIDENT_SHARE: usize = 4;
 /// copy to the host and the one after's kernel run on the other two (Gowanlock & Karsin, GPU-Join, §3.2.2).
 pub const PIPELINE_STREAMS: usize = 3;
 
-static SHARED: OnceLock<Result<Arc<GpuDevice>>> = OnceLock::new();
+/// The most devices one process opens (`devices=` names ordinals below this).
+pub const MAX_DEVICES: usize = 16;
+
+static SHARED: [OnceLock<Result<Arc<GpuDevice>>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
 
 impl GpuDevice {
     /// The process-wide device 0, opened on first use; `Err` says why there is none.
     pub fn shared() -> Result<Arc<GpuDevice>> {
-        SHARED.get_or_init(|| Self::open().map(Arc::new)).clone()
+        Self::at(0)
+    }
+
+    /// The process-wide device `ordinal`, opened on first use; `Err` says why it cannot be used.
+    pub fn at(ordinal: usize) -> Result<Arc<GpuDevice>> {
+        match SHARED.get(ordinal) {
+            Some(slot) => slot.get_or_init(|| Self::open(ordinal).map(Arc::new)).clone(),
+            None => Err(Error::Unavailable(format!("GPU {ordinal}: at most {MAX_DEVICES} devices are used"))),
+        }
     }
 
     /// Device 0 if opening it has finished (`None` while it is opening or before).
     pub fn opened() -> Option<Result<Arc<GpuDevice>>> {
-        SHARED.get().cloned()
+        SHARED[0].get().cloned()
     }
 
-    fn open() -> Result<GpuDevice> {
-        let info = probe()?;
+    /// Its ordinal (after `CUDA_VISIBLE_DEVICES`).
+    pub fn ordinal(&self) -> usize {
+        self.info.ordinal
+    }
+
+    fn open(ordinal: usize) -> Result<GpuDevice> {
+        let info = probe_ordinal(ordinal)?;
         let arch = arch_for(info.compute_capability)?;
         let ctx = CudaContext::new(info.ordinal)
             .map_err(|e| Error::Device(format!("GPU {} cannot be opened: {e}", info.ordinal)))?;

@@ -17,7 +17,7 @@ pub(crate) mod launch;
 pub mod memory;
 pub mod startup;
 
-pub use device::{DerivedSide, GpuDevice, PIPELINE_STREAMS, ResidentKey};
+pub use device::{DerivedSide, GpuDevice, MAX_DEVICES, PIPELINE_STREAMS, ResidentKey};
 pub use error::{Error, Result};
 
 /// A CUDA device that answered.
@@ -49,6 +49,20 @@ impl fmt::Display for GpuInfo {
 /// The first CUDA device, or why there is none. Never panics: cudarc's dynamic loading panics on
 /// first use when libcuda or libnvrtc is missing, so their presence is checked first.
 pub fn probe() -> Result<GpuInfo> {
+    probe_ordinal(0)
+}
+
+/// How many CUDA devices the driver shows this process (after `CUDA_VISIBLE_DEVICES`), or why
+/// there is none.
+pub fn device_count() -> Result<usize> {
+    probe()?;
+    CudaContext::device_count()
+        .map(|n| n as usize)
+        .map_err(|e| Error::Unavailable(format!("the CUDA driver failed: {e}")))
+}
+
+/// CUDA device `ordinal`, or why it cannot be used.
+pub fn probe_ordinal(ordinal: usize) -> Result<GpuInfo> {
     // SAFETY: these only try to dlopen() the libraries; no CUDA function is called.
     let driver = unsafe { cudarc::driver::sys::is_culib_present() };
     // SAFETY: as above.
@@ -64,16 +78,20 @@ pub fn probe() -> Result<GpuInfo> {
     if count < 1 {
         return Err(Error::Unavailable("the CUDA driver reports no device".into()));
     }
-    let ctx = CudaContext::new(0).map_err(|e| Error::Unavailable(format!("GPU 0 cannot be opened: {e}")))?;
+    if ordinal >= count as usize {
+        return Err(Error::Unavailable(format!("GPU {ordinal} does not exist ({count} visible)")));
+    }
+    let ctx =
+        CudaContext::new(ordinal).map_err(|e| Error::Unavailable(format!("GPU {ordinal} cannot be opened: {e}")))?;
     let info = || -> std::result::Result<GpuInfo, cudarc::driver::DriverError> {
         Ok(GpuInfo {
-            ordinal: 0,
+            ordinal,
             name: ctx.name()?,
             compute_capability: ctx.compute_capability()?,
             total_memory: ctx.total_mem()?,
         })
     };
-    info().map_err(|e| Error::Unavailable(format!("GPU 0 does not answer: {e}")))
+    info().map_err(|e| Error::Unavailable(format!("GPU {ordinal} does not answer: {e}")))
 }
 
 #[cfg(test)]

@@ -40,11 +40,19 @@ async fn planning_errors_name_function_argument_and_value() {
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'metrc=l1')",
-            "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, cache_size, rewrite_joins, rewrite_scans)",
+            "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans)",
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'gpu_memory_limit=2X')",
             "Error during planning: sim_join: options string 'gpu_memory_limit=2X': gpu_memory_limit must be a size such as 512M or 4G (units K, M, G), or 0 for no limit, got '2X'",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'devices=0;1')",
+            "Error during planning: sim_join: options string 'devices=0;1': unknown devices '0;1' (expected all, or GPU ordinals such as 0,1)",
+        ),
+        (
+            "SELECT * FROM knn(t, t, 3, 'devices=0,1, device=cpu')",
+            "Error during planning: knn: option devices=0,1 selects GPUs, but device=cpu runs on the CPU",
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'pairs=some')",

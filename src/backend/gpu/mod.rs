@@ -40,7 +40,10 @@ mod join;
 mod knn;
 mod knn_plan;
 mod knn_write;
+mod multi;
 mod sides;
+
+pub use multi::MultiGpuBackend;
 
 use filter::*;
 use join::*;

@@ -142,7 +142,21 @@ fn special(n: usize, dim: usize) -> Vec<f64> {
 /// 1 when the answers differ or the GPU failed, else 0.
 async fn compare(ctx: &SessionContext, sql: &str, data: &str, table: &mut String) -> Result<usize> {
     let started = Instant::now();
-    let cpu = rows(ctx, &format!("{}, device=cpu')", sql.trim_end_matches("')"))).await?;
+    // The CPU reference runs without the GPU selection (`, devices=0,1`).
+    let cpu_sql = match sql.find(", devices=") {
+        Some(at) => {
+            let value = &sql[at + ", devices=".len()..];
+            let mut end = 0;
+            while let Some(c) = value[end..].chars().next()
+                && (c.is_ascii_digit() || (c == ',' && value[end + 1..].starts_with(|d: char| d.is_ascii_digit())))
+            {
+                end += 1;
+            }
+            format!("{}{}", &sql[..at], &value[end..])
+        }
+        None => sql.to_string(),
+    };
+    let cpu = rows(ctx, &format!("{}, device=cpu')", cpu_sql.trim_end_matches("')"))).await?;
     let cpu_ms = started.elapsed().as_secs_f64() * 1e3;
     let started = Instant::now();
     let gpu = rows(ctx, &format!("{}, device=gpu')", sql.trim_end_matches("')"))).await;
@@ -292,6 +306,26 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
             }
         }
     }
+    // Several GPUs: every case above ran across all of them (devices=all); these run on each one
+    // alone, and on the first two together explicitly.
+    let count = simjoin::gpu::device_count().unwrap_or(0);
+    if count > 1 {
+        let selections = (0..count).map(|o| o.to_string()).chain(["0,1".to_string()]);
+        for devices in selections {
+            for (name, values, dim) in [&datasets[0], &datasets[7]] {
+                let n = register_pair(&ctx, values, *dim)?;
+                for metric in [Metric::L2, Metric::Cosine] {
+                    let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
+                    let options = format!("metric={metric}, devices={devices}");
+                    let knn = format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, 10, '{options}')");
+                    for sql in join_queries(eps, &options).into_iter().chain([knn]) {
+                        let data = format!("{name} | {n} × {dim} on GPUs {devices}");
+                        failures += compare(&ctx, &sql, &data, &mut table).await?;
+                    }
+                }
+            }
+        }
+    }
     // More collected pairs (~5·10⁶) than one download batch (2²²): the batches alternate between
     // the two halves of the host buffers, each copied while the one before is emitted.
     let values = datagen::generate(Distribution::Uniform, 50_000, 2, 7);
@@ -319,7 +353,9 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
                 failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} write passes"), &mut table).await?;
             }
         }
-        let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'gpu_memory_limit=1M, device=gpu')";
+        // On one GPU: divided among several, each part's candidates may fit the limit.
+        let explain =
+            "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'gpu_memory_limit=1M, device=gpu, devices=0')";
         let what = format!("{name} {n} × {dim} kNN under gpu_memory_limit=1M");
         failures += check_metric(&ctx, explain, "write_passes", &what, |passes| passes > 0, "at least 1").await?;
     }

@@ -1,0 +1,129 @@
+//! Several GPUs of one host as one backend: each run's work divided among them, one thread per
+//! device, each with its own context, module, streams, staging buffers, memory budget and kept
+//! rows (its [`GpuBackend`]).
+//!
+//! * kNN: the queries are divided into one contiguous part per GPU (each GPU holds the whole
+//!   base); a query's neighbours come from one GPU, so its list is the single-GPU list. Below
+//!   [`KNN_SPLIT_WORK`] one GPU finishes first (docs/optimisations.md, v102), so there the first
+//!   GPU runs it alone, unless the GPUs were named (`devices=0,1`).
+//! * Joins and range queries of two inputs: the left rows (the queries of a range query) are
+//!   divided the same way, each part joined with the whole right input.
+//! * Self-joins run on the first GPU: a part of the left rows against the whole input would give
+//!   up the self-join's halving of the pairs (each unordered pair computed once).
+//!
+//! Parts are of equal row counts; each part's results go out as its GPU produces them (the
+//! queries of different parts interleave), with positions shifted back to the whole input's.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::GpuBackend;
+use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
+use crate::gpu::GpuDevice;
+use datafusion::common::{DataFusionError, Result};
+
+/// kNN work (queries × base rows × dimensions) below which the first GPU runs it alone: two
+/// H200s took longer than one for 100k queries over 1M × 128 (1.3·10¹³) and 1.27× less time over
+/// 4M × 128 (5.1·10¹³).
+const KNN_SPLIT_WORK: f64 = 3e13;
+
+/// The GPUs of a run.
+#[derive(Debug)]
+pub struct MultiGpuBackend {
+    gpus: Vec<GpuBackend>,
+    /// The GPUs were named: divide every run among them.
+    named: bool,
+}
+
+impl MultiGpuBackend {
+    /// A backend over `devices` (at least one), each run using at most `memory_limit` bytes of
+    /// each (0: all that is available); `named` when the user listed them.
+    pub fn new(devices: Vec<Arc<GpuDevice>>, memory_limit: usize, named: bool) -> Self {
+        Self { gpus: devices.into_iter().map(|d| GpuBackend::new(d, memory_limit)).collect(), named }
+    }
+
+    /// Runs `part(gpu, rows)` for one contiguous part of `0..rows` per GPU, in parallel, and adds
+    /// up their statistics; the first error wins.
+    fn split(
+        &self,
+        rows: usize,
+        part: impl Fn(&GpuBackend, Range<usize>) -> Result<RunStats> + Sync,
+    ) -> Result<RunStats> {
+        let parts = self.gpus.len().min(rows.max(1));
+        let per_part = rows.div_ceil(parts);
+        let outcomes: Vec<Result<RunStats>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self.gpus[..parts]
+                .iter()
+                .enumerate()
+                .map(|(i, gpu)| {
+                    let range = (i * per_part).min(rows)..((i + 1) * per_part).min(rows);
+                    let part = &part;
+                    scope.spawn(move || part(gpu, range))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(DataFusionError::Internal("GPU part panicked".into()))))
+                .collect()
+        });
+        let mut stats = RunStats::default();
+        for outcome in outcomes {
+            stats.add(&outcome?);
+        }
+        Ok(stats)
+    }
+}
+
+impl Backend for MultiGpuBackend {
+    fn name(&self) -> String {
+        let first = self.gpus[0].name();
+        match self.gpus.len() {
+            1 => first,
+            n => format!("{n} × {first}"),
+        }
+    }
+
+    fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.self_join.is_some() || self.gpus.len() == 1 {
+            return self.gpus[0].join(request, sink);
+        }
+        self.split(request.left.len(), |gpu, rows| {
+            let left = request.left.slice(rows.clone());
+            let part = JoinRequest { left: &left, ..*request };
+            gpu.join(&part, &ShiftedSink { inner: sink, left: rows.start as u32 })
+        })
+    }
+
+    fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let work = request.queries.len() as f64 * request.base.len() as f64 * request.base.dim as f64;
+        if self.gpus.len() == 1 || (work < KNN_SPLIT_WORK && !self.named) {
+            return self.gpus[0].knn(request, sink);
+        }
+        self.split(request.queries.len(), |gpu, rows| {
+            let queries = request.queries.slice(rows.clone());
+            let part = KnnRequest { queries: &queries, ..*request };
+            gpu.knn(&part, &ShiftedSink { inner: sink, left: rows.start as u32 })
+        })
+    }
+}
+
+/// A part's results with its left (query) positions shifted to the whole input's.
+struct ShiftedSink<'a> {
+    inner: &'a dyn ResultSink,
+    left: u32,
+}
+
+impl ResultSink for ShiftedSink<'_> {
+    fn send(&self, mut chunk: ResultChunk) -> Result<()> {
+        chunk.left.iter_mut().for_each(|p| *p += self.left);
+        self.inner.send(chunk)
+    }
+
+    fn chunk_rows(&self) -> usize {
+        self.inner.chunk_rows()
+    }
+
+    fn advance(&self, units: u64) {
+        self.inner.advance(units);
+    }
+}
