@@ -142,6 +142,21 @@ pub struct RunStats {
     pub kernel_time: Duration,
     /// GPU: turning downloaded pairs into result chunks and sending them, within probe time.
     pub emit_time: Duration,
+    /// Several GPUs: each device's part of the run.
+    pub devices: Vec<DeviceRun>,
+}
+
+/// One GPU's part of a run divided among several.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceRun {
+    /// The device's ordinal.
+    pub ordinal: usize,
+    /// Left rows (queries) it was given.
+    pub rows: usize,
+    /// Its wall time, from the start of the run to the end of its part.
+    pub time: Duration,
+    /// Its kernel time.
+    pub kernel_time: Duration,
 }
 
 impl RunStats {
@@ -159,6 +174,7 @@ impl RunStats {
         self.transfer_time += other.transfer_time;
         self.kernel_time += other.kernel_time;
         self.emit_time += other.emit_time;
+        self.devices.extend(other.devices.iter().cloned());
     }
 }
 

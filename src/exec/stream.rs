@@ -30,6 +30,8 @@ use crate::vectors::{Vectors, skipped_values};
 
 /// The operator's metrics (EXPLAIN ANALYZE).
 struct SimilarityMetrics {
+    /// The operator's set, for the per-device metrics of a run on several GPUs.
+    set: ExecutionPlanMetricsSet,
     baseline: BaselineMetrics,
     input_rows: Count,
     skipped_rows: Count,
@@ -56,6 +58,7 @@ struct SimilarityMetrics {
 impl SimilarityMetrics {
     fn new(set: &ExecutionPlanMetricsSet) -> Self {
         Self {
+            set: set.clone(),
             baseline: BaselineMetrics::new(set, 0),
             input_rows: MetricBuilder::new(set).counter("input_rows", 0),
             skipped_rows: MetricBuilder::new(set).counter("skipped_rows", 0),
@@ -95,6 +98,13 @@ impl SimilarityMetrics {
         self.transfer_time.add_duration(stats.transfer_time);
         self.kernel_time.add_duration(stats.kernel_time);
         self.emit_time.add_duration(stats.emit_time);
+        // Several GPUs: each device's rows, wall time and kernel time (`gpu1_time=…`).
+        for device in &stats.devices {
+            let name = |what: &str| format!("gpu{}_{what}", device.ordinal);
+            MetricBuilder::new(&self.set).counter(name("rows"), 0).add(device.rows);
+            MetricBuilder::new(&self.set).subset_time(name("time"), 0).add_duration(device.time);
+            MetricBuilder::new(&self.set).subset_time(name("kernel_time"), 0).add_duration(device.kernel_time);
+        }
         self.baseline.elapsed_compute().add_duration(stats.build_time + stats.probe_time);
     }
 }

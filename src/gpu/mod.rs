@@ -55,14 +55,6 @@ pub fn probe() -> Result<GpuInfo> {
 /// How many CUDA devices the driver shows this process (after `CUDA_VISIBLE_DEVICES`), or why
 /// there is none.
 pub fn device_count() -> Result<usize> {
-    probe()?;
-    CudaContext::device_count()
-        .map(|n| n as usize)
-        .map_err(|e| Error::Unavailable(format!("the CUDA driver failed: {e}")))
-}
-
-/// CUDA device `ordinal`, or why it cannot be used.
-pub fn probe_ordinal(ordinal: usize) -> Result<GpuInfo> {
     // SAFETY: these only try to dlopen() the libraries; no CUDA function is called.
     let driver = unsafe { cudarc::driver::sys::is_culib_present() };
     // SAFETY: as above.
@@ -74,11 +66,17 @@ pub fn probe_ordinal(ordinal: usize) -> Result<GpuInfo> {
         }
         _ => {}
     }
-    let count = CudaContext::device_count().map_err(|e| Error::Unavailable(format!("the CUDA driver failed: {e}")))?;
-    if count < 1 {
-        return Err(Error::Unavailable("the CUDA driver reports no device".into()));
+    match CudaContext::device_count() {
+        Ok(count) if count >= 1 => Ok(count as usize),
+        Ok(_) => Err(Error::Unavailable("the CUDA driver reports no device".into())),
+        Err(e) => Err(Error::Unavailable(format!("the CUDA driver failed: {e}"))),
     }
-    if ordinal >= count as usize {
+}
+
+/// CUDA device `ordinal`, or why it cannot be used.
+pub fn probe_ordinal(ordinal: usize) -> Result<GpuInfo> {
+    let count = device_count()?;
+    if ordinal >= count {
         return Err(Error::Unavailable(format!("GPU {ordinal} does not exist ({count} visible)")));
     }
     let ctx =

@@ -70,6 +70,11 @@ impl GpuBackend {
         Self { device, memory_limit }
     }
 
+    /// Its device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.device.ordinal()
+    }
+
     /// Device memory this run may use: what is free (with what the memory pool keeps for reuse),
     /// within the limit.
     fn memory_budget(&self) -> Result<usize> {

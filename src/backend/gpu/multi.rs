@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::GpuBackend;
-use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
+use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::gpu::GpuDevice;
 use datafusion::common::{DataFusionError, Result};
 
@@ -51,6 +51,7 @@ impl MultiGpuBackend {
     ) -> Result<RunStats> {
         let parts = self.gpus.len().min(rows.max(1));
         let per_part = rows.div_ceil(parts);
+        let started = std::time::Instant::now();
         let outcomes: Vec<Result<RunStats>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self.gpus[..parts]
                 .iter()
@@ -58,7 +59,18 @@ impl MultiGpuBackend {
                 .map(|(i, gpu)| {
                     let range = (i * per_part).min(rows)..((i + 1) * per_part).min(rows);
                     let part = &part;
-                    scope.spawn(move || part(gpu, range))
+                    scope.spawn(move || {
+                        let rows = range.len();
+                        let mut stats = part(gpu, range)?;
+                        let device = DeviceRun {
+                            ordinal: gpu.ordinal(),
+                            rows,
+                            time: started.elapsed(),
+                            kernel_time: stats.kernel_time,
+                        };
+                        stats.devices = vec![device];
+                        Ok(stats)
+                    })
                 })
                 .collect();
             handles

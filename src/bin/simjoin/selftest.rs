@@ -326,6 +326,12 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
             }
         }
     }
+    if count > 1 {
+        // EXPLAIN ANALYZE gives each GPU's part (the 9000 × 16 pair is registered last).
+        let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu, devices=0,1')";
+        let what = "a kNN divided between GPUs 0 and 1";
+        failures += check_metric(&ctx, explain, "gpu1_rows", what, |rows| rows > 0, "more than 0").await?;
+    }
     // More collected pairs (~5·10⁶) than one download batch (2²²): the batches alternate between
     // the two halves of the host buffers, each copied while the one before is emitted.
     let values = datagen::generate(Distribution::Uniform, 50_000, 2, 7);
