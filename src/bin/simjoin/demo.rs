@@ -28,8 +28,13 @@ pub async fn run(args: SessionArgs) -> Result<()> {
         session.tables.push(format!("{name}={}", dir.join(format!("{name}.parquet")).display()));
     }
     let ctx = super::sql::session(&session).await?;
+    let words = WORDS.iter().enumerate().map(|(i, w)| format!("({i}, '{w}')")).collect::<Vec<_>>().join(", ");
+    ctx.sql(&format!("CREATE TABLE words AS SELECT * FROM (VALUES {words}) AS t(id, word)")).await?.collect().await?;
     println!("simjoin demo: data in {}", dir.display());
-    println!("  points: 200,000 uniform 2-D; blobs: 100,000 × 32-D Gaussian blobs; queries: 1,000 × 32-D\n");
+    println!(
+        "  points: 200,000 uniform 2-D; blobs: 100,000 × 32-D Gaussian blobs; queries: 1,000 × 32-D; words: {} spellings\n",
+        WORDS.len()
+    );
 
     let steps = [
         (
@@ -60,6 +65,23 @@ pub async fn run(args: SessionArgs) -> Result<()> {
             "kNN of all 1,000 queries, k = 10 (l2)".to_string(),
             "SELECT count(*) AS rows, max(distance) AS farthest_10th FROM knn(blobs, queries, 10)".to_string(),
         ),
+        (
+            "plain SQL: a join on l2_distance, planned as sim_join".to_string(),
+            format!(
+                "SELECT count(*) AS pairs FROM points a JOIN points b ON l2_distance(a.vector, b.vector) <= {eps} AND a.id < b.id"
+            ),
+        ),
+        (
+            "text: pairs of words within 1 edit (Levenshtein)".to_string(),
+            "SELECT left_word, right_word, distance FROM sim_join(words, 1, 'metric=levenshtein, pairs=unordered') \
+             ORDER BY left_word, right_word"
+                .to_string(),
+        ),
+        (
+            "text: the 3 closest words to 'recieve'".to_string(),
+            "SELECT rank, base_word, distance FROM knn(words, ['recieve'], 3, 'metric=levenshtein') ORDER BY rank"
+                .to_string(),
+        ),
     ];
     for (title, query) in steps {
         println!("-- {title}\n{query}");
@@ -74,3 +96,23 @@ pub async fn run(args: SessionArgs) -> Result<()> {
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
+
+/// Spellings for the text steps: words and their common misspellings.
+const WORDS: [&str; 16] = [
+    "receive",
+    "recieve",
+    "deceive",
+    "believe",
+    "beleive",
+    "achieve",
+    "acheive",
+    "colour",
+    "color",
+    "neighbour",
+    "neighbor",
+    "separate",
+    "seperate",
+    "definitely",
+    "definately",
+    "relieve",
+];
