@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_empty_array};
 use datafusion::arrow::compute::{cast, concat};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema, SchemaRef};
-use datafusion::common::{Result, exec_err, plan_err};
+use datafusion::common::{DataFusionError, Result, exec_err, plan_datafusion_err, plan_err};
 use rayon::prelude::*;
 
 /// Where a table's vectors come from.
@@ -57,11 +57,7 @@ impl VectorSource {
         }
         if let Some(name) = column {
             let Some((index, field)) = schema.column_with_name(name) else {
-                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-                return plan_err!(
-                    "{function}: argument '{argument}' has no column '{name}' (columns: {})",
-                    names.join(", ")
-                );
+                return Err(no_column(schema, name, function, argument));
             };
             return match field.data_type() {
                 t if is_list(t) => Self::list(index, field.name(), t, function, argument),
@@ -125,13 +121,7 @@ impl VectorSource {
                         field.data_type()
                     );
                 }
-                None => {
-                    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-                    return plan_err!(
-                        "{function}: argument '{argument}' has no column '{name}' (columns: {})",
-                        names.join(", ")
-                    );
-                }
+                None => return Err(no_column(schema, name, function, argument)),
             },
             None => match texts.as_slice() {
                 [index] => *index,
@@ -188,6 +178,12 @@ impl VectorSource {
             VectorSource::Columns(c) => c.clone(),
         }
     }
+}
+
+/// The error for a `column=` that `schema` does not have.
+fn no_column(schema: &Schema, name: &str, function: &str, argument: &str) -> DataFusionError {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    plan_datafusion_err!("{function}: argument '{argument}' has no column '{name}' (columns: {})", names.join(", "))
 }
 
 fn is_list(t: &DataType) -> bool {
@@ -316,14 +312,10 @@ impl Vectors {
         Vectors { rows, ..Default::default() }
     }
 
-    /// Strings (text metrics): each is kept, numbered 0.. in input order.
-    pub fn from_strings<'a>(strings: impl IntoIterator<Item = &'a str>) -> Vectors {
-        let mut out = Vectors::default();
-        for (row, s) in strings.into_iter().enumerate() {
-            out.strings.push(s);
-            out.rows.push(row as u32);
-        }
-        out
+    /// The input rows (of `num_rows`) that were skipped, ascending.
+    pub fn skipped_rows(&self, num_rows: usize) -> Vec<u32> {
+        let mut usable = self.rows.iter().copied().peekable();
+        (0..num_rows as u32).filter(|&r| usable.next_if_eq(&r).is_none()).collect()
     }
 
     /// The `i`-th string (text metrics).
@@ -462,7 +454,6 @@ impl Vectors {
 
 fn from_text(column: &ArrayRef, describe: &str) -> Result<Vectors> {
     let mut out = Vectors::default();
-    out.strings.offsets.push(0);
     let mut add = |row: usize, s: Option<&str>| match s {
         Some(s) => {
             out.strings.push(s);
@@ -591,19 +582,17 @@ fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
 /// The rows of `batches` (numbered across them) that the conversion skipped although their vector
 /// is not NULL and holds no NULL — NaN or ±Inf values, zero vectors under cosine — with their
 /// values widened to f64: SQL's scalar distance functions still compare them (see
-/// `SimilarityOp::scalar_semantics`). `usable` is the converted vectors' rows, ascending.
-pub fn skipped_values(batches: &[RecordBatch], source: &VectorSource, usable: &[u32]) -> Result<Vec<(u32, Vec<f64>)>> {
+/// `SimilarityOp::scalar_semantics`). `skipped` is [`Vectors::skipped_rows`].
+pub fn skipped_values(batches: &[RecordBatch], source: &VectorSource, skipped: &[u32]) -> Result<Vec<(u32, Vec<f64>)>> {
     let mut out = Vec::new();
     let mut first_row = 0usize;
-    let mut next_usable = usable.iter().copied().peekable();
+    let mut rest = skipped;
     for batch in batches {
         let rows = batch.num_rows();
-        let mut skipped = Vec::new();
-        for i in 0..rows {
-            if next_usable.next_if_eq(&((first_row + i) as u32)).is_none() {
-                skipped.push(i);
-            }
-        }
+        // This batch's skipped rows, numbered within it.
+        let here = rest.partition_point(|&r| (r as usize) < first_row + rows);
+        let skipped: Vec<usize> = rest[..here].iter().map(|&r| r as usize - first_row).collect();
+        rest = &rest[here..];
         if !skipped.is_empty() {
             match source {
                 VectorSource::List { index, .. } => {

@@ -64,7 +64,8 @@ impl AutoBackend {
         Self { gpu_only: true, ..Self::new(memory_limit, devices, knn) }
     }
 
-    /// The GPU backend over the selected devices (opened at once, each on a thread of its own).
+    /// The GPU backend over the selected devices (several opened at once, each on a thread of
+    /// its own; once open, `GpuDevice::at` returns them at once).
     fn gpu(&self) -> Result<Arc<dyn Backend>> {
         let ordinals: Vec<usize> = match &self.devices {
             Devices::All => match crate::gpu::device_count() {
@@ -76,13 +77,16 @@ impl AutoBackend {
             }
             Devices::List(list) => list.clone(),
         };
-        let opened: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = ordinals.iter().map(|&o| s.spawn(move || GpuDevice::at(o))).collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(GpuError::Device("opening a GPU panicked".into()))))
-                .collect()
-        });
+        let opened: Vec<_> = match ordinals.as_slice() {
+            [one] => vec![GpuDevice::at(*one)],
+            several => std::thread::scope(|s| {
+                let handles: Vec<_> = several.iter().map(|&o| s.spawn(move || GpuDevice::at(o))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(GpuError::Device("opening a GPU panicked".into()))))
+                    .collect()
+            }),
+        };
         let mut devices = Vec::new();
         for (ordinal, device) in ordinals.iter().zip(opened) {
             match (device, &self.devices) {

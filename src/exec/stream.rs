@@ -233,13 +233,9 @@ impl Run {
                         (false, _) => Vec::new(),
                         // Every skipped base row is a candidate of the sort above a rewritten kNN.
                         (true, Operation::Knn { .. }) => {
-                            let mut usable = vectors.rows.iter().copied().peekable();
-                            (0..num_rows as u32)
-                                .filter(|&r| usable.next_if_eq(&r).is_none())
-                                .map(|r| (r, Vec::new()))
-                                .collect()
+                            vectors.skipped_rows(num_rows).into_iter().map(|r| (r, Vec::new())).collect()
                         }
-                        (true, _) => skipped_values(parts, &input.source, &vectors.rows)?,
+                        (true, _) => skipped_values(parts, &input.source, &vectors.skipped_rows(num_rows))?,
                     };
                     Ok((SideData { columns, num_rows, vectors }, cached, odd))
                 };

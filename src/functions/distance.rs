@@ -24,29 +24,37 @@ use crate::op::{Metric, dot};
 
 /// What a function computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Formula {
+pub(crate) enum Formula {
     /// A metric's distance, as the table functions compute it.
     Metric(Metric),
     /// The dot product `a·b` (pgvector's and DuckDB's `inner_product`): minus `metric=inner_product`.
     Dot,
 }
 
+/// Every scalar distance function's name and formula.
+const FUNCTIONS: [(&str, Formula); 9] = [
+    ("l2_distance", Formula::Metric(Metric::L2)),
+    ("l2sq_distance", Formula::Metric(Metric::L2Squared)),
+    ("cosine_distance", Formula::Metric(Metric::Cosine)),
+    ("array_cosine_distance", Formula::Metric(Metric::Cosine)),
+    ("l1_distance", Formula::Metric(Metric::L1)),
+    ("linf_distance", Formula::Metric(Metric::LInf)),
+    ("inner_product", Formula::Dot),
+    ("array_inner_product", Formula::Dot),
+    ("array_negative_inner_product", Formula::Metric(Metric::InnerProduct)),
+];
+
 /// Every scalar distance function, by name.
 pub fn all() -> Vec<ScalarUDF> {
-    [
-        ("l2_distance", Formula::Metric(Metric::L2)),
-        ("l2sq_distance", Formula::Metric(Metric::L2Squared)),
-        ("cosine_distance", Formula::Metric(Metric::Cosine)),
-        ("array_cosine_distance", Formula::Metric(Metric::Cosine)),
-        ("l1_distance", Formula::Metric(Metric::L1)),
-        ("linf_distance", Formula::Metric(Metric::LInf)),
-        ("inner_product", Formula::Dot),
-        ("array_inner_product", Formula::Dot),
-        ("array_negative_inner_product", Formula::Metric(Metric::InnerProduct)),
-    ]
-    .into_iter()
-    .map(|(name, formula)| ScalarUDF::new_from_impl(DistanceFunction::new(name, formula)))
-    .collect()
+    FUNCTIONS
+        .into_iter()
+        .map(|(name, formula)| ScalarUDF::new_from_impl(DistanceFunction::new(name, formula)))
+        .collect()
+}
+
+/// What the scalar distance function `name` computes (`None`: not one of them).
+pub(crate) fn formula(name: &str) -> Option<Formula> {
+    FUNCTIONS.iter().find(|(n, _)| *n == name).map(|(_, formula)| *formula)
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]

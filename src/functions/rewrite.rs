@@ -43,6 +43,7 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
+use super::distance::Formula;
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp, validate_threshold};
 use crate::options::SimJoinOptions;
 use crate::table::TableInput;
@@ -71,6 +72,11 @@ impl OptimizerRule for SimilarityJoinRewrite {
     }
 
     fn rewrite(&self, plan: LogicalPlan, config: &dyn OptimizerConfig) -> Result<Transformed<LogicalPlan>> {
+        // The rule visits every node of every optimizer pass: the options are read only for the
+        // three kinds it rewrites.
+        if !matches!(plan, LogicalPlan::Join(_) | LogicalPlan::Filter(_) | LogicalPlan::Sort(_)) {
+            return Ok(Transformed::no(plan));
+        }
         let options = config.options().extensions.get::<SimJoinOptions>().cloned().unwrap_or_default();
         let rewritten = match &plan {
             LogicalPlan::Join(join) if options.rewrite_joins => rewrite_join(join, &options),
@@ -100,9 +106,7 @@ fn rewrite_join(join: &Join, options: &SimJoinOptions) -> Option<LogicalPlan> {
     if join.join_type != JoinType::Inner || !join.on.is_empty() {
         return None;
     }
-    let conjuncts = split_conjunction(join.filter.as_ref()?);
-    let (at, bound) = conjuncts.iter().enumerate().find_map(|(i, c)| Some((i, distance_bound(c, join)?)))?;
-    let rest: Vec<Expr> = conjuncts.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, c)| (*c).clone()).collect();
+    let (bound, rest) = take_conjunct(join.filter.as_ref()?, |c| distance_bound(c, join))?;
 
     let options = SimJoinOptions { metric: bound.metric, ..options.clone() };
     let left = view_input(&join.left, &bound.left, bound.metric, "left")?;
@@ -112,19 +116,10 @@ fn rewrite_join(join: &Join, options: &SimJoinOptions) -> Option<LogicalPlan> {
     let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(operation, &options) };
     let table = super::table(op, left, Some(right), ["left", "right"]).ok()?;
 
-    // The join's columns in order: the left input's, then the right's, each under its own name.
+    // The join's columns in order: the left input's, then the right's.
     let left_len = join.left.schema().fields().len();
-    let columns: Vec<Expr> = join
-        .schema
-        .iter()
-        .enumerate()
-        .map(|(i, (qualifier, field))| {
-            let prefix = if i < left_len { "left_" } else { "right_" };
-            Expr::Column(Column::new(Some(SCAN), format!("{prefix}{}", field.name())))
-                .alias_qualified(qualifier.cloned(), field.name())
-        })
-        .collect();
-    let mut builder = LogicalPlanBuilder::scan(SCAN, provider_as_source(table), None).ok()?.project(columns).ok()?;
+    let prefix = |i: usize| if i < left_len { "left_" } else { "right_" };
+    let mut builder = scan_as(table, SCAN, &join.schema, prefix)?;
     if let Some(filter) = conjunction(rest) {
         builder = builder.filter(filter).ok()?;
     }
@@ -159,9 +154,9 @@ fn bounded_call(conjunct: &Expr) -> Option<(&ScalarFunction, Metric, f64)> {
         ScalarValue::Float64(Some(t)) if t.is_finite() => t,
         _ => return None,
     };
-    let (metric, threshold, strict) = match (ordering(call.func.name())?, op) {
-        (Ordering::Dot, Operator::GtEq | Operator::Gt) => (Metric::InnerProduct, -threshold, op == Operator::Gt),
-        (Ordering::Distance(metric), Operator::LtEq | Operator::Lt) => (metric, threshold, op == Operator::Lt),
+    let (metric, threshold, strict) = match (formula(call.func.name())?, op) {
+        (Formula::Dot, Operator::GtEq | Operator::Gt) => (Metric::InnerProduct, -threshold, op == Operator::Gt),
+        (Formula::Metric(metric), Operator::LtEq | Operator::Lt) => (metric, threshold, op == Operator::Lt),
         _ => return None,
     };
     let threshold = match (strict, metric.is_text()) {
@@ -173,39 +168,26 @@ fn bounded_call(conjunct: &Expr) -> Option<(&ScalarFunction, Metric, f64)> {
     Some((call, metric, threshold))
 }
 
-/// How a function's values order neighbours.
-enum Ordering {
-    /// A distance of the metric: smaller is nearer.
-    Distance(Metric),
-    /// A dot product: larger is nearer (`metric=inner_product` is its negation).
-    Dot,
-}
-
-fn ordering(function: &str) -> Option<Ordering> {
-    Some(match function {
-        "l2_distance" | "array_distance" | "list_distance" => Ordering::Distance(Metric::L2),
-        "l2sq_distance" => Ordering::Distance(Metric::L2Squared),
-        "cosine_distance" | "array_cosine_distance" => Ordering::Distance(Metric::Cosine),
-        "l1_distance" => Ordering::Distance(Metric::L1),
-        "linf_distance" => Ordering::Distance(Metric::LInf),
-        "array_negative_inner_product" => Ordering::Distance(Metric::InnerProduct),
-        "levenshtein" => Ordering::Distance(Metric::Levenshtein),
-        "inner_product" | "array_inner_product" => Ordering::Dot,
-        _ => return None,
-    })
+/// What `function` computes, for the functions the rule knows: simjoin's distance functions and
+/// DataFusion's `array_distance` (`list_distance`) and `levenshtein`. A metric's distance orders
+/// neighbours nearest first ascending, a dot product descending.
+fn formula(function: &str) -> Option<Formula> {
+    match function {
+        "array_distance" | "list_distance" => Some(Formula::Metric(Metric::L2)),
+        "levenshtein" => Some(Formula::Metric(Metric::Levenshtein)),
+        name => super::distance::formula(name),
+    }
 }
 
 /// `WHERE dist(v, <constant>) <= r [AND …]` over one input as `range_query(input, constant, r)`
 /// under a projection back to the input's columns (each base row within `r` once), the other
 /// conjuncts as a filter above it.
 fn rewrite_range(filter: &Filter, options: &SimJoinOptions) -> Option<LogicalPlan> {
-    let conjuncts = split_conjunction(&filter.predicate);
-    let (at, (column, constant, metric, threshold)) = conjuncts.iter().enumerate().find_map(|(i, c)| {
+    let ((column, constant, metric, threshold), rest) = take_conjunct(&filter.predicate, |c| {
         let (call, metric, threshold) = bounded_call(c)?;
         let (column, constant) = column_and_constant(call, filter.input.schema())?;
-        Some((i, (column, constant, metric, threshold)))
+        Some((column, constant, metric, threshold))
     })?;
-    let rest: Vec<Expr> = conjuncts.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, c)| (*c).clone()).collect();
     let options = SimJoinOptions { metric, ..options.clone() };
     let base = view_input(&filter.input, &column, metric, "base")?;
     let query = query_input(constant, metric)?;
@@ -213,7 +195,7 @@ fn rewrite_range(filter: &Filter, options: &SimJoinOptions) -> Option<LogicalPla
     let op =
         SimilarityOp { scalar_semantics: true, ..super::similarity_op(Operation::RangeQuery { radius }, &options) };
     let table = super::table(op, query, Some(base), ["query", "base"]).ok()?;
-    let mut builder = base_rows(table, filter.input.schema())?;
+    let mut builder = scan_as(table, SCAN, filter.input.schema(), |_| "base_")?;
     if let Some(rest) = conjunction(rest) {
         builder = builder.filter(rest).ok()?;
     }
@@ -238,9 +220,9 @@ fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan>
         }
         other => (sort_call(other)?, None),
     };
-    let metric = match (ordering(call.func.name())?, key.asc) {
-        (Ordering::Distance(metric), true) => metric,
-        (Ordering::Dot, false) => Metric::InnerProduct,
+    let metric = match (formula(call.func.name())?, key.asc) {
+        (Formula::Metric(metric), true) => metric,
+        (Formula::Dot, false) => Metric::InnerProduct,
         _ => return None,
     };
     let input = projection.map_or(&sort.input, |p| &p.input);
@@ -256,7 +238,7 @@ fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan>
     let query = query_input(constant, metric)?;
     let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(Operation::Knn { k: n }, &options) };
     let table = super::table(op, query, Some(base), ["query", "base"]).ok()?;
-    let candidates = base_rows_named(table, input.schema(), NEAREST)?.build().ok()?;
+    let candidates = scan_as(table, NEAREST, input.schema(), |_| "base_")?.build().ok()?;
     let sorted_input = match projection {
         Some(p) => LogicalPlan::Projection(Projection::try_new(p.expr.clone(), Arc::new(candidates)).ok()?),
         None => candidates,
@@ -275,20 +257,27 @@ fn sort_call(expr: &Expr) -> Option<&ScalarFunction> {
     }
 }
 
-/// The scan of a range query's or kNN's table under a projection back to the base input's columns.
-fn base_rows(table: Arc<crate::table::SimilarityTable>, schema: &DFSchemaRef) -> Option<LogicalPlanBuilder> {
-    base_rows_named(table, schema, SCAN)
+/// The first conjunct of `predicate` that `parse` accepts, parsed, and the other conjuncts.
+fn take_conjunct<'a, T>(predicate: &'a Expr, parse: impl Fn(&'a Expr) -> Option<T>) -> Option<(T, Vec<Expr>)> {
+    let conjuncts = split_conjunction(predicate);
+    let (at, parsed) = conjuncts.iter().enumerate().find_map(|(i, c)| Some((i, parse(c)?)))?;
+    let rest = conjuncts.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, c)| (*c).clone()).collect();
+    Some((parsed, rest))
 }
 
-fn base_rows_named(
+/// A scan of the operator's table named `name` under a projection to `schema`: its column `i`
+/// is the table's `prefix(i)` + its name (`left_v`, `base_id`), under its own qualified name.
+fn scan_as(
     table: Arc<crate::table::SimilarityTable>,
-    schema: &DFSchemaRef,
     name: &str,
+    schema: &DFSchemaRef,
+    prefix: impl Fn(usize) -> &'static str,
 ) -> Option<LogicalPlanBuilder> {
     let columns: Vec<Expr> = schema
         .iter()
-        .map(|(qualifier, field)| {
-            Expr::Column(Column::new(Some(name), format!("base_{}", field.name())))
+        .enumerate()
+        .map(|(i, (qualifier, field))| {
+            Expr::Column(Column::new(Some(name), format!("{}{}", prefix(i), field.name())))
                 .alias_qualified(qualifier.cloned(), field.name())
         })
         .collect();

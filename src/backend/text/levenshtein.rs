@@ -43,16 +43,6 @@ impl Pattern {
         Pattern { len: pattern.len(), words, ascii, others, other_masks }
     }
 
-    /// Length of the pattern, in characters.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the pattern is the empty string.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     #[inline]
     fn mask(&self, c: u32, word: usize) -> u64 {
         if c < 128 {
