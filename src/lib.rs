@@ -17,9 +17,11 @@
 //! # }
 //! ```
 //!
-//! Dependencies point one way: `functions → table → exec → backend → gpu`.
+//! Dependencies point one way: `functions → table → exec → backend → gpu`; `cluster` (Ballista's
+//! processes and the codecs carrying the table and the operator) sits above them.
 
 pub mod backend;
+pub mod cluster;
 pub mod datagen;
 pub mod exec;
 pub mod functions;

@@ -13,9 +13,10 @@ use std::fmt;
 use std::str::FromStr;
 
 use datafusion::common::{Result, plan_err};
+use serde::{Deserialize, Serialize};
 
 /// A distance function between two vectors of the same dimension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum Metric {
     /// Euclidean distance `sqrt(Σ (a_i - b_i)²)`.
     #[default]
@@ -150,7 +151,7 @@ impl FromStr for Metric {
 }
 
 /// Where the work runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Device {
     /// Per run, the GPU or every CPU core, whichever is estimated to finish first (every CPU core
     /// when no GPU is usable).
@@ -185,7 +186,7 @@ impl FromStr for Device {
 }
 
 /// Which GPUs a run may use.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Devices {
     /// Every GPU the driver shows the process (after `CUDA_VISIBLE_DEVICES`).
     #[default]
@@ -222,7 +223,7 @@ impl FromStr for Devices {
 }
 
 /// How a join or range query finds its candidate pairs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum IndexChoice {
     /// The sampled cost model picks the grid (and its dimensions) or brute force.
     #[default]
@@ -256,7 +257,7 @@ impl FromStr for IndexChoice {
 }
 
 /// How a self-join reports each matching pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum PairOrder {
     /// Both (a, b) and (b, a).
     #[default]
@@ -286,7 +287,7 @@ impl FromStr for PairOrder {
 }
 
 /// The operation and its parameter.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Operation {
     /// ε-join of one table with itself (`self_join`) or of two tables.
     SimJoin {
@@ -312,7 +313,7 @@ pub enum Operation {
 }
 
 /// A validated request: what to compute, with which metric, where.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimilarityOp {
     /// The operation and its parameter.
     pub operation: Operation,
@@ -330,6 +331,9 @@ pub struct SimilarityOp {
     pub devices: Devices,
     /// Bytes of converted vectors kept across queries for inputs held in memory (0: none).
     pub cache_size: usize,
+    /// On a cluster: the shares the work is divided into (0: the session's
+    /// `datafusion.execution.target_partitions`).
+    pub tasks: usize,
     /// Set on a join planned from SQL's `dist(a.v, b.v) <= eps` (functions/rewrite.rs): the rows
     /// this contract skips without being NULL (NaN or ±Inf values, zero vectors under cosine) are
     /// compared too, by the scalar distance function, and kept when SQL's `<=` keeps the value —

@@ -37,6 +37,13 @@ pub struct SimJoinOptions {
     /// `range_query` and `knn` (functions/rewrite.rs); off by default: for one constant query the
     /// operator's fixed costs exceed DataFusion's own scan (docs/optimisations.md, v101).
     pub rewrite_scans: bool,
+    /// On a cluster: the shares each call's work is divided into (0: the session's
+    /// `datafusion.execution.target_partitions`).
+    pub tasks: usize,
+    /// Set, not by `SET`, for a session whose plans run on a DataFusion Ballista cluster (its
+    /// configuration carries Ballista's): each executor then chooses the device of its part, and
+    /// the client and the scheduler open no GPU.
+    pub cluster: bool,
 }
 
 /// `cache_size`'s default: room for a 1M × 128 base (1 GiB as f64) a few times over.
@@ -57,11 +64,13 @@ impl Default for SimJoinOptions {
             cache_size: DEFAULT_CACHE_SIZE,
             rewrite_joins: true,
             rewrite_scans: false,
+            tasks: 0,
+            cluster: false,
         }
     }
 }
 
-const KEYS: [(&str, &str); 12] = [
+const KEYS: [(&str, &str); 13] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
     ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -89,9 +98,19 @@ const KEYS: [(&str, &str); 12] = [
         "rewrite_scans",
         "Plan WHERE dist(v, constant) <= r and ORDER BY dist(v, constant) LIMIT k over one table as range_query and knn (true/false; default false)",
     ),
+    (
+        "tasks",
+        "On a cluster: the shares each call's work is divided into, each a task (0: datafusion.execution.target_partitions)",
+    ),
 ];
 
 impl SimJoinOptions {
+    /// The session's options (the defaults where none were registered).
+    pub fn of(config: &datafusion::common::config::ConfigOptions) -> Self {
+        let cluster = config.extensions.get::<ballista_core::config::BallistaConfig>().is_some();
+        Self { cluster, ..config.extensions.get::<SimJoinOptions>().cloned().unwrap_or_default() }
+    }
+
     /// Sets one option by name, with the messages the SQL `SET` and the options string share.
     /// `Err` holds a sentence without the caller's prefix.
     fn set_value(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
@@ -102,6 +121,12 @@ impl SimJoinOptions {
             "rewrite_joins" => self.rewrite_joins = parse_bool("rewrite_joins", value)?,
             "devices" => self.devices = value.parse()?,
             "rewrite_scans" => self.rewrite_scans = parse_bool("rewrite_scans", value)?,
+            "tasks" => {
+                self.tasks = value
+                    .trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("tasks must be a whole number (0: target_partitions), got '{value}'"))?
+            }
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
             "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size("gpu_memory_limit", value, "no limit")?,
@@ -134,6 +159,7 @@ impl SimJoinOptions {
             "rewrite_joins" => self.rewrite_joins.to_string(),
             "devices" => self.devices.to_string(),
             "rewrite_scans" => self.rewrite_scans.to_string(),
+            "tasks" => self.tasks.to_string(),
             _ => self.column.clone(),
         }
     }
@@ -249,7 +275,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans)"
+             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

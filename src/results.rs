@@ -12,7 +12,7 @@ use crate::backend::ResultChunk;
 use crate::vectors::Vectors;
 
 /// One output column and where its values come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OutputColumn {
     /// Column `i` of the left (join left / query) input batch.
     Left(usize),

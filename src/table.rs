@@ -24,7 +24,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 
 use crate::backend::Backend;
-use crate::exec::{InputSide, SimilarityExec};
+use crate::exec::{InputSide, SimilarityExec, WholeInputExec};
 use crate::op::{Operation, SimilarityOp};
 use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
@@ -51,6 +51,9 @@ pub struct SimilarityTable {
     schema: SchemaRef,
     columns: Vec<OutputColumn>,
     backend: Arc<dyn Backend>,
+    /// Planned by a cluster's scheduler: the operator divides its work into `op.tasks` shares
+    /// (see `exec`).
+    on_cluster: bool,
 }
 
 impl SimilarityTable {
@@ -77,7 +80,23 @@ impl SimilarityTable {
             fields.push(Field::new("rank", DataType::Int64, false));
             columns.push(OutputColumn::Rank);
         }
-        Self { op: Arc::new(op), left, right, schema: Arc::new(Schema::new(fields)), columns, backend }
+        let schema = Arc::new(Schema::new(fields));
+        Self { op: Arc::new(op), left, right, schema, columns, backend, on_cluster: false }
+    }
+
+    /// This table as a cluster's scheduler plans it: its work divided among tasks.
+    pub fn on_cluster(self) -> Self {
+        Self { on_cluster: true, ..self }
+    }
+
+    /// What is computed.
+    pub fn op(&self) -> &SimilarityOp {
+        &self.op
+    }
+
+    /// The input whose columns come first, and the second (`None`: a self-join).
+    pub fn inputs(&self) -> (&TableInput, Option<&TableInput>) {
+        (&self.left, self.right.as_ref())
     }
 }
 
@@ -274,14 +293,17 @@ impl TableProvider for SimilarityTable {
             })
             .collect();
         let schema = Arc::new(self.schema.project(&projected)?);
-        Ok(Arc::new(SimilarityExec::try_new(
-            self.op.clone(),
-            children,
-            left,
-            right,
-            columns,
-            schema,
-            self.backend.clone(),
-        )?))
+        let tasks = self.on_cluster.then(|| match self.op.tasks {
+            0 => state.config().target_partitions().max(1),
+            tasks => tasks,
+        });
+        if let Some(tasks) = tasks {
+            children = children.into_iter().map(|c| Arc::new(WholeInputExec::new(c)) as _).collect();
+            children.push(crate::exec::task_numbers(tasks)?);
+        }
+        Ok(Arc::new(
+            SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, self.backend.clone())?
+                .with_tasks(tasks)?,
+        ))
     }
 }

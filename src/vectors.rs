@@ -21,7 +21,7 @@ use datafusion::common::{DataFusionError, Result, exec_err, plan_datafusion_err,
 use rayon::prelude::*;
 
 /// Where a table's vectors come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum VectorSource {
     /// One list column (index into the table schema); `dim` is known for fixed-size lists.
     List { index: usize, dim: Option<usize> },

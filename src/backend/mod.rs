@@ -192,22 +192,14 @@ pub trait Backend: Debug + Send + Sync {
 /// CPU by estimated time where a GPU may be usable; otherwise (and for text metrics) every CPU core. Either way the
 /// device's start-up begins now, on a background thread, while the inputs are read.
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
+    check(op)?;
     let function = op.function_name();
     let knn = matches!(op.operation, crate::op::Operation::Knn { .. });
     if op.metric.is_text() {
-        return match op.device {
-            Device::Gpu => plan_err!(
-                "{function}: option device=gpu is not available for metric {}: edit distances run on every CPU core (device=auto or cpu)",
-                op.metric
-            ),
-            Device::Auto | Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
-        };
+        return Ok(std::sync::Arc::new(CpuBackend));
     }
     let devices = op.devices.clone();
     match op.device {
-        Device::Cpu if devices != crate::op::Devices::All => {
-            plan_err!("{function}: option devices={devices} selects GPUs, but device=cpu runs on the CPU")
-        }
         Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
         Device::Auto if crate::gpu::startup::libraries_present() => {
             Ok(std::sync::Arc::new(AutoBackend::new(op.gpu_memory_limit, devices, knn)))
@@ -220,6 +212,47 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
             Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),
             Ok(_) => plan_err!("{function}: option device=gpu, but the CUDA libraries failed to load"),
         },
+    }
+}
+
+/// For a plan that runs on a cluster: the options checked as [`choose`] checks them wherever it
+/// runs, and a backend that only stands for the one each executor chooses when it decodes its
+/// part of the plan (`cluster::codec`); this machine opens no GPU.
+pub fn on_executor(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
+    check(op)?;
+    Ok(std::sync::Arc::new(OnExecutor))
+}
+
+/// The option combinations no machine can run.
+fn check(op: &SimilarityOp) -> Result<()> {
+    let function = op.function_name();
+    match op.device {
+        Device::Gpu if op.metric.is_text() => plan_err!(
+            "{function}: option device=gpu is not available for metric {}: edit distances run on every CPU core (device=auto or cpu)",
+            op.metric
+        ),
+        Device::Cpu if op.devices != crate::op::Devices::All => {
+            plan_err!("{function}: option devices={} selects GPUs, but device=cpu runs on the CPU", op.devices)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The backend of a plan planned for a cluster, before an executor replaces it with its own.
+#[derive(Debug)]
+pub struct OnExecutor;
+
+impl Backend for OnExecutor {
+    fn name(&self) -> String {
+        "chosen by each executor".into()
+    }
+
+    fn join(&self, _request: &JoinRequest, _sink: &dyn ResultSink) -> Result<RunStats> {
+        datafusion::common::internal_err!("a plan for a cluster ran outside an executor (its backend is chosen there)")
+    }
+
+    fn knn(&self, _request: &KnnRequest, _sink: &dyn ResultSink) -> Result<RunStats> {
+        datafusion::common::internal_err!("a plan for a cluster ran outside an executor (its backend is chosen there)")
     }
 }
 

@@ -5,19 +5,29 @@
 //! input's scan order: its partitions in order, each partition's batches in order. The operator
 //! reads every partition of a child itself (concurrently) instead of asking for one coalesced
 //! partition, whose interleaving would make that order vary from run to run.
+//!
+//! On a cluster the operator is planned with `tasks`: its inputs are then required whole
+//! (`SinglePartition`, each under a [`WholeInputExec`] whose partitions every task scans
+//! itself, in order), and a last child, a leaf of `tasks` one-row partitions holding the numbers
+//! `0..tasks`, gives the operator its output partitions. The cluster's scheduler hands each task
+//! some of the leaf's partitions, so a task learns which shares of the work are its own
+//! (exec/share.rs) however its slice of partitions is renumbered.
 
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::{Distribution, EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
 };
 
 use crate::backend::Backend;
@@ -27,12 +37,15 @@ use crate::vectors::VectorSource;
 
 mod cache;
 mod progress;
+mod share;
 mod stream;
+mod whole;
 
 pub use progress::{Progress, ProgressListener};
+pub use whole::WholeInputExec;
 
 /// One input of the operator as seen by the output: which child feeds it and where its vectors are.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct InputSide {
     /// Index of the child plan (a self-join reads both sides from child 0).
     pub child: usize,
@@ -54,8 +67,20 @@ pub struct SimilarityExec {
     columns: Vec<OutputColumn>,
     schema: SchemaRef,
     backend: Arc<dyn Backend>,
+    /// On a cluster: the shares the work is divided into, the last child being the leaf that
+    /// numbers them (see the module docs); `None` in one process.
+    tasks: Option<usize>,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+}
+
+/// The leaf whose partition `p` holds the one number `p`, for `tasks` shares.
+pub fn task_numbers(tasks: usize) -> Result<Arc<dyn ExecutionPlan>> {
+    let schema = Arc::new(Schema::new(vec![Field::new("share", DataType::UInt32, false)]));
+    let partitions = (0..tasks)
+        .map(|p| Ok(vec![RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt32Array::from(vec![p as u32]))])?]))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(MemorySourceConfig::try_new_exec(&partitions, schema, None)?)
 }
 
 impl SimilarityExec {
@@ -73,13 +98,54 @@ impl SimilarityExec {
         if children.is_empty() || left.child >= children.len() || right.child >= children.len() {
             return internal_err!("SimilarityExec: inputs do not match its {} children", children.len());
         }
-        let cache = Arc::new(PlanProperties::new(
+        let cache = Self::properties_for(&schema, 1);
+        let metrics = ExecutionPlanMetricsSet::new();
+        Ok(Self { op, children, left, right, columns, schema, backend, tasks: None, cache, metrics })
+    }
+
+    /// This operator with its work divided into `tasks` shares on a cluster, its last child being
+    /// the task-numbering leaf ([`task_numbers`]); `None`: one process.
+    pub fn with_tasks(self, tasks: Option<usize>) -> Result<Self> {
+        let Some(count) = tasks else {
+            return Ok(Self { tasks, cache: Self::properties_for(&self.schema, 1), ..self });
+        };
+        let inputs = self.children.len() - 1;
+        if count == 0 || inputs == 0 || self.left.child >= inputs || self.right.child >= inputs {
+            return internal_err!("SimilarityExec: {count} tasks over {} children", self.children.len());
+        }
+        // As many output partitions as the task-numbering leaf has left after the scheduler gave
+        // this task its slice of them.
+        let partitions = self.children[inputs].output_partitioning().partition_count();
+        Ok(Self { tasks, cache: Self::properties_for(&self.schema, partitions), ..self })
+    }
+
+    fn properties_for(schema: &SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+        Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
-            Partitioning::UnknownPartitioning(1),
+            Partitioning::UnknownPartitioning(partitions),
             EmissionType::Incremental,
             Boundedness::Bounded,
-        ));
-        Ok(Self { op, children, left, right, columns, schema, backend, cache, metrics: ExecutionPlanMetricsSet::new() })
+        ))
+    }
+
+    /// The output side of each input: (join left / query, join right / base).
+    pub fn sides(&self) -> (&InputSide, &InputSide) {
+        (&self.left, &self.right)
+    }
+
+    /// The source of each output column.
+    pub fn columns(&self) -> &[OutputColumn] {
+        &self.columns
+    }
+
+    /// On a cluster, the shares the work is divided into.
+    pub fn tasks(&self) -> Option<usize> {
+        self.tasks
+    }
+
+    /// The children holding the inputs (all but the task-numbering leaf).
+    fn inputs(&self) -> &[Arc<dyn ExecutionPlan>] {
+        &self.children[..self.children.len() - usize::from(self.tasks.is_some())]
     }
 
     /// What is computed.
@@ -138,7 +204,11 @@ impl DisplayAs for SimilarityExec {
             Operation::RangeQuery { radius } => write!(f, ", r={radius}, metric={}", op.metric)?,
             Operation::Knn { k } => write!(f, ", k={k}, metric={}", op.metric)?,
         }
-        write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())
+        write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())?;
+        if let Some(tasks) = self.tasks {
+            write!(f, ", tasks={tasks} (each: a share of the left rows against whole inputs)")?;
+        }
+        Ok(())
     }
 }
 
@@ -166,15 +236,18 @@ impl ExecutionPlan for SimilarityExec {
         if children.len() != self.children.len() {
             return internal_err!("SimilarityExec: expected {} children, got {}", self.children.len(), children.len());
         }
-        Ok(Arc::new(Self::try_new(
-            self.op.clone(),
-            children,
-            self.left.clone(),
-            self.right.clone(),
-            self.columns.clone(),
-            self.schema.clone(),
-            self.backend.clone(),
-        )?))
+        Ok(Arc::new(
+            Self::try_new(
+                self.op.clone(),
+                children,
+                self.left.clone(),
+                self.right.clone(),
+                self.columns.clone(),
+                self.schema.clone(),
+                self.backend.clone(),
+            )?
+            .with_tasks(self.tasks)?,
+        ))
     }
 
     /// The operator gathers every partition of its inputs itself (in order, concurrently), so a
@@ -183,11 +256,31 @@ impl ExecutionPlan for SimilarityExec {
         vec![false; self.children.len()]
     }
 
-    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return internal_err!("SimilarityExec has one output partition, asked for {partition}");
+    /// On a cluster each task reads its inputs whole (`SinglePartition`: a cluster's scheduler
+    /// would otherwise hand each task only its slice of an input's partitions, and the answer
+    /// would silently miss rows) and its slice of the task-numbering leaf. In one process the
+    /// operator reads every partition itself.
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        match self.tasks {
+            None => vec![Distribution::UnspecifiedDistribution; self.children.len()],
+            Some(_) => {
+                let mut required = vec![Distribution::SinglePartition; self.inputs().len()];
+                required.push(Distribution::UnspecifiedDistribution);
+                required
+            }
         }
-        stream::execute(self, context)
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let share = match (self.tasks, self.children.last()) {
+            (None, _) if partition != 0 => {
+                return internal_err!("SimilarityExec has one output partition, asked for {partition}");
+            }
+            (None, _) => None,
+            (Some(tasks), Some(numbers)) => Some((tasks, numbers.execute(partition, context.clone())?)),
+            (Some(_), None) => return internal_err!("SimilarityExec: no task-numbering leaf"),
+        };
+        stream::execute(self, context, share)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

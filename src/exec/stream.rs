@@ -7,7 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, new_empty_array};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, new_empty_array};
 use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
@@ -22,7 +22,8 @@ use tokio::sync::mpsc;
 
 use super::cache;
 use super::progress::{Progress, ProgressListener};
-use super::{InputSide, SimilarityExec};
+use super::share::{SelfJoinSink, Share, take_share};
+use super::{InputSide, SimilarityExec, WholeInputExec};
 use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, SelfJoin};
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
 use crate::results::{BatchBuilder, OutputColumn, SideData};
@@ -123,13 +124,41 @@ struct Run {
     progress: Option<Arc<dyn ProgressListener>>,
 }
 
-pub(super) fn execute(exec: &SimilarityExec, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+/// Runs the operator. `share`: on a cluster, the number of shares and the stream of the
+/// task-numbering leaf's partition that says which share this is (exec/share.rs).
+pub(super) fn execute(
+    exec: &SimilarityExec,
+    context: Arc<TaskContext>,
+    share: Option<(usize, SendableRecordBatchStream)>,
+) -> Result<SendableRecordBatchStream> {
+    // DataFusion lets a file scan's partitions take files from their siblings' lists; the inputs
+    // are read without that, so that partition `p` holds the `p`-th file group's rows (the scan
+    // order that breaks ties) and a plan run more than once (several shares of one task on a
+    // cluster) does not share one list of files among its runs.
+    let mut input_config = context.session_config().clone();
+    input_config.options_mut().execution.enable_file_stream_work_stealing = false;
+    let input_context = Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        input_config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ));
     let inputs = exec
-        .children
+        .inputs()
         .iter()
         .map(|child| {
+            // An input read whole by each task of a cluster: its partitions, concurrently.
+            let child = match child.downcast_ref::<WholeInputExec>() {
+                Some(whole) => whole.input(),
+                None => child,
+            };
             let partitions = child.output_partitioning().partition_count();
-            let streams = (0..partitions).map(|p| child.execute(p, context.clone())).collect::<Result<Vec<_>>>()?;
+            let streams =
+                (0..partitions).map(|p| child.execute(p, input_context.clone())).collect::<Result<Vec<_>>>()?;
             Ok((child.schema(), streams))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -147,16 +176,21 @@ pub(super) fn execute(exec: &SimilarityExec, context: Arc<TaskContext>) -> Resul
         metrics: SimilarityMetrics::new(&exec.metrics),
         progress: context.session_config().get_extension::<Progress>().map(|p| p.0.clone()),
     };
-    let stream = futures::stream::once(run.start(inputs, reservation)).try_flatten();
+    let stream = futures::stream::once(run.start(inputs, share, reservation)).try_flatten();
     Ok(Box::pin(RecordBatchStreamAdapter::new(exec.schema.clone(), stream)))
 }
 
 impl Run {
     async fn start(
-        self,
+        mut self,
         inputs: Vec<(SchemaRef, Vec<SendableRecordBatchStream>)>,
+        share: Option<(usize, SendableRecordBatchStream)>,
         reservation: MemoryReservation,
     ) -> Result<futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>>> {
+        let share = match share {
+            Some((count, numbers)) => Some(Share { index: share_number(numbers).await?, count }),
+            None => None,
+        };
         // Every partition of every input on a task of its own: a partition decodes (Parquet, CSV)
         // as its stream is polled, so one task polling them all decoded on one thread (P1 from a
         // file: docs/optimisations.md, v96). Batches are kept in partition order; dropping the
@@ -197,6 +231,11 @@ impl Run {
         }
         let collected_bytes: usize =
             collected.iter().flat_map(|(_, parts)| parts).map(|b| b.get_array_memory_size()).sum();
+        // After the reservation's size is known: a share's slices share the collected buffers.
+        let self_join_pairs = match share {
+            Some(share) => take_share(&self.op, &mut collected, &mut self.left, &self.right, share),
+            None => None,
+        };
 
         // The vectors of each side, and of each input only the columns the output takes rows from,
         // concatenated (the vector column itself is widened batch by batch, never concatenated).
@@ -313,7 +352,13 @@ impl Run {
                     ))
                 })?;
                 let result = pool.install(|| {
-                    let stats = compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?;
+                    let stats = match self_join_pairs {
+                        None => compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?,
+                        Some(pairs) => {
+                            let sink = SelfJoinSink { inner: &sink, pairs, left_rows: &lv.rows, right_rows: &rv.rows };
+                            compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?
+                        }
+                    };
                     match op.threshold() {
                         Some(threshold) if !left_odd.is_empty() || !right_odd.is_empty() => {
                             let sides = [(lv.as_ref(), &left_odd), (rv.as_ref(), &right_odd)];
@@ -359,6 +404,18 @@ impl Run {
             .try_flatten();
         Ok(output.boxed())
     }
+}
+
+/// The share number in a partition of the task-numbering leaf (`exec::task_numbers`).
+async fn share_number(mut numbers: SendableRecordBatchStream) -> Result<usize> {
+    while let Some(batch) = numbers.next().await.transpose()? {
+        if let Some(numbers) = batch.column(0).as_any().downcast_ref::<UInt32Array>()
+            && !numbers.is_empty()
+        {
+            return Ok(numbers.value(0) as usize);
+        }
+    }
+    exec_err!("SimilarityExec: a task's partition of the task numbers is empty")
 }
 
 /// Worker pools of finished runs, kept for the next: starting a pool's threads took 0.3–0.5 ms of a

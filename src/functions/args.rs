@@ -93,7 +93,7 @@ pub fn count_arg(function: &str, argument: &str, expr: &Expr) -> Result<usize> {
 
 /// The session's `simjoin.*` options, overridden by an optional trailing options string.
 pub fn options(session: &dyn Session, function: &str, rest: &[Expr]) -> Result<SimJoinOptions> {
-    let defaults = session.config_options().extensions.get::<SimJoinOptions>().cloned().unwrap_or_default();
+    let defaults = SimJoinOptions::of(session.config_options());
     match rest {
         [] => Ok(defaults),
         [Expr::Literal(value, _)] if string_value(value).is_some() => {

@@ -23,6 +23,6 @@ impl TableFunctionImpl for KnnFunc {
         let k = args::count_arg(F, "k", k)?;
         let op = super::similarity_op(Operation::Knn { k }, &options);
         let (base, query) = super::query_and_base(call.session(), F, base, query, &options)?;
-        Ok(super::table(op, query, Some(base), ["query", "base"])?)
+        Ok(super::table(op, query, Some(base), ["query", "base"], options.cluster)?)
     }
 }

@@ -61,7 +61,7 @@ fn input(
 
 /// `operation` with the options that say how and where it runs.
 fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp {
-    let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, cache_size, .. } = *options;
+    let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, cache_size, tasks, .. } = *options;
     let devices = options.devices.clone();
     SimilarityOp {
         operation,
@@ -72,16 +72,19 @@ fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp
         gpu_memory_limit,
         devices,
         cache_size,
+        tasks,
         scalar_semantics: false,
     }
 }
 
-/// The table of a call: checks what the schemas alone can (dimensions) and picks the backend.
+/// The table of a call: checks what the schemas alone can (dimensions) and picks the backend (on
+/// a `cluster`, each executor picks its own: see `cluster`).
 fn table(
     op: SimilarityOp,
     first: TableInput,
     second: Option<TableInput>,
     names: [&str; 2],
+    cluster: bool,
 ) -> Result<Arc<SimilarityTable>> {
     if let Some(second) = &second
         && let (Some(a), Some(b)) = (first.source.static_dim(), second.source.static_dim())
@@ -109,7 +112,7 @@ fn table(
         }
         _ => {}
     }
-    let backend = backend::choose(&op)?;
+    let backend = if cluster { backend::on_executor(&op)? } else { backend::choose(&op)? };
     Ok(Arc::new(SimilarityTable::new(op, first, second, backend)))
 }
 

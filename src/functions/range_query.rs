@@ -26,6 +26,6 @@ impl TableFunctionImpl for RangeQueryFunc {
         let radius = validate_threshold(F, "r", args::number_arg(F, "r", r)?, options.metric)?;
         let op = super::similarity_op(Operation::RangeQuery { radius }, &options);
         let (base, query) = super::query_and_base(call.session(), F, base, query, &options)?;
-        Ok(super::table(op, query, Some(base), ["query", "base"])?)
+        Ok(super::table(op, query, Some(base), ["query", "base"], options.cluster)?)
     }
 }

@@ -77,7 +77,7 @@ impl OptimizerRule for SimilarityJoinRewrite {
         if !matches!(plan, LogicalPlan::Join(_) | LogicalPlan::Filter(_) | LogicalPlan::Sort(_)) {
             return Ok(Transformed::no(plan));
         }
-        let options = config.options().extensions.get::<SimJoinOptions>().cloned().unwrap_or_default();
+        let options = SimJoinOptions::of(&config.options());
         let rewritten = match &plan {
             LogicalPlan::Join(join) if options.rewrite_joins => rewrite_join(join, &options),
             LogicalPlan::Filter(filter) if options.rewrite_scans => rewrite_range(filter, &options),
@@ -114,7 +114,7 @@ fn rewrite_join(join: &Join, options: &SimJoinOptions) -> Option<LogicalPlan> {
     let eps = checked_threshold(bound.threshold, bound.metric)?;
     let operation = Operation::SimJoin { eps, self_join: false, include_self: false, pairs: PairOrder::Ordered };
     let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(operation, &options) };
-    let table = super::table(op, left, Some(right), ["left", "right"]).ok()?;
+    let table = super::table(op, left, Some(right), ["left", "right"], options.cluster).ok()?;
 
     // The join's columns in order: the left input's, then the right's.
     let left_len = join.left.schema().fields().len();
@@ -194,7 +194,7 @@ fn rewrite_range(filter: &Filter, options: &SimJoinOptions) -> Option<LogicalPla
     let radius = checked_threshold(threshold, metric)?;
     let op =
         SimilarityOp { scalar_semantics: true, ..super::similarity_op(Operation::RangeQuery { radius }, &options) };
-    let table = super::table(op, query, Some(base), ["query", "base"]).ok()?;
+    let table = super::table(op, query, Some(base), ["query", "base"], options.cluster).ok()?;
     let mut builder = scan_as(table, SCAN, filter.input.schema(), |_| "base_")?;
     if let Some(rest) = conjunction(rest) {
         builder = builder.filter(rest).ok()?;
@@ -237,7 +237,7 @@ fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan>
     let base = view_input(input, &column, metric, "base")?;
     let query = query_input(constant, metric)?;
     let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(Operation::Knn { k: n }, &options) };
-    let table = super::table(op, query, Some(base), ["query", "base"]).ok()?;
+    let table = super::table(op, query, Some(base), ["query", "base"], options.cluster).ok()?;
     let candidates = scan_as(table, NEAREST, input.schema(), |_| "base_")?.build().ok()?;
     let sorted_input = match projection {
         Some(p) => LogicalPlan::Projection(Projection::try_new(p.expr.clone(), Arc::new(candidates)).ok()?),

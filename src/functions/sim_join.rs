@@ -44,6 +44,6 @@ impl TableFunctionImpl for SimJoinFunc {
         let Some(first) = inputs.next() else {
             return internal_err!("{F}: no table argument was parsed");
         };
-        Ok(super::table(op, first, inputs.next(), ["left", "right"])?)
+        Ok(super::table(op, first, inputs.next(), ["left", "right"], options.cluster)?)
     }
 }

@@ -13,7 +13,7 @@ use crate::common::{check, ctx, error, explain, random, rows};
 /// Seeded words: short random strings over a small alphabet (ASCII and not), mutated copies of
 /// earlier ones (so many pairs are within a few edits), a few long strings of 60–150 characters
 /// (several machine words), empty strings and NULLs.
-fn words(n: usize, seed: u64) -> Vec<Option<String>> {
+pub fn words(n: usize, seed: u64) -> Vec<Option<String>> {
     let r = random(8 * n, seed);
     let mut next = r.into_iter();
     let mut pick = |m: usize| (next.next().unwrap_or(0.5) * m as f64) as usize % m.max(1);

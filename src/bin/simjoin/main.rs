@@ -8,6 +8,7 @@ use simjoin::datagen::{self, Distribution};
 use simjoin::{Device, Metric};
 
 mod bench;
+mod cluster;
 mod demo;
 mod e2e;
 mod progress;
@@ -45,6 +46,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve SQL over Arrow Flight SQL (ADBC, JDBC, any Flight SQL client) until SIGINT/SIGTERM.
     Serve(serve::ServeArgs),
+    /// Run a cluster's scheduler (Apache DataFusion Ballista) until SIGINT/SIGTERM.
+    Scheduler(cluster::SchedulerArgs),
+    /// Run a cluster's executor, which runs the tasks its scheduler hands it, until SIGINT/SIGTERM.
+    Executor(cluster::ExecutorArgs),
     /// Check the GPU backend against the CPU backend on every operation, metric and option.
     Selftest {
         /// Run even without a usable GPU (the GPU cases then report errors).
@@ -62,6 +67,10 @@ struct SessionArgs {
     /// Where to run (the default of `simjoin.device`).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: Device,
+    /// Run the queries on the cluster whose scheduler is at this URL (df://HOST:PORT); table
+    /// paths must then name files every executor can read.
+    #[arg(long, value_name = "URL")]
+    cluster: Option<String>,
 }
 
 #[derive(Args)]
@@ -123,6 +132,8 @@ async fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Serve(args) => serve::run(args).await,
+        Command::Scheduler(args) => cluster::scheduler(args).await,
+        Command::Executor(args) => cluster::executor(args).await,
         Command::Selftest { allow_cpu_only } => selftest::run(allow_cpu_only).await,
     };
     match outcome {

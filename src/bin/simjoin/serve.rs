@@ -60,7 +60,7 @@ pub struct ServeArgs {
     session: SessionArgs,
 }
 
-fn parse_bytes(s: &str) -> Result<usize, String> {
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
     let (number, unit) = s.trim().split_at(s.trim().find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.trim().len()));
     let scale: usize = match unit.to_ascii_uppercase().as_str() {
         "" | "B" => 1,
@@ -128,7 +128,11 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     if let Some(bytes) = args.memory_limit {
         runtime = runtime.with_memory_limit(bytes, 1.0);
     }
-    let ctx = simjoin::session_context_with_config_rt(SessionConfig::new(), runtime.build_arc()?);
+    // On a cluster the executors compute; the server plans, checks and streams the answers.
+    let ctx = match &args.session.cluster {
+        Some(url) => simjoin::cluster::connect(url).await?,
+        None => simjoin::session_context_with_config_rt(SessionConfig::new(), runtime.build_arc()?),
+    };
     // Remote object stores are reachable only as the server names them: the buckets (containers,
     // hosts) of the --table and --data-dir URLs, with credentials from the environment.
     let mut local_dirs = Vec::new();
@@ -201,7 +205,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut terminate) => {

@@ -22,6 +22,9 @@ const MAX_TABLE_ROWS: usize = 1000;
 
 /// A session with the simjoin functions, the progress bar, the device default and the tables.
 pub async fn session(args: &SessionArgs) -> Result<SessionContext> {
+    if let Some(url) = &args.cluster {
+        return register_tables(simjoin::cluster::connect(url).await?.enable_url_table(), args).await;
+    }
     let config = SessionConfig::new().with_extension(Arc::new(simjoin::Progress(Arc::new(Bar::default()))));
     // s3://, gs://, az:// and http(s):// paths work with credentials from the environment.
     let runtime = RuntimeEnvBuilder::new()
@@ -58,6 +61,17 @@ async fn register_file(ctx: &SessionContext, name: &str, path: &str) -> Result<(
 }
 
 pub async fn run(args: SqlArgs) -> Result<()> {
+    let outcome = run_session(&args).await;
+    match (&args.session.cluster, outcome) {
+        (Some(url), Err(e)) if e.to_string().contains("tcp connect error") => Err(DataFusionError::Execution(format!(
+            "the cluster's scheduler at {url} cannot be reached (is `simjoin scheduler` running there?): {}",
+            e.strip_backtrace()
+        ))),
+        (_, outcome) => outcome,
+    }
+}
+
+async fn run_session(args: &SqlArgs) -> Result<()> {
     let ctx = session(&args.session).await?;
     let text = match (&args.query, &args.file) {
         (Some(q), None) => q.clone(),
