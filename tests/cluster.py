@@ -6,7 +6,8 @@ Starts them (port 0: each prints where it listens), runs sim_join, range_query a
 answer against the same query in one process. Then the faults: a scheduler that is not there is
 an error within a minute; an executor killed mid-query gives either the full answer (Ballista
 retries its tasks on the other executor) or an error, within a bounded time, never a partial
-answer reported as complete; SIGTERM stops every process. Every wait is bounded. Run by .ci/run;
+answer reported as complete; SIGTERM stops every process. `simjoin serve --cluster` answers over
+Flight SQL (ADBC) as one process does. Every wait is bounded. Run by .ci/run;
 prints "N passed, N failed".
 """
 import json
@@ -83,6 +84,22 @@ def main():
                 got = sql(query, tables, cluster=url)
                 checks.check(f"cluster: {query[:70]}", got[0] == 0 and got[1] == want[1] and len(want[1]) > 0,
                              f"rc={got[0]} rows={len(got[1])} want={len(want[1])} {got[2][-500:]}")
+
+            # Flight SQL in front of the cluster: `simjoin serve --cluster`, queried over ADBC.
+            import adbc_driver_flightsql.dbapi as flight_sql
+            server, served = start(["serve", "--cluster", url, "--bind", "127.0.0.1:0",
+                                    "--table", f"base={tables['base']}", "--table", f"queries={tables['queries']}"])
+            try:
+                with flight_sql.connect(served) as conn, conn.cursor() as cursor:
+                    query = "SELECT query_id, base_id, distance, rank FROM knn(base, queries, 10)"
+                    cursor.execute(query)
+                    got = sorted(json.dumps(dict(zip(["query_id", "base_id", "distance", "rank"], row)), sort_keys=True)
+                                 for row in cursor.fetchall())
+                    want = sql(query, tables)[1]
+                    checks.check("serve --cluster: knn over Flight SQL", got == want and len(want) > 0,
+                                 f"rows={len(got)} want={len(want)}")
+            finally:
+                stop(server)
 
             # An executor killed mid-query: the whole answer or an error, in bounded time.
             query = "SELECT query_id, base_id, rank FROM knn(big, big, 5)"
