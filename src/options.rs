@@ -46,6 +46,9 @@ pub struct SimJoinOptions {
     pub cluster: bool,
 }
 
+/// The most shares a call's work may be divided into on a cluster (each is a task).
+pub const MAX_TASKS: usize = 4096;
+
 /// `cache_size`'s default: room for a 1M × 128 base (1 GiB as f64) a few times over.
 pub const DEFAULT_CACHE_SIZE: usize = 4 << 30;
 
@@ -122,10 +125,14 @@ impl SimJoinOptions {
             "devices" => self.devices = value.parse()?,
             "rewrite_scans" => self.rewrite_scans = parse_bool("rewrite_scans", value)?,
             "tasks" => {
-                self.tasks = value
-                    .trim()
-                    .parse::<usize>()
-                    .map_err(|_| format!("tasks must be a whole number (0: target_partitions), got '{value}'"))?
+                self.tasks = match value.trim().parse::<usize>() {
+                    Ok(tasks) if tasks <= MAX_TASKS => tasks,
+                    _ => {
+                        return Err(format!(
+                            "tasks must be a whole number from 0 (target_partitions) to {MAX_TASKS}, got '{value}'"
+                        ));
+                    }
+                }
             }
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
@@ -259,6 +266,13 @@ impl ConfigField for SimJoinOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tasks_are_bounded() {
+        assert_eq!(SimJoinOptions::default().with_call_options("knn", "tasks=8").unwrap().tasks, 8);
+        let message = SimJoinOptions::default().with_call_options("knn", "tasks=100000").unwrap_err().to_string();
+        assert!(message.contains("knn: options string 'tasks=100000': tasks must be a whole number"), "{message}");
+    }
 
     #[test]
     fn call_options_override_defaults() {
