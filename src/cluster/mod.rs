@@ -22,6 +22,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ballista::prelude::SessionContextExt;
 use ballista_core::config::{BALLISTA_SCHEDULER_MAX_PARTITIONS_PER_TASK, TaskSchedulingPolicy};
@@ -83,6 +84,23 @@ pub fn session_state(config: SessionConfig) -> Result<SessionState> {
 /// a local path must name the same file on every executor (a shared directory) — or use an
 /// object-store URL.
 pub async fn connect(url: &str) -> Result<SessionContext> {
+    // Ballista connects at the first query, and then reports a refused connection as an execution
+    // error; a scheduler that is not there is said here, naming the URL.
+    let parsed = url::Url::parse(url).ok().filter(|u| u.host_str().is_some());
+    let Some(parsed) = parsed else {
+        return Err(DataFusionError::Configuration(format!("cluster URL '{url}': expected df://HOST:PORT")));
+    };
+    let endpoint = format!("http://{}:{}", parsed.host_str().unwrap_or_default(), parsed.port().unwrap_or(50050));
+    let unreachable = |why: String| {
+        DataFusionError::Configuration(format!(
+            "the cluster's scheduler at {url} cannot be reached (is `simjoin scheduler` running there?): {why}"
+        ))
+    };
+    match tokio::time::timeout(Duration::from_secs(10), SchedulerGrpcClient::connect(endpoint)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(unreachable(e.to_string())),
+        Err(_) => return Err(unreachable("no answer within 10 s".into())),
+    }
     let ctx = SessionContext::remote_with_state(url, session_state(session_config(Role::Planner))?).await?;
     Ok(with_distance_functions(ctx))
 }

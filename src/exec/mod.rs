@@ -26,8 +26,8 @@ use datafusion::physical_expr::{Distribution, EquivalenceProperties, PhysicalExp
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
-    SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements, Partitioning,
+    PlanProperties, SendableRecordBatchStream,
 };
 
 use crate::backend::Backend;
@@ -260,15 +260,15 @@ impl ExecutionPlan for SimilarityExec {
     /// would otherwise hand each task only its slice of an input's partitions, and the answer
     /// would silently miss rows) and its slice of the task-numbering leaf. In one process the
     /// operator reads every partition itself.
-    fn required_input_distribution(&self) -> Vec<Distribution> {
-        match self.tasks {
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        InputDistributionRequirements::new(match self.tasks {
             None => vec![Distribution::UnspecifiedDistribution; self.children.len()],
             Some(_) => {
                 let mut required = vec![Distribution::SinglePartition; self.inputs().len()];
                 required.push(Distribution::UnspecifiedDistribution);
                 required
             }
-        }
+        })
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {

@@ -137,4 +137,5 @@ async fn a_missing_scheduler_is_a_clear_error_in_bounded_time() {
     .expect("the error comes within a minute");
     let message = outcome.expect_err("no scheduler, no answer").strip_backtrace();
     assert!(message.contains(&port.to_string()) || message.to_lowercase().contains("connect"), "{message}");
+    assert!(message.contains("cannot be reached"), "{message}");
 }

@@ -61,17 +61,6 @@ async fn register_file(ctx: &SessionContext, name: &str, path: &str) -> Result<(
 }
 
 pub async fn run(args: SqlArgs) -> Result<()> {
-    let outcome = run_session(&args).await;
-    match (&args.session.cluster, outcome) {
-        (Some(url), Err(e)) if e.to_string().contains("tcp connect error") => Err(DataFusionError::Execution(format!(
-            "the cluster's scheduler at {url} cannot be reached (is `simjoin scheduler` running there?): {}",
-            e.strip_backtrace()
-        ))),
-        (_, outcome) => outcome,
-    }
-}
-
-async fn run_session(args: &SqlArgs) -> Result<()> {
     let ctx = session(&args.session).await?;
     let text = match (&args.query, &args.file) {
         (Some(q), None) => q.clone(),
