@@ -17,3 +17,7 @@ python3 -m venv "$dir/venv"
 "$dir/venv/bin/python" benches/report.py --dir "$dir" --curves "$dir/curves" --update BENCHMARKS.md
 # Edit distance against RapidFuzz and DuckDB (BENCHMARKS.md, "Text"; printed, pasted by hand).
 "$dir/venv/bin/python" benches/text.py --dir "$dir/text" --simjoin ./target/release/simjoin --plot benches/plots/text.png
+# Approximate kNN against the exact path and FAISS's indexes (BENCHMARKS.md, "Approximate kNN";
+# printed, pasted by hand).
+./target/release/simjoin bench --approx --dir "$dir/approx"
+"$dir/venv/bin/python" benches/approx.py --dir "$dir/approx" --plot benches/plots/approx.png

@@ -40,6 +40,10 @@ pub struct SimJoinOptions {
     /// On a cluster: the shares each call's work is divided into (0: the session's
     /// `datafusion.execution.target_partitions`).
     pub tasks: usize,
+    /// kNN: answer approximately from the Multicurves index (recall measured, not guaranteed).
+    pub approx: bool,
+    /// Approximate kNN: higher is slower and more accurate (candidates per curve: 512 × effort).
+    pub approx_effort: f64,
     /// Set, not by `SET`, for a session whose plans run on a DataFusion Ballista cluster (its
     /// configuration carries Ballista's): each executor then chooses the device of its part, and
     /// the client and the scheduler open no GPU.
@@ -68,12 +72,14 @@ impl Default for SimJoinOptions {
             rewrite_joins: true,
             rewrite_scans: false,
             tasks: 0,
+            approx: false,
+            approx_effort: crate::op::DEFAULT_APPROX_EFFORT,
             cluster: false,
         }
     }
 }
 
-const KEYS: [(&str, &str); 13] = [
+const KEYS: [(&str, &str); 15] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
     ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -105,6 +111,11 @@ const KEYS: [(&str, &str); 13] = [
         "tasks",
         "On a cluster: the shares each call's work is divided into, each a task (0: datafusion.execution.target_partitions)",
     ),
+    ("approx", "knn only: answer approximately from the Multicurves index (true/false; default false: exact)"),
+    (
+        "approx_effort",
+        "Approximate knn: higher is slower and more accurate, from 0.01 to 1000 (candidates per curve: 512 × effort; default 1)",
+    ),
 ];
 
 impl SimJoinOptions {
@@ -130,6 +141,18 @@ impl SimJoinOptions {
                     _ => {
                         return Err(format!(
                             "tasks must be a whole number from 0 (target_partitions) to {MAX_TASKS}, got '{value}'"
+                        ));
+                    }
+                }
+            }
+            "approx" => self.approx = parse_bool("approx", value)?,
+            "approx_effort" => {
+                self.approx_effort = match value.trim().parse::<f64>() {
+                    Ok(effort) if (0.01..=crate::op::MAX_APPROX_EFFORT).contains(&effort) => effort,
+                    _ => {
+                        return Err(format!(
+                            "approx_effort must be a number from 0.01 to {}, got '{value}'",
+                            crate::op::MAX_APPROX_EFFORT
                         ));
                     }
                 }
@@ -167,6 +190,8 @@ impl SimJoinOptions {
             "devices" => self.devices.to_string(),
             "rewrite_scans" => self.rewrite_scans.to_string(),
             "tasks" => self.tasks.to_string(),
+            "approx" => self.approx.to_string(),
+            "approx_effort" => self.approx_effort.to_string(),
             _ => self.column.clone(),
         }
     }
@@ -187,6 +212,16 @@ impl SimJoinOptions {
         }
         for (key, value) in items {
             let value = value.trim_matches(|c| c == '\'' || c == '"');
+            // Session-wide `SET simjoin.approx` applies to knn alone; in a call to another
+            // function the option is a mistake that must not pass for an exact answer's setting.
+            if function != "knn"
+                && key.starts_with("approx")
+                && (key != "approx" || parse_bool(&key, value) != Ok(false))
+            {
+                return plan_err!(
+                    "{function}: option {key}={value} is for knn only: {function} always answers exactly"
+                );
+            }
             if let Err(message) = options.set_value(&key, value) {
                 return plan_err!("{function}: options string '{text}': {message}");
             }
@@ -200,8 +235,7 @@ impl SimJoinOptions {
     }
 }
 
-/// Option `key`'s size in bytes as DataFusion's `datafusion.runtime.memory_limit` takes it (`512K`,
-/// `64M`, `1.5G`: binary units), or a plain number of bytes; the error says what 0 means (`zero`).
+/// Option `key`'s boolean value.
 fn parse_bool(key: &str, value: &str) -> std::result::Result<bool, String> {
     match value.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
@@ -210,6 +244,8 @@ fn parse_bool(key: &str, value: &str) -> std::result::Result<bool, String> {
     }
 }
 
+/// Option `key`'s size in bytes as DataFusion's `datafusion.runtime.memory_limit` takes it (`512K`,
+/// `64M`, `1.5G`: binary units), or a plain number of bytes; the error says what 0 means (`zero`).
 fn parse_memory_size(key: &str, value: &str, zero: &str) -> std::result::Result<usize, String> {
     let value = value.trim();
     value.parse::<usize>().or_else(|_| {
@@ -289,7 +325,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks)"
+             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_effort)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

@@ -20,6 +20,8 @@ use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema, S
 use datafusion::common::{DataFusionError, Result, exec_err, plan_datafusion_err, plan_err};
 use rayon::prelude::*;
 
+use crate::index::curves::{Geometry, Multicurves};
+
 /// Where a table's vectors come from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum VectorSource {
@@ -250,6 +252,9 @@ pub struct Vectors {
     resident: Option<Arc<ResidentMark>>,
     /// [`Vectors::mean`], computed on first use (kept vectors keep it across queries).
     mean: OnceLock<Vec<f64>>,
+    /// [`Vectors::curves`]: the Multicurves index over the vectors as they are, and over their unit
+    /// vectors (cosine), each built on first use and kept as long as the vectors are.
+    curves: [OnceLock<Arc<Multicurves>>; 2],
 }
 
 /// A clone is a new value that its owner may change: it carries no resident mark.
@@ -327,6 +332,14 @@ impl Vectors {
     /// The mark these vectors are kept across queries under, if they are.
     pub fn resident(&self) -> Option<&Arc<ResidentMark>> {
         self.resident.as_ref()
+    }
+
+    /// The Multicurves index of these vectors in `geometry`, and whether it was built by an earlier
+    /// call (kept vectors keep it across queries). The values must not change after the first call.
+    pub fn curves(&self, geometry: Geometry) -> (Arc<Multicurves>, bool) {
+        let slot = &self.curves[geometry as usize];
+        let kept = slot.get().is_some();
+        (slot.get_or_init(|| Arc::new(Multicurves::build(self, geometry))).clone(), kept)
     }
 
     /// The mean of the vectors, per dimension (the GEMM-form filter's centre), computed once: the

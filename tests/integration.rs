@@ -1,5 +1,7 @@
 //! The one integration-test binary (DataFusion links once); each module is one area.
 
+#[path = "integration/approx.rs"]
+mod approx;
 #[path = "integration/cluster.rs"]
 mod cluster;
 #[path = "integration/common.rs"]

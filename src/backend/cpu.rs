@@ -92,11 +92,14 @@ impl Backend for CpuBackend {
             return super::text::knn(request, sink);
         }
         let start = Instant::now();
-        let KnnRequest { base, queries, metric, k } = *request;
+        let KnnRequest { base, queries, metric, k, .. } = *request;
         let k = k.min(base.len());
         let mut stats = RunStats::default();
         if k == 0 || queries.is_empty() {
             return Ok(stats);
+        }
+        if let Some(approx) = request.approx {
+            return super::approx::knn(request, approx, k, sink);
         }
         let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
         let sides = gemm_sides(queries, base, metric, false).and_then(|(q, b)| Some((q, b?)));

@@ -10,6 +10,7 @@ use datafusion::common::{Result, plan_err};
 use crate::op::{Device, IndexChoice, Metric, SimilarityOp};
 use crate::vectors::Vectors;
 
+mod approx;
 mod auto;
 pub mod cpu;
 mod exact;
@@ -64,6 +65,8 @@ pub struct KnnRequest<'a> {
     pub metric: Metric,
     /// Neighbours per query.
     pub k: usize,
+    /// Set for an approximate answer from the Multicurves index (`backend::approx`).
+    pub approx: Option<crate::op::Approx>,
 }
 
 /// A piece of the result: parallel columns of vector positions (not input rows), distances and,
@@ -144,6 +147,10 @@ pub struct RunStats {
     pub emit_time: Duration,
     /// Several GPUs: each device's part of the run.
     pub devices: Vec<DeviceRun>,
+    /// Approximate kNN: distinct candidates the curves gave (`candidates` counts those compared).
+    pub curve_candidates: u64,
+    /// Approximate kNN: indexes kept from an earlier query rather than built (0 or 1 a run).
+    pub kept_indexes: usize,
 }
 
 /// One GPU's part of a run divided among several.
@@ -175,6 +182,8 @@ impl RunStats {
         self.kernel_time += other.kernel_time;
         self.emit_time += other.emit_time;
         self.devices.extend(other.devices.iter().cloned());
+        self.curve_candidates += other.curve_candidates;
+        self.kept_indexes += other.kept_indexes;
     }
 }
 
@@ -189,13 +198,14 @@ pub trait Backend: Debug + Send + Sync {
 }
 
 /// The backend for `op`: the GPU under `device=gpu`; under `device=auto`, per run, the GPU or the
-/// CPU by estimated time where a GPU may be usable; otherwise (and for text metrics) every CPU core. Either way the
+/// CPU by estimated time where a GPU may be usable; otherwise (and for text metrics and the
+/// approximate kNN) every CPU core. Either way the
 /// device's start-up begins now, on a background thread, while the inputs are read.
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     check(op)?;
     let function = op.function_name();
     let knn = matches!(op.operation, crate::op::Operation::Knn { .. });
-    if op.metric.is_text() {
+    if op.metric.is_text() || op.approx.is_some() {
         return Ok(std::sync::Arc::new(CpuBackend));
     }
     let devices = op.devices.clone();
@@ -230,6 +240,9 @@ fn check(op: &SimilarityOp) -> Result<()> {
         Device::Gpu if op.metric.is_text() => plan_err!(
             "{function}: option device=gpu is not available for metric {}: edit distances run on every CPU core (device=auto or cpu)",
             op.metric
+        ),
+        Device::Gpu if op.approx.is_some() => plan_err!(
+            "{function}: option device=gpu is not available with approx=true: the Multicurves index is searched on every CPU core (device=auto or cpu)"
         ),
         Device::Cpu if op.devices != crate::op::Devices::All => {
             plan_err!("{function}: option devices={} selects GPUs, but device=cpu runs on the CPU", op.devices)

@@ -109,3 +109,49 @@ pub fn gemm_lower_bounds(
         });
     }
 }
+
+/// The score of two f32 rows of equal length: Σ Δ², Σ |Δ| or max |Δ|, in [`LANES`] partial sums
+/// (so the loop vectorises), added lane by lane at the end.
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma+avx", "x86_64+avx2+fma+avx", "aarch64+neon"))]
+pub fn row_score(kind: FilterKind, a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (a_blocks, a_tail) = a.split_at(a.len() / LANES * LANES);
+    let (b_blocks, b_tail) = b[..a.len()].split_at(a_blocks.len());
+    for (x, y) in a_blocks.chunks_exact(LANES).zip(b_blocks.chunks_exact(LANES)) {
+        for i in 0..LANES {
+            let t = x[i] - y[i];
+            acc[i] = match kind {
+                FilterKind::SquaredL2 => acc[i] + t * t,
+                FilterKind::L1 => acc[i] + t.abs(),
+                FilterKind::LInf => acc[i].max(t.abs()),
+            };
+        }
+    }
+    for (i, (x, y)) in a_tail.iter().zip(b_tail).enumerate() {
+        let t = x - y;
+        acc[i] = match kind {
+            FilterKind::SquaredL2 => acc[i] + t * t,
+            FilterKind::L1 => acc[i] + t.abs(),
+            FilterKind::LInf => acc[i].max(t.abs()),
+        };
+    }
+    match kind {
+        FilterKind::LInf => acc.iter().fold(0f32, |m, &x| m.max(x)),
+        _ => acc.iter().sum(),
+    }
+}
+
+/// Asks the CPU to start loading the cache line holding `values[0]`, so that a loop over rows at
+/// scattered addresses overlaps their loads instead of waiting out each (a hint: no effect on
+/// results, nothing on other architectures).
+#[inline]
+pub fn prefetch(values: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(first) = values.first() {
+        // SAFETY: SSE is part of x86-64's baseline, and a prefetch only hints the cache: it never
+        // faults and reads nothing into the program (the address is a live element anyway).
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((first as *const f32).cast());
+        }
+    }
+}

@@ -204,6 +204,15 @@ impl DisplayAs for SimilarityExec {
             Operation::RangeQuery { radius } => write!(f, ", r={radius}, metric={}", op.metric)?,
             Operation::Knn { k } => write!(f, ", k={k}, metric={}", op.metric)?,
         }
+        if let (Some(approx), Operation::Knn { k }) = (op.approx, &op.operation) {
+            write!(
+                f,
+                ", approx=multicurves({}, candidates={} per curve, effort={})",
+                crate::index::curves::describe_for(self.right.source.static_dim().unwrap_or(usize::MAX)),
+                approx.per_curve(*k),
+                approx.effort
+            )?;
+        }
         write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())?;
         if let Some(tasks) = self.tasks {
             write!(f, ", tasks={tasks} (each: a share of the left rows against whole inputs)")?;

@@ -37,6 +37,10 @@ struct SimilarityMetrics {
     input_rows: Count,
     skipped_rows: Count,
     candidate_pairs: Count,
+    /// Approximate kNN: distinct candidates the Multicurves index gave.
+    curve_candidates: Count,
+    /// Approximate kNN: indexes kept from an earlier query.
+    kept_indexes: Count,
     count_passes: Count,
     write_passes: Count,
     tiles: Count,
@@ -64,6 +68,8 @@ impl SimilarityMetrics {
             input_rows: MetricBuilder::new(set).counter("input_rows", 0),
             skipped_rows: MetricBuilder::new(set).counter("skipped_rows", 0),
             candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
+            curve_candidates: MetricBuilder::new(set).counter("curve_candidates", 0),
+            kept_indexes: MetricBuilder::new(set).counter("kept_indexes", 0),
             count_passes: MetricBuilder::new(set).counter("count_passes", 0),
             write_passes: MetricBuilder::new(set).counter("write_passes", 0),
             tiles: MetricBuilder::new(set).counter("tiles", 0),
@@ -88,6 +94,8 @@ impl SimilarityMetrics {
 
     fn record_run(&self, stats: &RunStats) {
         self.candidate_pairs.add(stats.candidates as usize);
+        self.curve_candidates.add(stats.curve_candidates as usize);
+        self.kept_indexes.add(stats.kept_indexes);
         self.count_passes.add(stats.count_passes as usize);
         self.write_passes.add(stats.write_passes as usize);
         self.tiles.add(stats.tiles as usize);
@@ -542,7 +550,9 @@ fn compute(
             };
             backend.join(&request, sink)
         }
-        Operation::Knn { k } => backend.knn(&KnnRequest { base: right, queries: left, metric: op.metric, k }, sink),
+        Operation::Knn { k } => {
+            backend.knn(&KnnRequest { base: right, queries: left, metric: op.metric, k, approx: op.approx }, sink)
+        }
     }
 }
 

@@ -59,8 +59,11 @@ fn input(
     Ok(TableInput { provider, source, describe: format!("argument '{argument}'") })
 }
 
-/// `operation` with the options that say how and where it runs.
+/// `operation` with the options that say how and where it runs. `approx` reaches kNN alone: the
+/// other functions always answer exactly (a call that asks otherwise fails in `options`).
 fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp {
+    let approx = (options.approx && matches!(operation, Operation::Knn { .. }))
+        .then_some(crate::op::Approx { effort: options.approx_effort });
     let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, cache_size, tasks, .. } = *options;
     let devices = options.devices.clone();
     SimilarityOp {
@@ -74,6 +77,7 @@ fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp
         cache_size,
         tasks,
         scalar_semantics: false,
+        approx,
     }
 }
 
@@ -111,6 +115,12 @@ fn table(
             );
         }
         _ => {}
+    }
+    if op.approx.is_some() && crate::index::curves::Geometry::of(op.metric).is_none() {
+        return plan_err!(
+            "{function}: option approx=true needs a metric the Multicurves index can serve (l2, l2sq, cosine, l1, linf), not {}",
+            op.metric
+        );
     }
     let backend = if cluster { backend::on_executor(&op)? } else { backend::choose(&op)? };
     Ok(Arc::new(SimilarityTable::new(op, first, second, backend)))

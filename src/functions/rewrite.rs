@@ -236,7 +236,11 @@ fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan>
     let options = SimJoinOptions { metric, ..options.clone() };
     let base = view_input(input, &column, metric, "base")?;
     let query = query_input(constant, metric)?;
-    let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(Operation::Knn { k: n }, &options) };
+    let op = SimilarityOp {
+        scalar_semantics: true,
+        approx: None,
+        ..super::similarity_op(Operation::Knn { k: n }, &options)
+    };
     let table = super::table(op, query, Some(base), ["query", "base"], options.cluster).ok()?;
     let candidates = scan_as(table, NEAREST, input.schema(), |_| "base_")?.build().ok()?;
     let sorted_input = match projection {

@@ -1,5 +1,7 @@
-//! Indexes shared by the backends: the ε-grid over vectors, the segment filter over strings.
+//! Indexes shared by the backends: the ε-grid over vectors, the segment filter over strings, and
+//! the Multicurves index of approximate kNN.
 
+pub mod curves;
 pub mod grid;
 pub mod segments;
 

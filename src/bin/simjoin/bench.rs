@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// with the time to decode the same files as the floor.
     #[arg(long)]
     e2e: bool,
+    /// The approximate kNN against the exact one instead: recall@10 and queries per second at
+    /// several `approx_effort`s on Fashion-MNIST, clustered blobs and Gaussian data.
+    #[arg(long)]
+    approx: bool,
     /// Load-test `simjoin serve` instead: concurrent Flight SQL clients running a query mix, every
     /// answer checked against the embedded library's.
     #[arg(long)]
@@ -256,6 +260,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         return super::e2e::run(&args);
     }
     let ctx = super::sql::session(&args.session).await?;
+    if args.approx {
+        return super::bench_approx::run(&args, &ctx).await;
+    }
     let mut records = Vec::new();
     let mut table = String::from(
         "| workload | n | d | queries | threshold / k | result rows | simjoin (s) | first run (s) |\n|---|---|---|---|---|---|---|---|\n",
@@ -395,7 +402,7 @@ fn ensure(path: &Path, distribution: Distribution, n: usize, dim: usize, seed: u
 }
 
 /// Registers `path` as an in-memory table `name`, so timings exclude file reading.
-async fn load(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
+pub(super) async fn load(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
     let path = path.to_str().ok_or_else(|| DataFusionError::Execution("non-UTF-8 path".into()))?;
     let df = ctx.read_parquet(path, ParquetReadOptions::default()).await?;
     let schema = Arc::new(df.schema().as_arrow().clone());

@@ -8,6 +8,7 @@ use simjoin::datagen::{self, Distribution};
 use simjoin::{Device, Metric};
 
 mod bench;
+mod bench_approx;
 mod cluster;
 mod demo;
 mod e2e;

@@ -1,0 +1,231 @@
+//! Approximate kNN (`knn(base, query, k, 'approx=true')`) from the Multicurves index
+//! (index/curves.rs), on every CPU core.
+//!
+//! Each query takes `per_curve` candidates around its key on every curve (Teodoro et al.'s
+//! retrieval step) and drops repeats. The candidates are then ranked by their distance over the
+//! leading principal coordinates (a proxy of the Euclidean distance that reads 256 bytes of a
+//! candidate rather than all of it), skipping each candidate whose first 16 coordinates — one
+//! cache line — already place it beyond the best `rerank` found; and those best `rerank` (8k, at
+//! least 32) are measured exactly, in f64: the answer is the k nearest of them by exact
+//! distance (ties by base position), each returned row carrying its exact distance and its rank.
+//! Nothing else is guaranteed: a true neighbour that no curve placed near the query, or that the
+//! proxy ranked below `rerank`, is missed; the recall is measured (`simjoin bench --approx`), not
+//! assumed. Where the vectors have at most 64 dimensions the proxy is the whole Euclidean
+//! distance (up to f32 rounding).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use datafusion::common::Result;
+use rayon::prelude::*;
+
+use super::exact::ExactCheck;
+use super::simd::{FilterKind, prefetch, row_score};
+use super::topk::{Neighbour, k_smallest, push_ranked};
+use super::{KnnRequest, ResultChunk, ResultSink, RunStats};
+use crate::index::curves::{Geometry, LEAD, Multicurves};
+use crate::op::{Approx, Metric};
+use crate::vectors::Vectors;
+
+/// Candidates measured exactly per neighbour asked for: the best by proxy distance.
+const RERANK: usize = 8;
+/// Relative rounding allowance of the f32 re-rank: a candidate within it of the k-th best is
+/// measured exactly too, so rounding cannot decide the answer among the re-ranked.
+const F32_SLACK: f32 = 1e-3;
+/// Candidates ahead whose leading coordinates are prefetched while one is compared.
+const PREFETCH_AHEAD: usize = 8;
+/// Every how many cache lines of the next re-ranked row a prefetch is issued (the hardware's
+/// stream prefetcher fetches the lines between).
+const PREFETCH_LINES: usize = 1;
+/// Queries answered between two hand-offs to the sink.
+const QUERY_BLOCK: usize = 2048;
+/// Relative slack on the leading coordinates' share before a candidate is skipped: it and the
+/// proxy are both rounded f32 sums, so the share may exceed the proxy by a few ulps.
+const BOUND_SLACK: f32 = 1e-4;
+
+/// The approximate `k` nearest base vectors of each query (`k` at most the base's size, and
+/// neither side empty: `CpuBackend::knn` answers those cases).
+pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn ResultSink) -> Result<RunStats> {
+    let start = Instant::now();
+    let KnnRequest { base, queries, metric, .. } = *request;
+    let mut stats = RunStats::default();
+    let geometry = Geometry::of(metric).expect("approx metrics are checked at planning (functions::table)");
+    let (index, kept) = base.curves(geometry);
+    stats.kept_indexes = usize::from(kept);
+    let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
+    stats.build_time = start.elapsed();
+
+    let probe = Instant::now();
+    let kind = match metric {
+        Metric::L1 => FilterKind::L1,
+        Metric::LInf => FilterKind::LInf,
+        _ => FilterKind::SquaredL2,
+    };
+    let search = Search { index: &index, kind, k, per_curve: approx.per_curve(k), rerank: RERANK * k.max(4) };
+    let (gathered, measured) = (AtomicU64::new(0), AtomicU64::new(0));
+    let blocks = queries.len().div_ceil(QUERY_BLOCK);
+    sink.start(blocks as u64);
+    let mut chunk = ResultChunk::default();
+    for block in 0..blocks {
+        let first = block * QUERY_BLOCK;
+        let lists: Vec<Vec<Neighbour>> = (first..(first + QUERY_BLOCK).min(queries.len()))
+            .into_par_iter()
+            .map_init(
+                || Scratch::new(index.len()),
+                |scratch, q| {
+                    search.run(queries.row(q), scratch);
+                    gathered.fetch_add(scratch.bounded.len() as u64, Ordering::Relaxed);
+                    measured.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
+                    k_smallest(measure(&exact, queries.row(q), q, base, &scratch.best), k)
+                },
+            )
+            .collect();
+        for (i, list) in lists.iter().enumerate() {
+            push_ranked(&mut chunk, first + i, list);
+        }
+        if chunk.len() >= sink.chunk_rows() {
+            sink.send(std::mem::take(&mut chunk))?;
+        }
+        sink.advance(1);
+    }
+    if !chunk.is_empty() {
+        sink.send(chunk)?;
+    }
+    stats.curve_candidates = gathered.into_inner();
+    stats.candidates = measured.into_inner();
+    stats.probe_time = probe.elapsed();
+    Ok(stats)
+}
+
+/// The exact distances from query `q` (values `query`) to the candidates, four rows at a time.
+fn measure(exact: &ExactCheck, query: &[f64], q: usize, base: &Vectors, candidates: &[(f32, u32)]) -> Vec<Neighbour> {
+    let mut out = Vec::with_capacity(candidates.len());
+    let mut fours = candidates.chunks_exact(4);
+    for four in &mut fours {
+        let positions = [0, 1, 2, 3].map(|i| four[i].1 as usize);
+        let distances = exact.distances4(query, q, positions.map(|p| base.row(p)), positions);
+        out.extend(distances.iter().zip(positions).map(|(&distance, p)| Neighbour { distance, position: p as u32 }));
+    }
+    out.extend(fours.remainder().iter().map(|&(_, p)| Neighbour {
+        distance: exact.distance(query, base.row(p as usize), q, p as usize),
+        position: p,
+    }));
+    out
+}
+
+/// One query's search, shared by the threads.
+struct Search<'a> {
+    index: &'a Multicurves,
+    /// The f32 score ordered as the metric (squared under L2, L2² and cosine).
+    kind: FilterKind,
+    k: usize,
+    per_curve: usize,
+    /// Candidates measured exactly: the best by the proxy distance.
+    rerank: usize,
+}
+
+/// A thread's working memory, reused across its queries.
+struct Scratch {
+    /// One bit per base vector: taken as a candidate of the current query (cleared after each).
+    seen: Vec<u64>,
+    gathered: Vec<u32>,
+    /// Distinct candidates with the squared distance over their first [`LEAD`] coordinates.
+    bounded: Vec<(f32, u32)>,
+    /// The best `rerank` by proxy distance, unordered.
+    best: Vec<(f32, u32)>,
+}
+
+impl Scratch {
+    fn new(len: usize) -> Self {
+        Self { seen: vec![0; len.div_ceil(64)], gathered: Vec::new(), bounded: Vec::new(), best: Vec::new() }
+    }
+}
+
+impl Search<'_> {
+    /// Leaves in `scratch.best` the `rerank` candidates of `query` nearest by proxy distance.
+    fn run(&self, query: &[f64], scratch: &mut Scratch) {
+        let index = self.index;
+        let (values, projected) = index.query(query);
+        scratch.gathered.clear();
+        index.candidates(&projected, self.per_curve, &mut scratch.gathered);
+        scratch.bounded.clear();
+        for (i, &p) in scratch.gathered.iter().enumerate() {
+            if let Some(&ahead) = scratch.gathered.get(i + PREFETCH_AHEAD) {
+                prefetch(index.projected(ahead as usize));
+            }
+            let (word, bit) = (p as usize / 64, 1u64 << (p % 64));
+            if scratch.seen[word] & bit == 0 {
+                scratch.seen[word] |= bit;
+                let lead = row_score(FilterKind::SquaredL2, &projected[..LEAD], &index.projected(p as usize)[..LEAD]);
+                scratch.bounded.push((lead, p));
+            }
+        }
+        for &p in &scratch.gathered {
+            scratch.seen[p as usize / 64] = 0;
+        }
+        // The `rerank` smallest leading distances first: their proxies make the bar low early.
+        let rerank = self.rerank.min(scratch.bounded.len());
+        if rerank < scratch.bounded.len() {
+            scratch.bounded.select_nth_unstable_by(rerank, |a, b| a.0.total_cmp(&b.0));
+        }
+        let proxy = |lead: f32, p: u32| {
+            lead + row_score(FilterKind::SquaredL2, &projected[LEAD..], &index.projected(p as usize)[LEAD..])
+        };
+        let mut best: std::collections::BinaryHeap<(Proxy, u32)> =
+            scratch.bounded[..rerank].iter().map(|&(lead, p)| (Proxy(proxy(lead, p)), p)).collect();
+        for &(lead, p) in &scratch.bounded[rerank..] {
+            let bar = best.peek().map_or(f32::INFINITY, |b| b.0.0);
+            // The leading coordinates' share never exceeds the whole proxy (a sum of squares).
+            if lead > bar * (1.0 + BOUND_SLACK) {
+                continue;
+            }
+            let d = proxy(lead, p);
+            if d < bar {
+                best.pop();
+                best.push((Proxy(d), p));
+            }
+        }
+        // The re-rank's first pass: the whole distance in f32; those within rounding of the k-th
+        // best of it go on to the exact f64 measure.
+        scratch.best.clear();
+        scratch.best.extend(best.into_iter().map(|(_, p)| (0.0, p)));
+        for i in 0..scratch.best.len() {
+            if let Some(&(_, ahead)) = scratch.best.get(i + 1) {
+                let row = index.values(ahead as usize);
+                (0..row.len()).step_by(16 * PREFETCH_LINES).for_each(|d| prefetch(&row[d..]));
+            }
+            let p = scratch.best[i].1;
+            scratch.best[i].0 = row_score(self.kind, &values, index.values(p as usize));
+        }
+        if self.k < scratch.best.len() {
+            scratch.best.select_nth_unstable_by(self.k - 1, |a, b| a.0.total_cmp(&b.0));
+            let bar = scratch.best[self.k - 1].0 * (1.0 + F32_SLACK) + f32::MIN_POSITIVE;
+            let mut kept = self.k;
+            for i in self.k..scratch.best.len() {
+                if scratch.best[i].0 <= bar {
+                    scratch.best.swap(kept, i);
+                    kept += 1;
+                }
+            }
+            scratch.best.truncate(kept);
+        }
+    }
+}
+
+/// A proxy distance ordered for the heap (never NaN: the coordinates are finite).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Proxy(f32);
+
+impl Eq for Proxy {}
+
+impl PartialOrd for Proxy {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Proxy {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}

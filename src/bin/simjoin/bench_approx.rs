@@ -1,0 +1,130 @@
+//! `simjoin bench --approx`: the approximate kNN (`approx=true`) against the exact one on the same
+//! in-memory data and queries, in one process: recall@k and queries per second at several efforts,
+//! with the index's build (the first approximate run) timed apart. The exact path runs on the
+//! session's device (`--device gpu` compares with the GPU); the approximate one on the CPU cores.
+//! Results go to `approx.json` in `--dir`, which benches/approx.py adds FAISS's indexes to.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::datatypes::Int64Type;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::prelude::SessionContext;
+use simjoin::datagen::{self, Distribution};
+
+use super::bench::{BenchArgs, load};
+
+/// Neighbours per query.
+const K: usize = 10;
+/// The efforts measured.
+const EFFORTS: [f64; 6] = [0.1, 0.25, 0.5, 1.0, 2.0, 4.0];
+
+/// One dataset: its files and sizes.
+struct Dataset {
+    name: String,
+    base: PathBuf,
+    queries: PathBuf,
+    n: usize,
+    dim: usize,
+    queries_n: usize,
+}
+
+pub async fn run(args: &BenchArgs, ctx: &SessionContext) -> Result<()> {
+    let scale = |n: usize| if args.quick { n / 10 } else { n };
+    let mut datasets = Vec::new();
+    if args.fashion_mnist.exists() {
+        let (base, queries) =
+            (args.dir.join("fashion-mnist-base.parquet"), args.dir.join("fashion-mnist-queries.parquet"));
+        if !base.exists() {
+            datagen::write_labelled(&datagen::read_fashion_mnist(&args.fashion_mnist, "train")?, 784, &base)?;
+            datagen::write_labelled(&datagen::read_fashion_mnist(&args.fashion_mnist, "t10k")?, 784, &queries)?;
+        }
+        datasets.push(Dataset { name: "fashion-mnist".into(), base, queries, n: 60_000, dim: 784, queries_n: 10_000 });
+    } else {
+        eprintln!("fashion-mnist: skipped (install Debian's dataset-fashion-mnist)");
+    }
+    for (distribution, n) in [(Distribution::Blobs, scale(200_000)), (Distribution::Gaussian, scale(1_000_000))] {
+        let (dim, queries_n) = (128, 1000);
+        let base = args.dir.join(format!("{distribution}-{n}-{dim}d.parquet"));
+        let queries = args.dir.join(format!("{distribution}-{n}-{dim}d-queries-{queries_n}.parquet"));
+        if !base.exists() || !queries.exists() {
+            // One draw split in two, so that the queries come from the same clusters as the base.
+            let values = datagen::generate(distribution, n + queries_n, dim, 1);
+            let (base_values, query_values) = values.split_at(n * dim);
+            datagen::write(base_values, dim, &base)?;
+            datagen::write(query_values, dim, &queries)?;
+        }
+        datasets.push(Dataset { name: format!("{distribution}-{dim}d"), base, queries, n, dim, queries_n });
+    }
+    datasets.retain(|d| args.only.as_ref().is_none_or(|o| d.name.contains(o.as_str())));
+
+    let mut records = Vec::new();
+    let mut table = String::from(
+        "| data | n × d | queries | method | effort | recall@10 | queries/s | × exact | index build (s) |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for d in &datasets {
+        load(ctx, "base", &d.base).await?;
+        load(ctx, "queries", &d.queries).await?;
+        let exact_sql = format!("SELECT query_id, base_id FROM knn(base, queries, {K})");
+        let (exact_s, _, truth) = best_of(ctx, &exact_sql, args.repeat).await?;
+        let exact_qps = d.queries_n as f64 / exact_s;
+        let mut row = |method: &str, effort: Option<f64>, seconds: f64, recall: f64, build: Option<f64>| {
+            let qps = d.queries_n as f64 / seconds;
+            let effort_text = effort.map_or("–".to_string(), |e| e.to_string());
+            let build_text = build.map_or("–".to_string(), |b| format!("{b:.2}"));
+            table.push_str(&format!(
+                "| {} | {} × {} | {} | {method} | {effort_text} | {recall:.4} | {qps:.0} | {:.1} | {build_text} |\n",
+                d.name,
+                d.n,
+                d.dim,
+                d.queries_n,
+                qps / exact_qps
+            ));
+            records.push(serde_json::json!({
+                "data": d.name, "n": d.n, "dim": d.dim, "queries": d.queries_n, "k": K,
+                "base_file": d.base.file_name().and_then(|f| f.to_str()),
+                "queries_file": d.queries.file_name().and_then(|f| f.to_str()),
+                "method": method, "effort": effort, "seconds": seconds, "queries_per_s": qps,
+                "recall": recall, "build_s": build,
+            }));
+        };
+        row("simjoin exact", None, exact_s, 1.0, None);
+        for (i, effort) in EFFORTS.into_iter().enumerate() {
+            let sql = format!(
+                "SELECT query_id, base_id FROM knn(base, queries, {K}, 'approx=true, approx_effort={effort}, device=cpu')"
+            );
+            let (seconds, first, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
+            let hits = found.iter().filter(|pair| truth.contains(pair)).count();
+            // The first approximate run builds the index (kept for the later ones, the base being
+            // in memory): its extra time over a later run is the build.
+            let build = (i == 0).then_some(first - seconds);
+            row("simjoin multicurves", Some(effort), seconds, hits as f64 / truth.len() as f64, build);
+        }
+        eprintln!("{}: done", d.name);
+    }
+    let json = serde_json::to_string_pretty(&records)
+        .map_err(|e| DataFusionError::Execution(format!("results as JSON: {e}")))?;
+    std::fs::write(args.dir.join("approx.json"), json)?;
+    println!("{table}");
+    Ok(())
+}
+
+/// The best and the first of `repeat` runs of `sql` (seconds), and its (query, base) pairs.
+async fn best_of(ctx: &SessionContext, sql: &str, repeat: usize) -> Result<(f64, f64, HashSet<(i64, i64)>)> {
+    let (mut times, mut pairs) = (Vec::new(), HashSet::new());
+    for _ in 0..repeat.max(1) {
+        let started = Instant::now();
+        let batches = ctx.sql(sql).await?.collect().await?;
+        times.push(started.elapsed().as_secs_f64());
+        pairs = batches
+            .iter()
+            .flat_map(|b| {
+                let (q, r) = (b.column(0).as_primitive::<Int64Type>(), b.column(1).as_primitive::<Int64Type>());
+                (0..b.num_rows()).map(move |i| (q.value(i), r.value(i)))
+            })
+            .collect();
+    }
+    Ok((times.iter().copied().fold(f64::INFINITY, f64::min), times[0], pairs))
+}

@@ -1,0 +1,158 @@
+//! Approximate kNN (`approx=true`): exact distances and ranks on every returned row, recall
+//! against the oracle on clustered data, the small-base case where every row is a candidate, the
+//! kept index, EXPLAIN, and the errors of options the index cannot serve.
+
+use crate::common::{
+    Row, Shape, check, ctx, distance, error, explain, operator_metrics, oracle_knn, random, register, rows,
+};
+
+/// `n` points near a random 6-dimensional subspace of `dim` dimensions (as embeddings lie near
+/// low-dimensional manifolds; the curves cannot help on structureless noise), rounded to f32 as
+/// the tables store them. `seed` picks the points; the subspace is the same for every seed.
+fn clustered(n: usize, dim: usize, seed: u64) -> Vec<Option<Vec<f64>>> {
+    let basis = random(6 * dim, 99);
+    let (z, noise) = (random(n * 6, seed), random(n * dim, seed + 1));
+    (0..n)
+        .map(|i| {
+            let point = (0..dim).map(|d| {
+                let on: f64 = (0..6).map(|j| z[i * 6 + j] * basis[j * dim + d]).sum();
+                (on + 0.01 * (noise[i * dim + d] - 0.5)) as f32 as f64
+            });
+            Some(point.collect())
+        })
+        .collect()
+}
+
+/// Checks what approx promises of each row (the exact distance of its pair, ranks 1..=k by
+/// distance, k rows a query) and returns the recall against the oracle.
+fn recall(metric: &str, got: &[Row], base: &[Option<Vec<f64>>], queries: &[Option<Vec<f64>>], k: usize) -> f64 {
+    let want = oracle_knn(metric, base, queries, k);
+    assert_eq!(got.len(), want.len(), "k rows for every query");
+    for q in 0..queries.len() as i64 {
+        let mut list: Vec<&Row> = got.iter().filter(|r| r.0 == q).collect();
+        list.sort_by_key(|r| r.3);
+        assert_eq!(list.iter().map(|r| r.3).collect::<Vec<_>>(), (1..=k as i64).collect::<Vec<_>>(), "query {q}");
+        for pair in list.windows(2) {
+            assert!(f64::from_bits(pair[0].2) <= f64::from_bits(pair[1].2), "query {q}: ranks by distance");
+        }
+        for r in &list {
+            let exact = distance(metric, queries[q as usize].as_ref().unwrap(), base[r.1 as usize].as_ref().unwrap());
+            assert_eq!(f64::from_bits(r.2), exact, "query {q}, base {}: the exact distance", r.1);
+        }
+    }
+    let found = got.iter().filter(|r| want.iter().any(|w| w.0 == r.0 && w.1 == r.1)).count();
+    found as f64 / want.len() as f64
+}
+
+#[tokio::test]
+async fn approximate_answers_carry_exact_distances_and_find_most_neighbours() {
+    let ctx = ctx();
+    let (base, queries) = (clustered(6000, 48, 11), clustered(150, 48, 12));
+    register(&ctx, "base", &base, 48, Shape::FixedF32);
+    register(&ctx, "queries", &queries, 48, Shape::ListF64);
+    for metric in ["l2", "cosine", "l1", "linf", "l2sq"] {
+        let sql = format!(
+            "SELECT query_id, base_id, distance, rank FROM knn(base, queries, 10, 'metric={metric}, approx=true')"
+        );
+        let got = rows(&ctx, &sql).await;
+        let found = recall(metric, &got, &base, &queries, 10);
+        assert!(found >= 0.9, "{metric}: recall@10 {found}");
+    }
+    // More effort never finds fewer here, and a higher one finds nearly all.
+    let at = |effort: f64| {
+        format!(
+            "SELECT query_id, base_id, distance, rank FROM knn(base, queries, 10, 'approx=true, approx_effort={effort}')"
+        )
+    };
+    let low = recall("l2", &rows(&ctx, &at(0.05)).await, &base, &queries, 10);
+    let high = recall("l2", &rows(&ctx, &at(4.0)).await, &base, &queries, 10);
+    assert!(high >= low && high >= 0.99, "effort 0.05: {low}, effort 4: {high}");
+}
+
+#[tokio::test]
+async fn a_base_within_one_curve_window_gives_the_exact_answer() {
+    // 400 rows, fewer than the candidates a curve gives: every row is a candidate, and with 16
+    // dimensions the proxy is the whole distance, so the answer is the exact one, ties and all.
+    let ctx = ctx();
+    let mut base = crate::common::vectors(400, 16, 21);
+    base[7] = base[3].clone();
+    let queries = crate::common::vectors(40, 16, 22);
+    register(&ctx, "base", &base, 16, Shape::Columns);
+    register(&ctx, "queries", &queries, 16, Shape::Columns);
+    for k in [1, 5, 50] {
+        let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'approx=true')");
+        check(&ctx, &sql, &oracle_knn("l2", &base, &queries, k)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_index_is_kept_for_an_in_memory_base_and_explain_says_approx() {
+    let ctx = ctx();
+    register(&ctx, "base", &clustered(3000, 24, 31), 24, Shape::FixedF32);
+    register(&ctx, "queries", &clustered(50, 24, 32), 24, Shape::FixedF32);
+    let sql = "SELECT query_id FROM knn(base, queries, 5, 'approx=true, approx_effort=0.5')";
+    let plan = explain(&ctx, &format!("EXPLAIN {sql}")).await;
+    assert!(plan.contains("approx=multicurves(curves=8"), "{plan}");
+    assert!(plan.contains("candidates=256 per curve, effort=0.5"), "{plan}");
+    let first = operator_metrics(&ctx, sql).await;
+    let second = operator_metrics(&ctx, sql).await;
+    assert_eq!(first["kept_indexes"], 0, "{first:?}");
+    assert_eq!(second["kept_indexes"], 1, "{second:?}");
+    assert!(second["curve_candidates"] > 0 && second["candidate_pairs"] <= second["curve_candidates"], "{second:?}");
+    // The exact path is untouched.
+    let exact = explain(&ctx, "EXPLAIN SELECT query_id FROM knn(base, queries, 5)").await;
+    assert!(!exact.contains("approx="), "{exact}");
+}
+
+#[tokio::test]
+async fn set_approx_changes_knn_alone() {
+    let ctx = ctx();
+    let points = clustered(500, 8, 41);
+    register(&ctx, "t", &points, 8, Shape::FixedF32);
+    ctx.sql("SET simjoin.approx = true").await.unwrap();
+    let knn = explain(&ctx, "EXPLAIN SELECT * FROM knn(t, t, 3)").await;
+    assert!(knn.contains("approx=multicurves"), "{knn}");
+    // Joins, range queries and the rewritten SQL forms stay exact.
+    let join = "SELECT left_id, right_id, distance FROM sim_join(t, 0.05)";
+    check(&ctx, join, &crate::common::oracle_join("l2", &points, &points, 0.05, Some((false, true)))).await;
+    let range = explain(&ctx, "EXPLAIN SELECT * FROM range_query(t, t, 0.05)").await;
+    assert!(!range.contains("approx="), "{range}");
+    ctx.sql("SET simjoin.rewrite_scans = true").await.unwrap();
+    let sorted = explain(
+        &ctx,
+        "EXPLAIN SELECT id FROM t ORDER BY l2_distance(vector, [0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5]) LIMIT 3",
+    )
+    .await;
+    assert!(!sorted.contains("approx="), "{sorted}");
+}
+
+#[tokio::test]
+async fn options_the_index_cannot_serve_are_errors() {
+    let ctx = ctx();
+    register(&ctx, "t", &crate::common::vectors(50, 4, 51), 4, Shape::FixedF32);
+    let cases = [
+        ("SELECT * FROM sim_join(t, 0.1, 'approx=true')", "sim_join: option approx=true is for knn only"),
+        ("SELECT * FROM range_query(t, t, 0.1, 'approx=true')", "range_query: option approx=true is for knn only"),
+        ("SELECT * FROM sim_join(t, 0.1, 'approx_effort=2')", "sim_join: option approx_effort=2 is for knn only"),
+        (
+            "SELECT * FROM knn(t, t, 3, 'approx=true, metric=inner_product')",
+            "knn: option approx=true needs a metric the Multicurves index can serve (l2, l2sq, cosine, l1, linf), not inner_product",
+        ),
+        (
+            "SELECT * FROM knn(t, t, 3, 'approx=true, device=gpu')",
+            "knn: option device=gpu is not available with approx=true",
+        ),
+        ("SELECT * FROM knn(t, t, 3, 'approx=maybe')", "approx must be true or false, got 'maybe'"),
+        ("SELECT * FROM knn(t, t, 3, 'approx_effort=0')", "approx_effort must be a number from 0.01 to 1000, got '0'"),
+        (
+            "SELECT * FROM knn(t, t, 3, 'approx_effort=fast')",
+            "approx_effort must be a number from 0.01 to 1000, got 'fast'",
+        ),
+    ];
+    for (sql, want) in cases {
+        let message = error(&ctx, sql).await;
+        assert!(message.contains(want), "{sql}\n  got:  {message}\n  want: {want}");
+    }
+    // `approx=false` on a join says nothing new: accepted.
+    rows(&ctx, "SELECT left_id, right_id, distance FROM sim_join(t, 0.1, 'approx=false')").await;
+}
