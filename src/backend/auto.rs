@@ -1,13 +1,17 @@
-//! `device=auto`: each run goes where it is estimated to finish first — the GPU or every CPU
+//! `device=auto`: each run goes where it is expected to finish first — the GPU or every CPU
 //! core — counting what the GPU has not paid yet (opening the device and loading kernels, which
-//! planning started on a background thread) and copying the inputs to it. `device=gpu` takes the
-//! same path without the choice, so that its device too opens while the inputs are read.
+//! planning started on a background thread), copying the inputs to it, and the work other runs
+//! have queued on each (the process's scheduler, backend/scheduler.rs, which also corrects the
+//! estimates by measured times and starts waiting runs shortest first). `device=gpu` takes the
+//! same path without the choice, so that its device too opens while the inputs are read, and
+//! queues on the GPU.
 //!
 //! The estimate is the sampled cost model both backends plan with (index/grid.rs: nanoseconds of
 //! one CPU core), divided by the cores for the CPU, and by a factor for the GPU plus its fixed
 //! costs. It only has to be right where the two are far apart; where they are close either choice
 //! costs little.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +19,8 @@ use datafusion::common::{Result, exec_err};
 
 use super::gpu::MultiGpuBackend;
 use super::plan::{filter_space, gemm_form};
-use super::{Backend, CpuBackend, GpuBackend, JoinRequest, KnnRequest, ResultSink, RunStats};
+use super::scheduler::{Scheduler, Unit, Work};
+use super::{Backend, CpuBackend, GpuBackend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{startup_left, warm_up};
@@ -105,11 +110,19 @@ impl AutoBackend {
         })
     }
 
-    /// The backend to run `cpu_ns` of work (one core's estimate) on `inputs`.
-    fn pick(&self, cpu_ns: f64, inputs: &[&Vectors], modules: &[KernelModule]) -> Result<Arc<dyn Backend>> {
-        if self.gpu_only {
-            return self.gpu();
-        }
+    /// Runs `call` where the scheduler sends `work` of `cpu_ns` (one core's estimate) on `inputs`,
+    /// once its unit is free (backend/scheduler.rs). A GPU run that fails before sending anything
+    /// (out of memory, a launch error) runs again on the CPU, counted in `gpu_fallbacks`.
+    fn run(
+        &self,
+        work: Work,
+        cpu_ns: f64,
+        inputs: &[&Vectors],
+        modules: &[KernelModule],
+        sink: &dyn ResultSink,
+        call: impl Fn(&dyn Backend, &dyn ResultSink) -> Result<RunStats>,
+    ) -> Result<RunStats> {
+        let scheduler = Scheduler::global();
         let cpu = Duration::from_secs_f64(cpu_ns * 1e-9 / rayon::current_num_threads() as f64);
         let gpu = startup_left(modules).map(|startup| {
             let upload_bytes: usize = inputs
@@ -122,19 +135,82 @@ impl AutoBackend {
                 + Duration::from_secs_f64(upload_bytes as f64 / UPLOAD_BYTES_PER_SECOND)
                 + Duration::from_secs_f64(cpu_ns * 1e-9 / GPU_OVER_ONE_CORE)
         });
+        if self.gpu_only {
+            let gpu_backend = self.gpu()?;
+            let raw = gpu.unwrap_or(cpu);
+            let predicted = scheduler.choose(work, cpu, Some(raw)).gpu.unwrap_or(raw);
+            let ticket = scheduler.admit(Unit::Gpu, work, raw, predicted);
+            let mut stats = call(gpu_backend.as_ref(), sink)?;
+            (stats.predicted_time, stats.queue_time) = (predicted, ticket.waited);
+            ticket.finish();
+            return Ok(stats);
+        }
+        let choice = scheduler.choose(work, cpu, gpu);
         // Only a run that goes to the GPU waits for the device to be open.
-        let chosen: Arc<dyn Backend> = match gpu.filter(|&gpu| gpu < cpu).and_then(|_| self.gpu().ok()) {
-            Some(gpu) => gpu,
-            None => Arc::new(CpuBackend),
+        let gpu_backend = match choice.unit {
+            Unit::Gpu => self.gpu().ok(),
+            Unit::Cpu => None,
         };
-        let estimate = match gpu {
-            Some(gpu) => format!("estimated gpu {:.3} s, cpu {:.3} s", gpu.as_secs_f64(), cpu.as_secs_f64()),
+        let (unit, raw, predicted) = match (gpu_backend.is_some(), gpu, choice.gpu) {
+            (true, Some(raw), Some(predicted)) => (Unit::Gpu, raw, predicted),
+            _ => (Unit::Cpu, cpu, choice.cpu),
+        };
+        let chosen: Arc<dyn Backend> = gpu_backend.unwrap_or_else(|| Arc::new(CpuBackend));
+        let estimate = match choice.gpu_finish {
+            Some(gpu_finish) => format!(
+                "expected to finish: gpu {:.3} s, cpu {:.3} s, counting queued work",
+                gpu_finish.as_secs_f64(),
+                choice.cpu_finish.as_secs_f64()
+            ),
             None => "no usable GPU".to_string(),
         };
         if let Ok(mut last) = self.last_choice.lock() {
             *last = Some(format!("{} ({estimate})", chosen.name()));
         }
-        Ok(chosen)
+        let ticket = scheduler.admit(unit, work, raw, predicted);
+        let counted = SentCount { inner: sink, sent: AtomicBool::new(false) };
+        let outcome = call(chosen.as_ref(), &counted);
+        let sent = counted.sent.into_inner();
+        let mut stats = match outcome {
+            Err(_) if unit == Unit::Gpu && !sent => {
+                drop(ticket);
+                let ticket = scheduler.admit(Unit::Cpu, work, cpu, cpu);
+                let mut stats = call(&CpuBackend, sink)?;
+                stats.gpu_fallbacks = 1;
+                (stats.predicted_time, stats.queue_time) = (cpu, ticket.waited);
+                ticket.finish();
+                return Ok(stats);
+            }
+            outcome => outcome?,
+        };
+        (stats.predicted_time, stats.queue_time) = (predicted, ticket.waited);
+        ticket.finish();
+        Ok(stats)
+    }
+}
+
+/// A sink that remembers whether anything went through it.
+struct SentCount<'a> {
+    inner: &'a dyn ResultSink,
+    sent: AtomicBool,
+}
+
+impl ResultSink for SentCount<'_> {
+    fn send(&self, chunk: ResultChunk) -> Result<()> {
+        self.sent.store(true, Ordering::Relaxed);
+        self.inner.send(chunk)
+    }
+
+    fn chunk_rows(&self) -> usize {
+        self.inner.chunk_rows()
+    }
+
+    fn start(&self, total_units: u64) {
+        self.inner.start(total_units)
+    }
+
+    fn advance(&self, units: u64) {
+        self.inner.advance(units)
     }
 }
 
@@ -183,7 +259,7 @@ impl Backend for AutoBackend {
             ),
         };
         let inputs: &[&Vectors] = if self_join { &[request.left] } else { &[request.left, request.right] };
-        self.pick(cpu_ns, inputs, &JOIN_MODULES)?.join(request, sink)
+        self.run(Work::Join, cpu_ns, inputs, &JOIN_MODULES, sink, |backend, sink| backend.join(request, sink))
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
@@ -194,6 +270,7 @@ impl Backend for AutoBackend {
             gemm_form(request.metric),
             false,
         );
-        self.pick(cpu_ns, &[request.base, request.queries], &KNN_MODULES)?.knn(request, sink)
+        let inputs = [request.base, request.queries];
+        self.run(Work::Knn, cpu_ns, &inputs, &KNN_MODULES, sink, |backend, sink| backend.knn(request, sink))
     }
 }

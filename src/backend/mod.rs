@@ -16,6 +16,7 @@ pub mod cpu;
 mod exact;
 pub mod gpu;
 mod plan;
+mod scheduler;
 mod simd;
 pub mod text;
 mod tiles;
@@ -151,6 +152,12 @@ pub struct RunStats {
     pub curve_candidates: u64,
     /// Approximate kNN: indexes kept from an earlier query rather than built (0 or 1 a run).
     pub kept_indexes: usize,
+    /// `device=auto`/`gpu`: the scheduler's predicted time of the run where it ran (corrected by
+    /// earlier runs' measured times), and how long it waited for that device.
+    pub predicted_time: Duration,
+    pub queue_time: Duration,
+    /// `device=auto`: runs the GPU failed before sending a row, run again on the CPU.
+    pub gpu_fallbacks: usize,
 }
 
 /// One GPU's part of a run divided among several.
@@ -184,6 +191,9 @@ impl RunStats {
         self.devices.extend(other.devices.iter().cloned());
         self.curve_candidates += other.curve_candidates;
         self.kept_indexes += other.kept_indexes;
+        self.predicted_time += other.predicted_time;
+        self.queue_time += other.queue_time;
+        self.gpu_fallbacks += other.gpu_fallbacks;
     }
 }
 

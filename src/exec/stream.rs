@@ -41,6 +41,10 @@ struct SimilarityMetrics {
     curve_candidates: Count,
     /// Approximate kNN: indexes kept from an earlier query.
     kept_indexes: Count,
+    /// The scheduler's predicted time, the wait for the device, and GPU runs redone on the CPU.
+    predicted_time: Time,
+    queue_time: Time,
+    gpu_fallbacks: Count,
     count_passes: Count,
     write_passes: Count,
     tiles: Count,
@@ -70,6 +74,9 @@ impl SimilarityMetrics {
             candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
             curve_candidates: MetricBuilder::new(set).counter("curve_candidates", 0),
             kept_indexes: MetricBuilder::new(set).counter("kept_indexes", 0),
+            predicted_time: MetricBuilder::new(set).subset_time("predicted_time", 0),
+            queue_time: MetricBuilder::new(set).subset_time("queue_time", 0),
+            gpu_fallbacks: MetricBuilder::new(set).counter("gpu_fallbacks", 0),
             count_passes: MetricBuilder::new(set).counter("count_passes", 0),
             write_passes: MetricBuilder::new(set).counter("write_passes", 0),
             tiles: MetricBuilder::new(set).counter("tiles", 0),
@@ -96,6 +103,9 @@ impl SimilarityMetrics {
         self.candidate_pairs.add(stats.candidates as usize);
         self.curve_candidates.add(stats.curve_candidates as usize);
         self.kept_indexes.add(stats.kept_indexes);
+        self.predicted_time.add_duration(stats.predicted_time);
+        self.queue_time.add_duration(stats.queue_time);
+        self.gpu_fallbacks.add(stats.gpu_fallbacks);
         self.count_passes.add(stats.count_passes as usize);
         self.write_passes.add(stats.write_passes as usize);
         self.tiles.add(stats.tiles as usize);

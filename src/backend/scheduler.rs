@@ -1,0 +1,287 @@
+//! The process's one scheduler of `device=auto` runs (after Teodoro et al.'s response-time-aware
+//! scheduling of CPU and GPU work in Hypercurves): it owns two units, the CPU cores and the GPU,
+//! and sends each run where it is expected to finish first, counting the work already admitted
+//! there, then queues it on that unit.
+//!
+//! * **Where.** A run comes with the cost model's estimate of its time on each unit
+//!   (`backend::auto`), corrected by what earlier runs measured: per unit and operation, the ratio
+//!   of measured to predicted time, averaged in log space (so a slow or busy machine is seen as
+//!   such within a few runs). It goes to the unit whose queued work plus its own corrected time is
+//!   smaller.
+//! * **When.** A unit runs one operator at a time (the CPU backend already spreads one run over
+//!   every core, the GPU backend one run over the whole device), so time-slicing two runs would
+//!   only delay both. Waiting runs start shortest predicted first, so a burst of small kNN queries
+//!   is not stuck behind one large join; a run that has waited longer than [`STARVATION`] times its
+//!   own predicted time (and at least [`STARVATION_FLOOR`]) goes ahead of the shorter ones, so a
+//!   large run is delayed but never starved.
+//! * **Never stuck.** A run's results stream to its consumer while it holds its unit, and a plan
+//!   may need a second run's results before it drains the first's (or a client may stop reading);
+//!   so a run waits at most [`MAX_WAIT`] plus the predicted work ahead of it, then runs anyway.
+
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The CPU cores and the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Cpu = 0,
+    Gpu = 1,
+}
+
+/// Operations learned apart: a join's estimate errs differently from a kNN's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    Join = 0,
+    Knn = 1,
+}
+
+/// A waiting run may pass shorter ones after waiting this many times its own predicted time.
+const STARVATION: f64 = 4.0;
+/// ... and at least this long.
+const STARVATION_FLOOR: Duration = Duration::from_millis(200);
+/// How long a run waits for its unit beyond the predicted work ahead of it before running anyway.
+const MAX_WAIT: Duration = Duration::from_secs(2);
+/// Weight of the newest measurement in the running correction.
+const LEARNING_RATE: f64 = 0.3;
+/// The correction stays within these factors of the cost model.
+const CORRECTION_RANGE: (f64, f64) = (0.01, 100.0);
+
+/// The expected finish of a run on each unit, as the choice saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    /// Where it goes.
+    pub unit: Unit,
+    /// Its corrected predicted time on each unit (`None`: no usable GPU).
+    pub cpu: Duration,
+    pub gpu: Option<Duration>,
+    /// Queued work plus its own time, on each unit.
+    pub cpu_finish: Duration,
+    pub gpu_finish: Option<Duration>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Predicted seconds admitted to each unit and not finished (running or waiting).
+    queued: [f64; 2],
+    /// Runs running on each unit (more than one only after a wait ran out).
+    running: [usize; 2],
+    /// Waiting runs: (ticket number, unit, predicted seconds, arrival).
+    waiting: Vec<(u64, Unit, f64, Instant)>,
+    next_ticket: u64,
+    /// ln(measured / predicted) per unit and operation.
+    log_correction: [[f64; 2]; 2],
+}
+
+/// The scheduler (one per process: [`Scheduler::global`]).
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// A run admitted to a unit; finishing it (or dropping it, on an error) frees the unit.
+#[derive(Debug)]
+pub struct Ticket<'a> {
+    scheduler: &'a Scheduler,
+    unit: Unit,
+    work: Work,
+    /// Predicted seconds before correction (what the measurement is compared with).
+    raw_predicted: f64,
+    /// Corrected predicted seconds (what was queued).
+    predicted: f64,
+    started: Instant,
+    /// How long it waited for its unit.
+    pub waited: Duration,
+    done: bool,
+}
+
+impl Scheduler {
+    /// The process's scheduler.
+    pub fn global() -> &'static Scheduler {
+        static GLOBAL: OnceLock<Scheduler> = OnceLock::new();
+        GLOBAL.get_or_init(Scheduler::default)
+    }
+
+    /// Where a run of `work` estimated at `cpu` on the CPU cores and `gpu` on the GPU (`None`: no
+    /// usable GPU) is expected to finish first.
+    pub fn choose(&self, work: Work, cpu: Duration, gpu: Option<Duration>) -> Choice {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let corrected = |unit: Unit, d: Duration| {
+            Duration::from_secs_f64(d.as_secs_f64() * state.log_correction[unit as usize][work as usize].exp())
+        };
+        let cpu_own = corrected(Unit::Cpu, cpu);
+        let cpu_finish = cpu_own + Duration::from_secs_f64(state.queued[Unit::Cpu as usize]);
+        let gpu_own = gpu.map(|g| corrected(Unit::Gpu, g));
+        let gpu_finish = gpu_own.map(|g| g + Duration::from_secs_f64(state.queued[Unit::Gpu as usize]));
+        let unit = match gpu_finish {
+            Some(finish) if finish < cpu_finish => Unit::Gpu,
+            _ => Unit::Cpu,
+        };
+        Choice { unit, cpu: cpu_own, gpu: gpu_own, cpu_finish, gpu_finish }
+    }
+
+    /// Queues a run on `unit` and returns once it may start: the unit is free and no waiting run
+    /// goes first (shortest predicted first, the starved before all), or it has waited as long as
+    /// it may. `raw_predicted` is the cost model's time, `predicted` the corrected one.
+    pub fn admit(&self, unit: Unit, work: Work, raw_predicted: Duration, predicted: Duration) -> Ticket<'_> {
+        let arrived = Instant::now();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let number = state.next_ticket;
+        state.next_ticket += 1;
+        let seconds = predicted.as_secs_f64();
+        let ahead = Duration::from_secs_f64(state.queued[unit as usize]);
+        state.queued[unit as usize] += seconds;
+        state.waiting.push((number, unit, seconds, arrived));
+        let deadline = arrived + MAX_WAIT + ahead;
+        loop {
+            let now = Instant::now();
+            if (state.running[unit as usize] == 0 && next_for(&state.waiting, unit, now) == Some(number))
+                || now >= deadline
+            {
+                break;
+            }
+            let wait = deadline.saturating_duration_since(now).min(Duration::from_millis(50));
+            state = self.changed.wait_timeout(state, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        state.waiting.retain(|w| w.0 != number);
+        state.running[unit as usize] += 1;
+        drop(state);
+        self.changed.notify_all();
+        Ticket {
+            scheduler: self,
+            unit,
+            work,
+            raw_predicted: raw_predicted.as_secs_f64(),
+            predicted: seconds,
+            started: Instant::now(),
+            waited: arrived.elapsed(),
+            done: false,
+        }
+    }
+
+    /// The correction learned for `work` on `unit` (measured ÷ predicted).
+    #[cfg(test)]
+    fn correction(&self, unit: Unit, work: Work) -> f64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).log_correction[unit as usize][work as usize].exp()
+    }
+
+    fn release(&self, unit: Unit, work: Work, predicted: f64, measured: Option<(f64, f64)>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.queued[unit as usize] = (state.queued[unit as usize] - predicted).max(0.0);
+        state.running[unit as usize] = state.running[unit as usize].saturating_sub(1);
+        if let Some((raw, measured)) = measured.filter(|&(raw, measured)| raw > 0.0 && measured > 0.0) {
+            let (low, high) = CORRECTION_RANGE;
+            let sample = (measured / raw).clamp(low, high).ln();
+            let c = &mut state.log_correction[unit as usize][work as usize];
+            *c += LEARNING_RATE * (sample - *c);
+        }
+        drop(state);
+        self.changed.notify_all();
+    }
+}
+
+/// The waiting run on `unit` that goes next: the longest-starved one past its bound, else the
+/// shortest predicted (ties by arrival).
+fn next_for(waiting: &[(u64, Unit, f64, Instant)], unit: Unit, now: Instant) -> Option<u64> {
+    let on_unit = || waiting.iter().filter(move |w| w.1 == unit);
+    let starved = on_unit()
+        .filter(|w| now.duration_since(w.3) > STARVATION_FLOOR.max(Duration::from_secs_f64(STARVATION * w.2)))
+        .min_by_key(|w| w.3);
+    starved.or_else(|| on_unit().min_by(|a, b| a.2.total_cmp(&b.2).then(a.3.cmp(&b.3)))).map(|w| w.0)
+}
+
+impl Ticket<'_> {
+    /// Frees the unit and teaches the scheduler the run's measured time.
+    pub fn finish(mut self) -> Duration {
+        self.done = true;
+        let measured = self.started.elapsed();
+        self.scheduler.release(
+            self.unit,
+            self.work,
+            self.predicted,
+            Some((self.raw_predicted, measured.as_secs_f64())),
+        );
+        measured
+    }
+}
+
+impl Drop for Ticket<'_> {
+    /// A run that failed frees its unit without teaching anything.
+    fn drop(&mut self) {
+        if !self.done {
+            self.scheduler.release(self.unit, self.work, self.predicted, None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn a_run_goes_where_queued_work_plus_its_own_finishes_first() {
+        let s = Scheduler::default();
+        // Idle: the faster unit.
+        assert_eq!(s.choose(Work::Knn, ms(300), Some(ms(100))).unit, Unit::Gpu);
+        assert_eq!(s.choose(Work::Knn, ms(300), None).unit, Unit::Cpu);
+        // A second of work queued on the GPU: the CPU now finishes first.
+        let held = s.admit(Unit::Gpu, Work::Join, ms(1000), ms(1000));
+        let choice = s.choose(Work::Knn, ms(300), Some(ms(100)));
+        assert_eq!(choice.unit, Unit::Cpu);
+        assert_eq!(choice.gpu_finish, Some(ms(1100)));
+        drop(held);
+        assert_eq!(s.choose(Work::Knn, ms(300), Some(ms(100))).unit, Unit::Gpu);
+    }
+
+    #[test]
+    fn measured_times_correct_later_estimates() {
+        let s = Scheduler::default();
+        for _ in 0..30 {
+            let ticket = s.admit(Unit::Cpu, Work::Knn, ms(1), ms(1));
+            std::thread::sleep(ms(4));
+            ticket.finish();
+        }
+        // Runs took ~4× (or more, on a busy machine) what the model said.
+        let c = s.correction(Unit::Cpu, Work::Knn);
+        assert!(c > 3.0, "correction {c}");
+        assert_eq!(s.correction(Unit::Cpu, Work::Join), 1.0);
+        // So a 2 ms CPU estimate now loses to a 5 ms GPU one.
+        assert_eq!(s.choose(Work::Knn, ms(2), Some(ms(5))).unit, Unit::Gpu);
+    }
+
+    #[test]
+    fn waiting_runs_start_shortest_first() {
+        let s = std::sync::Arc::new(Scheduler::default());
+        let held = s.admit(Unit::Cpu, Work::Join, ms(500), ms(500));
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let handles: Vec<_> = [90u64, 30, 60]
+            .into_iter()
+            .map(|predicted| {
+                let (s, order) = (s.clone(), order.clone());
+                let handle = std::thread::spawn(move || {
+                    let ticket = s.admit(Unit::Cpu, Work::Knn, ms(predicted), ms(predicted));
+                    order.lock().unwrap().push(predicted);
+                    ticket.finish();
+                });
+                std::thread::sleep(ms(20));
+                handle
+            })
+            .collect();
+        drop(held);
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(*order.lock().unwrap(), vec![30, 60, 90]);
+    }
+
+    #[test]
+    fn a_run_held_up_by_a_busy_unit_runs_anyway_in_the_end() {
+        let s = Scheduler::default();
+        let _held = s.admit(Unit::Gpu, Work::Join, ms(0), ms(0));
+        let started = Instant::now();
+        let ticket = s.admit(Unit::Gpu, Work::Knn, ms(1), ms(1));
+        assert!(ticket.waited >= MAX_WAIT && started.elapsed() < MAX_WAIT + ms(500), "{:?}", ticket.waited);
+    }
+}
