@@ -5,9 +5,11 @@
 //! retrieval step) and drops repeats. The candidates are then ranked by their distance over the
 //! leading principal coordinates (a proxy of the Euclidean distance that reads 256 bytes of a
 //! candidate rather than all of it), skipping each candidate whose first 16 coordinates — one
-//! cache line — already place it beyond the best `rerank` found; and those best `rerank` (8k, at
-//! least 32) are measured exactly, in f64: the answer is the k nearest of them by exact
-//! distance (ties by base position), each returned row carrying its exact distance and its rank.
+//! cache line — already place it beyond the best `rerank` found. Those best `rerank` (8k, at
+//! least 32) are re-ranked by their whole distance in f32, and the k best of that, with any
+//! within f32 rounding of the k-th, are measured exactly in f64: the answer is the k nearest of
+//! those by exact distance (ties by base position), each returned row carrying its exact distance
+//! and its rank.
 //! Nothing else is guaranteed: a true neighbour that no curve placed near the query, or that the
 //! proxy ranked below `rerank`, is missed; the recall is measured (`simjoin bench --approx`), not
 //! assumed. Where the vectors have at most 64 dimensions the proxy is the whole Euclidean
