@@ -19,7 +19,7 @@ use datafusion::common::{Result, exec_err};
 
 use super::gpu::MultiGpuBackend;
 use super::plan::{filter_space, gemm_form};
-use super::scheduler::{Scheduler, Unit, Work};
+use super::scheduler::{Scheduler, Ticket, Unit, Work};
 use super::{Backend, CpuBackend, GpuBackend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
@@ -140,7 +140,8 @@ impl AutoBackend {
             let raw = gpu.unwrap_or(cpu);
             let predicted = scheduler.choose(work, cpu, Some(raw)).gpu.unwrap_or(raw);
             let ticket = scheduler.admit(Unit::Gpu, work, raw, predicted);
-            let mut stats = call(gpu_backend.as_ref(), sink)?;
+            let handing = HandOff { inner: sink, sent: AtomicBool::new(false), ticket: &ticket };
+            let mut stats = call(gpu_backend.as_ref(), &handing)?;
             (stats.predicted_time, stats.queue_time) = (predicted, ticket.waited);
             ticket.finish();
             return Ok(stats);
@@ -168,14 +169,15 @@ impl AutoBackend {
             *last = Some(format!("{} ({estimate})", chosen.name()));
         }
         let ticket = scheduler.admit(unit, work, raw, predicted);
-        let counted = SentCount { inner: sink, sent: AtomicBool::new(false) };
-        let outcome = call(chosen.as_ref(), &counted);
-        let sent = counted.sent.into_inner();
+        let handing = HandOff { inner: sink, sent: AtomicBool::new(false), ticket: &ticket };
+        let outcome = call(chosen.as_ref(), &handing);
+        let sent = handing.sent.into_inner();
         let mut stats = match outcome {
             Err(_) if unit == Unit::Gpu && !sent => {
                 drop(ticket);
                 let ticket = scheduler.admit(Unit::Cpu, work, cpu, cpu);
-                let mut stats = call(&CpuBackend, sink)?;
+                let handing = HandOff { inner: sink, sent: AtomicBool::new(false), ticket: &ticket };
+                let mut stats = call(&CpuBackend, &handing)?;
                 stats.gpu_fallbacks = 1;
                 (stats.predicted_time, stats.queue_time) = (cpu, ticket.waited);
                 ticket.finish();
@@ -189,15 +191,19 @@ impl AutoBackend {
     }
 }
 
-/// A sink that remembers whether anything went through it.
-struct SentCount<'a> {
+/// The sink of a scheduled run: its first chunk hands the run's device to the next run (the
+/// consumer sets the pace from then on), and it remembers whether anything went through.
+struct HandOff<'a> {
     inner: &'a dyn ResultSink,
     sent: AtomicBool,
+    ticket: &'a Ticket<'a>,
 }
 
-impl ResultSink for SentCount<'_> {
+impl ResultSink for HandOff<'_> {
     fn send(&self, chunk: ResultChunk) -> Result<()> {
-        self.sent.store(true, Ordering::Relaxed);
+        if !self.sent.swap(true, Ordering::Relaxed) {
+            self.ticket.detach();
+        }
         self.inner.send(chunk)
     }
 

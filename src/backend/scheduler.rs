@@ -14,9 +14,11 @@
 //!   is not stuck behind one large join; a run that has waited longer than [`STARVATION`] times its
 //!   own predicted time (and at least [`STARVATION_FLOOR`]) goes ahead of the shorter ones, so a
 //!   large run is delayed but never starved.
-//! * **Never stuck.** A run's results stream to its consumer while it holds its unit, and a plan
-//!   may need a second run's results before it drains the first's (or a client may stop reading);
-//!   so a run waits at most [`MAX_WAIT`] plus the predicted work ahead of it, then runs anyway.
+//! * **Never stuck.** A run holds its unit until it first hands results to its consumer
+//!   ([`Ticket::detach`]): from then on its pace is the consumer's, which may be a client that
+//!   stopped reading, or a plan that needs a second run's output before it drains the first's, so
+//!   the unit goes to the next run. And a run waits at most [`MAX_WAIT`] plus the predicted work
+//!   ahead of it, whatever else happens, then runs anyway.
 
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -92,6 +94,8 @@ pub struct Ticket<'a> {
     started: Instant,
     /// How long it waited for its unit.
     pub waited: Duration,
+    /// The unit was handed on at the run's first hand-off of results.
+    detached: std::sync::atomic::AtomicBool,
     done: bool,
 }
 
@@ -155,6 +159,7 @@ impl Scheduler {
             predicted: seconds,
             started: Instant::now(),
             waited: arrived.elapsed(),
+            detached: Default::default(),
             done: false,
         }
     }
@@ -165,10 +170,22 @@ impl Scheduler {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).log_correction[unit as usize][work as usize].exp()
     }
 
-    fn release(&self, unit: Unit, work: Work, predicted: f64, measured: Option<(f64, f64)>) {
+    /// Hands `unit` to the next run.
+    fn free(&self, unit: Unit) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.running[unit as usize] = state.running[unit as usize].saturating_sub(1);
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Ends a run: its predicted work leaves the queue, its unit is freed unless it was already
+    /// (`holding`), and a measured time teaches the correction.
+    fn release(&self, unit: Unit, work: Work, predicted: f64, holding: bool, measured: Option<(f64, f64)>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.queued[unit as usize] = (state.queued[unit as usize] - predicted).max(0.0);
-        state.running[unit as usize] = state.running[unit as usize].saturating_sub(1);
+        if holding {
+            state.running[unit as usize] = state.running[unit as usize].saturating_sub(1);
+        }
         if let Some((raw, measured)) = measured.filter(|&(raw, measured)| raw > 0.0 && measured > 0.0) {
             let (low, high) = CORRECTION_RANGE;
             let sample = (measured / raw).clamp(low, high).ln();
@@ -191,6 +208,18 @@ fn next_for(waiting: &[(u64, Unit, f64, Instant)], unit: Unit, now: Instant) -> 
 }
 
 impl Ticket<'_> {
+    /// Hands the unit to the next run (once; the run goes on): called at the run's first hand-off
+    /// of results, after which the consumer sets its pace.
+    pub fn detach(&self) {
+        if !self.detached.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            self.scheduler.free(self.unit);
+        }
+    }
+
+    fn holding(&self) -> bool {
+        !self.detached.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Frees the unit and teaches the scheduler the run's measured time.
     pub fn finish(mut self) -> Duration {
         self.done = true;
@@ -199,6 +228,7 @@ impl Ticket<'_> {
             self.unit,
             self.work,
             self.predicted,
+            self.holding(),
             Some((self.raw_predicted, measured.as_secs_f64())),
         );
         measured
@@ -209,7 +239,7 @@ impl Drop for Ticket<'_> {
     /// A run that failed frees its unit without teaching anything.
     fn drop(&mut self) {
         if !self.done {
-            self.scheduler.release(self.unit, self.work, self.predicted, None);
+            self.scheduler.release(self.unit, self.work, self.predicted, self.holding(), None);
         }
     }
 }
@@ -274,6 +304,22 @@ mod tests {
         drop(held);
         handles.into_iter().for_each(|h| h.join().unwrap());
         assert_eq!(*order.lock().unwrap(), vec![30, 60, 90]);
+    }
+
+    #[test]
+    fn a_run_handing_out_results_lets_the_next_one_start() {
+        let s = Scheduler::default();
+        let first = s.admit(Unit::Gpu, Work::Knn, ms(100), ms(100));
+        // Its first results go to a consumer that may never read them: the unit is handed on.
+        first.detach();
+        first.detach();
+        let second = s.admit(Unit::Gpu, Work::Knn, ms(1), ms(1));
+        assert!(second.waited < ms(500), "{:?}", second.waited);
+        second.finish();
+        first.finish();
+        let state = s.state.lock().unwrap();
+        assert_eq!(state.running, [0, 0]);
+        assert!(state.queued.iter().all(|&q| q.abs() < 1e-9), "{:?}", state.queued);
     }
 
     #[test]
