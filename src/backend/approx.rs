@@ -21,13 +21,14 @@ use std::time::Instant;
 use datafusion::common::Result;
 use rayon::prelude::*;
 
+use super::cpu::offer_exact;
 use super::exact::ExactCheck;
+use super::plan::filter_kind;
 use super::simd::{FilterKind, prefetch, row_score};
-use super::topk::{Neighbour, k_smallest, push_ranked};
+use super::topk::{KSmallest, Neighbour, push_ranked};
 use super::{KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::index::curves::{Geometry, LEAD, Multicurves};
-use crate::op::{Approx, Metric};
-use crate::vectors::Vectors;
+use crate::op::Approx;
 
 /// Candidates measured exactly per neighbour asked for: the best by proxy distance.
 const RERANK: usize = 8;
@@ -58,12 +59,13 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
     stats.build_time = start.elapsed();
 
     let probe = Instant::now();
-    let kind = match metric {
-        Metric::L1 => FilterKind::L1,
-        Metric::LInf => FilterKind::LInf,
-        _ => FilterKind::SquaredL2,
+    let search = Search {
+        index: &index,
+        kind: filter_kind(metric),
+        k,
+        per_curve: approx.per_curve(k),
+        rerank: RERANK * k.max(4),
     };
-    let search = Search { index: &index, kind, k, per_curve: approx.per_curve(k), rerank: RERANK * k.max(4) };
     let (gathered, measured) = (AtomicU64::new(0), AtomicU64::new(0));
     let blocks = queries.len().div_ceil(QUERY_BLOCK);
     sink.start(blocks as u64);
@@ -78,7 +80,10 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
                     search.run(queries.row(q), scratch);
                     gathered.fetch_add(scratch.bounded.len() as u64, Ordering::Relaxed);
                     measured.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
-                    k_smallest(measure(&exact, queries.row(q), q, base, &scratch.best), k)
+                    let mut nearest = KSmallest::new(k);
+                    let positions = scratch.best.iter().map(|&(_, p)| p as usize);
+                    offer_exact(request, &exact, q, positions, &mut nearest);
+                    nearest.into_sorted()
                 },
             )
             .collect();
@@ -97,22 +102,6 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
     stats.candidates = measured.into_inner();
     stats.probe_time = probe.elapsed();
     Ok(stats)
-}
-
-/// The exact distances from query `q` (values `query`) to the candidates, four rows at a time.
-fn measure(exact: &ExactCheck, query: &[f64], q: usize, base: &Vectors, candidates: &[(f32, u32)]) -> Vec<Neighbour> {
-    let mut out = Vec::with_capacity(candidates.len());
-    let mut fours = candidates.chunks_exact(4);
-    for four in &mut fours {
-        let positions = [0, 1, 2, 3].map(|i| four[i].1 as usize);
-        let distances = exact.distances4(query, q, positions.map(|p| base.row(p)), positions);
-        out.extend(distances.iter().zip(positions).map(|(&distance, p)| Neighbour { distance, position: p as u32 }));
-    }
-    out.extend(fours.remainder().iter().map(|&(_, p)| Neighbour {
-        distance: exact.distance(query, base.row(p as usize), q, p as usize),
-        position: p,
-    }));
-    out
 }
 
 /// One query's search, shared by the threads.

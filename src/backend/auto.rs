@@ -20,7 +20,7 @@ use datafusion::common::{Result, exec_err};
 use super::gpu::MultiGpuBackend;
 use super::plan::{filter_space, gemm_form};
 use super::scheduler::{Scheduler, Ticket, Unit, Work};
-use super::{Backend, CpuBackend, GpuBackend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
+use super::{Backend, CpuBackend, GpuBackend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats};
 use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{startup_left, warm_up};
@@ -140,8 +140,8 @@ impl AutoBackend {
             let raw = gpu.unwrap_or(cpu);
             let predicted = scheduler.choose(work, cpu, Some(raw)).gpu.unwrap_or(raw);
             let ticket = scheduler.admit(Unit::Gpu, work, raw, predicted);
-            let handing = HandOff { inner: sink, sent: AtomicBool::new(false), ticket: &ticket };
-            let mut stats = call(gpu_backend.as_ref(), &handing)?;
+            let sent = AtomicBool::new(false);
+            let mut stats = call(gpu_backend.as_ref(), &hand_off(sink, &sent, &ticket))?;
             (stats.predicted_time, stats.queue_time) = (predicted, ticket.waited);
             ticket.finish();
             return Ok(stats);
@@ -169,15 +169,15 @@ impl AutoBackend {
             *last = Some(format!("{} ({estimate})", chosen.name()));
         }
         let ticket = scheduler.admit(unit, work, raw, predicted);
-        let handing = HandOff { inner: sink, sent: AtomicBool::new(false), ticket: &ticket };
-        let outcome = call(chosen.as_ref(), &handing);
-        let sent = handing.sent.into_inner();
+        let sent = AtomicBool::new(false);
+        let outcome = call(chosen.as_ref(), &hand_off(sink, &sent, &ticket));
+        let sent = sent.into_inner();
         let mut stats = match outcome {
             Err(_) if unit == Unit::Gpu && !sent => {
                 drop(ticket);
                 let ticket = scheduler.admit(Unit::Cpu, work, cpu, cpu);
-                let handing = HandOff { inner: sink, sent: AtomicBool::new(false), ticket: &ticket };
-                let mut stats = call(&CpuBackend, &handing)?;
+                let sent = AtomicBool::new(false);
+                let mut stats = call(&CpuBackend, &hand_off(sink, &sent, &ticket))?;
                 stats.gpu_fallbacks = 1;
                 (stats.predicted_time, stats.queue_time) = (cpu, ticket.waited);
                 ticket.finish();
@@ -192,32 +192,19 @@ impl AutoBackend {
 }
 
 /// The sink of a scheduled run: its first chunk hands the run's device to the next run (the
-/// consumer sets the pace from then on), and it remembers whether anything went through.
-struct HandOff<'a> {
+/// consumer sets the pace from then on), and `sent` records that anything went through.
+fn hand_off<'a>(
     inner: &'a dyn ResultSink,
-    sent: AtomicBool,
+    sent: &'a AtomicBool,
     ticket: &'a Ticket<'a>,
-}
-
-impl ResultSink for HandOff<'_> {
-    fn send(&self, chunk: ResultChunk) -> Result<()> {
-        if !self.sent.swap(true, Ordering::Relaxed) {
-            self.ticket.detach();
+) -> MapSink<'a, impl Fn(ResultChunk) -> Option<ResultChunk> + Sync + 'a> {
+    let map = move |chunk| {
+        if !sent.swap(true, Ordering::Relaxed) {
+            ticket.detach();
         }
-        self.inner.send(chunk)
-    }
-
-    fn chunk_rows(&self) -> usize {
-        self.inner.chunk_rows()
-    }
-
-    fn start(&self, total_units: u64) {
-        self.inner.start(total_units)
-    }
-
-    fn advance(&self, units: u64) {
-        self.inner.advance(units)
-    }
+        Some(chunk)
+    };
+    MapSink { inner, map }
 }
 
 /// Whether `v`'s exact rows are on the device already (kept from an earlier query).

@@ -678,7 +678,7 @@ fn knn_gemm_unit(
 
 /// Offers query `i` to `best` at its exact distance to each base row of `positions`, four rows at a
 /// time (`ExactCheck::distances4`); the number offered.
-fn offer_exact(
+pub(super) fn offer_exact(
     request: &KnnRequest,
     exact: &ExactCheck,
     i: usize,

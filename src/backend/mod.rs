@@ -118,6 +118,34 @@ pub trait ResultSink: Sync {
     fn advance(&self, _units: u64) {}
 }
 
+/// A sink passing each chunk through `map` on its way to `inner` (`None`: nothing to pass on);
+/// the rest of the sink's calls go straight through.
+pub(crate) struct MapSink<'a, F> {
+    pub inner: &'a dyn ResultSink,
+    pub map: F,
+}
+
+impl<F: Fn(ResultChunk) -> Option<ResultChunk> + Sync> ResultSink for MapSink<'_, F> {
+    fn send(&self, chunk: ResultChunk) -> Result<()> {
+        match (self.map)(chunk) {
+            Some(chunk) => self.inner.send(chunk),
+            None => Ok(()),
+        }
+    }
+
+    fn chunk_rows(&self) -> usize {
+        self.inner.chunk_rows()
+    }
+
+    fn start(&self, total_units: u64) {
+        self.inner.start(total_units)
+    }
+
+    fn advance(&self, units: u64) {
+        self.inner.advance(units)
+    }
+}
+
 /// What a run did, for EXPLAIN ANALYZE.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunStats {

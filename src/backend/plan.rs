@@ -72,6 +72,17 @@ pub(crate) fn lower_corner(left: &[f64], right: &[f64], dim: usize) -> Vec<f64> 
     a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect()
 }
 
+/// How the f32 filter scores a pair under `metric`: Σ Δ² for L2, L2² and cosine (on unit vectors),
+/// Σ |Δ| for L1, max |Δ| for L∞ (and for the inner product's bound on coordinates).
+pub(crate) fn filter_kind(metric: Metric) -> FilterKind {
+    match metric {
+        Metric::L2 | Metric::L2Squared | Metric::Cosine => FilterKind::SquaredL2,
+        Metric::L1 => FilterKind::L1,
+        Metric::LInf | Metric::InnerProduct => FilterKind::LInf,
+        Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
+    }
+}
+
 /// The f32 score the grid filter computes and the threshold it compares against.
 ///
 /// # Why the filter loses no pair
@@ -92,13 +103,11 @@ pub(crate) struct FilterLimit {
 
 impl FilterLimit {
     pub(crate) fn new(metric: Metric, threshold: f64, dim: usize, extent: f64) -> Self {
-        let (kind, t) = match metric {
-            Metric::L2 => (FilterKind::SquaredL2, threshold * threshold),
-            Metric::L2Squared => (FilterKind::SquaredL2, threshold),
-            Metric::Cosine => (FilterKind::SquaredL2, 2.0 * threshold + 1e-12),
-            Metric::L1 => (FilterKind::L1, threshold),
-            Metric::LInf | Metric::InnerProduct => (FilterKind::LInf, threshold),
-            Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
+        let kind = filter_kind(metric);
+        let t = match metric {
+            Metric::L2 => threshold * threshold,
+            Metric::Cosine => 2.0 * threshold + 1e-12,
+            _ => threshold,
         };
         let (u, d, m) = (2f64.powi(-24), dim as f64, extent);
         let margin = match kind {

@@ -13,9 +13,8 @@
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::Result;
 
-use crate::backend::{ResultChunk, ResultSink};
+use crate::backend::ResultChunk;
 use crate::op::{Operation, PairOrder, SimilarityOp};
 
 use super::InputSide;
@@ -98,39 +97,24 @@ impl SelfJoinPairs {
     }
 }
 
-/// A sink passing on only the self-join's pairs of a share's run; positions are vector positions,
-/// mapped to input rows by each side's `rows`.
-pub(super) struct SelfJoinSink<'a> {
-    pub inner: &'a dyn ResultSink,
-    pub pairs: SelfJoinPairs,
-    pub left_rows: &'a [u32],
-    pub right_rows: &'a [u32],
-}
-
-impl ResultSink for SelfJoinSink<'_> {
-    fn send(&self, chunk: ResultChunk) -> Result<()> {
+/// The map of a sink (`backend::MapSink`) passing on only the self-join's pairs of a share's
+/// run; positions are vector positions, mapped to input rows by each side's `rows`.
+pub(super) fn self_join_pairs_only<'a>(
+    pairs: SelfJoinPairs,
+    left_rows: &'a [u32],
+    right_rows: &'a [u32],
+) -> impl Fn(ResultChunk) -> Option<ResultChunk> + Sync + 'a {
+    move |chunk| {
         let mut kept = ResultChunk::default();
         for i in 0..chunk.len() {
             let (a, b) = (chunk.left[i], chunk.right[i]);
-            if self.pairs.keeps(self.left_rows[a as usize], self.right_rows[b as usize]) {
+            if pairs.keeps(left_rows[a as usize], right_rows[b as usize]) {
                 kept.left.push(a);
                 kept.right.push(b);
                 kept.distance.push(chunk.distance[i]);
             }
         }
-        if kept.is_empty() { Ok(()) } else { self.inner.send(kept) }
-    }
-
-    fn chunk_rows(&self) -> usize {
-        self.inner.chunk_rows()
-    }
-
-    fn start(&self, total_units: u64) {
-        self.inner.start(total_units)
-    }
-
-    fn advance(&self, units: u64) {
-        self.inner.advance(units)
+        (!kept.is_empty()).then_some(kept)
     }
 }
 

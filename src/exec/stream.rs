@@ -22,9 +22,9 @@ use tokio::sync::mpsc;
 
 use super::cache;
 use super::progress::{Progress, ProgressListener};
-use super::share::{SelfJoinSink, Share, take_share};
+use super::share::{Share, self_join_pairs_only, take_share};
 use super::{InputSide, SimilarityExec, WholeInputExec};
-use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, SelfJoin};
+use crate::backend::{Backend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats, SelfJoin};
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
 use crate::results::{BatchBuilder, OutputColumn, SideData};
 use crate::vectors::{Vectors, skipped_values};
@@ -373,7 +373,8 @@ impl Run {
                     let stats = match self_join_pairs {
                         None => compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?,
                         Some(pairs) => {
-                            let sink = SelfJoinSink { inner: &sink, pairs, left_rows: &lv.rows, right_rows: &rv.rows };
+                            let map = self_join_pairs_only(pairs, &lv.rows, &rv.rows);
+                            let sink = MapSink { inner: &sink, map };
                             compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?
                         }
                     };
