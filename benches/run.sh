@@ -21,3 +21,6 @@ python3 -m venv "$dir/venv"
 # printed, pasted by hand).
 ./target/release/simjoin bench --approx --dir "$dir/approx"
 "$dir/venv/bin/python" benches/approx.py --dir "$dir/approx" --plot benches/plots/approx.png
+# The List of Clusters against the default plans (BENCHMARKS.md, "List of Clusters"; printed,
+# pasted by hand).
+benches/clusters.sh ./target/release/simjoin "$dir/clusters"

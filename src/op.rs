@@ -46,6 +46,13 @@ impl Metric {
         self == Metric::Levenshtein
     }
 
+    /// Whether the List of Clusters can index it: a metric in the strict sense (the triangle
+    /// inequality holds), or cosine through the chord between unit vectors (`backend::clusters`).
+    /// L2² and the inner product break the triangle inequality.
+    pub fn is_metric(self) -> bool {
+        !matches!(self, Metric::L2Squared | Metric::InnerProduct)
+    }
+
     /// The SQL spelling of the metric.
     pub fn name(self) -> &'static str {
         match self {
@@ -256,6 +263,9 @@ pub enum IndexChoice {
     Grid,
     /// Every pair, in blocked tiles.
     BruteForce,
+    /// The List of Clusters (Chávez & Navarro): metric pruning by the triangle inequality, for
+    /// metrics only (`Metric::is_metric`); joins, range queries and kNN.
+    ListOfClusters,
 }
 
 impl fmt::Display for IndexChoice {
@@ -264,6 +274,7 @@ impl fmt::Display for IndexChoice {
             IndexChoice::Auto => "auto",
             IndexChoice::Grid => "grid",
             IndexChoice::BruteForce => "brute_force",
+            IndexChoice::ListOfClusters => "list_of_clusters",
         })
     }
 }
@@ -275,7 +286,8 @@ impl FromStr for IndexChoice {
             "auto" => Ok(IndexChoice::Auto),
             "grid" => Ok(IndexChoice::Grid),
             "brute_force" | "brute" => Ok(IndexChoice::BruteForce),
-            _ => Err(format!("unknown index '{s}' (expected one of auto, grid, brute_force)")),
+            "list_of_clusters" | "lc" => Ok(IndexChoice::ListOfClusters),
+            _ => Err(format!("unknown index '{s}' (expected one of auto, grid, brute_force, list_of_clusters)")),
         }
     }
 }

@@ -20,7 +20,8 @@ pub struct SimJoinOptions {
     /// The vector column, or numeric columns separated by spaces (`x y z`); empty means: the only
     /// list column, else every floating-point column.
     pub column: String,
-    /// Joins and range queries: auto (cost model), grid, brute_force.
+    /// auto (cost model), grid, brute_force (joins and range queries), or list_of_clusters (every
+    /// function, metrics only).
     pub index: IndexChoice,
     /// Joins and range queries with the grid: dimensions to index, 1..=8 (0: the cost model decides).
     pub grid_dims: usize,
@@ -88,7 +89,10 @@ const KEYS: [(&str, &str); 15] = [
         "column",
         "Vector column, or numeric columns separated by spaces (x y z); empty: the only list column, else every floating-point column",
     ),
-    ("index", "Joins and range queries: auto (sampled cost model), grid, brute_force"),
+    (
+        "index",
+        "auto (sampled cost model), grid or brute_force for joins and range queries; list_of_clusters for every function under a metric (l2, l1, linf, cosine, levenshtein)",
+    ),
     ("grid_dims", "With the grid: dimensions to index, 1..=8 (0: the cost model decides)"),
     (
         "gpu_memory_limit",

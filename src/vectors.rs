@@ -20,7 +20,9 @@ use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema, S
 use datafusion::common::{DataFusionError, Result, exec_err, plan_datafusion_err, plan_err};
 use rayon::prelude::*;
 
+use crate::index::clusters::ListOfClusters;
 use crate::index::curves::{Geometry, Multicurves};
+use crate::op::Metric;
 
 /// Where a table's vectors come from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -255,6 +257,11 @@ pub struct Vectors {
     /// [`Vectors::curves`]: the Multicurves index over the vectors as they are, and over their unit
     /// vectors (cosine), each built on first use and kept as long as the vectors are.
     curves: [OnceLock<Arc<Multicurves>>; 2],
+    /// [`Vectors::unit_rows`], computed on first use.
+    unit: OnceLock<Vec<f64>>,
+    /// [`Vectors::list_of_clusters`]: the List of Clusters under each metric it serves (L2, L1,
+    /// L∞, cosine, the edit distance), each built on first use and kept as long as the vectors are.
+    clusters: [OnceLock<Arc<ListOfClusters>>; 5],
 }
 
 /// A clone is a new value that its owner may change: it carries no resident mark.
@@ -340,6 +347,43 @@ impl Vectors {
         let slot = &self.curves[geometry as usize];
         let kept = slot.get().is_some();
         (slot.get_or_init(|| Arc::new(Multicurves::build(self, geometry))).clone(), kept)
+    }
+
+    /// The List of Clusters over these vectors under `metric` (one of those the index serves),
+    /// built by `build` on first use, and whether it was built by an earlier call. The values must
+    /// not change after the first call.
+    pub fn list_of_clusters(
+        &self,
+        metric: Metric,
+        build: impl FnOnce() -> ListOfClusters,
+    ) -> (Arc<ListOfClusters>, bool) {
+        let slot = match metric {
+            Metric::L2 => 0,
+            Metric::L1 => 1,
+            Metric::LInf => 2,
+            Metric::Cosine => 3,
+            Metric::Levenshtein => 4,
+            Metric::L2Squared | Metric::InnerProduct => unreachable!("the List of Clusters serves metrics only"),
+        };
+        let slot = &self.clusters[slot];
+        let kept = slot.get().is_some();
+        (slot.get_or_init(|| Arc::new(build())).clone(), kept)
+    }
+
+    /// The vectors scaled to unit length (row-major; cosine's chord space), computed once: the
+    /// values must not change after the first call.
+    pub fn unit_rows(&self) -> &[f64] {
+        self.unit.get_or_init(|| {
+            let dim = self.dim.max(1);
+            let mut values = self.values.clone();
+            values.par_chunks_mut(dim).for_each(|row| {
+                let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+                if norm > 0.0 {
+                    row.iter_mut().for_each(|x| *x /= norm);
+                }
+            });
+            values
+        })
     }
 
     /// The mean of the vectors, per dimension (the GEMM-form filter's centre), computed once: the

@@ -23,7 +23,7 @@ use super::simd::{Columns, LANES, gemm_lower_bounds, tile_hits};
 use super::topk::{KSmallest, Neighbour, k_smallest, push_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
 use crate::index::{GridGeometry, GridIndex, JoinStrategy};
-use crate::op::{Metric, dot};
+use crate::op::{IndexChoice, Metric, dot};
 use crate::vectors::Vectors;
 
 /// Left rows per join tile (brute-force joins and range queries).
@@ -44,6 +44,9 @@ impl Backend for CpuBackend {
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.index == IndexChoice::ListOfClusters && super::clusters::usable(request.left, request.right) {
+            return super::clusters::join(request, sink);
+        }
         if request.metric.is_text() {
             return super::text::join(request, sink);
         }
@@ -88,16 +91,19 @@ impl Backend for CpuBackend {
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let KnnRequest { base, queries, metric, k, .. } = *request;
+        let k = k.min(base.len());
+        if k == 0 || queries.is_empty() {
+            return Ok(RunStats::default());
+        }
+        if request.index == IndexChoice::ListOfClusters && super::clusters::usable(queries, base) {
+            return super::clusters::knn(request, k, sink);
+        }
         if request.metric.is_text() {
             return super::text::knn(request, sink);
         }
         let start = Instant::now();
-        let KnnRequest { base, queries, metric, k, .. } = *request;
-        let k = k.min(base.len());
         let mut stats = RunStats::default();
-        if k == 0 || queries.is_empty() {
-            return Ok(stats);
-        }
         if let Some(approx) = request.approx {
             return super::approx::knn(request, approx, k, sink);
         }

@@ -12,6 +12,7 @@ use crate::vectors::Vectors;
 
 mod approx;
 mod auto;
+mod clusters;
 pub mod cpu;
 mod exact;
 pub mod gpu;
@@ -68,6 +69,8 @@ pub struct KnnRequest<'a> {
     pub k: usize,
     /// Set for an approximate answer from the Multicurves index (`backend::approx`).
     pub approx: Option<crate::op::Approx>,
+    /// A scan, or the List of Clusters (`backend::clusters`).
+    pub index: IndexChoice,
 }
 
 /// A piece of the result: parallel columns of vector positions (not input rows), distances and,
@@ -180,6 +183,8 @@ pub struct RunStats {
     pub curve_candidates: u64,
     /// Approximate kNN: indexes kept from an earlier query rather than built (0 or 1 a run).
     pub kept_indexes: usize,
+    /// The List of Clusters: distance computations a scan would have made and the index did not.
+    pub saved_distances: u64,
     /// `device=auto`/`gpu`: the scheduler's predicted time of the run where it ran (corrected by
     /// earlier runs' measured times), and how long it waited for that device.
     pub predicted_time: Duration,
@@ -219,6 +224,7 @@ impl RunStats {
         self.devices.extend(other.devices.iter().cloned());
         self.curve_candidates += other.curve_candidates;
         self.kept_indexes += other.kept_indexes;
+        self.saved_distances += other.saved_distances;
         self.predicted_time += other.predicted_time;
         self.queue_time += other.queue_time;
         self.gpu_fallbacks += other.gpu_fallbacks;
@@ -243,7 +249,7 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     check(op)?;
     let function = op.function_name();
     let knn = matches!(op.operation, crate::op::Operation::Knn { .. });
-    if op.metric.is_text() || op.approx.is_some() {
+    if op.metric.is_text() || op.approx.is_some() || op.index == IndexChoice::ListOfClusters {
         return Ok(std::sync::Arc::new(CpuBackend));
     }
     let devices = op.devices.clone();
@@ -278,6 +284,9 @@ fn check(op: &SimilarityOp) -> Result<()> {
         Device::Gpu if op.metric.is_text() => plan_err!(
             "{function}: option device=gpu is not available for metric {}: edit distances run on every CPU core (device=auto or cpu)",
             op.metric
+        ),
+        Device::Gpu if op.index == IndexChoice::ListOfClusters => plan_err!(
+            "{function}: option device=gpu is not available with index=list_of_clusters: the List of Clusters is searched on every CPU core (device=auto or cpu)"
         ),
         Device::Gpu if op.approx.is_some() => plan_err!(
             "{function}: option device=gpu is not available with approx=true: the Multicurves index is searched on every CPU core (device=auto or cpu)"

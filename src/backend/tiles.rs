@@ -239,7 +239,14 @@ mod tests {
         let base = Vectors::new(2, lattice);
         let queries = vectors(40, 2, 3);
         for k in [1, 10, 90, 300, 301] {
-            let request = KnnRequest { base: &base, queries: &queries, metric: Metric::L1, k, approx: None };
+            let request = KnnRequest {
+                base: &base,
+                queries: &queries,
+                metric: Metric::L1,
+                k,
+                approx: None,
+                index: IndexChoice::Auto,
+            };
             let (whole, tiled) = (Rows::default(), Rows::default());
             CpuBackend.knn(&request, &whole).unwrap();
             tiled_knn(&request, &tiled, 16, 70, |r, s| CpuBackend.knn(r, s)).unwrap();

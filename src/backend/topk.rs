@@ -163,6 +163,37 @@ pub(crate) fn send_ranked(
     Ok(())
 }
 
+/// Finds each of `queries` queries' neighbours (`nearest(q)`, nearest first) on every core, in
+/// blocks of `block` queries, a wave of a few blocks per core at a time, and sends them ranked, in
+/// query order, one chunk per block.
+pub(crate) fn rank_in_waves(
+    sink: &dyn super::ResultSink,
+    queries: usize,
+    block: usize,
+    nearest: impl Fn(usize) -> Vec<Neighbour> + Sync,
+) -> datafusion::common::Result<()> {
+    let blocks = queries.div_ceil(block);
+    sink.start(blocks as u64);
+    let wave = 4 * rayon::current_num_threads().max(1);
+    for first in (0..blocks).step_by(wave) {
+        let chunks: Vec<super::ResultChunk> = (first..(first + wave).min(blocks))
+            .into_par_iter()
+            .map(|b| {
+                let mut chunk = super::ResultChunk::default();
+                for q in b * block..((b + 1) * block).min(queries) {
+                    push_ranked(&mut chunk, q, &nearest(q));
+                }
+                chunk
+            })
+            .collect();
+        for chunk in chunks {
+            sink.send(chunk)?;
+            sink.advance(1);
+        }
+    }
+    Ok(())
+}
+
 /// Appends `query`'s neighbours, nearest first, to `chunk` with ranks from 1.
 pub(crate) fn push_ranked(chunk: &mut super::ResultChunk, query: usize, list: &[Neighbour]) {
     for (rank, neighbour) in list.iter().enumerate() {

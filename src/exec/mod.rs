@@ -160,6 +160,17 @@ impl SimilarityExec {
 
     /// How the answer will be found, as EXPLAIN shows it.
     fn index_description(&self) -> String {
+        if self.op.index == IndexChoice::ListOfClusters {
+            let space = match self.op.metric {
+                Metric::Cosine => "chord between unit vectors",
+                Metric::Levenshtein => "edit distance",
+                _ => "the metric",
+            };
+            return format!(
+                "list_of_clusters(bucket=√n of the {} input, centres by largest distance sum, triangle-inequality pruning in {space}, exact check)",
+                if matches!(self.op.operation, Operation::Knn { .. }) { "base" } else { "right" }
+            );
+        }
         if self.op.metric.is_text() {
             return match (&self.op.operation, self.op.index) {
                 (Operation::Knn { .. }, _) => "length-ordered scan(bit-parallel distance cut off at the k-th)".into(),
@@ -182,7 +193,7 @@ impl SimilarityExec {
                 format!("grid({} dims, f32 filter + exact f64 check)", self.op.grid_dims)
             }
             (_, IndexChoice::Grid) => "grid(dims by sampled cost model, f32 filter + exact f64 check)".into(),
-            (_, IndexChoice::Auto) => "grid or brute_force by sampled cost model".into(),
+            (_, IndexChoice::Auto | IndexChoice::ListOfClusters) => "grid or brute_force by sampled cost model".into(),
         }
     }
 }

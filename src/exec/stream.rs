@@ -39,8 +39,10 @@ struct SimilarityMetrics {
     candidate_pairs: Count,
     /// Approximate kNN: distinct candidates the Multicurves index gave.
     curve_candidates: Count,
-    /// Approximate kNN: indexes kept from an earlier query.
+    /// Approximate kNN and the List of Clusters: indexes kept from an earlier query.
     kept_indexes: Count,
+    /// The List of Clusters: distance computations it saved against a scan.
+    saved_distances: Count,
     /// The scheduler's predicted time, the wait for the device, and GPU runs redone on the CPU.
     predicted_time: Time,
     queue_time: Time,
@@ -74,6 +76,7 @@ impl SimilarityMetrics {
             candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
             curve_candidates: MetricBuilder::new(set).counter("curve_candidates", 0),
             kept_indexes: MetricBuilder::new(set).counter("kept_indexes", 0),
+            saved_distances: MetricBuilder::new(set).counter("saved_distances", 0),
             predicted_time: MetricBuilder::new(set).subset_time("predicted_time", 0),
             queue_time: MetricBuilder::new(set).subset_time("queue_time", 0),
             gpu_fallbacks: MetricBuilder::new(set).counter("gpu_fallbacks", 0),
@@ -103,6 +106,7 @@ impl SimilarityMetrics {
         self.candidate_pairs.add(stats.candidates as usize);
         self.curve_candidates.add(stats.curve_candidates as usize);
         self.kept_indexes.add(stats.kept_indexes);
+        self.saved_distances.add(stats.saved_distances as usize);
         self.predicted_time.add_duration(stats.predicted_time);
         self.queue_time.add_duration(stats.queue_time);
         self.gpu_fallbacks.add(stats.gpu_fallbacks);
@@ -562,7 +566,9 @@ fn compute(
             backend.join(&request, sink)
         }
         Operation::Knn { k } => {
-            backend.knn(&KnnRequest { base: right, queries: left, metric: op.metric, k, approx: op.approx }, sink)
+            let request =
+                KnnRequest { base: right, queries: left, metric: op.metric, k, approx: op.approx, index: op.index };
+            backend.knn(&request, sink)
         }
     }
 }

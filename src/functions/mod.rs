@@ -114,6 +114,17 @@ fn table(
                 op.metric
             );
         }
+        (_, IndexChoice::ListOfClusters) if !op.metric.is_metric() => {
+            return plan_err!(
+                "{function}: option index=list_of_clusters needs a metric with the triangle inequality (l2, l1, linf, cosine, levenshtein), not {}",
+                op.metric
+            );
+        }
+        (_, IndexChoice::ListOfClusters) if op.approx.is_some() => {
+            return plan_err!(
+                "{function}: option index=list_of_clusters finds the exact neighbours; approx=true searches the Multicurves index instead (use one or the other)"
+            );
+        }
         _ => {}
     }
     if op.approx.is_some() && crate::index::curves::Geometry::of(op.metric).is_none() {

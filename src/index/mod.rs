@@ -1,6 +1,7 @@
-//! Indexes shared by the backends: the ε-grid over vectors, the segment filter over strings, and
-//! the Multicurves index of approximate kNN.
+//! Indexes shared by the backends: the ε-grid over vectors, the segment filter over strings, the
+//! List of Clusters over any metric, and the Multicurves index of approximate kNN.
 
+pub mod clusters;
 pub mod curves;
 pub mod grid;
 pub mod segments;

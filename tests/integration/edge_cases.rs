@@ -39,7 +39,12 @@ async fn pairs_exactly_at_eps_are_included() {
         } else {
             4.0
         };
-        for index in ["auto", "grid", "brute_force"] {
+        let indexes: &[&str] = if metric == "l2sq" {
+            &["auto", "grid", "brute_force"]
+        } else {
+            &["auto", "grid", "brute_force", "list_of_clusters"]
+        };
+        for index in indexes {
             let sql =
                 format!("SELECT left_id, right_id, distance FROM sim_join(t, {eps}, 'metric={metric}, index={index}')");
             check(&ctx, &sql, &oracle_join(metric, &data, &data, eps, Some((false, true)))).await;

@@ -101,7 +101,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'index=kd_tree')",
-            "Error during planning: sim_join: options string 'index=kd_tree': unknown index 'kd_tree' (expected one of auto, grid, brute_force)",
+            "Error during planning: sim_join: options string 'index=kd_tree': unknown index 'kd_tree' (expected one of auto, grid, brute_force, list_of_clusters)",
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'grid_dims=9')",
@@ -110,6 +110,22 @@ async fn planning_errors_name_function_argument_and_value() {
         (
             "SELECT * FROM sim_join(t, 0.1, 'index=grid, metric=inner_product')",
             "Error during planning: sim_join: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not inner_product",
+        ),
+        (
+            "SELECT * FROM sim_join(t, 0.1, 'index=list_of_clusters, metric=l2sq')",
+            "Error during planning: sim_join: option index=list_of_clusters needs a metric with the triangle inequality (l2, l1, linf, cosine, levenshtein), not l2sq",
+        ),
+        (
+            "SELECT * FROM knn(t, t, 3, 'index=list_of_clusters, metric=inner_product')",
+            "Error during planning: knn: option index=list_of_clusters needs a metric with the triangle inequality (l2, l1, linf, cosine, levenshtein), not inner_product",
+        ),
+        (
+            "SELECT * FROM knn(t, t, 3, 'index=list_of_clusters, approx=true')",
+            "Error during planning: knn: option index=list_of_clusters finds the exact neighbours; approx=true searches the Multicurves index instead (use one or the other)",
+        ),
+        (
+            "SELECT * FROM knn(t, t, 3, 'index=list_of_clusters, device=gpu')",
+            "Error during planning: knn: option device=gpu is not available with index=list_of_clusters: the List of Clusters is searched on every CPU core (device=auto or cpu)",
         ),
         (
             "SELECT * FROM knn(t, t, 3, 'index=grid')",

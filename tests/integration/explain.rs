@@ -107,3 +107,29 @@ async fn no_repartition_feeds_the_operator() {
     check(&ctx, &sql, &crate::common::oracle_knn("l2", &base, &queries, 5)).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `index=list_of_clusters`: EXPLAIN names the index and its parameters, EXPLAIN ANALYZE the
+/// distance computations it saved against a scan; an in-memory table's index is built once.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_list_of_clusters_shows_its_parameters_and_the_distances_it_saved() {
+    let ctx = ctx();
+    let data = vectors(3000, 3, 17);
+    register(&ctx, "lc", &data, 3, Shape::FixedF32);
+    let text = explain(&ctx, "EXPLAIN SELECT * FROM knn(lc, lc, 3, 'index=list_of_clusters, metric=linf')").await;
+    assert!(
+        text.contains(
+            "index=list_of_clusters(bucket=√n of the base input, centres by largest distance sum, \
+             triangle-inequality pruning in the metric, exact check)"
+        ),
+        "{text}"
+    );
+    let sql = "SELECT count(*) FROM sim_join(lc, 0.02, 'index=list_of_clusters, metric=l1')";
+    let first = operator_metrics(&ctx, sql).await;
+    assert_eq!(first["kept_indexes"], 0, "{first:?}");
+    // A scan of the self-join computes 3000 · 2999 / 2 distances; at this radius the index rules
+    // out most of them.
+    assert!(first["saved_distances"] > 3000 * 2999 / 4, "{first:?}");
+    assert!(first["candidate_pairs"] >= first["output_rows"], "{first:?}");
+    let second = operator_metrics(&ctx, sql).await;
+    assert_eq!(second["kept_indexes"], 1, "{second:?}");
+}

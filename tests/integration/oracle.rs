@@ -5,6 +5,11 @@ use crate::common::{Shape, check, ctx, oracle_join, oracle_knn, register, rows, 
 
 const METRICS: [&str; 6] = ["l2", "l2sq", "cosine", "inner_product", "l1", "linf"];
 
+/// The metrics the List of Clusters serves (the triangle inequality holds, or cosine's chord).
+fn is_metric(metric: &str) -> bool {
+    !matches!(metric, "l2sq" | "inner_product")
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn self_join_equals_the_oracle_for_every_metric_shape_and_option() {
     let ctx = ctx();
@@ -20,6 +25,9 @@ async fn self_join_equals_the_oracle_for_every_metric_shape_and_option() {
             let mut indexes = vec!["auto", "brute_force"];
             if metric != "inner_product" {
                 indexes.extend(["grid", "grid, grid_dims=1", "grid, grid_dims=3"]);
+            }
+            if is_metric(metric) {
+                indexes.extend(["list_of_clusters", "list_of_clusters"]);
             }
             for (index, (pairs, include_self)) in
                 indexes.into_iter().zip([("ordered", false), ("unordered", true)].into_iter().cycle())
@@ -47,8 +55,11 @@ async fn two_table_join_equals_the_oracle() {
         for metric in METRICS {
             let eps = threshold(metric, &right, 0.02);
             let want = oracle_join(metric, &left, &right, eps, None);
-            let indexes: &[&str] =
-                if metric == "inner_product" { &["auto"] } else { &["auto", "grid", "grid, grid_dims=1"] };
+            let indexes: &[&str] = match metric {
+                "inner_product" => &["auto"],
+                "l2sq" => &["auto", "grid", "grid, grid_dims=1"],
+                _ => &["auto", "grid", "grid, grid_dims=1", "list_of_clusters"],
+            };
             for index in indexes {
                 let sql = format!(
                     "SELECT left_id, right_id, distance FROM SIM_JOIN(a, b, {eps:?}, 'metric={metric}, index={index}')"
@@ -70,7 +81,9 @@ async fn range_query_equals_the_oracle_for_tables_and_literals() {
     for metric in METRICS {
         let r = threshold(metric, &base, 0.03);
         let want = oracle_join(metric, &queries, &base, r, None);
-        for index in ["auto", "brute_force"] {
+        let indexes: &[&str] =
+            if is_metric(metric) { &["auto", "brute_force", "list_of_clusters"] } else { &["auto", "brute_force"] };
+        for index in indexes {
             let sql = format!(
                 "SELECT query_id, base_id, distance FROM range_query(base, queries, {r:?}, 'metric={metric}, index={index}')"
             );
@@ -97,9 +110,17 @@ async fn knn_equals_the_oracle_for_every_metric_and_k() {
         register(&ctx, "queries", &queries, dim, Shape::ListF64);
         for metric in METRICS {
             for k in [1, 7, 100] {
+                let want = oracle_knn(metric, &base, &queries, k);
                 let sql =
                     format!("SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'metric={metric}')");
-                check(&ctx, &sql, &oracle_knn(metric, &base, &queries, k)).await;
+                check(&ctx, &sql, &want).await;
+                if is_metric(metric) {
+                    let sql = format!(
+                        "SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, \
+                         'metric={metric}, index=list_of_clusters')"
+                    );
+                    check(&ctx, &sql, &want).await;
+                }
             }
         }
     }

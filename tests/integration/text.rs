@@ -85,7 +85,7 @@ async fn self_joins_equal_sql_levenshtein() {
     let ctx = ctx();
     register_text(&ctx, "t", &words(420, 11), DataType::Utf8);
     for tau in [0, 1, 2, 3, 6] {
-        for index in ["auto", "brute_force"] {
+        for index in ["auto", "brute_force", "list_of_clusters"] {
             let call = |more: &str| {
                 format!(
                     "SELECT left_id, right_id, distance FROM sim_join(t, {tau}, 'metric=levenshtein, index={index}{more}')"
@@ -112,8 +112,12 @@ async fn joins_and_range_queries_of_two_tables_in_every_string_type() {
     register_text(&ctx, "b8", &right, DataType::Utf8);
     for tau in [0, 1, 2, 4] {
         let want = rows(&ctx, &oracle_join("a8", "b8", tau, "")).await;
-        let sql = format!("SELECT left_id, right_id, distance FROM sim_join(a, b, {tau}, 'metric=levenshtein')");
-        check(&ctx, &sql, &want).await;
+        for index in ["auto", "list_of_clusters"] {
+            let sql = format!(
+                "SELECT left_id, right_id, distance FROM sim_join(a, b, {tau}, 'metric=levenshtein, index={index}')"
+            );
+            check(&ctx, &sql, &want).await;
+        }
         // range_query(base, query, r): `a` searched for the strings of `b`.
         let want = rows(&ctx, &oracle_join("b8", "a8", tau, "")).await;
         let sql = format!("SELECT query_id, base_id, distance FROM range_query(a, b, {tau}, 'metric=levenshtein')");
@@ -137,9 +141,12 @@ async fn knn_equals_sql_ranking_with_ties_by_scan_order() {
             ),
         )
         .await;
-        let sql =
-            format!("SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'metric=levenshtein')");
-        check(&ctx, &sql, &want).await;
+        for index in ["auto", "list_of_clusters"] {
+            let sql = format!(
+                "SELECT query_id, base_id, distance, rank FROM knn(base, queries, {k}, 'metric=levenshtein, index={index}')"
+            );
+            check(&ctx, &sql, &want).await;
+        }
     }
 }
 

@@ -15,8 +15,8 @@ use std::time::Instant;
 use datafusion::common::Result;
 use rayon::prelude::*;
 
-use super::topk::{Neighbour, push_ranked};
-use super::{JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
+use super::topk::{Neighbour, rank_in_waves};
+use super::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
 use crate::index::segments::SegmentIndex;
 use crate::op::IndexChoice;
 use crate::vectors::Vectors;
@@ -106,29 +106,12 @@ pub fn knn(request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
     stats.build_time = start.elapsed();
     let probe = Instant::now();
     let checked = AtomicU64::new(0);
-    let blocks = queries.len().div_ceil(BLOCK);
-    sink.start(blocks as u64);
-    // Blocks in waves of a few per core, sent in query order.
-    let wave = 4 * rayon::current_num_threads().max(1);
-    for first in (0..blocks).step_by(wave) {
-        let chunks: Vec<ResultChunk> = (first..(first + wave).min(blocks))
-            .into_par_iter()
-            .map(|b| {
-                let mut chunk = ResultChunk::default();
-                let mut count = 0;
-                for q in b * BLOCK..((b + 1) * BLOCK).min(queries.len()) {
-                    let list = nearest(&order, base, queries.string(q), k, &mut count);
-                    push_ranked(&mut chunk, q, &list);
-                }
-                checked.fetch_add(count, Ordering::Relaxed);
-                chunk
-            })
-            .collect();
-        for chunk in chunks {
-            sink.send(chunk)?;
-            sink.advance(1);
-        }
-    }
+    rank_in_waves(sink, queries.len(), BLOCK, |q| {
+        let mut count = 0;
+        let list = nearest(&order, base, queries.string(q), k, &mut count);
+        checked.fetch_add(count, Ordering::Relaxed);
+        list
+    })?;
     stats.candidates = checked.into_inner();
     stats.probe_time = probe.elapsed();
     Ok(stats)
