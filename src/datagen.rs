@@ -53,6 +53,44 @@ impl fmt::Display for Distribution {
     }
 }
 
+/// `n` seeded strings for testing text metrics: every 23rd NULL, every 23rd (offset 1) empty,
+/// every 23rd (offset 2) 60 to `longest` characters long (several 64-character machine words),
+/// two in five a copy of an earlier string with up to three edits (so many pairs lie within a few
+/// edits), the rest 1–9 random characters; the alphabet has non-ASCII characters (é, 字).
+pub fn words(n: usize, longest: usize, seed: u64) -> Vec<Option<String>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut pick = |m: usize| rng.random_range(0..m.max(1));
+    let alphabet: Vec<char> = "abcdeé字".chars().collect();
+    let mut out: Vec<Option<String>> = Vec::with_capacity(n);
+    for i in 0..n {
+        let word = match (i % 23, i % 5) {
+            (0, _) => None,
+            (1, _) => Some(String::new()),
+            (2, _) => Some((0..60 + pick(longest.saturating_sub(59))).map(|_| alphabet[pick(3)]).collect()),
+            (_, 0 | 1) if i > 0 => {
+                let mut w: Vec<char> = out[pick(i)].clone().unwrap_or_default().chars().collect();
+                for _ in 0..pick(4) {
+                    let c = alphabet[pick(alphabet.len())];
+                    match pick(3) {
+                        0 if !w.is_empty() => {
+                            let at = pick(w.len());
+                            w[at] = c;
+                        }
+                        1 if !w.is_empty() => {
+                            w.remove(pick(w.len()));
+                        }
+                        _ => w.insert(pick(w.len() + 1), c),
+                    }
+                }
+                Some(w.into_iter().collect())
+            }
+            _ => Some((0..1 + pick(9)).map(|_| alphabet[pick(alphabet.len())]).collect()),
+        };
+        out.push(word);
+    }
+    out
+}
+
 /// `n × dim` coordinates, row-major. Values are rounded to f32 so that Parquet (Float32 lists) and
 /// CSV forms of a dataset hold the same numbers.
 pub fn generate(distribution: Distribution, n: usize, dim: usize, seed: u64) -> Vec<f64> {

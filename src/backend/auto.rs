@@ -41,6 +41,17 @@ const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
 /// The kernel modules a join may launch (the grid's when the cost model picks it) and kNN's.
 pub(super) const JOIN_MODULES: [KernelModule; 2] = [KernelModule::SimJoin, KernelModule::Grid];
 pub(super) const KNN_MODULES: [KernelModule; 2] = [KernelModule::SimJoin, KernelModule::Knn];
+/// The module of edit-distance joins.
+pub(super) const TEXT_MODULES: [KernelModule; 1] = [KernelModule::Text];
+
+/// The modules `op`'s runs may launch.
+pub(super) fn modules_of(op: &crate::op::SimilarityOp) -> &'static [KernelModule] {
+    match op.operation {
+        _ if op.metric.is_text() => &TEXT_MODULES,
+        crate::op::Operation::Knn { .. } => &KNN_MODULES,
+        _ => &JOIN_MODULES,
+    }
+}
 
 /// The GPU or the CPU, chosen per run (or the GPU alone).
 #[derive(Debug)]
@@ -51,6 +62,8 @@ pub struct AutoBackend {
     devices: Devices,
     /// `device=gpu`: no choice, only the deferred opening.
     gpu_only: bool,
+    /// The kernel modules its runs launch ([`modules_of`]).
+    modules: &'static [KernelModule],
     /// What the last run chose, for EXPLAIN ANALYZE.
     last_choice: Mutex<Option<String>>,
 }
@@ -58,15 +71,15 @@ pub struct AutoBackend {
 impl AutoBackend {
     /// Starts opening the GPU and loading the modules of a join (`knn: false`) or kNN on a
     /// background thread, and returns the backend that decides per run.
-    pub fn new(memory_limit: usize, devices: Devices, knn: bool) -> Self {
-        warm_up(if knn { &KNN_MODULES } else { &JOIN_MODULES });
-        Self { memory_limit, devices, gpu_only: false, last_choice: Mutex::new(None) }
+    pub fn new(memory_limit: usize, devices: Devices, modules: &'static [KernelModule]) -> Self {
+        warm_up(modules);
+        Self { memory_limit, devices, gpu_only: false, modules, last_choice: Mutex::new(None) }
     }
 
     /// As [`AutoBackend::new`], for `device=gpu`: every run on the GPU, or the error saying why
     /// it cannot be used.
-    pub fn gpu_only(memory_limit: usize, devices: Devices, knn: bool) -> Self {
-        Self { gpu_only: true, ..Self::new(memory_limit, devices, knn) }
+    pub fn gpu_only(memory_limit: usize, devices: Devices, modules: &'static [KernelModule]) -> Self {
+        Self { gpu_only: true, ..Self::new(memory_limit, devices, modules) }
     }
 
     /// The GPU backend over the selected devices (several opened at once, each on a thread of
@@ -252,7 +265,7 @@ impl Backend for AutoBackend {
             ),
         };
         let inputs: &[&Vectors] = if self_join { &[request.left] } else { &[request.left, request.right] };
-        self.run(Work::Join, cpu_ns, inputs, &JOIN_MODULES, sink, |backend, sink| backend.join(request, sink))
+        self.run(Work::Join, cpu_ns, inputs, self.modules, sink, |backend, sink| backend.join(request, sink))
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
@@ -264,6 +277,6 @@ impl Backend for AutoBackend {
             false,
         );
         let inputs = [request.base, request.queries];
-        self.run(Work::Knn, cpu_ns, &inputs, &KNN_MODULES, sink, |backend, sink| backend.knn(request, sink))
+        self.run(Work::Knn, cpu_ns, &inputs, self.modules, sink, |backend, sink| backend.knn(request, sink))
     }
 }

@@ -174,6 +174,9 @@ impl SimilarityExec {
         if self.op.metric.is_text() {
             return match (&self.op.operation, self.op.index) {
                 (Operation::Knn { .. }, _) => "length-ordered scan(bit-parallel distance cut off at the k-th)".into(),
+                _ if self.op.device == crate::op::Device::Gpu => {
+                    "length windows(every pair of lengths within τ, bit-parallel distance on the device)".into()
+                }
                 (_, IndexChoice::BruteForce) => "brute_force(length filter, bit-parallel distance)".into(),
                 (_, _) => "segments(τ + 1 per string, PASS-JOIN filter, bit-parallel distance)".into(),
             };

@@ -13,11 +13,14 @@ pub enum KernelModule {
     /// `kernels/grid.cu`: the ε-grid built on the device (radix sort of the points by cell, the
     /// cells' bounds, rows gathered into slot order).
     Grid,
+    /// `kernels/text.cu`: edit-distance joins and range queries (Myers' bit-parallel algorithm).
+    Text,
 }
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 3] = [KernelModule::SimJoin, KernelModule::Knn, KernelModule::Grid];
+    pub const ALL: [KernelModule; 4] =
+        [KernelModule::SimJoin, KernelModule::Knn, KernelModule::Grid, KernelModule::Text];
 
     /// The module's position in [`KernelModule::ALL`].
     pub fn index(self) -> usize {
@@ -30,6 +33,7 @@ impl KernelModule {
             KernelModule::SimJoin => SIM_JOIN,
             KernelModule::Knn => KNN,
             KernelModule::Grid => GRID,
+            KernelModule::Text => TEXT,
         }
     }
 
@@ -39,6 +43,7 @@ impl KernelModule {
             KernelModule::SimJoin => "sim_join.cu",
             KernelModule::Knn => "knn.cu",
             KernelModule::Grid => "grid.cu",
+            KernelModule::Text => "text.cu",
         }
     }
 }
@@ -74,11 +79,12 @@ pub enum Kernel {
     CellBounds,
     FillU32,
     GatherRows,
+    TextJoin,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 28] = [
+    pub const ALL: [Kernel; 29] = [
         Kernel::GridJoin,
         Kernel::BruteJoin,
         Kernel::BruteJoinTc,
@@ -107,6 +113,7 @@ impl Kernel {
         Kernel::CellBounds,
         Kernel::FillU32,
         Kernel::GatherRows,
+        Kernel::TextJoin,
     ];
 
     /// The entry point's name in its source.
@@ -140,6 +147,7 @@ impl Kernel {
             Kernel::CellBounds => "cell_bounds",
             Kernel::FillU32 => "fill_u32",
             Kernel::GatherRows => "gather_rows",
+            Kernel::TextJoin => "text_join",
         }
     }
 
@@ -174,6 +182,7 @@ impl Kernel {
             Kernel::CellBounds => KernelModule::Grid,
             Kernel::FillU32 => KernelModule::Grid,
             Kernel::GatherRows => KernelModule::Grid,
+            Kernel::TextJoin => KernelModule::Text,
         }
     }
 }

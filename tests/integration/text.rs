@@ -8,44 +8,11 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::MemTable;
 use datafusion::prelude::SessionContext;
 
-use crate::common::{check, ctx, error, explain, random, rows};
+use crate::common::{check, ctx, error, explain, rows};
 
-/// Seeded words: short random strings over a small alphabet (ASCII and not), mutated copies of
-/// earlier ones (so many pairs are within a few edits), a few long strings of 60–150 characters
-/// (several machine words), empty strings and NULLs.
+/// Seeded words (`simjoin::datagen::words`), the long ones of up to 150 characters.
 pub fn words(n: usize, seed: u64) -> Vec<Option<String>> {
-    let r = random(8 * n, seed);
-    let mut next = r.into_iter();
-    let mut pick = |m: usize| (next.next().unwrap_or(0.5) * m as f64) as usize % m.max(1);
-    let alphabet: Vec<char> = "abcdeé字".chars().collect();
-    let mut out: Vec<Option<String>> = Vec::with_capacity(n);
-    for i in 0..n {
-        let word = match (i % 23, i % 5) {
-            (0, _) => None,
-            (1, _) => Some(String::new()),
-            (2, _) => Some((0..60 + pick(90)).map(|_| alphabet[pick(3)]).collect()),
-            (_, 0 | 1) if i > 0 => {
-                let mut w: Vec<char> = out[pick(i)].clone().unwrap_or_default().chars().collect();
-                for _ in 0..pick(4) {
-                    let c = alphabet[pick(alphabet.len())];
-                    match pick(3) {
-                        0 if !w.is_empty() => {
-                            let at = pick(w.len());
-                            w[at] = c;
-                        }
-                        1 if !w.is_empty() => {
-                            w.remove(pick(w.len()));
-                        }
-                        _ => w.insert(pick(w.len() + 1), c),
-                    }
-                }
-                Some(w.into_iter().collect())
-            }
-            _ => Some((0..1 + pick(9)).map(|_| alphabet[pick(alphabet.len())]).collect()),
-        };
-        out.push(word);
-    }
-    out
+    simjoin::datagen::words(n, 150, seed)
 }
 
 /// Registers `name` with `id` (0..n, the scan order) and text column `w` of `data_type`, over
@@ -235,8 +202,8 @@ async fn bad_text_input_names_the_function_argument_and_value() {
             "table 'abc' not found (a constant query string is written as an array: ['text'])",
         ),
         (
-            "SELECT * FROM sim_join(t, 1, 'metric=levenshtein, device=gpu')",
-            "sim_join: option device=gpu is not available for metric levenshtein",
+            "SELECT * FROM knn(t, ['abc'], 2, 'metric=levenshtein, device=gpu')",
+            "knn: option device=gpu is not available for metric levenshtein: kNN of strings runs on every CPU core",
         ),
         (
             "SELECT * FROM sim_join(t, 1, 'metric=levenshtein, index=grid')",

@@ -42,6 +42,7 @@ mod knn_plan;
 mod knn_write;
 mod multi;
 mod sides;
+mod text;
 
 pub use multi::MultiGpuBackend;
 
@@ -101,10 +102,10 @@ impl Backend for GpuBackend {
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        if request.metric.is_text() {
-            return exec_err!("GPU join: metric {} runs on the CPU backend", request.metric);
-        }
         let budget = self.memory_budget()?;
+        if request.metric.is_text() {
+            return self.gpu_text_join(request, sink, budget).map_err(|e| gpu_error("GPU text join", e))?;
+        }
         let run = |tile: &JoinRequest, sink: &dyn ResultSink| {
             self.gpu_join(tile, sink, budget).map_err(|e| gpu_error("GPU join", e))?
         };

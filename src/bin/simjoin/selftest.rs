@@ -138,6 +138,16 @@ fn special(n: usize, dim: usize) -> Vec<f64> {
     values
 }
 
+/// A batch of `id` (0..) and text column `w`.
+fn text_batch(words: &[Option<String>]) -> Result<RecordBatch> {
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("w", DataType::Utf8, true)]));
+    let ids = Int64Array::from_iter_values(0..words.len() as i64);
+    Ok(RecordBatch::try_new(schema, vec![Arc::new(ids), Arc::new(StringArray::from(words.to_vec()))])?)
+}
+
 /// Runs `sql` (its options string last) on the CPU and on the GPU and adds a row to `table`;
 /// 1 when the answers differ or the GPU failed, else 0.
 async fn compare(ctx: &SessionContext, sql: &str, data: &str, table: &mut String) -> Result<usize> {
@@ -331,6 +341,17 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu, devices=0,1')";
         let what = "a kNN divided between GPUs 0 and 1";
         failures += check_metric(&ctx, explain, "gpu1_rows", what, |rows| rows > 0, "more than 0").await?;
+    }
+    // Text (metric=levenshtein): joins and range queries of seeded words (`datagen::words`: mutated
+    // copies, non-ASCII characters, strings of up to 8 machine words, empty strings, NULLs) on the
+    // GPU against the CPU's segment filter.
+    let (a, b) = (datagen::words(3000, 450, 12), datagen::words(1500, 450, 13));
+    register_batch(&ctx, "a", text_batch(&a)?)?;
+    register_batch(&ctx, "b", text_batch(&b)?)?;
+    for tau in [0, 1, 2, 3, 6] {
+        for sql in join_queries(tau as f64, "metric=levenshtein") {
+            failures += compare(&ctx, &sql, "words | 3000 and 1500", &mut table).await?;
+        }
     }
     // More collected pairs (~5·10⁶) than one download batch (2²²): the batches alternate between
     // the two halves of the host buffers, each copied while the one before is emitted.

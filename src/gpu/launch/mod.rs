@@ -18,6 +18,7 @@ mod pack;
 mod primitives;
 mod rank;
 mod sample;
+mod text;
 
 use super::memory::zeroed;
 use super::{Error, Result};
@@ -27,3 +28,4 @@ pub use pack::*;
 pub use primitives::*;
 pub use rank::*;
 pub use sample::*;
+pub use text::*;
