@@ -4,11 +4,15 @@
 use super::*;
 
 impl GpuBackend {
+    /// The join, or with `part = Some((i, parts))` (self-joins on several GPUs) the pairs of the
+    /// `i`-th of `parts` ranges of left slots: each unordered pair is found from its smaller slot
+    /// alone, so the parts' pairs are disjoint and together the whole result.
     pub(super) fn gpu_join(
         &self,
         request: &JoinRequest,
         sink: &dyn ResultSink,
         budget: usize,
+        part: Option<(usize, usize)>,
     ) -> Result<Result<RunStats>, GpuError> {
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let mut stats = RunStats { tiles: 1, ..Default::default() };
@@ -152,8 +156,16 @@ impl GpuBackend {
         // batches of at most RESULT_BATCH_PAIRS pairs (a single slot with more gets a batch of
         // its own), each from offsets the counts give, pipelined over PIPELINE_STREAMS streams.
         let probe = Instant::now();
-        let n_left = left_host.rows;
-        let mut pass = PassBuffers::new(&self.device, n_left.min(MAX_PASS_ROWS), 0)?;
+        let slots = match part {
+            Some((i, parts)) => part_slots(left_host.rows, i, parts, geometry.is_some()),
+            None => 0..left_host.rows,
+        };
+        let first_slot = slots.start;
+        let n_left = slots.len();
+        if part.is_some() {
+            stats.devices = vec![DeviceRun { ordinal: self.ordinal(), rows: n_left, ..Default::default() }];
+        }
+        let mut pass = PassBuffers::new(&self.device, n_left.clamp(1, MAX_PASS_ROWS), 0)?;
         let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         pass.size_outputs(&self.device, collect_capacity)?;
         let inputs = JoinInputs {
@@ -163,7 +175,7 @@ impl GpuBackend {
             grid: grid.as_ref(),
             expected_share: 0.0,
         };
-        let counts = self.count_pass(&params, n_left, inputs, &mut pass, PassKind::CountAndCollect, &mut stats)?;
+        let counts = self.count_pass(&params, slots, inputs, &mut pass, PassKind::CountAndCollect, &mut stats)?;
         let collected = stream.clone_dtoh(&pass.collected).map_err(copy)?[0];
         let batches: Vec<ResultBatch> = if collected <= collect_capacity as u64 {
             collected_batches(collected)
@@ -174,7 +186,7 @@ impl GpuBackend {
             write_batches(&counts, most)
                 .0
                 .into_iter()
-                .map(|(begin, end, pairs)| ResultBatch::Written { slots: begin..end, pairs })
+                .map(|(begin, end, pairs)| ResultBatch::Written { slots: first_slot + begin..first_slot + end, pairs })
                 .collect()
         };
         let largest = batches.iter().map(ResultBatch::pairs).max().unwrap_or(0).max(1) as usize;
@@ -255,7 +267,7 @@ impl GpuBackend {
                 let queue = |i: usize, lane: &mut PassBuffers, part: &mut HostPairs| -> Result<[CudaEvent; 2]> {
                     let ResultBatch::Written { slots, pairs } = &batches[i] else { unreachable!("write batches only") };
                     let stream = &streams[i % PIPELINE_STREAMS];
-                    let offsets = exclusive_offsets(&counts[slots.clone()]);
+                    let offsets = exclusive_offsets(&counts[slots.start - first_slot..slots.end - first_slot]);
                     stream
                         .memcpy_htod(&offsets[..slots.len()], &mut lane.offsets.slice_mut(0..slots.len()))
                         .map_err(sync)?;
@@ -285,7 +297,8 @@ impl GpuBackend {
                     }
                 }
             }
-            if self_join.is_some_and(|s| s.include_self) {
+            // Each vector with itself once: from the first part.
+            if self_join.is_some_and(|s| s.include_self) && part.is_none_or(|(i, _)| i == 0) {
                 write_self_pairs(&exact, left, 0..left.len(), &mut writer)?;
             }
             writer.flush()
@@ -305,6 +318,22 @@ impl GpuBackend {
         stats.emit_time += emit;
         Ok(outcome.map(|()| stats))
     }
+}
+
+/// The `i`-th of `parts` ranges of a self-join's `n` left slots, of about equal work: a grid's
+/// slots compare with the later slots of a few neighbouring cells, about equally many each, so
+/// the ranges hold equal counts; brute force compares slot `s` with the `n − s − 1` after it, so
+/// range `i` ends where that triangle's area reaches `(i + 1) / parts` of the whole.
+pub(super) fn part_slots(n: usize, i: usize, parts: usize, grid: bool) -> std::ops::Range<usize> {
+    let end = |i: usize| -> usize {
+        if i >= parts {
+            return n;
+        }
+        let share = i as f64 / parts as f64;
+        let at = if grid { share * n as f64 } else { n as f64 * (1.0 - (1.0 - share).sqrt()) };
+        (at.round() as usize).min(n)
+    };
+    end(i)..end(i + 1)
 }
 
 /// Result pairs a join's count pass collects per left row at most (the size of its output
@@ -379,6 +408,28 @@ pub(super) fn exclusive_offsets(counts: &[u32]) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_cover_every_slot_once_with_about_equal_work() {
+        for grid in [true, false] {
+            for (n, parts) in [(0, 2), (1, 2), (7, 3), (1000, 2), (999_983, 8)] {
+                let ranges: Vec<_> = (0..parts).map(|i| part_slots(n, i, parts, grid)).collect();
+                assert_eq!(ranges[0].start, 0);
+                assert_eq!(ranges[parts - 1].end, n);
+                assert!(ranges.windows(2).all(|w| w[0].end == w[1].start), "{ranges:?}");
+                if n >= 1000 {
+                    // Brute force: pairs (s, t > s) per range within 1 % of an equal share.
+                    let work = |r: &std::ops::Range<usize>| -> f64 {
+                        if grid { r.len() as f64 } else { r.clone().map(|s| (n - s - 1) as f64).sum() }
+                    };
+                    let total: f64 = ranges.iter().map(work).sum();
+                    for r in &ranges {
+                        assert!((work(r) / total - 1.0 / parts as f64).abs() < 0.01, "{grid} {r:?}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn write_batches_cover_every_slot_once_within_the_limits() {

@@ -8,7 +8,7 @@ impl GpuBackend {
     pub(super) fn count_pass(
         &self,
         params: &JoinParams,
-        slots: usize,
+        slots: std::ops::Range<usize>,
         inputs: JoinInputs,
         pass: &mut PassBuffers,
         kind: PassKind,
@@ -16,10 +16,10 @@ impl GpuBackend {
     ) -> Result<Vec<u32>, GpuError> {
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
-        let mut counts = Vec::with_capacity(slots);
+        let mut counts = Vec::with_capacity(slots.len());
         stats.count_passes += 1;
-        for begin in (0..slots).step_by(MAX_PASS_ROWS) {
-            let end = (begin + MAX_PASS_ROWS).min(slots);
+        for begin in slots.clone().step_by(MAX_PASS_ROWS) {
+            let end = (begin + MAX_PASS_ROWS).min(slots.end);
             stream.memset_zeros(&mut pass.counts).map_err(copy)?;
             let counting = Instant::now();
             join_pass(&self.device, params, begin as u32..end as u32, inputs, pass, kind)?;
@@ -153,7 +153,7 @@ impl GpuBackend {
                 JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
             let pass_params = JoinParams { slot_capacity: capacity, ..params };
             let kind = if first_pass && scores { PassKind::Scores { k: k as u32 } } else { PassKind::Count };
-            let pending_counts = self.count_pass(&pass_params, pending.len(), inputs, &mut pass, kind, stats)?;
+            let pending_counts = self.count_pass(&pass_params, 0..pending.len(), inputs, &mut pass, kind, stats)?;
             // Candidates of the pass's queries ranked from its slots (0: not ranked from them).
             let mut slot_len = vec![0u32; pending.len()];
             let mut next = Vec::new();

@@ -14,7 +14,7 @@ use datafusion::common::{DataFusionError, Result, exec_err, resources_err};
 use super::exact::{ExactCheck, write_self_pairs};
 use super::plan::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
-use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
+use super::{Backend, DeviceRun, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
 use crate::gpu::abi::{FilterCode, JoinParams, MetricCode};
 use crate::gpu::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, RankedLists, SideBuffers};
 use crate::gpu::download::{DownloadedPairs, HostPairs, KEPT_RANKED, host_ranked, host_results};
@@ -93,6 +93,37 @@ fn device_row_bytes(dim: usize) -> usize {
     14 * dim + 78
 }
 
+impl GpuBackend {
+    /// Whether `request`'s inputs fit its memory budget whole (else they run as tiles).
+    fn fits(request: &JoinRequest, budget: usize) -> bool {
+        let rows = request.left.len() + if request.self_join.is_some() { 0 } else { request.right.len() };
+        rows.saturating_mul(device_row_bytes(request.left.dim)) <= budget / 2
+    }
+
+    /// Whether a self-join of vectors can run here as parts of its left slots: its input fits the
+    /// device whole (only a whole self-join is tiled).
+    pub fn takes_self_join_parts(&self, request: &JoinRequest) -> Result<bool> {
+        Ok(request.self_join.is_some() && !request.metric.is_text() && Self::fits(request, self.memory_budget()?))
+    }
+
+    /// A self-join's `i`-th of `parts` ranges of left slots (`join::part_slots`) on this GPU
+    /// (where [`GpuBackend::takes_self_join_parts`]).
+    /// Returns the run's statistics and the left slots the part took.
+    pub fn self_join_part(
+        &self,
+        request: &JoinRequest,
+        sink: &dyn ResultSink,
+        i: usize,
+        parts: usize,
+    ) -> Result<(RunStats, usize)> {
+        let budget = self.memory_budget()?;
+        let mut stats =
+            self.gpu_join(request, sink, budget, Some((i, parts))).map_err(|e| gpu_error("GPU join", e))??;
+        let rows = stats.devices.pop().map_or(0, |d| d.rows);
+        Ok((stats, rows))
+    }
+}
+
 impl Backend for GpuBackend {
     fn name(&self) -> String {
         match self.memory_limit {
@@ -107,11 +138,9 @@ impl Backend for GpuBackend {
             return self.gpu_text_join(request, sink, budget).map_err(|e| gpu_error("GPU text join", e))?;
         }
         let run = |tile: &JoinRequest, sink: &dyn ResultSink| {
-            self.gpu_join(tile, sink, budget).map_err(|e| gpu_error("GPU join", e))?
+            self.gpu_join(tile, sink, budget, None).map_err(|e| gpu_error("GPU join", e))?
         };
-        let rows = request.left.len() + if request.self_join.is_some() { 0 } else { request.right.len() };
-        let row_bytes = device_row_bytes(request.left.dim);
-        if rows.saturating_mul(row_bytes) <= budget / 2 {
+        if Self::fits(request, budget) {
             return run(request, sink);
         }
         tiles::tiled_join(request, sink, tile_rows(budget, request.left.dim, self.memory_limit, "GPU join")?, run)

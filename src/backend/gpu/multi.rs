@@ -8,8 +8,11 @@
 //!   GPU runs it alone, unless the GPUs were named (`devices=0,1`).
 //! * Joins and range queries of two inputs: the left rows (the queries of a range query) are
 //!   divided the same way, each part joined with the whole right input.
-//! * Self-joins run on the first GPU: a part of the left rows against the whole input would give
-//!   up the self-join's halving of the pairs (each unordered pair computed once).
+//! * Self-joins: every GPU holds the whole input and its grid, and takes one range of the left
+//!   slots (`join::part_slots`: equal counts under a grid, equal areas of brute force's triangle);
+//!   each unordered pair is found from its smaller slot alone, so the halving of the pairs is kept
+//!   and the parts' pairs are disjoint. An input that does not fit a device whole runs, tiled, on
+//!   the first GPU.
 //!
 //! Parts are of equal row counts; each part's results go out as its GPU produces them (the
 //! queries of different parts interleave), with positions shifted back to the whole input's.
@@ -51,17 +54,30 @@ impl MultiGpuBackend {
     ) -> Result<RunStats> {
         let parts = self.gpus.len().min(rows.max(1));
         let per_part = rows.div_ceil(parts);
+        self.on_each(parts, |i, gpu| {
+            let range = (i * per_part).min(rows)..((i + 1) * per_part).min(rows);
+            let rows = range.len();
+            Ok((part(gpu, range)?, rows))
+        })
+    }
+
+    /// Runs `part(i, gpu)` on each of the first `parts` GPUs, in parallel, each returning its
+    /// statistics and the left rows it took, and adds up their statistics with each device's part
+    /// of the run; the first error wins.
+    fn on_each(
+        &self,
+        parts: usize,
+        part: impl Fn(usize, &GpuBackend) -> Result<(RunStats, usize)> + Sync,
+    ) -> Result<RunStats> {
         let started = std::time::Instant::now();
         let outcomes: Vec<Result<RunStats>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self.gpus[..parts]
                 .iter()
                 .enumerate()
                 .map(|(i, gpu)| {
-                    let range = (i * per_part).min(rows)..((i + 1) * per_part).min(rows);
                     let part = &part;
                     scope.spawn(move || {
-                        let rows = range.len();
-                        let mut stats = part(gpu, range)?;
+                        let (mut stats, rows) = part(i, gpu)?;
                         let device = DeviceRun {
                             ordinal: gpu.ordinal(),
                             rows,
@@ -96,6 +112,16 @@ impl Backend for MultiGpuBackend {
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.self_join.is_some() && self.gpus.len() > 1 {
+            let mut parts = true;
+            for gpu in &self.gpus {
+                parts &= gpu.takes_self_join_parts(request)?;
+            }
+            if parts {
+                let count = self.gpus.len();
+                return self.on_each(count, |i, gpu| gpu.self_join_part(request, sink, i, count));
+            }
+        }
         if request.self_join.is_some() || self.gpus.len() == 1 {
             return self.gpus[0].join(request, sink);
         }
