@@ -357,17 +357,27 @@ impl Vectors {
         metric: Metric,
         build: impl FnOnce() -> ListOfClusters,
     ) -> (Arc<ListOfClusters>, bool) {
-        let slot = match metric {
-            Metric::L2 => 0,
-            Metric::L1 => 1,
-            Metric::LInf => 2,
-            Metric::Cosine => 3,
-            Metric::Levenshtein => 4,
-            Metric::L2Squared | Metric::InnerProduct => unreachable!("the List of Clusters serves metrics only"),
-        };
+        let slot = Self::clusters_slot(metric).expect("the List of Clusters serves metrics only");
         let slot = &self.clusters[slot];
         let kept = slot.get().is_some();
         (slot.get_or_init(|| Arc::new(build())).clone(), kept)
+    }
+
+    /// Whether the List of Clusters under `metric` was built already (see `list_of_clusters`).
+    pub fn list_of_clusters_kept(&self, metric: Metric) -> bool {
+        Self::clusters_slot(metric).is_some_and(|slot| self.clusters[slot].get().is_some())
+    }
+
+    /// The slot of the List of Clusters under `metric`, if the index serves it.
+    fn clusters_slot(metric: Metric) -> Option<usize> {
+        match metric {
+            Metric::L2 => Some(0),
+            Metric::L1 => Some(1),
+            Metric::LInf => Some(2),
+            Metric::Cosine => Some(3),
+            Metric::Levenshtein => Some(4),
+            Metric::L2Squared | Metric::InnerProduct => None,
+        }
     }
 
     /// The vectors scaled to unit length (row-major; cosine's chord space), computed once: the

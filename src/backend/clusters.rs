@@ -161,6 +161,73 @@ pub fn usable(left: &Vectors, right: &Vectors) -> bool {
     small(left) && small(right)
 }
 
+/// Relative costs per distance, in units of one distance of the exact-f64 scan (L1, L∞ kNN),
+/// measured on 200k × 16 blobs (benches/clusters.sh): the build's distances cost 12 (a pass per
+/// centre over the remaining rows, with the selection of its cluster), the search's 8 (bounds,
+/// the k-nearest selection and less regular memory access).
+const BUILD_COST: f64 = 12.0;
+const SEARCH_COST: f64 = 8.0;
+/// Base rows of the sample the cost model builds an index over, and queries it searches.
+const SAMPLE_ROWS: usize = 16_384;
+const SAMPLE_QUERIES: usize = 64;
+
+/// `index=auto` for a kNN on the CPU: whether the List of Clusters is expected to finish first.
+/// Only under L1 and L∞, whose scan computes every distance in f64 (L2 and cosine scans filter in
+/// f32 GEMM tiles, which the index did not beat by enough to pay its build: BENCHMARKS.md). The
+/// scan costs `q·n` distances; the index `BUILD_COST · n^1.5 / 2` to build (unless kept) and
+/// `SEARCH_COST · q · (n/m + f·n)` to search, where `f`, the fraction of rows a search measures,
+/// comes from an index over a sample of the base searched by a sample of the queries, for
+/// `k · sample/n` neighbours (the sample's rows are sparser: the same ball holds fewer of them).
+pub fn pays(request: &KnnRequest, k: usize) -> bool {
+    let KnnRequest { base, queries, metric, .. } = *request;
+    if !matches!(metric, Metric::L1 | Metric::LInf) || base.len() < 4 * SAMPLE_ROWS {
+        return false;
+    }
+    let (n, q) = (base.len() as f64, queries.len() as f64);
+    let scan = q * n;
+    let kept = base.list_of_clusters_kept(metric);
+    let build = if kept { 0.0 } else { BUILD_COST * n.powf(1.5) / 2.0 };
+    let centres = n / ListOfClusters::bucket_for(base.len()) as f64;
+    if build + SEARCH_COST * q * centres >= scan {
+        return false;
+    }
+    // Every (n / SAMPLE_ROWS)-th base row, every (q / SAMPLE_QUERIES)-th query.
+    let step = base.len() / SAMPLE_ROWS;
+    let sample = Vectors::new(base.dim, (0..SAMPLE_ROWS).flat_map(|i| base.row(i * step).to_vec()).collect());
+    let query_step = (queries.len() / SAMPLE_QUERIES).max(1);
+    let probes = Vectors::new(
+        base.dim,
+        (0..queries.len()).step_by(query_step).take(SAMPLE_QUERIES).flat_map(|i| queries.row(i).to_vec()).collect(),
+    );
+    let space = Space::new(&sample, metric);
+    let mut index = ListOfClusters::build(&space, ListOfClusters::bucket_for(sample.len()), space.rounding());
+    index.gather_member_rows(sample.dim, |p| sample.row(p));
+    let sample_k = ((k as f64 * SAMPLE_ROWS as f64 / n).round() as usize).clamp(1, SAMPLE_ROWS);
+    let exact = ExactCheck::new(metric, f64::INFINITY, &probes, &sample);
+    let sample_request = KnnRequest { base: &sample, queries: &probes, ..*request };
+    let query_space = Space::new(&probes, metric);
+    let measured: u64 = (0..probes.len())
+        .map(|p| {
+            let mut probe = NearestProbe {
+                query: Query::of(&query_space, p),
+                base: &space,
+                index: &index,
+                metric,
+                dim: base.dim,
+                row: p,
+                nearest: KSmallest::new(sample_k),
+                exact: Some(&exact),
+                request: &sample_request,
+                checked: 0,
+            };
+            index.search(&mut probe);
+            probe.checked
+        })
+        .sum();
+    let fraction = measured as f64 / (probes.len() * SAMPLE_ROWS) as f64;
+    build + SEARCH_COST * q * (centres + fraction * n) < scan
+}
+
 /// The index over `vectors` under `metric`, built now or kept from an earlier query (`true`).
 fn index_of(vectors: &Vectors, metric: Metric) -> (Arc<ListOfClusters>, bool) {
     vectors.list_of_clusters(metric, || {

@@ -96,7 +96,12 @@ impl Backend for CpuBackend {
         if k == 0 || queries.is_empty() {
             return Ok(RunStats::default());
         }
-        if request.index == IndexChoice::ListOfClusters && super::clusters::usable(queries, base) {
+        let clusters = match request.index {
+            IndexChoice::ListOfClusters => true,
+            IndexChoice::Auto => super::clusters::pays(request, k),
+            _ => false,
+        };
+        if clusters && super::clusters::usable(queries, base) {
             return super::clusters::knn(request, k, sink);
         }
         if request.metric.is_text() {

@@ -186,9 +186,10 @@ impl SimilarityExec {
             _ => "f32 filter + exact f64 check",
         };
         match (&self.op.operation, self.op.index) {
-            (Operation::Knn { .. }, _) if matches!(self.op.metric, Metric::L1 | Metric::LInf) => {
-                "brute_force(exact f64)".into()
-            }
+            (Operation::Knn { .. }, _) if matches!(self.op.metric, Metric::L1 | Metric::LInf) => match self.op.index {
+                IndexChoice::Auto => "brute_force(exact f64) or list_of_clusters by sampled cost model".into(),
+                _ => "brute_force(exact f64)".into(),
+            },
             (Operation::Knn { .. }, _) => "brute_force(f32 filter + exact f64 re-rank)".into(),
             (_, IndexChoice::BruteForce) => format!("brute_force({exact_filter})"),
             (_, _) if self.op.metric == Metric::InnerProduct => format!("brute_force({exact_filter})"),

@@ -133,3 +133,29 @@ async fn the_list_of_clusters_shows_its_parameters_and_the_distances_it_saved() 
     let second = operator_metrics(&ctx, sql).await;
     assert_eq!(second["kept_indexes"], 1, "{second:?}");
 }
+
+/// `index=auto` for a kNN under L∞ (whose scan measures every distance in f64): the sampled cost
+/// model takes the scan for a few queries over clustered rows, the List of Clusters for many
+/// (building it pays), and then for a few too (the index is kept with the table); the answers are
+/// the scan's every time.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_takes_the_list_of_clusters_where_its_sampled_cost_is_lower() {
+    let ctx = ctx();
+    let dim = 3;
+    let blobs = simjoin::datagen::generate(simjoin::datagen::Distribution::Blobs, 75_000, dim, 5);
+    let rows: Vec<Option<Vec<f64>>> = blobs.chunks(dim).map(|r| Some(r.to_vec())).collect();
+    register(&ctx, "lc_base", &rows[5000..], dim, Shape::FixedF32);
+    register(&ctx, "lc_many", &rows[..5000], dim, Shape::FixedF32);
+    register(&ctx, "lc_few", &rows[..50], dim, Shape::FixedF32);
+    for (queries, indexed) in [("lc_few", false), ("lc_many", true), ("lc_few", true)] {
+        let sql = |index: &str| {
+            format!(
+                "SELECT query_id, base_id, distance, rank FROM knn(lc_base, {queries}, 5, 'metric=linf, index={index}, device=cpu')"
+            )
+        };
+        let metrics = operator_metrics(&ctx, &sql("auto")).await;
+        assert_eq!(metrics["saved_distances"] > 0, indexed, "{queries}: {metrics:?}");
+        let want = crate::common::rows(&ctx, &sql("brute_force")).await;
+        check(&ctx, &sql("auto"), &want).await;
+    }
+}
