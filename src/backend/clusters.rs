@@ -207,22 +207,7 @@ pub fn pays(request: &KnnRequest, k: usize) -> bool {
     let sample_request = KnnRequest { base: &sample, queries: &probes, ..*request };
     let query_space = Space::new(&probes, metric);
     let measured: u64 = (0..probes.len())
-        .map(|p| {
-            let mut probe = NearestProbe {
-                query: Query::of(&query_space, p),
-                base: &space,
-                index: &index,
-                metric,
-                dim: base.dim,
-                row: p,
-                nearest: KSmallest::new(sample_k),
-                exact: Some(&exact),
-                request: &sample_request,
-                checked: 0,
-            };
-            index.search(&mut probe);
-            probe.checked
-        })
+        .map(|p| nearest(&index, &query_space, &space, &sample_request, Some(&exact), p, sample_k).1)
         .sum();
     let fraction = measured as f64 / (probes.len() * SAMPLE_ROWS) as f64;
     build + SEARCH_COST * q * (centres + fraction * n) < scan
@@ -438,6 +423,33 @@ impl NearestProbe<'_> {
     }
 }
 
+/// Query `row`'s `k` nearest base rows by a search of `index`, nearest first, with the rows
+/// measured exactly and the centres measured.
+fn nearest<'a>(
+    index: &'a ListOfClusters,
+    queries: &'a Space,
+    base: &'a Space<'a>,
+    request: &'a KnnRequest<'a>,
+    exact: Option<&'a ExactCheck>,
+    row: usize,
+    k: usize,
+) -> (Vec<Neighbour>, u64, u64) {
+    let mut probe = NearestProbe {
+        query: Query::of(queries, row),
+        base,
+        index,
+        metric: request.metric,
+        dim: request.base.dim,
+        row,
+        nearest: KSmallest::new(k),
+        exact,
+        request,
+        checked: 0,
+    };
+    let counts = index.search(&mut probe);
+    (probe.nearest.into_sorted(), probe.checked, counts.centres)
+}
+
 /// The `k` nearest base rows of every query, ties by base position.
 pub fn knn(request: &KnnRequest, k: usize, sink: &dyn ResultSink) -> Result<RunStats> {
     let start = Instant::now();
@@ -451,22 +463,11 @@ pub fn knn(request: &KnnRequest, k: usize, sink: &dyn ResultSink) -> Result<RunS
     let probe_start = Instant::now();
     let (checked, centres) = (AtomicU64::new(0), AtomicU64::new(0));
     rank_in_waves(sink, queries.len(), BLOCK, |q| {
-        let mut probe = NearestProbe {
-            query: Query::of(&query_space, q),
-            base: &base_space,
-            index: &index,
-            metric,
-            dim: base.dim,
-            row: q,
-            nearest: KSmallest::new(k),
-            exact: exact.as_ref(),
-            request,
-            checked: 0,
-        };
-        let counts = index.search(&mut probe);
-        checked.fetch_add(probe.checked, Ordering::Relaxed);
-        centres.fetch_add(counts.centres, Ordering::Relaxed);
-        probe.nearest.into_sorted()
+        let (list, measured, centres_measured) =
+            nearest(&index, &query_space, &base_space, request, exact.as_ref(), q, k);
+        checked.fetch_add(measured, Ordering::Relaxed);
+        centres.fetch_add(centres_measured, Ordering::Relaxed);
+        list
     })?;
     stats.candidates = checked.into_inner();
     let scan = queries.len() as u64 * base.len() as u64;
