@@ -76,6 +76,43 @@ impl AutoBackend {
         Self { memory_limit, devices, gpu_only: false, modules, last_choice: Mutex::new(None) }
     }
 
+    /// Edit-distance joins under `device=auto`: opens nothing (a one-query process would pay the
+    /// GPU's start-up, which these joins do not recover); see [`AutoBackend::text_join`].
+    pub fn text_joins(memory_limit: usize, devices: Devices) -> Self {
+        Self { memory_limit, devices, gpu_only: false, modules: &TEXT_MODULES, last_choice: Mutex::new(None) }
+    }
+
+    /// An edit-distance join under `device=auto`: on the GPU when an earlier query left it open
+    /// and the threshold is at least 2 edits (from there a warm H100 measured 3.5–8× faster than
+    /// 16 cores' segment filter; within 1 edit they are even: BENCHMARKS.md, "Text on the H100
+    /// host"), else on the cores. A GPU run that fails before sending a row runs on the cores.
+    /// Not scheduled (text runs on the cores unscheduled).
+    fn text_join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let open = matches!(GpuDevice::opened(), Some(Ok(_)));
+        let gpu = if open && request.threshold >= 2.0 { self.gpu().ok() } else { None };
+        let on_gpu = gpu.is_some();
+        let chosen: Arc<dyn Backend> = gpu.unwrap_or_else(|| Arc::new(CpuBackend));
+        if let Ok(mut last) = self.last_choice.lock() {
+            *last = Some(format!("{} (edit distance: the GPU when open and eps ≥ 2)", chosen.name()));
+        }
+        let sent = AtomicBool::new(false);
+        let recording = MapSink {
+            inner: sink,
+            map: |chunk| {
+                sent.store(true, Ordering::Relaxed);
+                Some(chunk)
+            },
+        };
+        match chosen.join(request, &recording) {
+            Err(_) if on_gpu && !sent.load(Ordering::Relaxed) => {
+                let mut stats = CpuBackend.join(request, sink)?;
+                stats.gpu_fallbacks = 1;
+                Ok(stats)
+            }
+            outcome => outcome,
+        }
+    }
+
     /// As [`AutoBackend::new`], for `device=gpu`: every run on the GPU, or the error saying why
     /// it cannot be used.
     pub fn gpu_only(memory_limit: usize, devices: Devices, modules: &'static [KernelModule]) -> Self {
@@ -234,11 +271,15 @@ impl Backend for AutoBackend {
         }
         match self.last_choice.lock().ok().and_then(|last| last.clone()) {
             Some(last) => format!("auto, last run: {last}"),
+            None if self.modules == TEXT_MODULES => "cpu, or the gpu when open and eps ≥ 2".to_string(),
             None => "gpu or cpu, whichever is estimated to finish first".to_string(),
         }
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.metric.is_text() && !self.gpu_only {
+            return self.text_join(request, sink);
+        }
         let self_join = request.self_join.is_some();
         let cpu_ns = match request.metric.coordinate_bound(request.threshold) {
             Some(radius) => {

@@ -248,8 +248,14 @@ pub trait Backend: Debug + Send + Sync {
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     check(op)?;
     let function = op.function_name();
+    let knn = matches!(op.operation, crate::op::Operation::Knn { .. });
     let modules = auto::modules_of(op);
-    // Text under device=auto stays on the CPU cores (measured: BENCHMARKS.md, "Text").
+    // Text under device=auto: joins may take a GPU that is already open (AutoBackend::text_join);
+    // kNN of strings runs on the cores.
+    let text_join = op.metric.is_text() && !knn;
+    if text_join && op.device == Device::Auto && crate::gpu::startup::libraries_present() {
+        return Ok(std::sync::Arc::new(AutoBackend::text_joins(op.gpu_memory_limit, op.devices.clone())));
+    }
     let text_on_cpu = op.metric.is_text() && op.device != Device::Gpu;
     if text_on_cpu || op.approx.is_some() || op.index == IndexChoice::ListOfClusters {
         return Ok(std::sync::Arc::new(CpuBackend));
