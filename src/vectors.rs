@@ -383,17 +383,18 @@ impl Vectors {
     /// The vectors scaled to unit length (row-major; cosine's chord space), computed once: the
     /// values must not change after the first call.
     pub fn unit_rows(&self) -> &[f64] {
-        self.unit.get_or_init(|| {
-            let dim = self.dim.max(1);
-            let mut values = self.values.clone();
-            values.par_chunks_mut(dim).for_each(|row| {
-                let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
-                if norm > 0.0 {
-                    row.iter_mut().for_each(|x| *x /= norm);
-                }
-            });
-            values
-        })
+        self.unit.get_or_init(|| self.unit_values())
+    }
+
+    /// A copy of the vectors scaled to unit length, each row divided by `√(Σx²)` summed in order
+    /// (cosine's filter space, `backend::plan::filter_space`, and [`Vectors::unit_rows`]).
+    pub fn unit_values(&self) -> Vec<f64> {
+        let mut values = self.values.clone();
+        values.par_chunks_mut(self.dim.max(1)).for_each(|row| {
+            let norm = crate::op::dot(row, row).sqrt();
+            row.iter_mut().for_each(|x| *x /= norm);
+        });
+        values
     }
 
     /// The mean of the vectors, per dimension (the GEMM-form filter's centre), computed once: the

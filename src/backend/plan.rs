@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::JoinRequest;
 use super::simd::FilterKind;
 use crate::index::{CostInputs, JoinStrategy, choose_strategy};
-use crate::op::{Metric, dot};
+use crate::op::Metric;
 use crate::vectors::Vectors;
 
 /// The filter-space coordinates of both sides (the vectors for L1/L2/L∞, their unit
@@ -39,12 +39,7 @@ pub(crate) fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
     if metric != Metric::Cosine {
         return Cow::Borrowed(&v.values);
     }
-    let mut out = v.values.clone();
-    out.par_chunks_mut(v.dim).for_each(|row| {
-        let norm = dot(row, row).sqrt();
-        row.iter_mut().for_each(|x| *x /= norm);
-    });
-    Cow::Owned(out)
+    Cow::Owned(v.unit_values())
 }
 
 /// Copies the rows of `v` in `order` into one contiguous buffer, so a cell's points are adjacent.

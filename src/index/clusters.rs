@@ -87,10 +87,7 @@ pub struct ListOfClusters {
     members: Vec<u32>,
     /// Each member's distance to its centre.
     offsets: Vec<f64>,
-    bucket: usize,
     rounding: Rounding,
-    /// Distances computed by the build.
-    build_distances: u64,
     /// Vectors: the members' rows in list order, `dim` values each, so that a cluster's scan reads
     /// memory in order rather than a row at a random place per member.
     member_rows: Vec<f64>,
@@ -121,9 +118,7 @@ impl ListOfClusters {
             starts: vec![0],
             members: Vec::with_capacity(n),
             offsets: Vec::with_capacity(n),
-            bucket,
             rounding,
-            build_distances: 0,
             member_rows: Vec::new(),
         };
         // The objects not yet taken (in position order), each with its sum of distances to the
@@ -132,7 +127,6 @@ impl ListOfClusters {
         let mut sums = vec![0.0f64; remaining.len()];
         let mut centre = if n == 0 { return index } else { 0u32 };
         loop {
-            index.build_distances += remaining.len() as u64;
             let from_centre = space.distances(centre as usize, &remaining);
             sums.iter_mut().zip(&from_centre).for_each(|(sum, d)| *sum += d);
             let mut order: Vec<usize> = (0..remaining.len()).collect();
@@ -182,21 +176,6 @@ impl ListOfClusters {
     #[inline]
     pub fn member_row(&self, slot: usize, dim: usize) -> &[f64] {
         &self.member_rows[slot * dim..(slot + 1) * dim]
-    }
-
-    /// Objects per cluster.
-    pub fn bucket(&self) -> usize {
-        self.bucket
-    }
-
-    /// Number of clusters (centres).
-    pub fn clusters(&self) -> usize {
-        self.centres.len()
-    }
-
-    /// Distances the build computed.
-    pub fn build_distances(&self) -> u64 {
-        self.build_distances
     }
 
     /// Hands every object that may lie within `probe`'s radius to `probe` (see the module
@@ -293,7 +272,7 @@ mod tests {
         let mut seen: Vec<u32> = index.centres.iter().chain(&index.members).copied().collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..1000).collect::<Vec<u32>>());
-        assert_eq!(index.clusters(), 1000usize.div_ceil(17));
+        assert_eq!(index.centres.len(), 1000usize.div_ceil(17));
     }
 
     #[test]

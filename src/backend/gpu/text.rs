@@ -6,6 +6,7 @@
 //! distances are whole numbers either way, so answers equal the CPU's.
 
 use super::*;
+use crate::backend::text::LengthOrder;
 use crate::gpu::launch::{DeviceStrings, TEXT_MAX_WORDS, TextJoinInputs, TextJoinOutput, text_join};
 
 /// Most pairs one launch appends (12 bytes each on the device: 768 MiB).
@@ -60,44 +61,31 @@ impl GpuBackend {
                 64 * TEXT_MAX_WORDS
             )));
         }
-        // The right strings by (length, position), and where each length begins in that order.
-        let length = |i: usize| right.string(i).len();
-        let mut order: Vec<u32> = (0..right.len() as u32).collect();
-        order.par_sort_unstable_by_key(|&p| (length(p as usize), p));
-        let longest = order.last().map_or(0, |&p| length(p as usize));
-        let first_of_length: Vec<u32> =
-            (0..=longest + 1).map(|l| order.partition_point(|&p| length(p as usize) < l) as u32).collect();
-        let at_length = |l: usize| first_of_length[l.min(longest + 1)];
+        // The right strings by (length, position): a left string's window is one run of them.
+        let order = LengthOrder::new(right);
         let rank: Vec<u32> = match self_join {
             Some(_) => {
-                let mut rank = vec![0u32; order.len()];
-                order.iter().enumerate().for_each(|(r, &p)| rank[p as usize] = r as u32);
+                let mut rank = vec![0u32; order.positions.len()];
+                order.positions.iter().enumerate().for_each(|(r, &p)| rank[p as usize] = r as u32);
                 rank
             }
             None => Vec::new(),
         };
         let (window_start, window_end): (Vec<u32>, Vec<u32>) = (0..left.len())
             .map(|i| {
-                let len = left.string(i).len();
-                let end = at_length(len + tau as usize + 1);
+                let window = order.window(left.string(i).len(), tau as usize);
+                // A self-join's window starts after the string itself (each pair once).
                 let start = match self_join {
-                    Some(_) => rank[i] + 1,
-                    None => at_length(len.saturating_sub(tau as usize)),
+                    Some(_) => (rank[i] as usize + 1).max(window.start),
+                    None => window.start,
                 };
-                (start.min(end), end)
+                (start.min(window.end) as u32, window.end as u32)
             })
             .unzip();
         stats.candidates = window_start.iter().zip(&window_end).map(|(s, e)| (e - s) as u64).sum();
         let (left_chars, left_offsets) = coded(left, 0..left.len(), &alphabet);
-        let (right_chars, right_offsets) = match self_join {
-            Some(_) => (Vec::new(), Vec::new()),
-            None => coded(right, order.iter().map(|&p| p as usize), &alphabet),
-        };
-        // A self-join's right side is its left in length order.
-        let (right_chars, right_offsets) = match self_join {
-            Some(_) => coded(left, order.iter().map(|&p| p as usize), &alphabet),
-            None => (right_chars, right_offsets),
-        };
+        // A self-join's right side is its left (the same vectors).
+        let (right_chars, right_offsets) = coded(right, order.positions.iter().map(|&p| p as usize), &alphabet);
         stats.build_time = start.elapsed();
 
         let uploading = Instant::now();
@@ -107,7 +95,7 @@ impl GpuBackend {
             chars: upload(&self.device, &right_chars)?,
             offsets: upload(&self.device, &right_offsets)?,
         };
-        let right_positions = upload(&self.device, &order)?;
+        let right_positions = upload(&self.device, &order.positions)?;
         let (window_start, window_end) = (upload(&self.device, &window_start)?, upload(&self.device, &window_end)?);
         stats.transfer_time += uploading.elapsed();
         let inputs = TextJoinInputs {

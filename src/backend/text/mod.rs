@@ -158,9 +158,10 @@ fn nearest(order: &LengthOrder, base: &Vectors, query: &[u32], k: usize, checked
     list
 }
 
-/// Positions of strings ordered by (length, position).
-struct LengthOrder {
-    positions: Vec<u32>,
+/// Positions of strings ordered by (length, position) (also the GPU join's order of its right
+/// strings, `backend::gpu::text`).
+pub(crate) struct LengthOrder {
+    pub(crate) positions: Vec<u32>,
     /// `starts[l]`: where strings of length `l` begin in `positions` (one more entry than lengths).
     starts: Vec<usize>,
     shortest: usize,
@@ -168,7 +169,7 @@ struct LengthOrder {
 }
 
 impl LengthOrder {
-    fn new(strings: &Vectors) -> Self {
+    pub(crate) fn new(strings: &Vectors) -> Self {
         let len = |p: u32| strings.string(p as usize).len();
         let mut positions: Vec<u32> = (0..strings.len() as u32).collect();
         positions.par_sort_unstable_by_key(|&p| (len(p), p));
@@ -188,8 +189,13 @@ impl LengthOrder {
 
     /// Strings whose length is within `tau` of `len`.
     fn within(&self, len: usize, tau: usize) -> &[u32] {
+        &self.positions[self.window(len, tau)]
+    }
+
+    /// Where the strings whose length is within `tau` of `len` lie in `positions`.
+    pub(crate) fn window(&self, len: usize, tau: usize) -> std::ops::Range<usize> {
         let from = len.saturating_sub(tau).min(self.longest + 1);
         let to = (len + tau + 1).min(self.longest + 1);
-        &self.positions[self.starts[from]..self.starts[to.max(from)]]
+        self.starts[from]..self.starts[to.max(from)]
     }
 }
