@@ -34,10 +34,16 @@ def find(name):
     return hits[0]
 
 
-def inline_includes(path):
+def inline_includes(path, seen=None):
+    """The file with each local include replaced by that file's (inlined) text, once, as build.rs."""
+    seen = set() if seen is None else seen
     source = open(path).read()
     def include(match):
-        return open(os.path.join(os.path.dirname(path), match.group(1))).read()
+        header = os.path.normpath(os.path.join(os.path.dirname(path), match.group(1)))
+        if header in seen:
+            return ""
+        seen.add(header)
+        return inline_includes(header, seen)
     return re.sub(r'^#include "([^"]+)"$', include, source, flags=re.M)
 
 

@@ -41,12 +41,15 @@ const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
 /// The kernel modules a join may launch (the grid's when the cost model picks it) and kNN's.
 pub(super) const JOIN_MODULES: [KernelModule; 2] = [KernelModule::SimJoin, KernelModule::Grid];
 pub(super) const KNN_MODULES: [KernelModule; 2] = [KernelModule::SimJoin, KernelModule::Knn];
-/// The module of edit-distance joins.
+/// The module of edit-distance joins and kNN.
 pub(super) const TEXT_MODULES: [KernelModule; 1] = [KernelModule::Text];
+/// The List of Clusters' searches (`index=list_of_clusters` under `device=gpu`).
+pub(super) const CLUSTER_MODULES: [KernelModule; 1] = [KernelModule::Clusters];
 
 /// The modules `op`'s runs may launch.
 pub(super) fn modules_of(op: &crate::op::SimilarityOp) -> &'static [KernelModule] {
     match op.operation {
+        _ if op.index == crate::op::IndexChoice::ListOfClusters => &CLUSTER_MODULES,
         _ if op.metric.is_text() => &TEXT_MODULES,
         crate::op::Operation::Knn { .. } => &KNN_MODULES,
         _ => &JOIN_MODULES,

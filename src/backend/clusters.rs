@@ -148,7 +148,7 @@ fn chord_radius(t: f64, dim: usize) -> f64 {
 }
 
 /// The radius in the index's space holding every pair within `threshold` by the exact test.
-fn radius(metric: Metric, threshold: f64, dim: usize) -> f64 {
+pub(crate) fn radius(metric: Metric, threshold: f64, dim: usize) -> f64 {
     match metric {
         Metric::Cosine => chord_radius(threshold, dim),
         _ => threshold,
@@ -214,7 +214,7 @@ pub fn pays(request: &KnnRequest, k: usize) -> bool {
 }
 
 /// The index over `vectors` under `metric`, built now or kept from an earlier query (`true`).
-fn index_of(vectors: &Vectors, metric: Metric) -> (Arc<ListOfClusters>, bool) {
+pub(crate) fn index_of(vectors: &Vectors, metric: Metric) -> (Arc<ListOfClusters>, bool) {
     vectors.list_of_clusters(metric, || {
         let space = Space::new(vectors, metric);
         let mut index = ListOfClusters::build(&space, ListOfClusters::bucket_for(vectors.len()), space.rounding());

@@ -257,7 +257,8 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
         return Ok(std::sync::Arc::new(AutoBackend::text_joins(op.gpu_memory_limit, op.devices.clone())));
     }
     let text_on_cpu = op.metric.is_text() && op.device != Device::Gpu;
-    if text_on_cpu || op.approx.is_some() || op.index == IndexChoice::ListOfClusters {
+    let clusters_on_cpu = op.index == IndexChoice::ListOfClusters && op.device != Device::Gpu;
+    if text_on_cpu || op.approx.is_some() || clusters_on_cpu {
         return Ok(std::sync::Arc::new(CpuBackend));
     }
     let devices = op.devices.clone();
@@ -289,13 +290,13 @@ pub fn on_executor(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
 fn check(op: &SimilarityOp) -> Result<()> {
     let function = op.function_name();
     match op.device {
-        Device::Gpu if op.metric.is_text() && matches!(op.operation, crate::op::Operation::Knn { .. }) => plan_err!(
-            "{function}: option device=gpu is not available for metric {}: kNN of strings runs on every CPU core (device=auto or cpu; joins and range queries run on the GPU)",
-            op.metric
-        ),
-        Device::Gpu if op.index == IndexChoice::ListOfClusters => plan_err!(
-            "{function}: option device=gpu is not available with index=list_of_clusters: the List of Clusters is searched on every CPU core (device=auto or cpu)"
-        ),
+        Device::Gpu
+            if op.index == IndexChoice::ListOfClusters && matches!(op.operation, crate::op::Operation::Knn { .. }) =>
+        {
+            plan_err!(
+                "{function}: option device=gpu is not available with index=list_of_clusters: kNN through the List of Clusters runs on every CPU core (device=auto or cpu; joins and range queries search it on the GPU)"
+            )
+        }
         Device::Gpu if op.approx.is_some() => plan_err!(
             "{function}: option device=gpu is not available with approx=true: the Multicurves index is searched on every CPU core (device=auto or cpu)"
         ),

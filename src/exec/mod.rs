@@ -166,13 +166,18 @@ impl SimilarityExec {
                 Metric::Levenshtein => "edit distance",
                 _ => "the metric",
             };
+            let on_device =
+                if self.op.device == crate::op::Device::Gpu { ", one block per left row on the device" } else { "" };
             return format!(
-                "list_of_clusters(bucket=√n of the {} input, centres by largest distance sum, triangle-inequality pruning in {space}, exact check)",
+                "list_of_clusters(bucket=√n of the {} input, centres by largest distance sum, triangle-inequality pruning in {space}, exact check{on_device})",
                 if matches!(self.op.operation, Operation::Knn { .. }) { "base" } else { "right" }
             );
         }
         if self.op.metric.is_text() {
             return match (&self.op.operation, self.op.index) {
+                (Operation::Knn { .. }, _) if self.op.device == crate::op::Device::Gpu => {
+                    "length windows(radius from 1 edit, doubled for queries with fewer than k, bit-parallel distance on the device)".into()
+                }
                 (Operation::Knn { .. }, _) => "length-ordered scan(bit-parallel distance cut off at the k-th)".into(),
                 _ if self.op.device == crate::op::Device::Gpu => {
                     "length windows(every pair of lengths within τ, bit-parallel distance on the device)".into()

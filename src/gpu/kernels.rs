@@ -13,14 +13,17 @@ pub enum KernelModule {
     /// `kernels/grid.cu`: the ε-grid built on the device (radix sort of the points by cell, the
     /// cells' bounds, rows gathered into slot order).
     Grid,
-    /// `kernels/text.cu`: edit-distance joins and range queries (Myers' bit-parallel algorithm).
+    /// `kernels/text.cu`: edit-distance joins, range queries and kNN (Myers' bit-parallel
+    /// algorithm).
     Text,
+    /// `kernels/clusters.cu`: range searches through the List of Clusters (vectors and strings).
+    Clusters,
 }
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 4] =
-        [KernelModule::SimJoin, KernelModule::Knn, KernelModule::Grid, KernelModule::Text];
+    pub const ALL: [KernelModule; 5] =
+        [KernelModule::SimJoin, KernelModule::Knn, KernelModule::Grid, KernelModule::Text, KernelModule::Clusters];
 
     /// The module's position in [`KernelModule::ALL`].
     pub fn index(self) -> usize {
@@ -34,6 +37,7 @@ impl KernelModule {
             KernelModule::Knn => KNN,
             KernelModule::Grid => GRID,
             KernelModule::Text => TEXT,
+            KernelModule::Clusters => CLUSTERS,
         }
     }
 
@@ -44,6 +48,7 @@ impl KernelModule {
             KernelModule::Knn => "knn.cu",
             KernelModule::Grid => "grid.cu",
             KernelModule::Text => "text.cu",
+            KernelModule::Clusters => "clusters.cu",
         }
     }
 }
@@ -80,11 +85,13 @@ pub enum Kernel {
     FillU32,
     GatherRows,
     TextJoin,
+    ClustersRangeVectors,
+    ClustersRangeText,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 29] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::GridJoin,
         Kernel::BruteJoin,
         Kernel::BruteJoinTc,
@@ -114,6 +121,8 @@ impl Kernel {
         Kernel::FillU32,
         Kernel::GatherRows,
         Kernel::TextJoin,
+        Kernel::ClustersRangeVectors,
+        Kernel::ClustersRangeText,
     ];
 
     /// The entry point's name in its source.
@@ -148,6 +157,8 @@ impl Kernel {
             Kernel::FillU32 => "fill_u32",
             Kernel::GatherRows => "gather_rows",
             Kernel::TextJoin => "text_join",
+            Kernel::ClustersRangeVectors => "clusters_range_vectors",
+            Kernel::ClustersRangeText => "clusters_range_text",
         }
     }
 
@@ -183,6 +194,7 @@ impl Kernel {
             Kernel::FillU32 => KernelModule::Grid,
             Kernel::GatherRows => KernelModule::Grid,
             Kernel::TextJoin => KernelModule::Text,
+            Kernel::ClustersRangeVectors | Kernel::ClustersRangeText => KernelModule::Clusters,
         }
     }
 }

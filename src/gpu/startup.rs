@@ -19,7 +19,7 @@ fn compile_time(module: KernelModule) -> Duration {
     match module {
         KernelModule::SimJoin => Duration::from_secs(7),
         KernelModule::Knn => Duration::from_millis(1300),
-        KernelModule::Grid | KernelModule::Text => Duration::from_millis(300),
+        KernelModule::Grid | KernelModule::Text | KernelModule::Clusters => Duration::from_millis(300),
     }
 }
 

@@ -93,6 +93,18 @@ pub struct ListOfClusters {
     member_rows: Vec<f64>,
 }
 
+/// A [`ListOfClusters`]' arrays: each cluster's centre and covering radius, where its members
+/// begin in `members` (one entry more than clusters), the members, and each member's distance to
+/// its centre.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterArrays<'a> {
+    pub centres: &'a [u32],
+    pub radii: &'a [f64],
+    pub starts: &'a [usize],
+    pub members: &'a [u32],
+    pub offsets: &'a [f64],
+}
+
 /// Counts of one search.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SearchCounts {
@@ -106,6 +118,22 @@ impl ListOfClusters {
     /// The bucket size for `n` objects: `√n` (see the module documentation), at least 16.
     pub fn bucket_for(n: usize) -> usize {
         ((n as f64).sqrt().ceil() as usize).max(16)
+    }
+
+    /// The list's arrays, for a search elsewhere (the GPU's).
+    pub fn arrays(&self) -> ClusterArrays<'_> {
+        ClusterArrays {
+            centres: &self.centres,
+            radii: &self.radii,
+            starts: &self.starts,
+            members: &self.members,
+            offsets: &self.offsets,
+        }
+    }
+
+    /// How far its distances may be from true ones.
+    pub fn rounding(&self) -> Rounding {
+        self.rounding
     }
 
     /// Builds the index over every object of `space`, each cluster holding `bucket` objects.

@@ -125,7 +125,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ),
         (
             "SELECT * FROM knn(t, t, 3, 'index=list_of_clusters, device=gpu')",
-            "Error during planning: knn: option device=gpu is not available with index=list_of_clusters: the List of Clusters is searched on every CPU core (device=auto or cpu)",
+            "Error during planning: knn: option device=gpu is not available with index=list_of_clusters: kNN through the List of Clusters runs on every CPU core (device=auto or cpu; joins and range queries search it on the GPU)",
         ),
         (
             "SELECT * FROM knn(t, t, 3, 'index=grid')",

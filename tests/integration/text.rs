@@ -202,10 +202,6 @@ async fn bad_text_input_names_the_function_argument_and_value() {
             "table 'abc' not found (a constant query string is written as an array: ['text'])",
         ),
         (
-            "SELECT * FROM knn(t, ['abc'], 2, 'metric=levenshtein, device=gpu')",
-            "knn: option device=gpu is not available for metric levenshtein: kNN of strings runs on every CPU core",
-        ),
-        (
             "SELECT * FROM sim_join(t, 1, 'metric=levenshtein, index=grid')",
             "sim_join: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not levenshtein",
         ),

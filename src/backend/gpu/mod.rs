@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::common::{DataFusionError, Result, exec_err, resources_err};
+use datafusion::common::{DataFusionError, Result, resources_err};
 
 use super::exact::{ExactCheck, write_self_pairs};
 use super::plan::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
@@ -30,11 +30,14 @@ use crate::gpu::launch::{
 use crate::gpu::memory::{available_memory, upload, zeroed};
 use crate::gpu::{DerivedSide, Error as GpuError, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 use crate::index::JoinStrategy;
+use crate::op::IndexChoice;
 use crate::op::{Metric, dot};
 use crate::vectors::Vectors;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use rayon::prelude::*;
 
+mod appended;
+mod clusters;
 mod filter;
 mod join;
 mod knn;
@@ -103,7 +106,10 @@ impl GpuBackend {
     /// Whether a self-join of vectors can run here as parts of its left slots: its input fits the
     /// device whole (only a whole self-join is tiled).
     pub fn takes_self_join_parts(&self, request: &JoinRequest) -> Result<bool> {
-        Ok(request.self_join.is_some() && !request.metric.is_text() && Self::fits(request, self.memory_budget()?))
+        Ok(request.self_join.is_some()
+            && !request.metric.is_text()
+            && request.index != IndexChoice::ListOfClusters
+            && Self::fits(request, self.memory_budget()?))
     }
 
     /// A self-join's `i`-th of `parts` ranges of left slots (`join::part_slots`) on this GPU
@@ -134,6 +140,10 @@ impl Backend for GpuBackend {
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let budget = self.memory_budget()?;
+        if request.index == IndexChoice::ListOfClusters && crate::backend::clusters::usable(request.left, request.right)
+        {
+            return self.gpu_clusters_join(request, sink, budget).map_err(|e| gpu_error("GPU List of Clusters", e))?;
+        }
         if request.metric.is_text() {
             return self.gpu_text_join(request, sink, budget).map_err(|e| gpu_error("GPU text join", e))?;
         }
@@ -147,10 +157,10 @@ impl Backend for GpuBackend {
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        if request.metric.is_text() {
-            return exec_err!("GPU kNN: metric {} runs on the CPU backend", request.metric);
-        }
         let budget = self.memory_budget()?;
+        if request.metric.is_text() {
+            return self.gpu_text_knn(request, sink, budget).map_err(|e| gpu_error("GPU text kNN", e))?;
+        }
         let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
             self.gpu_knn(tile, sink, budget).map_err(|e| gpu_error("GPU kNN", e))?
         };

@@ -165,7 +165,7 @@ pub(crate) struct LengthOrder {
     /// `starts[l]`: where strings of length `l` begin in `positions` (one more entry than lengths).
     starts: Vec<usize>,
     shortest: usize,
-    longest: usize,
+    pub(crate) longest: usize,
 }
 
 impl LengthOrder {

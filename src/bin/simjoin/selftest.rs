@@ -286,8 +286,13 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         for metric in Metric::ALL {
             let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
             let eps = if *name == "lattice" && metric != Metric::InnerProduct { eps.round().max(1.0) } else { eps };
-            let indexes: &[&str] =
-                if metric == Metric::InnerProduct { &["auto"] } else { &["auto", "grid", "brute_force"] };
+            // The List of Clusters (kernels/clusters.cu) under every metric with the triangle
+            // inequality.
+            let indexes: &[&str] = match metric {
+                Metric::InnerProduct => &["auto"],
+                Metric::L2Squared => &["auto", "grid", "brute_force"],
+                _ => &["auto", "grid", "brute_force", "list_of_clusters"],
+            };
             for index in indexes {
                 let options = format!("metric={metric}, index={index}");
                 let queries = join_queries(eps, &options);
@@ -342,16 +347,24 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         let what = "a kNN divided between GPUs 0 and 1";
         failures += check_metric(&ctx, explain, "gpu1_rows", what, |rows| rows > 0, "more than 0").await?;
     }
-    // Text (metric=levenshtein): joins and range queries of seeded words (`datagen::words`: mutated
+    // Text (metric=levenshtein): joins, range queries and kNN of seeded words (`datagen::words`: mutated
     // copies, non-ASCII characters, strings of up to 8 machine words, empty strings, NULLs) on the
     // GPU against the CPU's segment filter.
     let (a, b) = (datagen::words(3000, 450, 12), datagen::words(1500, 450, 13));
     register_batch(&ctx, "a", text_batch(&a)?)?;
     register_batch(&ctx, "b", text_batch(&b)?)?;
     for tau in [0, 1, 2, 3, 6] {
-        for sql in join_queries(tau as f64, "metric=levenshtein") {
-            failures += compare(&ctx, &sql, "words | 3000 and 1500", &mut table).await?;
+        for options in ["metric=levenshtein", "metric=levenshtein, index=list_of_clusters"] {
+            for sql in join_queries(tau as f64, options) {
+                failures += compare(&ctx, &sql, "words | 3000 and 1500", &mut table).await?;
+            }
         }
+    }
+    // kNN of strings: the radius grows from 1 edit by doubling up to the longest string (450
+    // characters), ties by base position; k = 2,000 asks for more than the 1,500 base strings.
+    for k in [1, 5, 50, 2000] {
+        let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric=levenshtein')");
+        failures += compare(&ctx, &sql, "words | 3000 and 1500", &mut table).await?;
     }
     // More collected pairs (~5·10⁶) than one download batch (2²²): the batches alternate between
     // the two halves of the host buffers, each copied while the one before is emitted.

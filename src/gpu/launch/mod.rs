@@ -12,6 +12,7 @@ use super::buffers::*;
 use super::device::GpuDevice;
 use super::kernels::Kernel;
 
+mod clusters;
 mod geometry;
 mod join;
 mod pack;
@@ -22,6 +23,7 @@ mod text;
 
 use super::memory::zeroed;
 use super::{Error, Result};
+pub use clusters::*;
 use geometry::*;
 pub use join::*;
 pub use pack::*;

@@ -32,16 +32,19 @@ pub struct TextJoinInputs<'a> {
     pub tau: u32,
 }
 
-/// Where a launch appends its pairs, and how many it found.
+/// Where a launch appends its pairs (left row, right position, distance `D`), and how many it
+/// found.
 #[derive(Debug)]
-pub struct TextJoinOutput {
+pub struct PairOutput<D> {
     pub left: CudaSlice<u32>,
     pub right: CudaSlice<u32>,
-    pub distance: CudaSlice<u32>,
+    pub distance: CudaSlice<D>,
     pub count: CudaSlice<u64>,
+    /// Pairs each buffer holds.
+    capacity: u64,
 }
 
-impl TextJoinOutput {
+impl<D: DeviceRepr + ValidAsZeroBits> PairOutput<D> {
     /// Room for `capacity` pairs.
     pub fn new(device: &GpuDevice, capacity: usize) -> Result<Self> {
         let stream = &device.stream;
@@ -50,9 +53,47 @@ impl TextJoinOutput {
             right: zeroed(stream, capacity.max(1))?,
             distance: zeroed(stream, capacity.max(1))?,
             count: zeroed(stream, 1)?,
+            capacity: capacity.max(1) as u64,
         })
     }
+
+    /// Pairs it holds.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The kernel arguments that append to it: the three buffers, the count and the capacity.
+    pub(super) fn push_args<'a>(&'a mut self, builder: &mut cudarc::driver::LaunchArgs<'a>) {
+        builder
+            .arg(&mut self.left)
+            .arg(&mut self.right)
+            .arg(&mut self.distance)
+            .arg(&mut self.count)
+            .arg(&self.capacity);
+    }
+
+    /// Clears the count before a launch.
+    pub(super) fn clear(&mut self, device: &GpuDevice, kernel: Kernel) -> Result<()> {
+        device
+            .stream
+            .memset_zeros(&mut self.count)
+            .map_err(|e| Error::Device(format!("{kernel}: clearing the count failed: {e}")))
+    }
+
+    /// Waits for the launch and returns the pairs it found (more than the output holds when it
+    /// overflowed: nothing past its capacity was written).
+    pub(super) fn found(&self, device: &GpuDevice, kernel: Kernel) -> Result<u64> {
+        let mut found = [0u64];
+        device
+            .stream
+            .memcpy_dtoh(&self.count, &mut found)
+            .map_err(|e| Error::Device(format!("{kernel} failed: {e}")))?;
+        Ok(found[0])
+    }
 }
+
+/// The edit-distance join's output: whole edits.
+pub type TextJoinOutput = PairOutput<u32>;
 
 /// Shared memory text_join needs: the pattern table of `alphabet` codes × `words`.
 pub fn text_join_shared_bytes(alphabet: usize, words: usize) -> usize {
@@ -90,10 +131,7 @@ pub fn text_join(
     if rows.is_empty() {
         return Ok(0);
     }
-    let stream = &device.stream;
-    stream
-        .memset_zeros(&mut out.count)
-        .map_err(|e| Error::Device(format!("text_join: clearing the count failed: {e}")))?;
+    out.clear(device, Kernel::TextJoin)?;
     let function = device.function(Kernel::TextJoin)?;
     if shared > 48 << 10 {
         function
@@ -105,9 +143,8 @@ pub fn text_join(
         block_dim: (TEXT_BLOCK, 1, 1),
         shared_mem_bytes: shared as u32,
     };
-    let capacity = out.left.len() as u64;
     let (first, count) = (rows.start, rows.len() as u32);
-    let mut builder = stream.launch_builder(&function);
+    let mut builder = device.stream.launch_builder(&function);
     builder
         .arg(&inputs.left.chars)
         .arg(&inputs.left.offsets)
@@ -120,12 +157,8 @@ pub fn text_join(
         .arg(inputs.window_end)
         .arg(&inputs.alphabet)
         .arg(&inputs.words)
-        .arg(&inputs.tau)
-        .arg(&mut out.left)
-        .arg(&mut out.right)
-        .arg(&mut out.distance)
-        .arg(&mut out.count)
-        .arg(&capacity);
+        .arg(&inputs.tau);
+    out.push_args(&mut builder);
     // SAFETY: text_join(const u16*, const u32*, u32, u32, const u16*, const u32*, const u32*,
     // const u32*, const u32*, u32, u32, u32, u32*, u32*, u32*, u64*, u64): blocks read left
     // strings first .. first + count, below the left offsets' length minus one (checked above),
@@ -133,10 +166,8 @@ pub fn text_join(
     // right strings (windows are built from the right offsets, checked above to cover
     // right_positions); the pattern table of alphabet · words words fits the dynamic shared memory
     // asked for, every left code is below `alphabet` and every left string has at most `words`
-    // words (the host built both from these strings); pairs are written at slots below `capacity`,
-    // the output buffers' length, and `count` holds one value.
+    // words (the host built both from these strings); pairs are written at slots below the output's capacity,
+    // its buffers' length, and `count` holds one value.
     unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("text_join launch failed: {e}")))?;
-    let mut found = [0u64];
-    stream.memcpy_dtoh(&out.count, &mut found).map_err(|e| Error::Device(format!("text_join failed: {e}")))?;
-    Ok(found[0])
+    out.found(device, Kernel::TextJoin)
 }
