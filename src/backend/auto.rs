@@ -11,16 +11,20 @@
 //! costs. It only has to be right where the two are far apart; where they are close either choice
 //! costs little.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use datafusion::common::{Result, exec_err};
+use datafusion::common::{DataFusionError, Result, exec_err};
 
 use super::gpu::MultiGpuBackend;
 use super::plan::{filter_space, gemm_form};
-use super::scheduler::{Scheduler, Ticket, Unit, Work};
-use super::{Backend, CpuBackend, GpuBackend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats};
+use super::scheduler::{Choice, Scheduler, Ticket, Unit, Work};
+use super::{
+    Backend, CpuBackend, DividedRun, GpuBackend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats,
+    ShiftedSink,
+};
 use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{startup_left, warm_up};
@@ -165,41 +169,55 @@ impl AutoBackend {
 
     /// Runs `call` where the scheduler sends `work` of `cpu_ns` (one core's estimate) on `inputs`,
     /// once its unit is free (backend/scheduler.rs). A GPU run that fails before sending anything
-    /// (out of memory, a launch error) runs again on the CPU, counted in `gpu_fallbacks`.
+    /// (out of memory, a launch error) runs again on the CPU, counted in `gpu_fallbacks`. `rows`:
+    /// the left rows (queries) `call` can run in parts (`call(backend, sink, Some(range))`), which
+    /// the GPU and the CPU then share when that finishes first ([`Choice::gpu_share`]).
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         work: Work,
         cpu_ns: f64,
         inputs: &[&Vectors],
         modules: &[KernelModule],
+        rows: Option<usize>,
         sink: &dyn ResultSink,
-        call: impl Fn(&dyn Backend, &dyn ResultSink) -> Result<RunStats>,
+        call: impl Fn(&dyn Backend, &dyn ResultSink, Option<Range<usize>>) -> Result<RunStats> + Sync,
     ) -> Result<RunStats> {
         let scheduler = Scheduler::global();
         let cpu = Duration::from_secs_f64(cpu_ns * 1e-9 / rayon::current_num_threads() as f64);
-        let gpu = startup_left(modules).map(|startup| {
+        // What the GPU pays whatever its share: start-up left, uploads and the run's own overhead.
+        let gpu_fixed = startup_left(modules).map(|startup| {
             let upload_bytes: usize = inputs
                 .iter()
                 .filter(|v| !resident_on_device(v))
                 .map(|v| v.values.len() * std::mem::size_of::<f64>())
                 .sum();
-            startup
-                + GPU_RUN
-                + Duration::from_secs_f64(upload_bytes as f64 / UPLOAD_BYTES_PER_SECOND)
-                + Duration::from_secs_f64(cpu_ns * 1e-9 / GPU_OVER_ONE_CORE)
+            startup + GPU_RUN + Duration::from_secs_f64(upload_bytes as f64 / UPLOAD_BYTES_PER_SECOND)
         });
+        let gpu = gpu_fixed.map(|fixed| fixed + Duration::from_secs_f64(cpu_ns * 1e-9 / GPU_OVER_ONE_CORE));
         if self.gpu_only {
             let gpu_backend = self.gpu()?;
             let raw = gpu.unwrap_or(cpu);
             let predicted = scheduler.choose(work, cpu, Some(raw)).gpu.unwrap_or(raw);
             let ticket = scheduler.admit(Unit::Gpu, work, raw, predicted);
             let sent = AtomicBool::new(false);
-            let mut stats = call(gpu_backend.as_ref(), &hand_off(sink, &sent, &ticket))?;
+            let mut stats = call(gpu_backend.as_ref(), &hand_off(sink, &sent, &ticket), None)?;
             (stats.predicted_time, stats.queue_time) = (predicted, ticket.waited);
             ticket.finish();
             return Ok(stats);
         }
         let choice = scheduler.choose(work, cpu, gpu);
+        if let (Some(rows), Some(raw_gpu), Some(fixed), Some(corrected)) = (rows, gpu, gpu_fixed, choice.gpu) {
+            // The fixed part corrected as the whole GPU estimate is.
+            let fixed = fixed.mul_f64(corrected.as_secs_f64() / raw_gpu.as_secs_f64().max(1e-12));
+            let share = forced_gpu_share().or_else(|| choice.gpu_share(fixed));
+            if let Some(share) = share.filter(|_| rows >= 2)
+                && let Ok(gpu_backend) = self.gpu()
+            {
+                let divided = Divided { share, rows, work, choice, raw: (cpu, raw_gpu), fixed };
+                return self.run_divided(gpu_backend, &divided, sink, &call);
+            }
+        }
         // Only a run that goes to the GPU waits for the device to be open.
         let gpu_backend = match choice.unit {
             Unit::Gpu => self.gpu().ok(),
@@ -223,14 +241,14 @@ impl AutoBackend {
         }
         let ticket = scheduler.admit(unit, work, raw, predicted);
         let sent = AtomicBool::new(false);
-        let outcome = call(chosen.as_ref(), &hand_off(sink, &sent, &ticket));
+        let outcome = call(chosen.as_ref(), &hand_off(sink, &sent, &ticket), None);
         let sent = sent.into_inner();
         let mut stats = match outcome {
             Err(_) if unit == Unit::Gpu && !sent => {
                 drop(ticket);
                 let ticket = scheduler.admit(Unit::Cpu, work, cpu, cpu);
                 let sent = AtomicBool::new(false);
-                let mut stats = call(&CpuBackend, &hand_off(sink, &sent, &ticket))?;
+                let mut stats = call(&CpuBackend, &hand_off(sink, &sent, &ticket), None)?;
                 stats.gpu_fallbacks = 1;
                 (stats.predicted_time, stats.queue_time) = (cpu, ticket.waited);
                 ticket.finish();
@@ -242,6 +260,104 @@ impl AutoBackend {
         ticket.finish();
         Ok(stats)
     }
+
+    /// Runs `call` over the first `share` of the left rows on the GPU and the rest on the CPU
+    /// cores at once, each part queued on its unit; a GPU part that fails before sending a row
+    /// runs again on the CPU.
+    fn run_divided(
+        &self,
+        gpu_backend: Arc<dyn Backend>,
+        divided: &Divided,
+        sink: &dyn ResultSink,
+        call: &(impl Fn(&dyn Backend, &dyn ResultSink, Option<Range<usize>>) -> Result<RunStats> + Sync),
+    ) -> Result<RunStats> {
+        let scheduler = Scheduler::global();
+        let Divided { share, rows, work, choice, raw: (raw_cpu, raw_gpu), fixed } = *divided;
+        let cut = ((rows as f64 * share).round() as usize).clamp(1, rows - 1);
+        let share = cut as f64 / rows as f64;
+        let gpu_all = choice.gpu.unwrap_or(choice.cpu);
+        let gpu_predicted = fixed + gpu_all.saturating_sub(fixed).mul_f64(share);
+        let raw_gpu_part = gpu_predicted.mul_f64(raw_gpu.as_secs_f64() / gpu_all.as_secs_f64().max(1e-12));
+        let cpu_predicted = choice.cpu.mul_f64(1.0 - share);
+        if let Ok(mut last) = self.last_choice.lock() {
+            *last = Some(format!(
+                "divided: {} rows 0..{cut} (predicted {:.3} s), cpu rows {cut}..{rows} (predicted {:.3} s)",
+                gpu_backend.name(),
+                gpu_predicted.as_secs_f64(),
+                cpu_predicted.as_secs_f64()
+            ));
+        }
+        let started = Instant::now();
+        // One part on `unit` (`predicted`, `raw` before correction): its statistics with the time
+        // it waited, and when it ended.
+        let part = |backend: &dyn Backend, unit: Unit, range: Range<usize>, raw: Duration, predicted: Duration| {
+            let ticket = scheduler.admit(unit, work, raw, predicted);
+            let sent = AtomicBool::new(false);
+            let outcome = call(backend, &hand_off(sink, &sent, &ticket), Some(range.clone()));
+            let waited = ticket.waited;
+            let stats = match outcome {
+                Err(_) if unit == Unit::Gpu && !sent.into_inner() => {
+                    drop(ticket);
+                    let ticket = scheduler.admit(Unit::Cpu, work, raw_cpu.mul_f64(share), choice.cpu.mul_f64(share));
+                    let sent = AtomicBool::new(false);
+                    let mut stats = call(&CpuBackend, &hand_off(sink, &sent, &ticket), Some(range))?;
+                    stats.gpu_fallbacks = 1;
+                    ticket.finish();
+                    stats
+                }
+                outcome => {
+                    let stats = outcome?;
+                    ticket.finish();
+                    stats
+                }
+            };
+            Ok::<_, DataFusionError>((RunStats { queue_time: waited, ..stats }, started.elapsed()))
+        };
+        let (gpu_part, cpu_part) = std::thread::scope(|scope| {
+            let gpu = scope.spawn(|| part(gpu_backend.as_ref(), Unit::Gpu, 0..cut, raw_gpu_part, gpu_predicted));
+            let cpu = part(&CpuBackend, Unit::Cpu, cut..rows, raw_cpu.mul_f64(1.0 - share), cpu_predicted);
+            let gpu = gpu
+                .join()
+                .unwrap_or_else(|_| Err(DataFusionError::Internal("the GPU part of a divided run panicked".into())));
+            (gpu, cpu)
+        });
+        let ((mut stats, gpu_time), (cpu_stats, cpu_time)) = (gpu_part?, cpu_part?);
+        let queue_time = stats.queue_time.max(cpu_stats.queue_time);
+        stats.add(&cpu_stats);
+        (stats.predicted_time, stats.queue_time) = (gpu_predicted.max(cpu_predicted), queue_time);
+        stats.divided =
+            Some(DividedRun { gpu_rows: cut, gpu_predicted, gpu_time, cpu_rows: rows - cut, cpu_predicted, cpu_time });
+        Ok(stats)
+    }
+}
+
+/// A run about to be divided between the GPU and the CPU (see [`AutoBackend::run_divided`]).
+#[derive(Debug, Clone, Copy)]
+struct Divided {
+    /// The GPU's share of the left rows, of `rows`.
+    share: f64,
+    rows: usize,
+    work: Work,
+    choice: Choice,
+    /// The cost model's times of the whole run on the CPU and the GPU, before correction.
+    raw: (Duration, Duration),
+    /// The GPU's fixed costs, corrected.
+    fixed: Duration,
+}
+
+/// A share of every divisible run's left rows forced onto the GPU (`simjoin selftest`'s check that
+/// divided runs answer as whole ones), instead of the scheduler's.
+static FORCED_GPU_SHARE: Mutex<Option<f64>> = Mutex::new(None);
+
+/// Sends `share` of the left rows (queries) of every `device=auto` run that can be divided to the
+/// GPU and the rest to the CPU cores, whatever the estimates say (`None`: the scheduler decides
+/// again). For tests: answers must not depend on the division.
+pub fn force_gpu_share(share: Option<f64>) {
+    *FORCED_GPU_SHARE.lock().unwrap_or_else(|e| e.into_inner()) = share.map(|s| s.clamp(0.0, 1.0));
+}
+
+fn forced_gpu_share() -> Option<f64> {
+    *FORCED_GPU_SHARE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The sink of a scheduled run: its first chunk hands the run's device to the next run (the
@@ -309,7 +425,19 @@ impl Backend for AutoBackend {
             ),
         };
         let inputs: &[&Vectors] = if self_join { &[request.left] } else { &[request.left, request.right] };
-        self.run(Work::Join, cpu_ns, inputs, self.modules, sink, |backend, sink| backend.join(request, sink))
+        // Two inputs divide by left rows, each part joined with the whole right input; a
+        // self-join's pairs are found once, from the smaller position, so it stays whole.
+        let rows = (!self_join).then_some(request.left.len());
+        self.run(Work::Join, cpu_ns, inputs, self.modules, rows, sink, |backend, sink, rows| match rows {
+            None => backend.join(request, sink),
+            Some(rows) => {
+                let left = request.left.slice(rows.clone());
+                backend.join(
+                    &JoinRequest { left: &left, ..*request },
+                    &ShiftedSink { inner: sink, left: rows.start as u32 },
+                )
+            }
+        })
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
@@ -321,6 +449,14 @@ impl Backend for AutoBackend {
             false,
         );
         let inputs = [request.base, request.queries];
-        self.run(Work::Knn, cpu_ns, &inputs, self.modules, sink, |backend, sink| backend.knn(request, sink))
+        let rows = Some(request.queries.len());
+        self.run(Work::Knn, cpu_ns, &inputs, self.modules, rows, sink, |backend, sink, rows| match rows {
+            None => backend.knn(request, sink),
+            Some(rows) => {
+                let queries = request.queries.slice(rows.clone());
+                let part = KnnRequest { queries: &queries, ..*request };
+                backend.knn(&part, &ShiftedSink { inner: sink, left: rows.start as u32 })
+            }
+        })
     }
 }

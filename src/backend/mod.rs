@@ -23,7 +23,7 @@ pub mod text;
 mod tiles;
 mod topk;
 
-pub use auto::AutoBackend;
+pub use auto::{AutoBackend, force_gpu_share};
 pub use cpu::CpuBackend;
 pub use exact::ExactCheck;
 pub use gpu::GpuBackend;
@@ -121,6 +121,27 @@ pub trait ResultSink: Sync {
     fn advance(&self, _units: u64) {}
 }
 
+/// A part's results with its left (query) positions shifted to the whole input's.
+pub(crate) struct ShiftedSink<'a> {
+    pub(crate) inner: &'a dyn ResultSink,
+    pub(crate) left: u32,
+}
+
+impl ResultSink for ShiftedSink<'_> {
+    fn send(&self, mut chunk: ResultChunk) -> Result<()> {
+        chunk.left.iter_mut().for_each(|p| *p += self.left);
+        self.inner.send(chunk)
+    }
+
+    fn chunk_rows(&self) -> usize {
+        self.inner.chunk_rows()
+    }
+
+    fn advance(&self, units: u64) {
+        self.inner.advance(units);
+    }
+}
+
 /// A sink passing each chunk through `map` on its way to `inner` (`None`: nothing to pass on);
 /// the rest of the sink's calls go straight through.
 pub(crate) struct MapSink<'a, F> {
@@ -191,6 +212,20 @@ pub struct RunStats {
     pub queue_time: Duration,
     /// `device=auto`: runs the GPU failed before sending a row, run again on the CPU.
     pub gpu_fallbacks: usize,
+    /// `device=auto`: the run's left rows divided between the GPU and the CPU cores.
+    pub divided: Option<DividedRun>,
+}
+
+/// A run whose left rows (queries) were divided between the GPU and the CPU cores: each part's
+/// rows, predicted time (corrected by earlier runs) and measured wall time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DividedRun {
+    pub gpu_rows: usize,
+    pub gpu_predicted: Duration,
+    pub gpu_time: Duration,
+    pub cpu_rows: usize,
+    pub cpu_predicted: Duration,
+    pub cpu_time: Duration,
 }
 
 /// One GPU's part of a run divided among several.
@@ -228,6 +263,9 @@ impl RunStats {
         self.predicted_time += other.predicted_time;
         self.queue_time += other.queue_time;
         self.gpu_fallbacks += other.gpu_fallbacks;
+        if self.divided.is_none() {
+            self.divided.clone_from(&other.divided);
+        }
     }
 }
 

@@ -61,6 +61,35 @@ pub struct Choice {
     pub gpu_finish: Option<Duration>,
 }
 
+/// Fewest seconds a run takes on the faster unit before its rows are divided between the two
+/// (below, a second thread, the copy of the divided input and the slower unit's own fixed costs
+/// take about what the division saves).
+const DIVIDE_MIN: f64 = 0.05;
+/// A division must be expected to finish at least this much sooner than the faster unit alone.
+const DIVIDE_GAIN: f64 = 0.85;
+
+impl Choice {
+    /// The share of a run's left rows (queries) for the GPU when dividing them between the GPU and
+    /// the CPU cores is expected to finish sooner than either alone (`None`: it is not). The GPU's
+    /// time is `gpu_fixed` (start-up left, uploads, the run's own overhead: paid whatever its
+    /// share) plus its share of the rest; the CPU's is its share of its whole time; each after the
+    /// work queued on it. The share makes both finish together:
+    /// `q_g + F + s·V = q_c + (1 − s)·T_c`, so `s = (q_c + T_c − q_g − F) / (V + T_c)`.
+    pub fn gpu_share(&self, gpu_fixed: Duration) -> Option<f64> {
+        let (t_g, finish_g) = (self.gpu?.as_secs_f64(), self.gpu_finish?.as_secs_f64());
+        let (t_c, finish_c) = (self.cpu.as_secs_f64(), self.cpu_finish.as_secs_f64());
+        let (q_g, q_c) = (finish_g - t_g, finish_c - t_c);
+        let fixed = gpu_fixed.as_secs_f64().min(t_g);
+        let variable = t_g - fixed;
+        if t_g.min(t_c) < DIVIDE_MIN || variable + t_c <= 0.0 {
+            return None;
+        }
+        let share = ((q_c + t_c - q_g - fixed) / (variable + t_c)).clamp(0.0, 1.0);
+        let divided = (q_g + fixed + share * variable).max(q_c + (1.0 - share) * t_c);
+        (share > 0.0 && share < 1.0 && divided < DIVIDE_GAIN * finish_g.min(finish_c)).then_some(share)
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// Predicted seconds admitted to each unit and not finished (running or waiting).
@@ -265,6 +294,39 @@ mod tests {
         assert_eq!(choice.gpu_finish, Some(ms(1100)));
         drop(held);
         assert_eq!(s.choose(Work::Knn, ms(300), Some(ms(100))).unit, Unit::Gpu);
+    }
+
+    fn idle(cpu: u64, gpu: u64) -> Choice {
+        Choice { unit: Unit::Gpu, cpu: ms(cpu), gpu: Some(ms(gpu)), cpu_finish: ms(cpu), gpu_finish: Some(ms(gpu)) }
+    }
+
+    #[test]
+    fn rows_are_divided_so_both_units_finish_together() {
+        // Even units, no fixed cost: half each.
+        let share = idle(400, 400).gpu_share(ms(0)).unwrap();
+        assert!((share - 0.5).abs() < 1e-9, "{share}");
+        // The GPU 3× faster: three quarters to it.
+        let share = idle(600, 200).gpu_share(ms(0)).unwrap();
+        assert!((share - 0.75).abs() < 1e-9, "{share}");
+        // A fixed 100 ms of its 400 on the GPU: s = (400 − 100) / (300 + 400).
+        let share = idle(400, 400).gpu_share(ms(100)).unwrap();
+        assert!((share - 3.0 / 7.0).abs() < 1e-9, "{share}");
+        // Work queued on the GPU moves rows to the CPU.
+        let busy = Choice { gpu_finish: Some(ms(600)), ..idle(400, 400) };
+        assert!(busy.gpu_share(ms(0)).unwrap() < 0.5);
+    }
+
+    #[test]
+    fn small_or_lopsided_runs_stay_whole() {
+        // Too short to be worth dividing.
+        assert_eq!(idle(40, 30).gpu_share(ms(0)), None);
+        // The GPU 50× faster: dividing gains under 15 %.
+        assert_eq!(idle(5000, 100).gpu_share(ms(0)), None);
+        // The GPU's fixed cost above the CPU's whole time.
+        assert_eq!(idle(300, 400).gpu_share(ms(350)), None);
+        // No usable GPU.
+        let cpu_only = Choice { gpu: None, gpu_finish: None, ..idle(400, 400) };
+        assert_eq!(cpu_only.gpu_share(ms(0)), None);
     }
 
     #[test]

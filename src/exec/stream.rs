@@ -128,6 +128,19 @@ impl SimilarityMetrics {
             MetricBuilder::new(&self.set).subset_time(name("time"), 0).add_duration(device.time);
             MetricBuilder::new(&self.set).subset_time(name("kernel_time"), 0).add_duration(device.kernel_time);
         }
+        // Rows divided between the GPU and the CPU: each part's rows, predicted and measured time.
+        if let Some(divided) = &stats.divided {
+            for (unit, rows, predicted, time) in [
+                ("gpu", divided.gpu_rows, divided.gpu_predicted, divided.gpu_time),
+                ("cpu", divided.cpu_rows, divided.cpu_predicted, divided.cpu_time),
+            ] {
+                MetricBuilder::new(&self.set).counter(format!("divided_{unit}_rows"), 0).add(rows);
+                MetricBuilder::new(&self.set)
+                    .subset_time(format!("divided_{unit}_predicted"), 0)
+                    .add_duration(predicted);
+                MetricBuilder::new(&self.set).subset_time(format!("divided_{unit}_time"), 0).add_duration(time);
+            }
+        }
         self.baseline.elapsed_compute().add_duration(stats.build_time + stats.probe_time);
     }
 }

@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::GpuBackend;
-use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
+use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, ShiftedSink};
 use crate::gpu::GpuDevice;
 use datafusion::common::{DataFusionError, Result};
 
@@ -142,26 +142,5 @@ impl Backend for MultiGpuBackend {
             let part = KnnRequest { queries: &queries, ..*request };
             gpu.knn(&part, &ShiftedSink { inner: sink, left: rows.start as u32 })
         })
-    }
-}
-
-/// A part's results with its left (query) positions shifted to the whole input's.
-struct ShiftedSink<'a> {
-    inner: &'a dyn ResultSink,
-    left: u32,
-}
-
-impl ResultSink for ShiftedSink<'_> {
-    fn send(&self, mut chunk: ResultChunk) -> Result<()> {
-        chunk.left.iter_mut().for_each(|p| *p += self.left);
-        self.inner.send(chunk)
-    }
-
-    fn chunk_rows(&self) -> usize {
-        self.inner.chunk_rows()
-    }
-
-    fn advance(&self, units: u64) {
-        self.inner.advance(units);
     }
 }

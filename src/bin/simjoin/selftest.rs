@@ -151,6 +151,11 @@ fn text_batch(words: &[Option<String>]) -> Result<RecordBatch> {
 /// Runs `sql` (its options string last) on the CPU and on the GPU and adds a row to `table`;
 /// 1 when the answers differ or the GPU failed, else 0.
 async fn compare(ctx: &SessionContext, sql: &str, data: &str, table: &mut String) -> Result<usize> {
+    compare_with(ctx, sql, data, table, "gpu").await
+}
+
+/// [`compare`] with `device` (gpu, or auto) for the second run.
+async fn compare_with(ctx: &SessionContext, sql: &str, data: &str, table: &mut String, device: &str) -> Result<usize> {
     let started = Instant::now();
     // The CPU reference runs without the GPU selection (`, devices=0,1`).
     let cpu_sql = match sql.find(", devices=") {
@@ -169,7 +174,7 @@ async fn compare(ctx: &SessionContext, sql: &str, data: &str, table: &mut String
     let cpu = rows(ctx, &format!("{}, device=cpu')", cpu_sql.trim_end_matches("')"))).await?;
     let cpu_ms = started.elapsed().as_secs_f64() * 1e3;
     let started = Instant::now();
-    let gpu = rows(ctx, &format!("{}, device=gpu')", sql.trim_end_matches("')"))).await;
+    let gpu = rows(ctx, &format!("{}, device={device}')", sql.trim_end_matches("')"))).await;
     let gpu_ms = started.elapsed().as_secs_f64() * 1e3;
     let (verdict, failed) = match &gpu {
         Ok(g) if *g == cpu => ("ok".to_string(), 0),
@@ -347,6 +352,26 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         let what = "a kNN divided between GPUs 0 and 1";
         failures += check_metric(&ctx, explain, "gpu1_rows", what, |rows| rows > 0, "more than 0").await?;
     }
+    // Runs divided between the GPU and the CPU cores (device=auto with a forced share of the
+    // left rows for the GPU): the same answers as the CPU alone.
+    simjoin::backend::force_gpu_share(Some(0.37));
+    for (name, values, dim) in [&datasets[1], &datasets[5], &datasets[7]] {
+        let n = register_pair(&ctx, values, *dim)?;
+        for metric in [Metric::L2, Metric::L1, Metric::Cosine] {
+            let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
+            let options = format!("metric={metric}");
+            let [_, _, join, range] = join_queries(eps, &options);
+            let knn = format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, 10, '{options}')");
+            for sql in [join, range, knn] {
+                failures +=
+                    compare_with(&ctx, &sql, &format!("{name} | {n} × {dim} divided"), &mut table, "auto").await?;
+            }
+        }
+    }
+    let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=auto')";
+    let what = "a kNN divided between the GPU and the CPU";
+    failures += check_metric(&ctx, explain, "divided_cpu_rows", what, |rows| rows > 0, "more than 0").await?;
+    simjoin::backend::force_gpu_share(None);
     // Text (metric=levenshtein): joins, range queries and kNN of seeded words (`datagen::words`: mutated
     // copies, non-ASCII characters, strings of up to 8 machine words, empty strings, NULLs) on the
     // GPU against the CPU's segment filter.
