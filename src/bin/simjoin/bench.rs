@@ -6,13 +6,11 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::Int64Type;
-use datafusion::catalog::MemTable;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use simjoin::Metric;
@@ -64,9 +62,18 @@ pub struct BenchArgs {
     /// Concurrent clients of --serve-load.
     #[arg(long, default_value_t = 32)]
     clients: usize,
-    /// Queries each client of --serve-load runs.
+    /// Queries each client of --serve-load runs (at each rate).
     #[arg(long, default_value_t = 20)]
     rounds: usize,
+    /// --serve-load: offered rates in queries per second over all clients (e.g. 20,80,320), each
+    /// an open loop in turn, with a large join added to the mix; without it each client sends its
+    /// next query when its last is answered.
+    #[arg(long, value_delimiter = ',')]
+    rates: Vec<f64>,
+    /// --serve-load: the devices the server runs with, one after another (e.g. gpu,cpu,auto);
+    /// without it, --device.
+    #[arg(long, value_delimiter = ',')]
+    load_devices: Vec<String>,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -364,30 +371,69 @@ async fn serve_load(args: &BenchArgs) -> Result<()> {
     if args.clients == 0 || args.rounds == 0 {
         return Err(DataFusionError::Configuration("--serve-load needs --clients and --rounds of at least 1".into()));
     }
-    let report = super::serve_load::run(&args.dir, args.clients, args.rounds).await?;
-    let qps = report.queries as f64 / report.seconds;
-    let record = serde_json::json!({
-        "clients": args.clients,
-        "queries": report.queries,
-        "seconds": report.seconds,
-        "queries_per_s": qps,
-        "p50_ms": report.p50_ms,
-        "p99_ms": report.p99_ms,
-        "server_peak_mib": report.server_peak_mib,
-        "per_statement": report.per_statement,
-    });
-    std::fs::write(args.dir.join("serve-load.json"), record.to_string())?;
+    if let Some(rate) = args.rates.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
+        return Err(DataFusionError::Configuration(format!(
+            "--rates: {rate} is not a positive number of queries per second"
+        )));
+    }
+    let devices = match args.load_devices.is_empty() {
+        true => vec![args.session.device.to_string()],
+        false => args.load_devices.clone(),
+    };
+    let spec = super::serve_load::LoadSpec {
+        clients: args.clients,
+        rounds: args.rounds,
+        devices,
+        rates: args.rates.clone(),
+        in_memory: args.session.in_memory,
+    };
+    let reports = super::serve_load::run(&args.dir, &spec).await?;
+    let records: Vec<serde_json::Value> = reports
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "device": r.device,
+                "rate": r.rate,
+                "clients": args.clients,
+                "queries": r.queries,
+                "seconds": r.seconds,
+                "queries_per_s": r.queries as f64 / r.seconds,
+                "p50_ms": r.p50_ms,
+                "p99_ms": r.p99_ms,
+                "small_ms": [r.small_ms.0, r.small_ms.1],
+                "large_ms": [r.large_ms.0, r.large_ms.1],
+                "server_peak_mib": r.server_peak_mib,
+                "per_statement": r.per_statement,
+            })
+        })
+        .collect();
+    std::fs::write(args.dir.join("serve-load.json"), serde_json::Value::from(records).to_string())?;
     println!(
-        "| clients | queries (all answers checked) | wall (s) | queries/s | p50 (ms) | p99 (ms) | server peak RSS (MiB) |"
+        "| server device | offered (queries/s) | queries (all answers checked) | wall (s) | queries/s | p50 (ms) | p99 (ms) | small p50 / p99 (ms) | large p50 / p99 (ms) | server peak RSS (MiB) |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {} | {:.2} | {qps:.1} | {:.1} | {:.1} | {} |",
-        args.clients, report.queries, report.seconds, report.p50_ms, report.p99_ms, report.server_peak_mib
-    );
-    println!("\n| statement | p50 (ms) | p99 (ms) |\n|---|---|---|");
-    for (sql, p50, p99) in &report.per_statement {
-        println!("| `{sql}` | {p50:.1} | {p99:.1} |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in &reports {
+        let rate = r.rate.map_or("closed loop".to_string(), |rate| format!("{rate}"));
+        let large =
+            if r.large_ms.0 > 0.0 { format!("{:.1} / {:.1}", r.large_ms.0, r.large_ms.1) } else { "–".into() };
+        println!(
+            "| {} | {rate} | {} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {large} | {} |",
+            r.device,
+            r.queries,
+            r.seconds,
+            r.queries as f64 / r.seconds,
+            r.p50_ms,
+            r.p99_ms,
+            r.small_ms.0,
+            r.small_ms.1,
+            r.server_peak_mib
+        );
+    }
+    if let Some(last) = reports.last() {
+        println!("\n| statement ({}, the last run) | p50 (ms) | p99 (ms) |\n|---|---|---|", last.device);
+        for (sql, p50, p99) in &last.per_statement {
+            println!("| `{sql}` | {p50:.1} | {p99:.1} |");
+        }
     }
     Ok(())
 }
@@ -404,10 +450,7 @@ fn ensure(path: &Path, distribution: Distribution, n: usize, dim: usize, seed: u
 /// Registers `path` as an in-memory table `name`, so timings exclude file reading.
 pub(super) async fn load(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
     let path = path.to_str().ok_or_else(|| DataFusionError::Execution("non-UTF-8 path".into()))?;
-    let df = ctx.read_parquet(path, ParquetReadOptions::default()).await?;
-    let schema = Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await?;
     ctx.deregister_table(name)?;
-    ctx.register_table(name, Arc::new(MemTable::try_new(schema, vec![batches])?))?;
-    Ok(())
+    ctx.register_parquet(name, path, ParquetReadOptions::default()).await?;
+    super::sql::keep_in_memory(ctx, name).await
 }

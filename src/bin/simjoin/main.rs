@@ -72,6 +72,11 @@ struct SessionArgs {
     /// paths must then name files every executor can read.
     #[arg(long, value_name = "URL")]
     cluster: Option<String>,
+    /// Read each --table into memory once, at start: queries then skip reading its files, and
+    /// its vectors stay converted (and, once a GPU run has used them, on the device) across
+    /// queries.
+    #[arg(long, conflicts_with = "cluster")]
+    in_memory: bool,
 }
 
 #[derive(Args)]

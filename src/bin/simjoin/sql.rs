@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::dataframe::DataFrameWriteOptions;
+use datafusion::datasource::MemTable;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig, SessionContext};
@@ -42,8 +43,22 @@ pub async fn register_tables(ctx: SessionContext, args: &SessionArgs) -> Result<
             return Err(DataFusionError::Configuration(format!("--table expects NAME=PATH, got '{spec}'")));
         };
         register_file(&ctx, name.trim(), path.trim()).await?;
+        if args.in_memory {
+            keep_in_memory(&ctx, name.trim()).await?;
+        }
     }
     Ok(ctx)
+}
+
+/// Replaces table `name` by an in-memory copy of its rows (one partition), so later queries read
+/// no file and the conversion cache keeps its vectors (`exec::cache`).
+pub async fn keep_in_memory(ctx: &SessionContext, name: &str) -> Result<()> {
+    let df = ctx.table(name).await?;
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await?;
+    ctx.deregister_table(name)?;
+    ctx.register_table(name, Arc::new(MemTable::try_new(schema, vec![batches])?))?;
+    Ok(())
 }
 
 async fn register_file(ctx: &SessionContext, name: &str, path: &str) -> Result<()> {
