@@ -54,8 +54,26 @@ pub struct SimJoinOptions {
 /// The most shares a call's work may be divided into on a cluster (each is a task).
 pub const MAX_TASKS: usize = 4096;
 
-/// `cache_size`'s default: room for a 1M × 128 base (1 GiB as f64) a few times over.
+/// `cache_size`'s least default: room for a 1M × 128 base (1 GiB as f64) a few times over.
 pub const DEFAULT_CACHE_SIZE: usize = 4 << 30;
+
+/// `cache_size`'s default on this machine: an eighth of its memory, at least
+/// [`DEFAULT_CACHE_SIZE`]. A base larger than the cache is converted and copied to each GPU again
+/// by every query (a 10M × 128 base's 10 GB of f64 rows took 1.28× instead of 1.89× on two H100s
+/// under a 4G cache, BENCHMARKS.md "Several GPUs"); an eighth leaves the rest of the memory to
+/// the tables themselves and the runs.
+pub fn default_cache_size() -> usize {
+    static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(|| physical_memory().map_or(DEFAULT_CACHE_SIZE, |bytes| (bytes / 8).max(DEFAULT_CACHE_SIZE)))
+}
+
+/// The machine's memory in bytes (Linux: `MemTotal` of /proc/meminfo), if known.
+fn physical_memory() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
 
 impl Default for SimJoinOptions {
     fn default() -> Self {
@@ -69,7 +87,7 @@ impl Default for SimJoinOptions {
             grid_dims: 0,
             gpu_memory_limit: 0,
             devices: Devices::All,
-            cache_size: DEFAULT_CACHE_SIZE,
+            cache_size: default_cache_size(),
             rewrite_joins: true,
             rewrite_scans: false,
             tasks: 0,
@@ -101,7 +119,7 @@ const KEYS: [(&str, &str); 15] = [
     ("devices", "GPU: all (every visible GPU), or ordinals such as 0,1"),
     (
         "cache_size",
-        "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none)",
+        "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none; default: an eighth of the machine's memory, at least 4G)",
     ),
     (
         "rewrite_joins",
