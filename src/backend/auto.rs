@@ -23,7 +23,7 @@ use super::plan::{filter_space, gemm_form};
 use super::scheduler::{Choice, Scheduler, Ticket, Unit, Work};
 use super::{
     Backend, CpuBackend, DividedRun, GpuBackend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats,
-    ShiftedSink,
+    join_rows, knn_rows,
 };
 use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
@@ -199,12 +199,8 @@ impl AutoBackend {
             let gpu_backend = self.gpu()?;
             let raw = gpu.unwrap_or(cpu);
             let predicted = scheduler.choose(work, cpu, Some(raw)).gpu.unwrap_or(raw);
-            let ticket = scheduler.admit(Unit::Gpu, work, raw, predicted);
-            let sent = AtomicBool::new(false);
-            let mut stats = call(gpu_backend.as_ref(), &hand_off(sink, &sent, &ticket), None)?;
-            (stats.predicted_time, stats.queue_time) = (predicted, ticket.waited);
-            ticket.finish();
-            return Ok(stats);
+            let on_gpu = Scheduled { work, unit: Unit::Gpu, raw, predicted, cpu_fallback: None, rows: None };
+            return on_gpu.run(gpu_backend.as_ref(), sink, &call);
         }
         let choice = scheduler.choose(work, cpu, gpu);
         if let (Some(rows), Some(raw_gpu), Some(fixed), Some(corrected)) = (rows, gpu, gpu_fixed, choice.gpu) {
@@ -239,26 +235,8 @@ impl AutoBackend {
         if let Ok(mut last) = self.last_choice.lock() {
             *last = Some(format!("{} ({estimate})", chosen.name()));
         }
-        let ticket = scheduler.admit(unit, work, raw, predicted);
-        let sent = AtomicBool::new(false);
-        let outcome = call(chosen.as_ref(), &hand_off(sink, &sent, &ticket), None);
-        let sent = sent.into_inner();
-        let mut stats = match outcome {
-            Err(_) if unit == Unit::Gpu && !sent => {
-                drop(ticket);
-                let ticket = scheduler.admit(Unit::Cpu, work, cpu, cpu);
-                let sent = AtomicBool::new(false);
-                let mut stats = call(&CpuBackend, &hand_off(sink, &sent, &ticket), None)?;
-                stats.gpu_fallbacks = 1;
-                (stats.predicted_time, stats.queue_time) = (cpu, ticket.waited);
-                ticket.finish();
-                return Ok(stats);
-            }
-            outcome => outcome?,
-        };
-        (stats.predicted_time, stats.queue_time) = (predicted, ticket.waited);
-        ticket.finish();
-        Ok(stats)
+        let cpu_fallback = (unit == Unit::Gpu).then_some((cpu, choice.cpu));
+        Scheduled { work, unit, raw, predicted, cpu_fallback, rows: None }.run(chosen.as_ref(), sink, &call)
     }
 
     /// Runs `call` over the first `share` of the left rows on the GPU and the rest on the CPU
@@ -271,7 +249,6 @@ impl AutoBackend {
         sink: &dyn ResultSink,
         call: &(impl Fn(&dyn Backend, &dyn ResultSink, Option<Range<usize>>) -> Result<RunStats> + Sync),
     ) -> Result<RunStats> {
-        let scheduler = Scheduler::global();
         let Divided { share, rows, work, choice, raw: (raw_cpu, raw_gpu), fixed } = *divided;
         let cut = ((rows as f64 * share).round() as usize).clamp(1, rows - 1);
         let share = cut as f64 / rows as f64;
@@ -288,34 +265,29 @@ impl AutoBackend {
             ));
         }
         let started = Instant::now();
-        // One part on `unit` (`predicted`, `raw` before correction): its statistics with the time
-        // it waited, and when it ended.
-        let part = |backend: &dyn Backend, unit: Unit, range: Range<usize>, raw: Duration, predicted: Duration| {
-            let ticket = scheduler.admit(unit, work, raw, predicted);
-            let sent = AtomicBool::new(false);
-            let outcome = call(backend, &hand_off(sink, &sent, &ticket), Some(range.clone()));
-            let waited = ticket.waited;
-            let stats = match outcome {
-                Err(_) if unit == Unit::Gpu && !sent.into_inner() => {
-                    drop(ticket);
-                    let ticket = scheduler.admit(Unit::Cpu, work, raw_cpu.mul_f64(share), choice.cpu.mul_f64(share));
-                    let sent = AtomicBool::new(false);
-                    let mut stats = call(&CpuBackend, &hand_off(sink, &sent, &ticket), Some(range))?;
-                    stats.gpu_fallbacks = 1;
-                    ticket.finish();
-                    stats
-                }
-                outcome => {
-                    let stats = outcome?;
-                    ticket.finish();
-                    stats
-                }
-            };
-            Ok::<_, DataFusionError>((RunStats { queue_time: waited, ..stats }, started.elapsed()))
+        let gpu_part = Scheduled {
+            work,
+            unit: Unit::Gpu,
+            raw: raw_gpu_part,
+            predicted: gpu_predicted,
+            cpu_fallback: Some((raw_cpu.mul_f64(share), choice.cpu.mul_f64(share))),
+            rows: Some(0..cut),
         };
+        let raw_cpu_part = raw_cpu.mul_f64(1.0 - share);
+        let cpu_part = Scheduled {
+            work,
+            unit: Unit::Cpu,
+            raw: raw_cpu_part,
+            predicted: cpu_predicted,
+            cpu_fallback: None,
+            rows: Some(cut..rows),
+        };
+        // Each part's statistics and when it ended.
+        let timed =
+            |part: Scheduled, backend: &dyn Backend| part.run(backend, sink, call).map(|s| (s, started.elapsed()));
         let (gpu_part, cpu_part) = std::thread::scope(|scope| {
-            let gpu = scope.spawn(|| part(gpu_backend.as_ref(), Unit::Gpu, 0..cut, raw_gpu_part, gpu_predicted));
-            let cpu = part(&CpuBackend, Unit::Cpu, cut..rows, raw_cpu.mul_f64(1.0 - share), cpu_predicted);
+            let gpu = scope.spawn(|| timed(gpu_part, gpu_backend.as_ref()));
+            let cpu = timed(cpu_part, &CpuBackend);
             let gpu = gpu
                 .join()
                 .unwrap_or_else(|_| Err(DataFusionError::Internal("the GPU part of a divided run panicked".into())));
@@ -327,6 +299,48 @@ impl AutoBackend {
         (stats.predicted_time, stats.queue_time) = (gpu_predicted.max(cpu_predicted), queue_time);
         stats.divided =
             Some(DividedRun { gpu_rows: cut, gpu_predicted, gpu_time, cpu_rows: rows - cut, cpu_predicted, cpu_time });
+        Ok(stats)
+    }
+}
+
+/// One run (or part of one) queued on a unit of the scheduler.
+struct Scheduled {
+    work: Work,
+    unit: Unit,
+    /// Its cost-model time, and that time corrected by earlier runs (what is queued).
+    raw: Duration,
+    predicted: Duration,
+    /// A GPU run that fails before sending a row runs again on the CPU cores, queued with these
+    /// (raw, corrected) times; `None`: its error stands (`device=gpu`, and CPU runs).
+    cpu_fallback: Option<(Duration, Duration)>,
+    /// The left rows it covers (`None`: all).
+    rows: Option<Range<usize>>,
+}
+
+impl Scheduled {
+    /// Runs `call` once the unit is free; the statistics carry the predicted time and the wait.
+    fn run(
+        self,
+        backend: &dyn Backend,
+        sink: &dyn ResultSink,
+        call: &(impl Fn(&dyn Backend, &dyn ResultSink, Option<Range<usize>>) -> Result<RunStats> + Sync),
+    ) -> Result<RunStats> {
+        let scheduler = Scheduler::global();
+        let ticket = scheduler.admit(self.unit, self.work, self.raw, self.predicted);
+        let sent = AtomicBool::new(false);
+        let outcome = call(backend, &hand_off(sink, &sent, &ticket), self.rows.clone());
+        let mut stats = match (outcome, self.cpu_fallback) {
+            (Err(_), Some((raw, predicted))) if !sent.into_inner() => {
+                drop(ticket);
+                let on_cpu = Scheduled { unit: Unit::Cpu, raw, predicted, cpu_fallback: None, ..self };
+                let mut stats = on_cpu.run(&CpuBackend, sink, call)?;
+                stats.gpu_fallbacks = 1;
+                return Ok(stats);
+            }
+            (outcome, _) => outcome?,
+        };
+        (stats.predicted_time, stats.queue_time) = (self.predicted, ticket.waited);
+        ticket.finish();
         Ok(stats)
     }
 }
@@ -430,13 +444,7 @@ impl Backend for AutoBackend {
         let rows = (!self_join).then_some(request.left.len());
         self.run(Work::Join, cpu_ns, inputs, self.modules, rows, sink, |backend, sink, rows| match rows {
             None => backend.join(request, sink),
-            Some(rows) => {
-                let left = request.left.slice(rows.clone());
-                backend.join(
-                    &JoinRequest { left: &left, ..*request },
-                    &ShiftedSink { inner: sink, left: rows.start as u32 },
-                )
-            }
+            Some(rows) => join_rows(backend, request, rows, sink),
         })
     }
 
@@ -452,11 +460,7 @@ impl Backend for AutoBackend {
         let rows = Some(request.queries.len());
         self.run(Work::Knn, cpu_ns, &inputs, self.modules, rows, sink, |backend, sink, rows| match rows {
             None => backend.knn(request, sink),
-            Some(rows) => {
-                let queries = request.queries.slice(rows.clone());
-                let part = KnnRequest { queries: &queries, ..*request };
-                backend.knn(&part, &ShiftedSink { inner: sink, left: rows.start as u32 })
-            }
+            Some(rows) => knn_rows(backend, request, rows, sink),
         })
     }
 }

@@ -121,10 +121,33 @@ pub trait ResultSink: Sync {
     fn advance(&self, _units: u64) {}
 }
 
+/// `backend`'s join of left rows `rows` of `request` with its whole right input (a part of a run
+/// divided among devices), its results at the whole input's positions.
+pub(crate) fn join_rows(
+    backend: &dyn Backend,
+    request: &JoinRequest,
+    rows: std::ops::Range<usize>,
+    sink: &dyn ResultSink,
+) -> Result<RunStats> {
+    let left = request.left.slice(rows.clone());
+    backend.join(&JoinRequest { left: &left, ..*request }, &ShiftedSink { inner: sink, left: rows.start as u32 })
+}
+
+/// `backend`'s kNN of queries `rows` of `request` over its whole base, as [`join_rows`].
+pub(crate) fn knn_rows(
+    backend: &dyn Backend,
+    request: &KnnRequest,
+    rows: std::ops::Range<usize>,
+    sink: &dyn ResultSink,
+) -> Result<RunStats> {
+    let queries = request.queries.slice(rows.clone());
+    backend.knn(&KnnRequest { queries: &queries, ..*request }, &ShiftedSink { inner: sink, left: rows.start as u32 })
+}
+
 /// A part's results with its left (query) positions shifted to the whole input's.
-pub(crate) struct ShiftedSink<'a> {
-    pub(crate) inner: &'a dyn ResultSink,
-    pub(crate) left: u32,
+struct ShiftedSink<'a> {
+    inner: &'a dyn ResultSink,
+    left: u32,
 }
 
 impl ResultSink for ShiftedSink<'_> {

@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::GpuBackend;
-use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, ShiftedSink};
+use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, join_rows, knn_rows};
 use crate::gpu::GpuDevice;
 use datafusion::common::{DataFusionError, Result};
 
@@ -125,11 +125,7 @@ impl Backend for MultiGpuBackend {
         if request.self_join.is_some() || self.gpus.len() == 1 {
             return self.gpus[0].join(request, sink);
         }
-        self.split(request.left.len(), |gpu, rows| {
-            let left = request.left.slice(rows.clone());
-            let part = JoinRequest { left: &left, ..*request };
-            gpu.join(&part, &ShiftedSink { inner: sink, left: rows.start as u32 })
-        })
+        self.split(request.left.len(), |gpu, rows| join_rows(gpu, request, rows, sink))
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
@@ -137,10 +133,6 @@ impl Backend for MultiGpuBackend {
         if self.gpus.len() == 1 || (work < KNN_SPLIT_WORK && !self.named) {
             return self.gpus[0].knn(request, sink);
         }
-        self.split(request.queries.len(), |gpu, rows| {
-            let queries = request.queries.slice(rows.clone());
-            let part = KnnRequest { queries: &queries, ..*request };
-            gpu.knn(&part, &ShiftedSink { inner: sink, left: rows.start as u32 })
-        })
+        self.split(request.queries.len(), |gpu, rows| knn_rows(gpu, request, rows, sink))
     }
 }
