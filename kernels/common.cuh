@@ -63,7 +63,7 @@ struct JoinParams {
 // The host's mirror (`JoinParams` in src/gpu/abi.rs) asserts the same size.
 static_assert(sizeof(JoinParams) == 216, "JoinParams layout changed: update src/gpu/abi.rs");
 
-// Entries of a query's row of kNN sample keys (knn.cu, and sim_join.cu's knn_sample_keys_bytes):
+// Entries of a query's row of kNN sample keys (knn.cu, and tc_sample_keys.cu's knn_sample_keys_bytes):
 // the largest sample (KNN_SAMPLE in src/gpu/launch/sample.rs).
 #define SAMPLE 4096
 

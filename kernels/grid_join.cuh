@@ -1,5 +1,19 @@
 // The grid join (Gowanlock & Karsin, GPU-Join): a thread per left slot over its cell's neighbour
-// cells, only the ±r window of the sort dimension scanned (sortidu). Included by sim_join.cu.
+// cells, only the ±r window of the sort dimension scanned (sortidu). Included by grid_join.cu.
+
+// Index of the non-empty right cell with linear id `id`, or -1.
+__device__ __forceinline__ long long find_cell(const JoinParams& p, const u64* cell_ids, const u32* cell_table, u64 id) {
+    if (p.dense) {
+        u32 c = cell_table[id];
+        return c == 0xffffffffu ? -1 : (long long)c;
+    }
+    u32 lo = 0, hi = p.right_cells;
+    while (lo < hi) {
+        u32 mid = (lo + hi) >> 1;
+        if (cell_ids[mid] < id) lo = mid + 1; else hi = mid;
+    }
+    return (lo < p.right_cells && cell_ids[lo] == id) ? (long long)lo : -1;
+}
 
 // Tests left slot `s` against right slots [begin, end); counts or writes the qualifying pairs.
 // DIM > 0: the dimension, with `x` the left row in registers (loaded once per left slot) and each

@@ -217,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParam
 #define TC_SAMPLE_WORDS 32
 #define TC_SAMPLE_STRIDE (TC_SAMPLE_WORDS + 4)
 
-// Byte rows' keys come from sim_join.cu's knn_sample_keys_bytes.
+// Byte rows' keys come from tc_sample_keys.cu's knn_sample_keys_bytes.
 extern "C" __global__ void __launch_bounds__(256) knn_sample_distances_tc(u32 row_words, u32 query_begin, u32 query_end, const u32* query_rows,
         const float* query_sq, const u32* sample_rows, const float* sample_sq, u32 sample_len, float unscale, u32 squared,
         float* distances) {

@@ -1,5 +1,5 @@
 // kNN's settle step after a scores pass: exact distances only for the pairs that can be among
-// the k nearest. Included by sim_join.cu.
+// the k nearest. Included by brute_join.cu.
 
 // The rest of kNN's first count pass under PASS_SCORES (brute_join_tc on f16 rows, L2 and L2²,
 // k ≤ 32), a warp per left slot s of [slot_begin, slot_end). brute_join_tc's drain computed the

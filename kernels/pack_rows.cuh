@@ -1,5 +1,5 @@
 // The rows the tensor cores read, made on the device: the GEMM form's f32 filter rows, f16 rows
-// scaled by a power of two, byte rows of integer data. Included by sim_join.cu.
+// scaled by a power of two, byte rows of integer data. Included by brute_join.cu.
 
 // The GEMM form's f32 filter rows of a side's exact rows, bit for bit as the host's `host_side`
 // computes them: x̃ = f32(x − c) rounded to nearest, ‖x̃‖² summed in f64 in dimension order (no FMA
@@ -89,14 +89,6 @@ extern "C" __global__ void pack_half_rows(const float* filter, u64 n, u32 dim, u
     }
 #endif
 }
-
-// Words of a brute_join_tc row: two f16 coordinates a word, padded to whole 16-byte groups
-// (`tc_row_words` in src/gpu/launch/pack.rs).
-__device__ __forceinline__ u32 tc_row_words(u32 dim) { return (dim + 7) / 8 * 4; }
-
-// Words of a brute_join_tc_bytes row: four byte coordinates a word, padded to whole 16-byte
-// groups (`byte_row_words` in src/gpu/launch/pack.rs).
-__device__ __forceinline__ u32 byte_row_words(u32 dim) { return (dim + 15) / 16 * 4; }
 
 // Whether byte rows can hold a side (brute_join_tc_bytes): into result = {least, greatest,
 // others}, which the host set to {2³¹ − 1, −2³¹, 0}, the least and greatest of `len` f64 values

@@ -1,5 +1,6 @@
 // The tensor-core join's building blocks: its tile geometry, the copies of a chunk's tile into
-// shared memory, the filter's bounds and the f16 helpers. Included by sim_join.cu.
+// shared memory, the filter's bounds and the f16 helpers.
+// Included by brute_join.cu, tc_join.cu and tc_sample_keys.cu.
 
 // Brute force for the dot-product filters (FILTER_GEMM_L2, FILTER_NEG_DOT) on tensor cores: the
 // same 128 × 128 tiles, pairs and epilogue as brute_join, with x̃·ỹ from f16 mma.sync (m16n8k16,
@@ -27,6 +28,14 @@
 // The products of f16 values are exact in f32; the error of this dot product is covered by the
 // wider margin the host sets for this kernel (`tensor_core_margin` in src/backend/gpu/filter.rs, with the
 // proof). Needs sm_80 or later; the host launches it only there.
+// Words of a brute_join_tc row: two f16 coordinates a word, padded to whole 16-byte groups
+// (`tc_row_words` in src/gpu/launch/pack.rs).
+__device__ __forceinline__ u32 tc_row_words(u32 dim) { return (dim + 7) / 8 * 4; }
+
+// Words of a brute_join_tc_bytes row: four byte coordinates a word, padded to whole 16-byte
+// groups (`byte_row_words` in src/gpu/launch/pack.rs).
+__device__ __forceinline__ u32 byte_row_words(u32 dim) { return (dim + 15) / 16 * 4; }
+
 // Words (two f16 coordinates each) of a row per chunk, and a tile row's stride in shared memory.
 #define TC_CHUNK 32
 #define TC_STRIDE (TC_CHUNK + 4)

@@ -1,5 +1,5 @@
 // The tensor-core join's queue, its template brute_join_tc_run and the kernels instantiated from
-// it (brute_join_tc, brute_join_tc_bytes, kNN's sample keys). Included by sim_join.cu.
+// it: brute_join_tc and brute_join_tc_bytes (tc_join.cu), kNN's sample keys (tc_sample_keys.cu).
 
 // The pairs of a brute_join_tc block that passed the filter, decided after its run of tiles:
 // `len` counts every pair pushed, the first p.tc_queue of them stored (left slot, right row), in
@@ -617,51 +617,3 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
     p, slot_begin, slot_end, right_begin, right_len, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, \
         right_order, lfsq, rfsq, row_threshold, row_limit, counts, cursors, out_left, out_right, out_distance,  \
         collected, capacity, pass
-
-// Two blocks an SM, so that one block's warps hide the other's latencies. (Under wgmma, one block
-// with 255 registers a thread for two sets of accumulators, tile T's epilogue running while tile
-// T + 1's wgmma did, took 1.5 times as long: with 8 warps an SM every barrier and epilogue was
-// exposed, docs/optimisations.md, v58.)
-extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS, const __grid_constant__ TensorMap left_map,
-                                                                   const __grid_constant__ TensorMap right_map) {
-    brute_join_tc_run<false>(BRUTE_JOIN_ARGS, left_map, right_map);
-}
-
-// brute_join_tc on byte rows (pack_byte_rows), passed in the f32 filter rows' place, with their
-// integer squared norms in lfsq's and rfsq's: sm_90a only (the host launches it only there).
-extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc_bytes(BRUTE_JOIN_PARAMS, const __grid_constant__ TensorMap left_map,
-                                                                         const __grid_constant__ TensorMap right_map) {
-#if TC_WGMMA
-    brute_join_tc_run<true>(BRUTE_JOIN_ARGS, left_map, right_map);
-#endif
-}
-
-#if TC_WGMMA
-// kNN's sample keys on byte rows (knn_sample_radius reads them as knn.cu's other sample kernels
-// write theirs), through brute_join_tc_bytes's pipeline: TMA copies and wgmma. knn_sample_distances_tc's
-// byte instance, its register-staged loads and mma.sync, waited on its loads (P2: 0.28 ms for
-// 8,192 queries, docs/optimisations.md, v89). Query slots [query_begin, query_end) against the sample's `sample_len` rows
-// (sample_byte_rows), each pair's key at keys[(q − query_begin)·SAMPLE + i]; `p` sets the
-// dimensions and the run (p.tc_run, no queue), and the maps cover the two sides' byte rows.
-extern "C" __global__ void __launch_bounds__(256, 2) knn_sample_keys_bytes(JoinParams p, u32 query_begin, u32 query_end,
-        const u32* query_rows, const u32* query_sq, const u32* sample_rows, const u32* sample_sq, u32 sample_len, float* keys,
-        const __grid_constant__ TensorMap query_map, const __grid_constant__ TensorMap sample_map) {
-    brute_join_tc_run<true, true>(p, query_begin, query_end, 0, sample_len, (const float*)query_rows, (const float*)sample_rows,
-                                  nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, (const float*)query_sq,
-                                  (const float*)sample_sq, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                  0, PASS_COUNT, query_map, sample_map, keys);
-}
-
-// kNN's sample keys on f16 rows (knn.cu's knn_sample_distances_tc, which mma.sync devices keep),
-// the same way: the queries' and the sample's f16 rows (sample_half_rows) scaled by 2^a, by their
-// maps, their f32 squared filter norms where `squared` (else any buffer: the inner product's keys
-// read none), `unscale` = 2^−2a.
-extern "C" __global__ void __launch_bounds__(256, 2) knn_sample_keys_half(JoinParams p, u32 query_begin, u32 query_end,
-        const u32* query_rows, const float* query_sq, const u32* sample_rows, const float* sample_sq, u32 sample_len, float unscale,
-        u32 squared, float* keys, const __grid_constant__ TensorMap query_map, const __grid_constant__ TensorMap sample_map) {
-    brute_join_tc_run<false, true>(p, query_begin, query_end, 0, sample_len, (const float*)query_rows, (const float*)sample_rows,
-                                   nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, query_sq, sample_sq, nullptr,
-                                   nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, PASS_COUNT, query_map, sample_map,
-                                   keys, unscale, squared != 0);
-}
-#endif

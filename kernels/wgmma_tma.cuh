@@ -1,5 +1,5 @@
 // Hopper's warpgroup mma (wgmma) and tensor memory accelerator (TMA): descriptors, fences,
-// barriers and copies. Included by sim_join.cu.
+// barriers and copies. Included by brute_join.cu, tc_join.cu and tc_sample_keys.cu.
 
 // Hopper's warpgroup mma (sm_90a: `arch_for` in src/gpu/device.rs compiles for it on compute
 // capability 9.0). mma.sync left brute_join_tc's count pass latency-bound at 16 warps an SM: each

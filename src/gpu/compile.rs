@@ -201,7 +201,7 @@ mod tests {
         let a = file_name(KernelModule::Knn, "sm_90a", 13000);
         assert_ne!(a, file_name(KernelModule::Knn, "sm_80", 13000));
         assert_ne!(a, file_name(KernelModule::Knn, "sm_90a", 13010));
-        assert_ne!(a, file_name(KernelModule::SimJoin, "sm_90a", 13000));
+        assert_ne!(a, file_name(KernelModule::BruteJoin, "sm_90a", 13000));
         assert!(a.starts_with("knn-sm_90a-") && a.ends_with(".cubin"), "{a}");
     }
 }

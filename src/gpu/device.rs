@@ -330,7 +330,7 @@ fn arch_for((major, minor): (i32, i32)) -> Result<&'static str> {
         (8, 6) => "sm_86",
         (8, 7) => "sm_87",
         (8, 9) => "sm_89",
-        // Hopper's arch-specific features (wgmma: brute_join_tc's count pass in kernels/sim_join.cu).
+        // Hopper's arch-specific features (wgmma: brute_join_tc's count pass in kernels/tc_join.cu).
         (9, 0) => "sm_90a",
         (10, 0) => "sm_100",
         (10, 3) => "sm_103",

@@ -5,8 +5,15 @@ include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 /// A CUDA source file compiled as one module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelModule {
-    /// `kernels/sim_join.cu`: ε-join and range-query kernels.
-    SimJoin,
+    /// `kernels/grid_join.cu`: the ε-grid join.
+    GridJoin,
+    /// `kernels/brute_join.cu`: brute force on CUDA cores, the filter rows and their packings for
+    /// the tensor cores, and kNN's settle step.
+    BruteJoin,
+    /// `kernels/tc_join.cu`: brute-force joins on tensor cores (f16 and byte rows).
+    TcJoin,
+    /// `kernels/tc_sample_keys.cu`: kNN's sample keys through the tensor-core join's pipeline.
+    TcSampleKeys,
     /// `kernels/knn.cu`: kNN's sampled radii (the candidates come from `brute_join`) and the
     /// ranking of candidate slots and of the write passes' lists.
     Knn,
@@ -22,8 +29,16 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 5] =
-        [KernelModule::SimJoin, KernelModule::Knn, KernelModule::Grid, KernelModule::Text, KernelModule::Clusters];
+    pub const ALL: [KernelModule; 8] = [
+        KernelModule::GridJoin,
+        KernelModule::BruteJoin,
+        KernelModule::TcJoin,
+        KernelModule::TcSampleKeys,
+        KernelModule::Knn,
+        KernelModule::Grid,
+        KernelModule::Text,
+        KernelModule::Clusters,
+    ];
 
     /// The module's position in [`KernelModule::ALL`].
     pub fn index(self) -> usize {
@@ -33,7 +48,10 @@ impl KernelModule {
     /// The flattened source.
     pub fn source(self) -> &'static str {
         match self {
-            KernelModule::SimJoin => SIM_JOIN,
+            KernelModule::GridJoin => GRID_JOIN,
+            KernelModule::BruteJoin => BRUTE_JOIN,
+            KernelModule::TcJoin => TC_JOIN,
+            KernelModule::TcSampleKeys => TC_SAMPLE_KEYS,
             KernelModule::Knn => KNN,
             KernelModule::Grid => GRID,
             KernelModule::Text => TEXT,
@@ -44,7 +62,10 @@ impl KernelModule {
     /// The file name NVRTC reports errors against.
     pub fn file_name(self) -> &'static str {
         match self {
-            KernelModule::SimJoin => "sim_join.cu",
+            KernelModule::GridJoin => "grid_join.cu",
+            KernelModule::BruteJoin => "brute_join.cu",
+            KernelModule::TcJoin => "tc_join.cu",
+            KernelModule::TcSampleKeys => "tc_sample_keys.cu",
             KernelModule::Knn => "knn.cu",
             KernelModule::Grid => "grid.cu",
             KernelModule::Text => "text.cu",
@@ -165,19 +186,17 @@ impl Kernel {
     /// The module whose source defines it.
     pub fn module(self) -> KernelModule {
         match self {
-            Kernel::GridJoin => KernelModule::SimJoin,
-            Kernel::BruteJoin => KernelModule::SimJoin,
-            Kernel::BruteJoinTc => KernelModule::SimJoin,
-            Kernel::BruteJoinTcBytes => KernelModule::SimJoin,
-            Kernel::KnnSettleSlots => KernelModule::SimJoin,
-            Kernel::KnnSampleKeysBytes => KernelModule::SimJoin,
-            Kernel::KnnSampleKeysHalf => KernelModule::SimJoin,
-            Kernel::FilterMaxAbs => KernelModule::SimJoin,
-            Kernel::PackHalfRows => KernelModule::SimJoin,
-            Kernel::IntegerRange => KernelModule::SimJoin,
-            Kernel::PackByteRows => KernelModule::SimJoin,
-            Kernel::FilterRows => KernelModule::SimJoin,
-            Kernel::IdentityOrder => KernelModule::SimJoin,
+            Kernel::GridJoin => KernelModule::GridJoin,
+            Kernel::BruteJoinTc | Kernel::BruteJoinTcBytes => KernelModule::TcJoin,
+            Kernel::KnnSampleKeysBytes | Kernel::KnnSampleKeysHalf => KernelModule::TcSampleKeys,
+            Kernel::BruteJoin
+            | Kernel::KnnSettleSlots
+            | Kernel::FilterMaxAbs
+            | Kernel::PackHalfRows
+            | Kernel::IntegerRange
+            | Kernel::PackByteRows
+            | Kernel::FilterRows
+            | Kernel::IdentityOrder => KernelModule::BruteJoin,
             Kernel::KnnSampleRows => KernelModule::Knn,
             Kernel::KnnSampleDistances => KernelModule::Knn,
             Kernel::KnnSampleDistancesTc => KernelModule::Knn,
@@ -232,7 +251,7 @@ mod tests {
 
     #[test]
     fn includes_are_inlined_with_line_markers() {
-        let source = KernelModule::SimJoin.source();
+        let source = KernelModule::BruteJoin.source();
         assert!(source.contains("struct JoinParams"), "common.cuh was not inlined");
         assert!(!source.contains("#include \"common.cuh\""));
         assert!(source.contains("#line 1 \"kernels/common.cuh\""));

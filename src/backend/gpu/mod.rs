@@ -1,5 +1,5 @@
 //! The GPU backend: ε-joins and range queries with the same strategy choice, grid and f32 filter
-//! margins as the CPU backend, run by the kernels of kernels/sim_join.cu with a count pass that
+//! margins as the CPU backend, run by the kernels of kernels/grid_join.cu, brute_join.cu and tc_join.cu with a count pass that
 //! collects the pairs and, when they do not fit, write passes in batches sized so the pairs of one
 //! batch fit the device; kNN as a range query with a sampled radius per query (kernels/knn.cu).
 //! Exact distances are the f64 formulas of common.cuh, compiled without FMA contraction, so

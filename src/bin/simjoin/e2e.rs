@@ -4,7 +4,6 @@
 //! time to decode the same files (DataFusion alone, in the same CLI, and pyarrow). Every
 //! process's answer is checked against the others'.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -104,8 +103,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let gpu = simjoin::gpu::probe().is_ok();
     let repeat = args.repeat.max(1);
-    let mut table = String::from(
-        "| workload | first process, GPU (s) | later process, GPU (s) | CPU (s) | auto (s) | decode: simjoin sql (s) | decode: pyarrow (s) |\n|---|---|---|---|---|---|---|\n",
+    // Each row is printed as soon as it is measured: a whole run takes minutes.
+    println!(
+        "| workload | first process, GPU (s) | later process, GPU (s) | CPU (s) | auto (s) | decode: simjoin sql (s) | decode: pyarrow (s) |\n|---|---|---|---|---|---|---|"
     );
     for (i, w) in workloads.iter().enumerate() {
         let sql = w
@@ -165,8 +165,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         };
         eprintln!("{}: {} (cpu {:.3} s)", w.name, timings.answer, timings.later_cpu);
         let cell = |s: Option<f64>| s.map_or("—".to_string(), |s| format!("{s:.3}"));
-        writeln!(
-            table,
+        println!(
             "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {} |",
             w.name,
             cell(timings.first_gpu),
@@ -175,10 +174,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             timings.later_auto,
             timings.decode_datafusion,
             cell(timings.decode_pyarrow)
-        )
-        .ok();
+        );
     }
-    println!("{table}");
     Ok(())
 }
 

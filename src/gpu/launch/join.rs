@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// What a pass of the join kernels does (kernels/sim_join.cu, top).
+/// What a pass of the join kernels does (kernels/join_pairs.cuh).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PassKind {
     /// Counts each left slot's pairs.
@@ -16,7 +16,7 @@ pub enum PassKind {
     /// then checks exactly only those that can be among the `k` nearest. The counts it leaves
     /// are those of the checked pairs within the radius where they settle the query (at least k)
     /// or prove it short (below k), and the filter's count where the slot overflowed, which an
-    /// exact pass must count again (PASS_SCORES in kernels/sim_join.cu).
+    /// exact pass must count again (PASS_SCORES in kernels/join_pairs.cuh).
     Scores { k: u32 },
 }
 
@@ -151,7 +151,7 @@ pub fn launch_join_pass(
             )
             .map_err(|e| Error::Device(format!("{kernel}: {shared_mem_bytes} bytes of shared memory refused: {e}")))?;
     }
-    // PASS_COUNT, PASS_WRITE and PASS_SCORES in kernels/sim_join.cu (a collecting count pass is
+    // PASS_COUNT, PASS_WRITE and PASS_SCORES in kernels/join_pairs.cuh (a collecting count pass is
     // a count pass with a capacity).
     let pass_code: i32 = match kind {
         PassKind::Count | PassKind::CountAndCollect => 0,
@@ -178,7 +178,7 @@ pub fn launch_join_pass(
     let (begin, end) = (slots.start, slots.end);
     // Launches as (first right row, blocks): the grid join one block per BLOCK left slots; brute
     // force one block per left tile of 128 rows and run of right tiles (brute_join one tile,
-    // brute_join_tc tc_run), left tiles fastest (brute_tile in sim_join.cu), in as many launches
+    // brute_join_tc tc_run), left tiles fastest (brute_tile in brute_join.cuh), in as many launches
     // over consecutive runs as the 2³¹ − 1 blocks of a grid require.
     let launches: Vec<(u32, u32)> = match grid {
         Some(_) => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
@@ -240,7 +240,7 @@ pub fn launch_join_pass(
         if let Some((left_map, right_map)) = &maps {
             builder.arg(left_map).arg(right_map);
         }
-        // SAFETY: the arguments match the kernel's parameter list in kernels/sim_join.cu one for
+        // SAFETY: the arguments match the kernel's parameter list (brute_join.cu, tc_join.cu) one for
         // one (types and order). Every row buffer holds `dim` values per slot for all slots the
         // kernel reads: left slots < `end` ≤ left rows, right slots < `right_len` or within
         // `right_cell_start`; with `params.per_row`, `row_threshold` and `row_limit` hold a value

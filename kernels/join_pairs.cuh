@@ -1,4 +1,6 @@
-// ε-join and range-query kernels (GPU-Join, Gowanlock & Karsin, GPU-Join, §3.2.1, with Böhm's count-then-write).
+// What the ε-join and range-query kernels share (GPU-Join, Gowanlock & Karsin, §3.2.1, with Böhm's
+// count-then-write): the passes, their inputs, and the collection of a found pair. Included by
+// grid_join.cu, brute_join.cu and tc_join.cu.
 //
 // Thread mapping (grid_join): one thread per left row ("slot"), `slot_begin + blockIdx.x *
 // blockDim.x + threadIdx.x`, over a batch [slot_begin, slot_end); brute_join: see its own comment.
@@ -26,8 +28,6 @@
 // Each candidate that passes the f32 filter is decided by the exact f64 distance of common.cuh.
 // Self-joins visit each unordered pair once: later slots of the same cell, and cells with a larger
 // linear id (grid), or right slots after the left slot (brute force).
-#include "common.cuh"
-
 #define PASS_COUNT 0
 #define PASS_WRITE 1
 #define PASS_SCORES 2
@@ -50,26 +50,3 @@ __device__ __forceinline__ void collect_pair(u64* collected, u64 capacity, u32 l
         out_distance[at] = dist;
     }
 }
-
-// Index of the non-empty right cell with linear id `id`, or -1.
-__device__ __forceinline__ long long find_cell(const JoinParams& p, const u64* cell_ids, const u32* cell_table, u64 id) {
-    if (p.dense) {
-        u32 c = cell_table[id];
-        return c == 0xffffffffu ? -1 : (long long)c;
-    }
-    u32 lo = 0, hi = p.right_cells;
-    while (lo < hi) {
-        u32 mid = (lo + hi) >> 1;
-        if (cell_ids[mid] < id) lo = mid + 1; else hi = mid;
-    }
-    return (lo < p.right_cells && cell_ids[lo] == id) ? (long long)lo : -1;
-}
-
-// The rest of the module, in order (one NVRTC module: the headers share its definitions).
-#include "grid_join.cuh"
-#include "brute_join.cuh"
-#include "pack_rows.cuh"
-#include "tc_join.cuh"
-#include "wgmma_tma.cuh"
-#include "tc_join_run.cuh"
-#include "knn_settle.cuh"
