@@ -61,6 +61,12 @@ extern "C" __global__ void identity_order(u32* order, u32 n) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) order[i] = (u32)i;
 }
 
+// Exact rows the host keeps in f32, widened (exactly) into the f64 rows every kernel reads: half
+// the bytes over the bus, and no widened copy on the host.
+extern "C" __global__ void widen_rows(const float* from, u64 len, double* to) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x) to[i] = (double)from[i];
+}
+
 // The largest |value| of `len` f32 values, as its bits (non-negative floats order as their bits;
 // NaN's exceed +∞'s), atomically maxed into *result, which the host zeroed: brute_join_tc's scale,
 // and the GEMM form's check of its squared norms.

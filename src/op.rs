@@ -12,6 +12,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::vectors::{Coord, Row};
 use datafusion::common::{Result, plan_err};
 use serde::{Deserialize, Serialize};
 
@@ -69,14 +70,15 @@ impl Metric {
     /// The definition of the distance between vectors (see the module docs). `a` and `b` have
     /// the same length. Text metrics never reach vector code (planning resolves a text metric to a
     /// text column, see `vectors::VectorSource::resolve`); theirs is `backend::text::levenshtein`.
-    pub fn distance(self, a: &[f64], b: &[f64]) -> f64 {
+    pub fn distance<A: Coord, B: Coord>(self, a: &[A], b: &[B]) -> f64 {
         debug_assert_eq!(a.len(), b.len());
+        let pairs = || a.iter().zip(b).map(|(x, y)| (x.f64(), y.f64()));
         match self {
             Metric::L2 => squared_l2(a, b).sqrt(),
             Metric::L2Squared => squared_l2(a, b),
             Metric::Cosine => {
                 let (mut dot, mut na, mut nb) = (0.0, 0.0, 0.0);
-                for (x, y) in a.iter().zip(b) {
+                for (x, y) in pairs() {
                     dot += x * y;
                     na += x * x;
                     nb += y * y;
@@ -84,10 +86,15 @@ impl Metric {
                 cosine_from_parts(dot, na, nb)
             }
             Metric::InnerProduct => -dot(a, b),
-            Metric::L1 => a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, |s, t| s + t),
-            Metric::LInf => a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max),
+            Metric::L1 => pairs().map(|(x, y)| (x - y).abs()).fold(0.0, |s, t| s + t),
+            Metric::LInf => pairs().map(|(x, y)| (x - y).abs()).fold(0.0, f64::max),
             Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
         }
+    }
+
+    /// [`Metric::distance`] of two rows as kept (each widened to f64 as it is read).
+    pub fn row_distance(self, a: Row, b: Row) -> f64 {
+        crate::on_rows!(a, b, |x, y| self.distance(x, y))
     }
 
     /// Whether the threshold may be negative: only the negative inner product takes negative values.
@@ -115,10 +122,10 @@ impl Metric {
 
 /// `Σ (a_i - b_i)²` summed in order: the one formula shared by L2 and L2².
 #[inline]
-pub fn squared_l2(a: &[f64], b: &[f64]) -> f64 {
+pub fn squared_l2<A: Coord, B: Coord>(a: &[A], b: &[B]) -> f64 {
     let mut sum = 0.0;
     for (x, y) in a.iter().zip(b) {
-        let d = x - y;
+        let d = x.f64() - y.f64();
         sum += d * d;
     }
     sum
@@ -126,12 +133,17 @@ pub fn squared_l2(a: &[f64], b: &[f64]) -> f64 {
 
 /// `Σ a_i b_i` summed in order.
 #[inline]
-pub fn dot(a: &[f64], b: &[f64]) -> f64 {
+pub fn dot<A: Coord, B: Coord>(a: &[A], b: &[B]) -> f64 {
     let mut sum = 0.0;
     for (x, y) in a.iter().zip(b) {
-        sum += x * y;
+        sum += x.f64() * y.f64();
     }
     sum
+}
+
+/// [`dot`] of a row with itself: `Σx²` summed in order.
+pub fn row_norm(a: Row) -> f64 {
+    crate::on_row!(a, |x| dot(x, x))
 }
 
 /// Cosine distance from the dot product and both squared norms, each summed in order. Callers that

@@ -2,8 +2,11 @@
 //!
 //! Accepted shapes: one `FixedSizeList`, `List` or `LargeList` column of any numeric element type
 //! (Float16/32/64, integers), or one or more numeric columns read as the coordinates of one vector
-//! (a CSV of `x1..xn` works without options). Values are widened to f64, which is exact for every
-//! accepted type except 64-bit integers beyond 2⁵³.
+//! (a CSV of `x1..xn` works without options). Values are kept as f32 when the input's type fits
+//! f32 exactly (Float32, Float16, 8- and 16-bit integers: half the memory of f64, and no widening
+//! pass), else widened to f64, which is exact for every accepted type except 64-bit integers beyond
+//! 2⁵³. Comparisons widen the two rows they compare to f64 ([`Row`]), so the answers are the same
+//! bits whichever way the values are kept.
 //!
 //! A row never matches (and is counted as skipped) when its vector is NULL, contains a NULL, NaN or
 //! ±Inf, or — under the cosine metric — is the zero vector, whose cosine distance is undefined.
@@ -12,11 +15,12 @@
 //! Utf8View) and each row is kept as its Unicode scalar values ([`Strings`]); NULL strings never
 //! match, the empty string does.
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_empty_array};
 use datafusion::arrow::compute::{cast, concat};
-use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type, Schema, SchemaRef};
 use datafusion::common::{DataFusionError, Result, exec_err, plan_datafusion_err, plan_err};
 use rayon::prelude::*;
 
@@ -236,13 +240,177 @@ impl Strings {
     }
 }
 
+/// The values of a set of vectors, row-major, as kept: f32 for inputs whose type f32 holds
+/// exactly, else f64.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+}
+
+impl Default for Values {
+    fn default() -> Self {
+        Values::F64(Vec::new())
+    }
+}
+
+impl Values {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F64(v) => v.len(),
+            Values::F32(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the values take.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Values::F64(v) => v.len() * 8,
+            Values::F32(v) => v.len() * 4,
+        }
+    }
+
+    /// The values in f64: borrowed when kept in f64, else widened (exactly) into a copy.
+    pub fn to_f64(&self) -> Cow<'_, [f64]> {
+        match self {
+            Values::F64(v) => Cow::Borrowed(v),
+            Values::F32(v) => Cow::Owned(v.par_iter().map(|&x| x as f64).collect()),
+        }
+    }
+
+    /// The values in `range`, as kept.
+    fn slice(&self, range: std::ops::Range<usize>) -> Values {
+        match self {
+            Values::F64(v) => Values::F64(v[range].to_vec()),
+            Values::F32(v) => Values::F32(v[range].to_vec()),
+        }
+    }
+}
+
+/// One vector's values as kept (see [`Values`]). Every computation on rows widens each value to
+/// f64 as it reads it ([`Coord`]), which is exact: a row kept in f32 gives the same results, bit
+/// for bit, as the same row widened beforehand.
+#[derive(Debug, Clone, Copy)]
+pub enum Row<'a> {
+    F64(&'a [f64]),
+    F32(&'a [f32]),
+}
+
+impl<'a> Row<'a> {
+    /// Number of coordinates.
+    #[inline]
+    pub fn len(self) -> usize {
+        match self {
+            Row::F64(r) => r.len(),
+            Row::F32(r) => r.len(),
+        }
+    }
+
+    /// Whether the row has no coordinates.
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// Coordinate `d`, in f64.
+    #[inline]
+    pub fn get(self, d: usize) -> f64 {
+        match self {
+            Row::F64(r) => r[d],
+            Row::F32(r) => r[d] as f64,
+        }
+    }
+
+    /// The coordinates in f64, in order.
+    pub fn iter(self) -> impl Iterator<Item = f64> + 'a {
+        (0..self.len()).map(move |d| self.get(d))
+    }
+
+    /// The coordinates in f64.
+    pub fn to_vec(self) -> Vec<f64> {
+        match self {
+            Row::F64(r) => r.to_vec(),
+            Row::F32(r) => r.iter().map(|&x| x as f64).collect(),
+        }
+    }
+}
+
+/// A coordinate type rows are kept in: read as f64, exactly.
+pub trait Coord: Copy + Send + Sync + 'static {
+    fn f64(self) -> f64;
+    /// The slice inside `row`, which the caller knows to be kept in this type (rows of one
+    /// [`Vectors`] all are).
+    fn of_row(row: Row<'_>) -> &[Self];
+}
+
+impl Coord for f64 {
+    #[inline(always)]
+    fn f64(self) -> f64 {
+        self
+    }
+
+    #[inline]
+    fn of_row(row: Row<'_>) -> &[f64] {
+        match row {
+            Row::F64(r) => r,
+            Row::F32(_) => unreachable!("rows of one set of vectors are kept in one type"),
+        }
+    }
+}
+
+impl Coord for f32 {
+    #[inline(always)]
+    fn f64(self) -> f64 {
+        self as f64
+    }
+
+    #[inline]
+    fn of_row(row: Row<'_>) -> &[f32] {
+        match row {
+            Row::F32(r) => r,
+            Row::F64(_) => unreachable!("rows of one set of vectors are kept in one type"),
+        }
+    }
+}
+
+/// Evaluates `$body` with `$x` bound to the slice inside row `$a` (as `&[f64]` or `&[f32]`): the
+/// body is compiled once for each type, so generic code over [`Coord`] runs without a branch per
+/// value.
+#[macro_export]
+macro_rules! on_row {
+    ($a:expr, |$x:ident| $body:expr) => {
+        match $a {
+            $crate::vectors::Row::F64($x) => $body,
+            $crate::vectors::Row::F32($x) => $body,
+        }
+    };
+}
+
+/// [`on_row!`] for two rows, each of either type.
+#[macro_export]
+macro_rules! on_rows {
+    ($a:expr, $b:expr, |$x:ident, $y:ident| $body:expr) => {
+        match ($a, $b) {
+            ($crate::vectors::Row::F64($x), $crate::vectors::Row::F64($y)) => $body,
+            ($crate::vectors::Row::F64($x), $crate::vectors::Row::F32($y)) => $body,
+            ($crate::vectors::Row::F32($x), $crate::vectors::Row::F64($y)) => $body,
+            ($crate::vectors::Row::F32($x), $crate::vectors::Row::F32($y)) => $body,
+        }
+    };
+}
+
 /// The usable vectors of one input, dense and row-major.
 #[derive(Debug, Default)]
 pub struct Vectors {
     /// Dimension of every vector.
     pub dim: usize,
-    /// `len() × dim` values, row-major, in f64.
-    pub values: Vec<f64>,
+    /// `len() × dim` values, row-major, as kept.
+    pub values: Values,
     /// For each vector, its row in the input batch.
     pub rows: Vec<u32>,
     /// Input rows that never match (NULL/NaN/±Inf, or zero vectors under cosine; NULL strings).
@@ -297,15 +465,19 @@ impl Vectors {
 
     /// The `i`-th vector.
     #[inline]
-    pub fn row(&self, i: usize) -> &[f64] {
-        &self.values[i * self.dim..(i + 1) * self.dim]
+    pub fn row(&self, i: usize) -> Row<'_> {
+        let range = i * self.dim..(i + 1) * self.dim;
+        match &self.values {
+            Values::F64(v) => Row::F64(&v[range]),
+            Values::F32(v) => Row::F32(&v[range]),
+        }
     }
 
     /// A copy of the vectors at `positions` (a tile; its position 0 is `positions.start` here).
     pub fn slice(&self, positions: std::ops::Range<usize>) -> Vectors {
         Vectors {
             dim: self.dim,
-            values: self.values[positions.start * self.dim..positions.end * self.dim].to_vec(),
+            values: self.values.slice(positions.start * self.dim..positions.end * self.dim),
             strings: self.strings.slice(positions.clone()),
             rows: self.rows[positions].to_vec(),
             skipped: 0,
@@ -315,6 +487,11 @@ impl Vectors {
 
     /// `dim`-dimensional vectors of `values` (row-major), numbered 0.. in input order.
     pub fn new(dim: usize, values: Vec<f64>) -> Vectors {
+        Self::of(dim, Values::F64(values))
+    }
+
+    /// [`Vectors::new`] of values kept as they are, in f64 or f32.
+    pub fn of(dim: usize, values: Values) -> Vectors {
         let rows = (0..values.len().checked_div(dim).unwrap_or(0) as u32).collect();
         Vectors { dim, values, rows, ..Default::default() }
     }
@@ -389,7 +566,7 @@ impl Vectors {
     /// A copy of the vectors scaled to unit length, each row divided by `√(Σx²)` summed in order
     /// (cosine's filter space, `backend::plan::filter_space`, and [`Vectors::unit_rows`]).
     pub fn unit_values(&self) -> Vec<f64> {
-        let mut values = self.values.clone();
+        let mut values = self.values.to_f64().into_owned();
         values.par_chunks_mut(self.dim.max(1)).for_each(|row| {
             let norm = crate::op::dot(row, row).sqrt();
             row.iter_mut().for_each(|x| *x /= norm);
@@ -406,17 +583,22 @@ impl Vectors {
             }
             // Sums of 4096-row blocks in parallel, added in block order: the same mean on any
             // number of threads.
-            let blocks: Vec<Vec<f64>> = self
-                .values
-                .par_chunks(self.dim * 4096)
-                .map(|block| {
-                    let mut sum = vec![0.0; self.dim];
-                    for row in block.chunks_exact(self.dim) {
-                        sum.iter_mut().zip(row).for_each(|(s, x)| *s += x);
-                    }
-                    sum
-                })
-                .collect();
+            fn block_sums<T: Coord>(values: &[T], dim: usize) -> Vec<Vec<f64>> {
+                values
+                    .par_chunks(dim * 4096)
+                    .map(|block| {
+                        let mut sum = vec![0.0; dim];
+                        for row in block.chunks_exact(dim) {
+                            sum.iter_mut().zip(row).for_each(|(s, x)| *s += x.f64());
+                        }
+                        sum
+                    })
+                    .collect()
+            }
+            let blocks = match &self.values {
+                Values::F64(v) => block_sums(v, self.dim),
+                Values::F32(v) => block_sums(v, self.dim),
+            };
             let mut sum = vec![0.0; self.dim];
             for block in blocks {
                 sum.iter_mut().zip(block).for_each(|(s, b)| *s += b);
@@ -499,24 +681,25 @@ impl Vectors {
 
     /// Skips zero vectors (cosine has no direction for them).
     fn skip_zero_vectors(&mut self) {
-        self.retain(|v| v.iter().any(|x| *x != 0.0));
-    }
-
-    /// Keeps the vectors for which `keep` holds; the others count as skipped.
-    fn retain(&mut self, mut keep: impl FnMut(&[f64]) -> bool) {
-        self.mean = OnceLock::new();
-        let dim = self.dim;
-        let mut kept = 0;
-        for i in 0..self.len() {
-            if keep(&self.values[i * dim..(i + 1) * dim]) {
-                self.values.copy_within(i * dim..(i + 1) * dim, kept * dim);
-                self.rows[kept] = self.rows[i];
-                kept += 1;
+        fn retain_nonzero<T: Coord>(values: &mut Vec<T>, rows: &mut Vec<u32>, dim: usize) {
+            let mut kept = 0;
+            for i in 0..rows.len() {
+                if values[i * dim..(i + 1) * dim].iter().any(|x| x.f64() != 0.0) {
+                    values.copy_within(i * dim..(i + 1) * dim, kept * dim);
+                    rows[kept] = rows[i];
+                    kept += 1;
+                }
             }
+            values.truncate(kept * dim);
+            rows.truncate(kept);
         }
-        self.skipped += self.len() - kept;
-        self.values.truncate(kept * dim);
-        self.rows.truncate(kept);
+        self.mean = OnceLock::new();
+        let before = self.len();
+        match &mut self.values {
+            Values::F64(v) => retain_nonzero(v, &mut self.rows, self.dim),
+            Values::F32(v) => retain_nonzero(v, &mut self.rows, self.dim),
+        }
+        self.skipped += before - self.len();
     }
 }
 
@@ -563,9 +746,36 @@ fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
         }
         other => return exec_err!("{describe}: column of type {other} is not a list"),
     };
+    if fits_f32(child.data_type()) {
+        let child = cast(&child, &DataType::Float32)?;
+        let child = child.as_primitive::<Float32Type>();
+        let (values, out) = list_rows(column, &bounds, child.values(), |j| child.is_valid(j), describe)?;
+        return Ok(Vectors { values: Values::F32(values), ..out });
+    }
     let child = cast(&child, &DataType::Float64)?;
     let child = child.as_primitive::<Float64Type>();
-    let values = child.values();
+    let (values, out) = list_rows(column, &bounds, child.values(), |j| child.is_valid(j), describe)?;
+    Ok(Vectors { values: Values::F64(values), ..out })
+}
+
+/// Whether every value of `t` is exactly an f32 (those inputs are kept in f32).
+fn fits_f32(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Float32 | DataType::Float16 | DataType::Int8 | DataType::Int16 | DataType::UInt8 | DataType::UInt16
+    )
+}
+
+/// The usable rows of a list column whose row `r` holds `values[bounds[r].0..bounds[r].1]`
+/// (`valid(j)`: value j is not NULL): their values, and the vectors' dimension, rows and skips.
+fn list_rows<T: Coord>(
+    column: &ArrayRef,
+    bounds: &[(usize, usize)],
+    values: &[T],
+    valid: impl Fn(usize) -> bool,
+    describe: &str,
+) -> Result<(Vec<T>, Vectors)> {
+    let mut kept = Vec::new();
     let mut out = Vectors::default();
     let mut first: Option<(usize, usize)> = None; // (row, len) of the first non-null vector
     for (row, &(start, end)) in bounds.iter().enumerate() {
@@ -590,20 +800,20 @@ fn from_list(column: &ArrayRef, describe: &str) -> Result<Vectors> {
             }
             Some(_) => {}
         }
-        let usable = (start..end).all(|j| child.is_valid(j) && values[j].is_finite());
+        let usable = (start..end).all(|j| valid(j) && values[j].f64().is_finite());
         if usable {
-            out.values.extend_from_slice(&values[start..end]);
+            kept.extend_from_slice(&values[start..end]);
             out.rows.push(row as u32);
         } else {
             out.skipped += 1;
         }
     }
-    Ok(out)
+    Ok((kept, out))
 }
 
 /// The common case in one parallel pass: FixedSizeList columns (one per batch of an input) of
-/// Float32/Float64 with no NULL row or value and only finite values, widened into one row-major
-/// buffer without concatenating the lists first (a 1M × 128 concatenation alone took longer
+/// Float32/Float64 with no NULL row or value and only finite values, copied into one row-major
+/// buffer of their own type without concatenating the lists first (a 1M × 128 concatenation alone took longer
 /// than the widening: docs/optimisations.md, v13). `None` sends the input through the general, row-by-row path.
 fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
     let Some(DataType::FixedSizeList(field, n)) = columns.first().map(|c| c.data_type().clone()) else {
@@ -619,8 +829,22 @@ fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
     if dim == 0 || !matches!(element, DataType::Float32 | DataType::Float64) || !columns.iter().all(dense) {
         return Ok(None);
     }
+    let values = match element {
+        DataType::Float32 => dense_values::<Float32Type>(columns, dim, f32::is_finite).map(Values::F32),
+        _ => dense_values::<Float64Type>(columns, dim, f64::is_finite).map(Values::F64),
+    };
+    Ok(values.map(|values| Vectors::of(dim, values)))
+}
+
+/// The values of FixedSizeList `columns` of `dim` elements of type `T`, copied in parallel into one
+/// row-major buffer, each block checked by `finite` as it is copied; `None` when a value is not.
+fn dense_values<T: ArrowPrimitiveType>(
+    columns: &[ArrayRef],
+    dim: usize,
+    finite: fn(T::Native) -> bool,
+) -> Option<Vec<T::Native>> {
     let rows: usize = columns.iter().map(|c| c.len()).sum();
-    let mut values = vec![0f64; rows * dim];
+    let mut values = vec![T::Native::default(); rows * dim];
     let mut rest = values.as_mut_slice();
     let mut parts = Vec::with_capacity(columns.len());
     for column in columns {
@@ -628,23 +852,16 @@ fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
         parts.push((column, part));
         rest = tail;
     }
-    parts.into_par_iter().for_each(|(column, out)| {
+    let all_finite = parts.into_par_iter().all(|(column, out)| {
         let list = column.as_fixed_size_list();
         let child = list.values().slice(list.offset() * dim, list.len() * dim);
-        match element {
-            DataType::Float32 => {
-                let from = child.as_primitive::<Float32Type>().values();
-                out.par_chunks_mut(1 << 16).zip(from.par_chunks(1 << 16)).for_each(|(o, f)| {
-                    o.iter_mut().zip(f).for_each(|(o, &x)| *o = x as f64);
-                });
-            }
-            _ => out.copy_from_slice(child.as_primitive::<Float64Type>().values()),
-        }
+        let from = child.as_primitive::<T>().values();
+        out.par_chunks_mut(1 << 16).zip(from.par_chunks(1 << 16)).all(|(o, f)| {
+            o.copy_from_slice(f);
+            o.iter().all(|&x| finite(x))
+        })
     });
-    if !values.par_chunks(1 << 16).all(|c| c.iter().all(|x| x.is_finite())) {
-        return Ok(None);
-    }
-    Ok(Some(Vectors::new(dim, values)))
+    all_finite.then_some(values)
 }
 
 /// The rows of `batches` (numbered across them) that the conversion skipped although their vector
@@ -704,16 +921,17 @@ pub fn skipped_values(batches: &[RecordBatch], source: &VectorSource, skipped: &
 fn from_columns(columns: &[ArrayRef], num_rows: usize) -> Vectors {
     let columns: Vec<_> = columns.iter().map(|c| c.as_primitive::<Float64Type>()).collect();
     let mut out = Vectors { dim: columns.len(), ..Default::default() };
-    out.values.reserve(num_rows * columns.len());
+    let mut values = Vec::with_capacity(num_rows * columns.len());
     for row in 0..num_rows {
         let usable = columns.iter().all(|c| c.is_valid(row) && c.value(row).is_finite());
         if usable {
-            out.values.extend(columns.iter().map(|c| c.value(row)));
+            values.extend(columns.iter().map(|c| c.value(row)));
             out.rows.push(row as u32);
         } else {
             out.skipped += 1;
         }
     }
+    out.values = Values::F64(values);
     out
 }
 
@@ -739,11 +957,11 @@ mod tests {
         let source = VectorSource::resolve(&batch.schema(), None, false, "knn", "base").unwrap();
         let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
         assert_eq!((v.dim, v.rows.clone(), v.skipped), (2, vec![0, 4], 3));
-        assert_eq!(v.values, vec![1.0, 2.0, 5.0, 6.0]);
+        assert_eq!(v.values, Values::F32(vec![1.0, 2.0, 5.0, 6.0]));
     }
 
     #[test]
-    fn float16_lists_are_widened_exactly() {
+    fn float16_lists_are_kept_exactly_in_f32_and_32_bit_integers_in_f64() {
         let list = ListArray::from_iter_primitive::<Float32Type, _, _>(vec![
             Some(vec![Some(0.5), Some(-2.0)]),
             Some(vec![Some(1.25), Some(65504.0)]),
@@ -753,7 +971,14 @@ mod tests {
         let batch = RecordBatch::try_from_iter([("v", column)]).unwrap();
         let source = VectorSource::resolve(&batch.schema(), None, false, "knn", "base").unwrap();
         let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
-        assert_eq!(v.values, vec![0.5, -2.0, 1.25, 65504.0]);
+        assert_eq!(v.values, Values::F32(vec![0.5, -2.0, 1.25, 65504.0]));
+        let ints =
+            datafusion::arrow::array::ListArray::from_iter_primitive::<datafusion::arrow::datatypes::Int32Type, _, _>(
+                vec![Some(vec![Some(16_777_217), Some(-3)])],
+            );
+        let batch = RecordBatch::try_from_iter([("v", Arc::new(ints) as ArrayRef)]).unwrap();
+        let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
+        assert_eq!(v.values, Values::F64(vec![16_777_217.0, -3.0]));
     }
 
     #[test]
@@ -780,13 +1005,13 @@ mod tests {
         let parts = [whole.slice(0, 3), whole.slice(3, 0), whole.slice(3, 4)];
         let source = VectorSource::resolve(&whole.schema(), None, false, "knn", "base").unwrap();
         let dense = Vectors::from_batches(&whole.schema(), &parts, &source, false, "knn").unwrap();
-        assert_eq!(dense.values, (0..7).flat_map(|i| [i as f64, -(i as f64)]).collect::<Vec<_>>());
+        assert_eq!(dense.values, Values::F32((0..7).flat_map(|i| [i as f32, -(i as f32)]).collect()));
         assert_eq!((dense.rows, dense.skipped), ((0..7).collect(), 0));
         // A NULL row in a later batch: the general path, rows still numbered across the batches.
         let with_null =
             [list(vec![Some(vec![Some(1.0), Some(2.0)])]), list(vec![None, Some(vec![Some(0.0), Some(0.0)])])];
         let general = Vectors::from_batches(&whole.schema(), &with_null, &source, true, "knn").unwrap();
-        assert_eq!((general.values, general.rows, general.skipped), (vec![1.0, 2.0], vec![0], 2));
+        assert_eq!((general.values, general.rows, general.skipped), (Values::F32(vec![1.0, 2.0]), vec![0], 2));
     }
 
     #[test]
@@ -800,11 +1025,11 @@ mod tests {
         let source = VectorSource::resolve(&batch.schema(), None, false, "sim_join", "t").unwrap();
         assert_eq!(source, VectorSource::Columns(vec![1, 2]));
         let v = Vectors::from_batch(&batch, &source, true, "sim_join: argument 't'").unwrap();
-        assert_eq!((v.rows.clone(), v.skipped, v.values.clone()), (vec![1], 1, vec![1.5, 2.5]));
+        assert_eq!((v.rows.clone(), v.skipped, v.values.clone()), (vec![1], 1, Values::F64(vec![1.5, 2.5])));
         // The same rows in two batches (only the source's columns are concatenated), and none.
         let parts = [batch.slice(0, 1), batch.slice(1, 1)];
         let split = Vectors::from_batches(&batch.schema(), &parts, &source, true, "sim_join: argument 't'").unwrap();
-        assert_eq!((split.rows, split.skipped, split.values), (vec![1], 1, vec![1.5, 2.5]));
+        assert_eq!((split.rows, split.skipped, split.values), (vec![1], 1, Values::F64(vec![1.5, 2.5])));
         let empty = Vectors::from_batches(&batch.schema(), &[], &source, true, "sim_join: argument 't'").unwrap();
         assert!(empty.is_empty() && empty.skipped == 0);
     }

@@ -77,7 +77,7 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
             .map_init(
                 || Scratch::new(index.len()),
                 |scratch, q| {
-                    search.run(queries.row(q), scratch);
+                    search.run(&queries.row(q).to_vec(), scratch);
                     gathered.fetch_add(scratch.bounded.len() as u64, Ordering::Relaxed);
                     measured.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
                     let mut nearest = KSmallest::new(k);

@@ -39,7 +39,8 @@ use crate::vectors::Vectors;
 const GPU_OVER_ONE_CORE: f64 = 400.0;
 /// A GPU run's own fixed cost: allocations, launches, synchronisations.
 const GPU_RUN: Duration = Duration::from_millis(15);
-/// Host-to-device copy rate of exact f64 rows through the page-locked staging buffers.
+/// Host-to-device copy rate of exact rows (as kept: f64, or f32 widened on the device) through the
+/// page-locked staging buffers.
 const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
 
 /// The kernel modules a join may launch (the grid's when the cost model picks it) and kNN's.
@@ -189,11 +190,7 @@ impl AutoBackend {
         let cpu = Duration::from_secs_f64(cpu_ns * 1e-9 / rayon::current_num_threads() as f64);
         // What the GPU pays whatever its share: start-up left, uploads and the run's own overhead.
         let gpu_fixed = startup_left(modules).map(|startup| {
-            let upload_bytes: usize = inputs
-                .iter()
-                .filter(|v| !resident_on_device(v))
-                .map(|v| v.values.len() * std::mem::size_of::<f64>())
-                .sum();
+            let upload_bytes: usize = inputs.iter().filter(|v| !resident_on_device(v)).map(|v| v.values.bytes()).sum();
             startup + GPU_RUN + Duration::from_secs_f64(upload_bytes as f64 / UPLOAD_BYTES_PER_SECOND)
         });
         let gpu = gpu_fixed.map(|fixed| fixed + Duration::from_secs_f64(cpu_ns * 1e-9 / GPU_OVER_ONE_CORE));

@@ -27,7 +27,7 @@ use super::topk::{KSmallest, Neighbour, rank_in_waves};
 use super::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
 use crate::index::clusters::{ListOfClusters, MetricSpace, Probe, Rounding};
 use crate::op::{Metric, squared_l2};
-use crate::vectors::Vectors;
+use crate::vectors::{Row, Values, Vectors};
 
 /// Left rows (queries) per unit of parallel work.
 const BLOCK: usize = 64;
@@ -71,18 +71,18 @@ impl<'a> Space<'a> {
         }
     }
 
-    fn row(&self, i: usize) -> &[f64] {
+    fn row(&self, i: usize) -> Row<'_> {
         match self {
             Space::Rows { vectors, .. } => vectors.row(i),
-            Space::Unit { values, dim } => &values[i * dim..(i + 1) * dim],
+            Space::Unit { values, dim } => Row::F64(&values[i * dim..(i + 1) * dim]),
             Space::Strings(_) => unreachable!("strings have no rows"),
         }
     }
 
-    fn vector_distance(&self, a: &[f64], b: &[f64]) -> f64 {
+    fn vector_distance(&self, a: Row, b: Row) -> f64 {
         match self {
-            Space::Rows { metric, .. } => metric.distance(a, b),
-            _ => squared_l2(a, b).sqrt(),
+            Space::Rows { metric, .. } => metric.row_distance(a, b),
+            _ => crate::on_rows!(a, b, |x, y| squared_l2(x, y).sqrt()),
         }
     }
 }
@@ -111,7 +111,7 @@ impl MetricSpace for Space<'_> {
 
 /// A query (a left row) in the index's space.
 enum Query<'a> {
-    Row(&'a [f64]),
+    Row(Row<'a>),
     Text(Pattern),
 }
 
@@ -131,7 +131,7 @@ impl<'a> Query<'a> {
                 let max = if cutoff >= u32::MAX as f64 { u32::MAX } else { cutoff.max(0.0) as u32 };
                 pattern.distance_within(strings.string(b), max).map_or(f64::INFINITY, f64::from)
             }
-            (Query::Row(a), _) => base.vector_distance(a, base.row(b)),
+            (Query::Row(a), _) => base.vector_distance(*a, base.row(b)),
             _ => unreachable!("a query and its base are in the same space"),
         }
     }
@@ -157,7 +157,10 @@ pub(crate) fn radius(metric: Metric, threshold: f64, dim: usize) -> f64 {
 
 /// Whether the index can stand in for a scan of these vectors (see [`LARGEST_COORDINATE`]).
 pub fn usable(left: &Vectors, right: &Vectors) -> bool {
-    let small = |v: &Vectors| v.values.par_iter().all(|x| x.abs() < LARGEST_COORDINATE);
+    let small = |v: &Vectors| match &v.values {
+        Values::F64(values) => values.par_iter().all(|x| x.abs() < LARGEST_COORDINATE),
+        Values::F32(values) => values.par_iter().all(|x| (x.abs() as f64) < LARGEST_COORDINATE),
+    };
     small(left) && small(right)
 }
 
@@ -193,11 +196,11 @@ pub fn pays(request: &KnnRequest, k: usize) -> bool {
     }
     // Every (n / SAMPLE_ROWS)-th base row, every (q / SAMPLE_QUERIES)-th query.
     let step = base.len() / SAMPLE_ROWS;
-    let sample = Vectors::new(base.dim, (0..SAMPLE_ROWS).flat_map(|i| base.row(i * step).to_vec()).collect());
+    let sample = Vectors::new(base.dim, (0..SAMPLE_ROWS).flat_map(|i| base.row(i * step).iter()).collect());
     let query_step = (queries.len() / SAMPLE_QUERIES).max(1);
     let probes = Vectors::new(
         base.dim,
-        (0..queries.len()).step_by(query_step).take(SAMPLE_QUERIES).flat_map(|i| queries.row(i).to_vec()).collect(),
+        (0..queries.len()).step_by(query_step).take(SAMPLE_QUERIES).flat_map(|i| queries.row(i).iter()).collect(),
     );
     let space = Space::new(&sample, metric);
     let mut index = ListOfClusters::build(&space, ListOfClusters::bucket_for(sample.len()), space.rounding());
@@ -266,8 +269,8 @@ impl Probe for RangeProbe<'_> {
 
     fn member(&mut self, i: usize, slot: usize) {
         match self.exact {
-            Some(_) => self.measure(i, self.index.member_row(slot, self.request.right.dim)),
-            None => self.measure(i, &[]),
+            Some(_) => self.measure(i, Row::F64(self.index.member_row(slot, self.request.right.dim))),
+            None => self.measure(i, Row::F64(&[])),
         }
     }
 }
@@ -275,7 +278,7 @@ impl Probe for RangeProbe<'_> {
 impl RangeProbe<'_> {
     /// Right object `i` (its row `row` for vectors) measured by the exact test.
     #[inline]
-    fn measure(&mut self, i: usize, row: &[f64]) {
+    fn measure(&mut self, i: usize, row: Row) {
         if i < self.first {
             return;
         }
@@ -395,8 +398,8 @@ impl Probe for NearestProbe<'_> {
 
     fn member(&mut self, i: usize, slot: usize) {
         match self.exact {
-            Some(_) => self.measure(i, self.index.member_row(slot, self.request.base.dim)),
-            None => self.measure(i, &[]),
+            Some(_) => self.measure(i, Row::F64(self.index.member_row(slot, self.request.base.dim))),
+            None => self.measure(i, Row::F64(&[])),
         }
     }
 }
@@ -404,7 +407,7 @@ impl Probe for NearestProbe<'_> {
 impl NearestProbe<'_> {
     /// Base object `i` (its row `row` for vectors) measured exactly and offered.
     #[inline]
-    fn measure(&mut self, i: usize, row: &[f64]) {
+    fn measure(&mut self, i: usize, row: Row) {
         self.checked += 1;
         let KnnRequest { queries, base, .. } = *self.request;
         let distance = match (self.exact, &self.query) {

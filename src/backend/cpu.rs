@@ -11,6 +11,7 @@
 //!   exact f64 re-rank, so the answer is exactly the k smallest f64 distances (ties by position).
 //! * Text metrics: `backend::text`.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ use super::topk::{KSmallest, Neighbour, k_smallest, push_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
 use crate::index::{GridGeometry, GridIndex, JoinStrategy};
 use crate::op::{IndexChoice, Metric, dot};
-use crate::vectors::Vectors;
+use crate::vectors::{Coord, Row, Values, Vectors};
 
 /// Left rows per join tile (brute-force joins and range queries).
 const TILE_QUERIES: usize = 64;
@@ -172,14 +173,38 @@ impl Backend for CpuBackend {
 
 /// The f32 filter sides of a GEMM-form metric (the right one omitted for a self-join), centred on
 /// the right input's mean; `None` when the metric has no GEMM form or the values exceed f32 scores.
-fn gemm_sides(left: &Vectors, right: &Vectors, metric: Metric, same: bool) -> Option<(GemmSide, Option<GemmSide>)> {
+///
+/// A right input kept in f32 whose mean lies near the origin (`64·‖μ‖² ≤` its mean squared norm,
+/// as for embeddings and other data centred by construction) is not centred: its values are then
+/// its filter rows as they are, with no copy, and the norms, and so the margin, are larger by a
+/// few percent at most. The inner product never centres.
+fn gemm_sides<'v>(
+    left: &'v Vectors,
+    right: &'v Vectors,
+    metric: Metric,
+    same: bool,
+) -> Option<(GemmSide<'v>, Option<GemmSide<'v>>)> {
     if !gemm_form(metric) {
         return None;
     }
     let center = right.mean();
-    let left_side = GemmSide::new(left, metric, center)?;
-    let right_side = if same { None } else { Some(GemmSide::new(right, metric, center)?) };
-    Some((left_side, right_side))
+    let uncentred = match (&right.values, metric) {
+        (Values::F32(_), Metric::L2 | Metric::L2Squared | Metric::InnerProduct) => {
+            let side = GemmSide::new(right, metric, None)?;
+            let mean_sq_norm = side.sq_norms.iter().map(|&s| s as f64).sum::<f64>() / side.len().max(1) as f64;
+            (metric == Metric::InnerProduct || 64.0 * dot(center, center) <= mean_sq_norm).then_some(side)
+        }
+        _ => None,
+    };
+    let origin = if uncentred.is_some() { None } else { Some(center) };
+    let right_side = match uncentred {
+        Some(side) => side,
+        None => GemmSide::new(right, metric, origin)?,
+    };
+    if same {
+        return Some((right_side, None));
+    }
+    Some((GemmSide::new(left, metric, origin)?, Some(right_side)))
 }
 
 /// Everything a join worker needs.
@@ -369,7 +394,7 @@ fn exact_pair(
     let (pa, pb) = (left.order[sa], right.order[sb]);
     let a = &left_values[sa * dim..(sa + 1) * dim];
     let b = &right_values[sb * dim..(sb + 1) * dim];
-    match ctx.exact.within(a, b, pa as usize, pb as usize) {
+    match ctx.exact.within(Row::F64(a), Row::F64(b), pa as usize, pb as usize) {
         Some(d) => ctx.push(writer, pa, pb, d),
         None => Ok(()),
     }
@@ -491,10 +516,11 @@ fn direct_join(ctx: &JoinContext, columns: Option<&DirectColumns>) -> Result<()>
 /// filter keeps a margin of `(d + 16)·2⁻²³·(‖x̃‖ + ‖ỹ‖)²`, four times that, so a pair whose exact
 /// score is within the threshold always passes and is then decided by the exact f64 check.
 /// Centring keeps the norms, and so the margin, small for data far from the origin.
-struct GemmSide {
+struct GemmSide<'v> {
     dim: usize,
-    /// Transformed vectors in f32, row-major.
-    data: Vec<f32>,
+    /// Transformed vectors in f32, row-major (the vectors themselves where they are kept in f32
+    /// and neither centred nor normalised).
+    data: Cow<'v, [f32]>,
     /// ‖x̃‖² per row.
     sq_norms: Vec<f32>,
     /// ‖x̃‖ per row.
@@ -508,23 +534,34 @@ struct GemmSide {
     floor: f32,
 }
 
-impl GemmSide {
-    /// `None` when a norm is too large for f32 scores (beyond 10¹⁸): the caller then computes
-    /// every distance exactly instead.
-    fn new(v: &Vectors, metric: Metric, center: &[f64]) -> Option<Self> {
+impl<'v> GemmSide<'v> {
+    /// The side of `v`, centred on `center` where given (L2, L2²; `None`: the origin). `None` when
+    /// a norm is too large for f32 scores (beyond 10¹⁸): the caller then computes every distance
+    /// exactly instead.
+    fn new(v: &'v Vectors, metric: Metric, center: Option<&[f64]>) -> Option<Self> {
         let dim = v.dim;
-        let mut data = vec![0f32; v.values.len()];
-        data.par_chunks_mut(dim).enumerate().for_each(|(i, out)| {
-            let row = v.row(i);
-            match metric {
-                Metric::Cosine => {
-                    let norm = dot(row, row).sqrt();
-                    out.iter_mut().zip(row).for_each(|(o, x)| *o = (x / norm) as f32);
-                }
-                Metric::InnerProduct => out.iter_mut().zip(row).for_each(|(o, x)| *o = *x as f32),
-                _ => out.iter_mut().zip(row).zip(center).for_each(|((o, x), c)| *o = (x - c) as f32),
+        let data = match (&v.values, metric, center) {
+            (Values::F32(values), Metric::L2 | Metric::L2Squared, None)
+            | (Values::F32(values), Metric::InnerProduct, _) => Cow::Borrowed(values.as_slice()),
+            _ => {
+                let mut data = vec![0f32; v.values.len()];
+                data.par_chunks_mut(dim).enumerate().for_each(|(i, out)| {
+                    crate::on_row!(v.row(i), |row| match (metric, center) {
+                        (Metric::Cosine, _) => {
+                            let norm = dot(row, row).sqrt();
+                            out.iter_mut().zip(row).for_each(|(o, x)| *o = (x.f64() / norm) as f32);
+                        }
+                        (Metric::InnerProduct, _) | (_, None) => {
+                            out.iter_mut().zip(row).for_each(|(o, x)| *o = x.f64() as f32)
+                        }
+                        (_, Some(center)) => {
+                            out.iter_mut().zip(row).zip(center).for_each(|((o, x), c)| *o = (x.f64() - c) as f32)
+                        }
+                    })
+                });
+                Cow::Owned(data)
             }
-        });
+        };
         let sq_norms: Vec<f32> =
             data.par_chunks(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32).collect();
         if sq_norms.iter().any(|s| s.is_nan() || *s > 1e36) {
@@ -733,7 +770,7 @@ impl DirectColumns {
     /// `None` when a value is too large for f32 scores: every distance is then exact.
     fn new(queries: &Vectors, base: &Vectors) -> Option<Self> {
         let (dim, origin) = (base.dim, base.mean());
-        let offset = |v: &Vectors, i: usize, d: usize| (v.row(i)[d] - origin[d]) as f32;
+        let offset = |v: &Vectors, i: usize, d: usize| (v.row(i).get(d) - origin[d]) as f32;
         let mut query_columns = vec![0f32; dim * queries.len()];
         query_columns.par_chunks_mut(queries.len().max(1)).enumerate().for_each(|(d, column)| {
             column.iter_mut().enumerate().for_each(|(i, c)| *c = offset(queries, i, d));

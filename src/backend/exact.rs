@@ -1,8 +1,8 @@
 //! The exact f64 test every backend applies to its candidate pairs: [`Metric::distance`] evaluated
 //! term by term in natural dimension order, with a short-circuit that cannot change the answer.
 
-use crate::op::{Metric, cosine_from_parts, dot};
-use crate::vectors::Vectors;
+use crate::op::{Metric, cosine_from_parts, dot, row_norm};
+use crate::vectors::{Coord, Row, Vectors};
 
 /// Decides `Metric::distance(a, b) <= threshold` and returns the distance when it holds.
 #[derive(Debug, Clone)]
@@ -27,7 +27,7 @@ impl ExactCheck {
             _ => threshold,
         };
         let norms = |v: &Vectors| -> Vec<f64> {
-            if metric == Metric::Cosine { (0..v.len()).map(|i| dot(v.row(i), v.row(i))).collect() } else { Vec::new() }
+            if metric == Metric::Cosine { (0..v.len()).map(|i| row_norm(v.row(i))).collect() } else { Vec::new() }
         };
         let left_norms = norms(left);
         let right_norms = if std::ptr::eq(left, right) { left_norms.clone() } else { norms(right) };
@@ -37,14 +37,20 @@ impl ExactCheck {
     /// The distance between left vector `ia` (values `a`) and right vector `ib` (values `b`) when
     /// it is within the threshold.
     #[inline]
-    pub fn within(&self, a: &[f64], b: &[f64], ia: usize, ib: usize) -> Option<f64> {
+    pub fn within(&self, a: Row, b: Row, ia: usize, ib: usize) -> Option<f64> {
+        crate::on_rows!(a, b, |x, y| self.within_of(x, y, ia, ib))
+    }
+
+    /// [`ExactCheck::within`] of the rows' values, each widened to f64 as it is read.
+    #[inline]
+    fn within_of<A: Coord, B: Coord>(&self, a: &[A], b: &[B], ia: usize, ib: usize) -> Option<f64> {
         let limit = self.partial_limit;
         let distance = match self.metric {
             Metric::L2 | Metric::L2Squared => {
                 let mut sum = 0.0;
                 for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
                     for (x, y) in ca.iter().zip(cb) {
-                        let d = x - y;
+                        let d = x.f64() - y.f64();
                         sum += d * d;
                     }
                     if sum > limit {
@@ -57,7 +63,7 @@ impl ExactCheck {
                 let mut sum = 0.0;
                 for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
                     for (x, y) in ca.iter().zip(cb) {
-                        sum += (x - y).abs();
+                        sum += (x.f64() - y.f64()).abs();
                     }
                     if sum > limit {
                         return None;
@@ -68,21 +74,26 @@ impl ExactCheck {
             Metric::LInf => {
                 let mut max = 0.0f64;
                 for (x, y) in a.iter().zip(b) {
-                    max = max.max((x - y).abs());
+                    max = max.max((x.f64() - y.f64()).abs());
                     if max > limit {
                         return None;
                     }
                 }
                 max
             }
-            Metric::Cosine | Metric::InnerProduct | Metric::Levenshtein => self.distance(a, b, ia, ib),
+            Metric::Cosine | Metric::InnerProduct | Metric::Levenshtein => self.distance_of(a, b, ia, ib),
         };
         (distance <= self.threshold).then_some(distance)
     }
 
     /// The exact distance, bit for bit `Metric::distance(a, b)`.
     #[inline]
-    pub fn distance(&self, a: &[f64], b: &[f64], ia: usize, ib: usize) -> f64 {
+    pub fn distance(&self, a: Row, b: Row, ia: usize, ib: usize) -> f64 {
+        crate::on_rows!(a, b, |x, y| self.distance_of(x, y, ia, ib))
+    }
+
+    #[inline]
+    fn distance_of<A: Coord, B: Coord>(&self, a: &[A], b: &[B], ia: usize, ib: usize) -> f64 {
         match self.metric {
             Metric::Cosine => cosine_from_parts(dot(a, b), self.left_norms[ia], self.right_norms[ib]),
             metric => metric.distance(a, b),
@@ -94,37 +105,49 @@ impl ExactCheck {
     /// dependent additions, each waiting out the latency of the one before; four interleaved fill
     /// those waits (the exact re-rank of a kNN at large k is mostly such chains, docs/optimisations.md, v37).
     #[inline]
-    pub fn distances4(&self, a: &[f64], ia: usize, rows: [&[f64]; 4], ibs: [usize; 4]) -> [f64; 4] {
+    pub fn distances4(&self, a: Row, ia: usize, rows: [Row; 4], ibs: [usize; 4]) -> [f64; 4] {
+        match rows[0] {
+            Row::F64(_) => crate::on_row!(a, |x| self.distances4_of(x, ia, rows.map(f64::of_row), ibs)),
+            Row::F32(_) => crate::on_row!(a, |x| self.distances4_of(x, ia, rows.map(f32::of_row), ibs)),
+        }
+    }
+
+    #[inline]
+    fn distances4_of<A: Coord, B: Coord>(&self, a: &[A], ia: usize, rows: [&[B]; 4], ibs: [usize; 4]) -> [f64; 4] {
         let dim = a.len();
         let rows = rows.map(|row| &row[..dim]);
         let mut acc = [0.0f64; 4];
         match self.metric {
             Metric::L2 | Metric::L2Squared => {
-                for (d, &x) in a.iter().enumerate() {
+                for (d, x) in a.iter().enumerate() {
+                    let x = x.f64();
                     for (sum, row) in acc.iter_mut().zip(&rows) {
-                        let t = x - row[d];
+                        let t = x - row[d].f64();
                         *sum += t * t;
                     }
                 }
             }
             Metric::Cosine | Metric::InnerProduct => {
-                for (d, &x) in a.iter().enumerate() {
+                for (d, x) in a.iter().enumerate() {
+                    let x = x.f64();
                     for (sum, row) in acc.iter_mut().zip(&rows) {
-                        *sum += x * row[d];
+                        *sum += x * row[d].f64();
                     }
                 }
             }
             Metric::L1 => {
-                for (d, &x) in a.iter().enumerate() {
+                for (d, x) in a.iter().enumerate() {
+                    let x = x.f64();
                     for (sum, row) in acc.iter_mut().zip(&rows) {
-                        *sum += (x - row[d]).abs();
+                        *sum += (x - row[d].f64()).abs();
                     }
                 }
             }
             Metric::LInf => {
-                for (d, &x) in a.iter().enumerate() {
+                for (d, x) in a.iter().enumerate() {
+                    let x = x.f64();
                     for (max, row) in acc.iter_mut().zip(&rows) {
-                        *max = max.max((x - row[d]).abs());
+                        *max = max.max((x - row[d].f64()).abs());
                     }
                 }
             }
@@ -195,7 +218,7 @@ mod tests {
                 let check = ExactCheck::new(metric, threshold, &v, &v);
                 for i in 0..v.len() {
                     for j in 0..v.len() {
-                        let d = metric.distance(v.row(i), v.row(j));
+                        let d = metric.row_distance(v.row(i), v.row(j));
                         let want = (d <= threshold).then_some(d);
                         let got = check.within(v.row(i), v.row(j), i, j);
                         assert_eq!(got.map(f64::to_bits), want.map(f64::to_bits), "{metric} {threshold} {i} {j}");

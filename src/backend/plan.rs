@@ -9,7 +9,7 @@ use super::JoinRequest;
 use super::simd::FilterKind;
 use crate::index::{CostInputs, JoinStrategy, choose_strategy};
 use crate::op::Metric;
-use crate::vectors::Vectors;
+use crate::vectors::{Coord, Vectors};
 
 /// The filter-space coordinates of both sides (the vectors for L1/L2/L∞, their unit
 /// normalisations for cosine; the right side is the left one for a self-join) and the strategy the
@@ -37,15 +37,18 @@ pub(crate) fn plan_join<'a>(request: &JoinRequest<'a>) -> (Cow<'a, [f64]>, Cow<'
 /// The coordinates the grid indexes: unit vectors for cosine, the vectors otherwise.
 pub(crate) fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
     if metric != Metric::Cosine {
-        return Cow::Borrowed(&v.values);
+        return v.values.to_f64();
     }
     Cow::Owned(v.unit_values())
 }
 
-/// Copies the rows of `v` in `order` into one contiguous buffer, so a cell's points are adjacent.
+/// Copies the rows of `v` in `order` into one contiguous buffer (in f64), so a cell's points are
+/// adjacent.
 pub(crate) fn gather(v: &Vectors, order: &[u32]) -> Vec<f64> {
     let mut out = vec![0.0; order.len() * v.dim];
-    out.par_chunks_mut(v.dim).zip(order.par_iter()).for_each(|(dst, &p)| dst.copy_from_slice(v.row(p as usize)));
+    out.par_chunks_mut(v.dim.max(1)).zip(order.par_iter()).for_each(|(dst, &p)| {
+        crate::on_row!(v.row(p as usize), |row| dst.iter_mut().zip(row).for_each(|(d, x)| *d = x.f64()))
+    });
     out
 }
 

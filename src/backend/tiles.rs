@@ -207,7 +207,7 @@ mod tests {
     fn tiled_runs_equal_one_run() {
         let a = vectors(230, 3, 1);
         let b = vectors(170, 3, 2);
-        let eps = datagen::calibrate_threshold(&a.values, 3, 12.0, Metric::L2, 1);
+        let eps = datagen::calibrate_threshold(&a.values.to_f64(), 3, 12.0, Metric::L2, 1);
         let run = |r: &JoinRequest, s: &dyn ResultSink| CpuBackend.join(r, s);
         let self_joins = [
             None,

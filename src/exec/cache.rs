@@ -74,7 +74,7 @@ pub(super) fn vectors(
     // Converted outside the lock: two queries converting the same input at once both convert.
     let mut vectors = Vectors::from_batches(schema, batches, source, reject_zero, describe)?;
     // The arrays count too: the entry keeps them allocated, even once their table is gone.
-    let bytes = vectors.values.len() * 8
+    let bytes = vectors.values.bytes()
         + vectors.strings.chars.len() * 4
         + vectors.strings.offsets.len() * 8
         + vectors.rows.len() * 4

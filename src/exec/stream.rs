@@ -27,7 +27,7 @@ use super::{InputSide, SimilarityExec, WholeInputExec};
 use crate::backend::{Backend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats, SelfJoin};
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
 use crate::results::{BatchBuilder, OutputColumn, SideData};
-use crate::vectors::{Vectors, skipped_values};
+use crate::vectors::{Row, Vectors, skipped_values};
 
 /// The operator's metrics (EXPLAIN ANALYZE).
 struct SimilarityMetrics {
@@ -354,7 +354,7 @@ impl Run {
         self.metrics.skipped_rows.add(lv.skipped + if same { 0 } else { rv.skipped });
         // Working memory of the backend: the vectors themselves, their f32/normalised copies and
         // the grid (ids, order, keys) — about three times the f64 vectors.
-        let side_bytes = |v: &Vectors| v.values.len() * 8 + v.strings.chars.len() * 4 + v.strings.offsets.len() * 8;
+        let side_bytes = |v: &Vectors| v.values.bytes() + v.strings.chars.len() * 4 + v.strings.offsets.len() * 8;
         let vector_bytes = side_bytes(lv) + if same { 0 } else { side_bytes(rv) };
         reservation.try_grow(3 * vector_bytes)?;
 
@@ -497,7 +497,7 @@ fn scalar_pairs(
     sink: &dyn ResultSink,
 ) -> Result<()> {
     let mut writer = crate::backend::PairWriter::new(sink, false);
-    let mut pair = |a: &[f64], b: &[f64], pa: usize, pb: usize| -> Result<()> {
+    let mut pair = |a: Row, b: Row, pa: usize, pb: usize| -> Result<()> {
         if a.len() != b.len() {
             return exec_err!(
                 "sim_join: dimension mismatch: {}-dimensional and {}-dimensional vectors",
@@ -505,20 +505,20 @@ fn scalar_pairs(
                 b.len()
             );
         }
-        let distance = metric.distance(a, b);
+        let distance = metric.row_distance(a, b);
         if distance.total_cmp(&threshold).is_le() { writer.push(pa as u32, pb as u32, distance) } else { Ok(()) }
     };
     let right_rows = (0..right.len()).map(|j| (right.row(j), j));
-    let right_all: Vec<(&[f64], usize)> =
-        right_rows.chain(right_odd.iter().enumerate().map(|(j, (_, b))| (b.as_slice(), right.len() + j))).collect();
+    let right_all: Vec<(Row, usize)> =
+        right_rows.chain(right_odd.iter().enumerate().map(|(j, (_, b))| (Row::F64(b), right.len() + j))).collect();
     for (i, (_, a)) in left_odd.iter().enumerate() {
         for &(b, pb) in &right_all {
-            pair(a, b, left.len() + i, pb)?;
+            pair(Row::F64(a), b, left.len() + i, pb)?;
         }
     }
     for i in 0..left.len() {
         for (j, (_, b)) in right_odd.iter().enumerate() {
-            pair(left.row(i), b, i, right.len() + j)?;
+            pair(left.row(i), Row::F64(b), i, right.len() + j)?;
         }
     }
     writer.flush()

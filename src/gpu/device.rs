@@ -208,8 +208,13 @@ impl GpuDevice {
     /// `values` (exact rows) on the device under `key`, and whether they were there already: the
     /// copy uploaded at the key's first use is kept, and returned, while the key lives and the
     /// kept rows take at most a quarter of the device's memory (the least recently used leave
-    /// first). The caller vouches that `values` are the key's, unchanged.
-    pub fn resident_rows(&self, key: &ResidentKey, values: &[f64]) -> Result<(Arc<CudaSlice<f64>>, bool)> {
+    /// first). The caller vouches that `upload` puts the key's values on the device, unchanged; it
+    /// is called only when they are not there.
+    pub fn resident_rows(
+        &self,
+        key: &ResidentKey,
+        upload: impl FnOnce() -> Result<CudaSlice<f64>>,
+    ) -> Result<(Arc<CudaSlice<f64>>, bool)> {
         let lock = || self.resident.lock().map_err(|_| "the GPU's resident rows are poisoned".to_string());
         {
             let mut resident = lock()?;
@@ -222,7 +227,7 @@ impl GpuDevice {
                 return Ok((entry.rows.clone(), true));
             }
         }
-        let rows = Arc::new(super::memory::upload(self, values)?);
+        let rows = Arc::new(upload()?);
         let capacity = self.info.total_memory / RESIDENT_SHARE;
         if rows.len() * std::mem::size_of::<f64>() <= capacity {
             let mut resident = lock()?;

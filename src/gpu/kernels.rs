@@ -90,6 +90,7 @@ pub enum Kernel {
     PackByteRows,
     FilterRows,
     IdentityOrder,
+    WidenRows,
     KnnSampleRows,
     KnnSampleDistances,
     KnnSampleDistancesTc,
@@ -112,7 +113,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 31] = [
+    pub const ALL: [Kernel; 32] = [
         Kernel::GridJoin,
         Kernel::BruteJoin,
         Kernel::BruteJoinTc,
@@ -126,6 +127,7 @@ impl Kernel {
         Kernel::PackByteRows,
         Kernel::FilterRows,
         Kernel::IdentityOrder,
+        Kernel::WidenRows,
         Kernel::KnnSampleRows,
         Kernel::KnnSampleDistances,
         Kernel::KnnSampleDistancesTc,
@@ -162,6 +164,7 @@ impl Kernel {
             Kernel::PackByteRows => "pack_byte_rows",
             Kernel::FilterRows => "filter_rows",
             Kernel::IdentityOrder => "identity_order",
+            Kernel::WidenRows => "widen_rows",
             Kernel::KnnSampleRows => "knn_sample_rows",
             Kernel::KnnSampleDistances => "knn_sample_distances",
             Kernel::KnnSampleDistancesTc => "knn_sample_distances_tc",
@@ -196,7 +199,8 @@ impl Kernel {
             | Kernel::IntegerRange
             | Kernel::PackByteRows
             | Kernel::FilterRows
-            | Kernel::IdentityOrder => KernelModule::BruteJoin,
+            | Kernel::IdentityOrder
+            | Kernel::WidenRows => KernelModule::BruteJoin,
             Kernel::KnnSampleRows => KernelModule::Knn,
             Kernel::KnnSampleDistances => KernelModule::Knn,
             Kernel::KnnSampleDistancesTc => KernelModule::Knn,

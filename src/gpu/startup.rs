@@ -3,6 +3,7 @@
 //! what is still left of them against the CPU's estimated time.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::device::GpuDevice;
@@ -26,6 +27,16 @@ fn compile_time(module: KernelModule) -> Duration {
 
 /// When the first warm-up began.
 static STARTED: OnceLock<Instant> = OnceLock::new();
+/// Warm-up threads still running.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a warm-up thread is still inside the CUDA driver or NVRTC (a query that ran on the
+/// CPU does not wait for it). A process that exits meanwhile tears the driver down under that
+/// thread, which then crashes (a segmentation fault in libcuda, seen on the H100 host): a
+/// one-shot program ends with `_exit` instead, as `simjoin` does, once its output is flushed.
+pub fn in_flight() -> bool {
+    IN_FLIGHT.load(Ordering::Acquire) > 0
+}
 
 /// Whether the CUDA driver and NVRTC libraries can be loaded at all (no CUDA call is made).
 pub fn libraries_present() -> bool {
@@ -49,7 +60,16 @@ pub fn warm_up(modules: &[KernelModule]) {
     let modules = modules.to_vec();
     // A thread that cannot start only means the query opens the device itself. Modules not in the
     // cache compile concurrently, one thread each (NVRTC compiles one program per thread).
-    let _ = std::thread::Builder::new().name("simjoin-gpu-start".into()).spawn(move || {
+    IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+    let spawned = std::thread::Builder::new().name("simjoin-gpu-start".into()).spawn(move || {
+        // Counted out when the thread ends, however it ends.
+        struct Done;
+        impl Drop for Done {
+            fn drop(&mut self) {
+                IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _done = Done;
         if let Ok(device) = GpuDevice::shared() {
             std::thread::scope(|scope| {
                 for module in modules {
@@ -61,6 +81,9 @@ pub fn warm_up(modules: &[KernelModule]) {
             });
         }
     });
+    if spawned.is_err() {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The estimated start-up still to be paid before `modules` run on device 0, or `None` when it

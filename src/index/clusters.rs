@@ -192,11 +192,11 @@ impl ListOfClusters {
         }
     }
 
-    /// Copies each member's row (`row(position)`) in list order.
-    pub fn gather_member_rows<'a>(&mut self, dim: usize, row: impl Fn(usize) -> &'a [f64]) {
+    /// Copies each member's row (`row(position)`) in list order, in f64.
+    pub fn gather_member_rows<'a>(&mut self, dim: usize, row: impl Fn(usize) -> crate::vectors::Row<'a>) {
         self.member_rows = Vec::with_capacity(self.members.len() * dim);
         for &m in &self.members {
-            self.member_rows.extend_from_slice(row(m as usize));
+            self.member_rows.extend(row(m as usize).iter());
         }
     }
 

@@ -30,7 +30,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
 use crate::op::{Metric, dot};
-use crate::vectors::Vectors;
+use crate::vectors::{Row, Vectors};
 
 /// Curves of an index.
 const CURVES: usize = 8;
@@ -210,7 +210,7 @@ impl Multicurves {
     /// A query in the index's terms: its f32 values (its unit vector under cosine) and its leading
     /// principal coordinates (zero-padded as [`Multicurves::projected`]).
     pub fn query(&self, query: &[f64]) -> (Vec<f32>, Vec<f32>) {
-        let values = to_f32(query, self.geometry);
+        let values = to_f32(Row::F64(query), self.geometry);
         let centred: Vec<f32> = values.iter().zip(&self.mean).map(|(x, m)| x - m).collect();
         let mut projected: Vec<f32> = self.axes.chunks(self.dim).map(|axis| dot_f32(axis, &centred)).collect();
         projected.resize(self.stride, 0.0);
@@ -308,12 +308,12 @@ fn rotate<'a>(x: &'a [f32], rotation: &'a [f32], dims: usize) -> impl Iterator<I
 }
 
 /// A vector's f32 coordinates in `geometry`.
-fn to_f32(row: &[f64], geometry: Geometry) -> Vec<f32> {
+fn to_f32(row: Row, geometry: Geometry) -> Vec<f32> {
     match geometry {
-        Geometry::Raw => row.iter().map(|&x| x as f32).collect(),
+        Geometry::Raw => row.iter().map(|x| x as f32).collect(),
         Geometry::Unit => {
-            let norm = dot(row, row).sqrt();
-            row.iter().map(|&x| (x / norm) as f32).collect()
+            let norm = crate::op::row_norm(row).sqrt();
+            row.iter().map(|x| (x / norm) as f32).collect()
         }
     }
 }
@@ -527,12 +527,12 @@ mod tests {
         let index = Multicurves::build(&base, Geometry::Raw);
         assert_eq!(index.projected_dims(), 64);
         for i in (0..3000).step_by(97) {
-            let q = base.row((i * 7) % 3000);
-            let (_, qp) = index.query(q);
+            let q = base.row((i * 7) % 3000).to_vec();
+            let (_, qp) = index.query(&q);
             for j in (0..3000).step_by(31) {
                 let bound: f32 = qp.iter().zip(index.projected(j)).map(|(a, b)| (a - b) * (a - b)).sum();
                 let lead: f32 = qp[..LEAD].iter().zip(index.projected(j)).map(|(a, b)| (a - b) * (a - b)).sum();
-                let full = crate::op::squared_l2(q, base.row(j));
+                let full = crate::op::squared_l2(&q, &base.row(j).to_vec());
                 assert!(lead <= bound * (1.0 + 1e-5), "lead {lead} above {bound}");
                 assert!(f64::from(bound) <= full * (1.0 + 1e-4) + 1e-4, "bound {bound} above {full}");
             }
@@ -547,7 +547,7 @@ mod tests {
         let mut out = Vec::new();
         for i in (0..5000).step_by(50) {
             out.clear();
-            let (_, qp) = index.query(base.row(i));
+            let (_, qp) = index.query(&base.row(i).to_vec());
             index.candidates(&qp, 16, &mut out);
             assert_eq!(out.len(), 16 * CURVES);
             assert!(out.contains(&(i as u32)), "row {i}");

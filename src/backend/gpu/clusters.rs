@@ -90,14 +90,11 @@ impl GpuBackend {
             let dim = left.dim;
             let cosine = metric == Metric::Cosine;
             let uploading = Instant::now();
-            let rows_of = |v: &Vectors| upload(&self.device, &v.values);
+            let rows_of = |v: &Vectors| ExactRows::Kept(&v.values).upload(&self.device);
             let unit_of = |v: &Vectors| upload(&self.device, v.unit_rows());
             let norms_of = |v: &Vectors| {
-                let norms: Vec<f64> = if cosine {
-                    (0..v.len()).into_par_iter().map(|i| dot(v.row(i), v.row(i))).collect()
-                } else {
-                    vec![0.0]
-                };
+                let norms: Vec<f64> =
+                    if cosine { (0..v.len()).into_par_iter().map(|i| row_norm(v.row(i))).collect() } else { vec![0.0] };
                 upload(&self.device, &norms)
             };
             let same = self_join.is_some();

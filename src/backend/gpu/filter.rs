@@ -114,6 +114,8 @@ pub(super) fn tensor_core_margin(dim: usize) -> TensorCoreMargin {
 /// The origin the f32 filter rows are offsets from: the right side's mean for the GEMM form (small
 /// norms, small margins; cosine's unit vectors stay as they are, like GemmSide's), the lower corner
 /// of both sides for the direct differences, none for the inner product.
+/// (The filter spaces are read only for a direct filter: the GEMM form's origin is the right
+/// side's mean, or zero.)
 pub(super) fn filter_origin(
     metric: Metric,
     gemm: bool,

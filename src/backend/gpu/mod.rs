@@ -5,7 +5,6 @@
 //! Exact distances are the f64 formulas of common.cuh, compiled without FMA contraction, so
 //! answers equal the CPU's.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,14 +24,14 @@ use crate::gpu::launch::{
     KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, byte_row_words, byte_rows,
     byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass, pack_half_rows,
     rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
-    start_rank_lists, tc_row_words,
+    start_rank_lists, tc_row_words, widen_rows,
 };
 use crate::gpu::memory::{available_memory, upload, zeroed};
 use crate::gpu::{DerivedSide, Error as GpuError, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 use crate::index::JoinStrategy;
 use crate::op::IndexChoice;
-use crate::op::{Metric, dot};
-use crate::vectors::Vectors;
+use crate::op::{Metric, row_norm};
+use crate::vectors::{Values, Vectors};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use rayon::prelude::*;
 

@@ -3,10 +3,39 @@
 
 use super::*;
 
+/// A side's exact rows on the host: the vectors' values as kept (input order), or a copy in slot
+/// order. Rows kept in f32 cross the bus in f32 and are widened on the device into the f64 rows
+/// the kernels read; rows already resident there are not uploaded at all.
+pub(super) enum ExactRows<'a> {
+    Kept(&'a Values),
+    Gathered(Vec<f64>),
+}
+
+impl ExactRows<'_> {
+    /// The rows on the device, in f64.
+    pub(super) fn upload(&self, device: &GpuDevice) -> Result<CudaSlice<f64>, GpuError> {
+        match self {
+            ExactRows::Kept(Values::F32(values)) => Ok(widen_rows(device, upload(device, values)?)?),
+            ExactRows::Kept(Values::F64(values)) | ExactRows::Gathered(values) => Ok(upload(device, values)?),
+        }
+    }
+
+    /// Whether the first `n` values are all integers in [−128, 255] (byte rows may hold the side).
+    fn first_may_be_bytes(&self, n: usize) -> bool {
+        let byte = |v: f64| v == v.round() && (-128.0..=255.0).contains(&v);
+        match self {
+            ExactRows::Kept(Values::F64(values)) | ExactRows::Gathered(values) => {
+                values.iter().take(n).all(|&v| byte(v))
+            }
+            ExactRows::Kept(Values::F32(values)) => values.iter().take(n).all(|&v| byte(v as f64)),
+        }
+    }
+}
+
 /// Host-side rows of one side in slot order, ready to upload.
 pub(super) struct HostSide<'a> {
     pub(super) filter: Vec<f32>,
-    pub(super) exact: Cow<'a, [f64]>,
+    pub(super) exact: ExactRows<'a>,
     pub(super) norms: Vec<f64>,
     pub(super) filter_norms: Vec<f32>,
     pub(super) filter_sq_norms: Vec<f32>,
@@ -44,9 +73,9 @@ pub(super) fn host_side<'a>(
     // Input order (brute force, kNN): the vectors as they are, no copy, resident when kept.
     let in_input_order = order.len() == v.len() && order.iter().enumerate().all(|(i, &p)| p as usize == i);
     let resident = resident_key(v).filter(|_| in_input_order);
-    let exact = if in_input_order { Cow::Borrowed(v.values.as_slice()) } else { Cow::Owned(gather(v, &order)) };
+    let exact = if in_input_order { ExactRows::Kept(&v.values) } else { ExactRows::Gathered(gather(v, &order)) };
     let norms = if metric == Metric::Cosine {
-        order.par_iter().map(|&p| dot(v.row(p as usize), v.row(p as usize))).collect()
+        order.par_iter().map(|&p| row_norm(v.row(p as usize))).collect()
     } else {
         vec![0.0]
     };
@@ -70,7 +99,7 @@ pub(super) fn host_side<'a>(
 pub(super) fn device_side<'a>(v: &'a Vectors, origin: &[f64]) -> HostSide<'a> {
     HostSide {
         filter: Vec::new(),
-        exact: Cow::Borrowed(v.values.as_slice()),
+        exact: ExactRows::Kept(&v.values),
         norms: vec![0.0],
         filter_norms: Vec::new(),
         filter_sq_norms: Vec::new(),
@@ -167,8 +196,8 @@ impl GpuBackend {
     pub(super) fn upload(&self, side: &HostSide) -> Result<SideBuffers, GpuError> {
         let device = &self.device;
         let (exact, resident) = match &side.resident {
-            Some(key) => device.resident_rows(key, side.exact.as_ref())?,
-            None => (Arc::new(upload(device, side.exact.as_ref())?), false),
+            Some(key) => device.resident_rows(key, || side.exact.upload(device))?,
+            None => (Arc::new(side.exact.upload(device)?), false),
         };
         let (filter, filter_norms, filter_sq_norms) = match &side.device_filter {
             Some(origin) => {
@@ -241,14 +270,14 @@ impl GpuBackend {
     pub(super) fn with_tensor_core_rows(
         &self,
         mut side: SideBuffers,
-        values: &[f64],
+        values: &ExactRows,
         dim: usize,
         tc: Option<i32>,
         metric: Metric,
     ) -> Result<SideBuffers, GpuError> {
         if let Some(a) = tc {
             side.half_rows = Some(pack_half_rows(&self.device, &side.filter, side.order.len(), dim, 2f32.powi(a))?);
-            let may_be_bytes = values.iter().take(4096).all(|&v| v == v.round() && (-128.0..=255.0).contains(&v));
+            let may_be_bytes = values.first_may_be_bytes(4096);
             if matches!(metric, Metric::L2 | Metric::L2Squared) && may_be_bytes {
                 side.byte_rows = byte_rows(&self.device, &side.exact, side.order.len(), dim)?;
             }

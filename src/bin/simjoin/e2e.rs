@@ -196,7 +196,10 @@ fn simjoin_sql(exe: &Path, sql: &str, device: &str, cache: &Path, output: Option
     let seconds = started.elapsed().as_secs_f64();
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
-        return Err(DataFusionError::Execution(format!("simjoin sql --device {device} '{sql}' failed: {stderr}")));
+        return Err(DataFusionError::Execution(format!(
+            "simjoin sql --device {device} '{sql}' failed ({}): {stderr}",
+            out.status
+        )));
     }
     let answer = match output {
         Some(_) => stderr.lines().find(|l| l.starts_with("wrote ")).unwrap_or_default().to_string(),

@@ -142,13 +142,24 @@ async fn main() -> ExitCode {
         Command::Executor(args) => cluster::executor(args).await,
         Command::Selftest { allow_cpu_only } => selftest::run(allow_cpu_only).await,
     };
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
+    let code = match outcome {
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {}", e.strip_backtrace());
-            ExitCode::FAILURE
+            1
         }
+    };
+    // A query that ran on the CPU leaves the GPU's start-up running on its thread; exiting
+    // normally would tear the driver down under it (see `simjoin::gpu::startup::in_flight`).
+    if simjoin::gpu::startup::in_flight() {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        // SAFETY: ends the process at once, without exit handlers; everything it wrote is
+        // flushed above (files the query wrote were closed before its stream ended).
+        unsafe { libc::_exit(code) };
     }
+    ExitCode::from(code as u8)
 }
 
 fn generate(args: GenArgs) -> datafusion::error::Result<()> {

@@ -47,6 +47,21 @@ pub fn identity_order(device: &GpuDevice, n: usize) -> Result<CudaSlice<u32>> {
     Ok(perm)
 }
 
+/// `from` (exact rows the host keeps in f32) widened into f64 rows on the device (widen_rows in
+/// kernels/pack_rows.cuh), `from` freed.
+pub fn widen_rows(device: &GpuDevice, from: CudaSlice<f32>) -> Result<CudaSlice<f64>> {
+    let function = device.function(Kernel::WidenRows)?;
+    let stream = &device.stream;
+    let len = from.len() as u64;
+    let mut to = zeroed::<f64>(stream, from.len().max(1))?;
+    let mut builder = stream.launch_builder(&function);
+    builder.arg(&from).arg(&len).arg(&mut to);
+    // SAFETY: widen_rows(const float*, u64, double*) reads `len` values of `from` and writes as
+    // many of `to`, which holds at least `len` (grid-stride, every index < len).
+    unsafe { builder.launch(strided(len)) }.map_err(|e| Error::Device(format!("widen_rows launch failed: {e}")))?;
+    Ok(to)
+}
+
 /// One stable radix pass: `to` becomes `from` ordered by the 8-bit digit of `keys` at `shift`
 /// (a point's key is `keys[position]`), ties in `from`'s order.
 pub fn radix_pass(
