@@ -189,11 +189,12 @@ fn gemm_sides<'v>(
     }
     let center = right.mean();
     let uncentred = match (&right.values, metric) {
-        (Values::F32(_), Metric::L2 | Metric::L2Squared | Metric::InnerProduct) => {
-            let side = GemmSide::new(right, metric, None)?;
-            let mean_sq_norm = side.sq_norms.iter().map(|&s| s as f64).sum::<f64>() / side.len().max(1) as f64;
-            (metric == Metric::InnerProduct || 64.0 * dot(center, center) <= mean_sq_norm).then_some(side)
-        }
+        // (Norms too large for f32 scores uncentred may still fit centred: then centre.)
+        (Values::F32(_), Metric::L2 | Metric::L2Squared | Metric::InnerProduct) => GemmSide::new(right, metric, None)
+            .filter(|side| {
+                let mean_sq_norm = side.sq_norms.iter().map(|&s| s as f64).sum::<f64>() / side.len().max(1) as f64;
+                metric == Metric::InnerProduct || 64.0 * dot(center, center) <= mean_sq_norm
+            }),
         _ => None,
     };
     let origin = if uncentred.is_some() { None } else { Some(center) };

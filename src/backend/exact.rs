@@ -205,6 +205,43 @@ mod tests {
         }
     }
 
+    #[test]
+    fn rows_kept_in_f32_give_the_bits_of_the_same_rows_widened() {
+        use crate::vectors::Values;
+        // f32 values of mixed magnitude and sign; one copy kept in f32, one widened to f64.
+        let dim = 21;
+        let narrow: Vec<f32> =
+            (0..dim * 6).map(|i| ((i * 7919) % 1013) as f32 * 1.37e-3 - 0.61 + (i % 5) as f32 * 1e4).collect();
+        let kept = Vectors::of(dim, Values::F32(narrow.clone()));
+        let wide = Vectors::new(dim, narrow.iter().map(|&x| x as f64).collect());
+        for metric in Metric::ALL {
+            for threshold in [f64::INFINITY, 1e4] {
+                // Both sides in f32, both in f64, and each mixed (f64 queries against an f32 base).
+                let checks = [(&kept, &kept), (&wide, &wide), (&wide, &kept), (&kept, &wide)]
+                    .map(|(a, b)| (ExactCheck::new(metric, threshold, a, b), a, b));
+                for i in 0..kept.len() {
+                    for j in 0..kept.len() {
+                        let want = metric.distance(&wide.row(i).to_vec(), &wide.row(j).to_vec());
+                        for (check, a, b) in &checks {
+                            let got = check.distance(a.row(i), b.row(j), i, j);
+                            assert_eq!(got.to_bits(), want.to_bits(), "{metric} ({i}, {j})");
+                            let within = check.within(a.row(i), b.row(j), i, j);
+                            assert_eq!(within.map(f64::to_bits), (want <= threshold).then_some(want.to_bits()));
+                        }
+                    }
+                    let ibs = [0, 3, 5, 1];
+                    for (check, a, b) in &checks {
+                        let four = check.distances4(a.row(i), i, ibs.map(|j| b.row(j)), ibs);
+                        for (got, j) in four.iter().zip(ibs) {
+                            let want = metric.distance(&wide.row(i).to_vec(), &wide.row(j).to_vec());
+                            assert_eq!(got.to_bits(), want.to_bits(), "{metric} four ({i}, {j})");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn vectors(values: Vec<f64>, dim: usize) -> Vectors {
         Vectors::new(dim, values)
     }
