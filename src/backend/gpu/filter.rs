@@ -113,21 +113,22 @@ pub(super) fn tensor_core_margin(dim: usize) -> TensorCoreMargin {
 
 /// The origin the f32 filter rows are offsets from: the right side's mean for the GEMM form (small
 /// norms, small margins; cosine's unit vectors stay as they are, like GemmSide's), the lower corner
-/// of both sides for the direct differences, none for the inner product.
-/// (The filter spaces are read only for a direct filter: the GEMM form's origin is the right
-/// side's mean, or zero.)
-pub(super) fn filter_origin(
+/// of both sides for the direct differences, none for the inner product. `filters` gives both
+/// sides' filter spaces (left, right), asked for only by the direct differences.
+pub(super) fn filter_origin<'f>(
     metric: Metric,
     gemm: bool,
-    left_filter: &[f64],
-    right_filter: &[f64],
     right: &Vectors,
+    filters: impl FnOnce() -> (&'f [f64], &'f [f64]),
 ) -> Vec<f64> {
     match metric {
         Metric::InnerProduct => vec![0.0; right.dim],
         Metric::Cosine if gemm => vec![0.0; right.dim],
         _ if gemm => right.mean().to_vec(),
-        _ => lower_corner(left_filter, right_filter, right.dim),
+        _ => {
+            let (left_filter, right_filter) = filters();
+            lower_corner(left_filter, right_filter, right.dim)
+        }
     }
 }
 

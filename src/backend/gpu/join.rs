@@ -40,7 +40,7 @@ impl GpuBackend {
         // The GEMM form's filter rows of L2 and L2² (brute force) are built on the device from
         // the exact rows (device_side); the other filters' here (host_side).
         let sides = |gemm: bool| {
-            let origin = filter_origin(metric, gemm, &left_filter, &right_filter, right);
+            let origin = filter_origin(metric, gemm, right, || (&left_filter, &right_filter));
             let side = |v, filter: &[f64]| {
                 if gemm && metric != Metric::Cosine {
                     device_side(v, &origin)

@@ -25,12 +25,14 @@ impl GpuBackend {
         // The GEMM form's filter rows of L2 and L2² are built on the device from the exact rows
         // (device_side); the other filters' here (host_side).
         let sides = |gemm: bool| {
+            let origin = filter_origin(metric, gemm, base, || {
+                let (query_filter, base_filter) = filter_spaces();
+                (query_filter, base_filter)
+            });
             let (query_host, base_host) = if gemm && metric != Metric::Cosine {
-                let origin = filter_origin(metric, gemm, &[], &[], base);
                 (device_side(queries, &origin), device_side(base, &origin))
             } else {
                 let (query_filter, base_filter) = filter_spaces();
-                let origin = filter_origin(metric, gemm, query_filter, base_filter, base);
                 (
                     host_side(queries, query_filter, identity(nq), &origin, metric, gemm),
                     host_side(base, base_filter, identity(n), &origin, metric, gemm),
