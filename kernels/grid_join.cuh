@@ -69,18 +69,29 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
     if constexpr (DIM > 0) load_row<DIM>(lf, s, x);
     u64 id = left_slot_cell[s];
     u64 lo[MAX_GRID_DIMS], hi[MAX_GRID_DIMS], cur[MAX_GRID_DIMS];
+    // A self-join finds each pair of two neighbouring cells from one of them, the cell that owns
+    // the pair of cells: the one with the smaller linear id when the cells differ in an even number
+    // of dimensions, the one with the larger id when odd. The rule is antisymmetric (the parity is
+    // the same seen from either cell), so every pair is found exactly once; unlike "the smaller id"
+    // alone it gives every cell about half of its neighbours, at the grid's edges too, so equal
+    // counts of slots are equal work (docs/optimisations.md, v119). `at_low` marks the dimensions
+    // where this cell lies on the grid's lower edge (its coordinate is lo); `differ` those where
+    // the neighbour `cur` differs from this cell.
+    u32 at_low = 0;
     for (u32 j = 0; j < p.k; ++j) {
         u64 c = (id / p.strides[j]) % p.cells[j];
         lo[j] = c > 0 ? c - 1 : 0;
         hi[j] = c + 1 < p.cells[j] ? c + 1 : c;
         cur[j] = lo[j];
+        if (c == 0) at_low |= 1u << j;
     }
+    u32 differ = ~at_low & ((1u << p.k) - 1);  // k ≤ MAX_GRID_DIMS
     u64 offset = pass == PASS_WRITE ? offsets[s - slot_begin] : 0;
     u32 found = 0;
     for (;;) {
         u64 nid = 0;
         for (u32 j = 0; j < p.k; ++j) nid += cur[j] * p.strides[j];
-        if (!p.self_join || nid >= id) {
+        if (!p.self_join || nid == id || ((nid > id) != (bool)(__popc(differ) & 1))) {
             long long c = find_cell(p, right_cell_ids, cell_table, nid);
             if (c >= 0) {
                 u32 begin = right_cell_start[c], end = right_cell_start[c + 1];
@@ -110,9 +121,15 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
             }
         }
         u32 j = 0;
-        while (j < p.k && cur[j] == hi[j]) { cur[j] = lo[j]; ++j; }
+        while (j < p.k && cur[j] == hi[j]) {
+            cur[j] = lo[j];
+            differ = (differ & ~(1u << j)) | (~at_low & (1u << j));
+            ++j;
+        }
         if (j == p.k) break;
         ++cur[j];
+        u64 own = lo[j] + ((at_low >> j) & 1u ? 0 : 1);
+        differ = cur[j] != own ? differ | (1u << j) : differ & ~(1u << j);
     }
     if (pass != PASS_WRITE) counts[s - slot_begin] = found;
 }

@@ -276,6 +276,14 @@ impl Values {
         }
     }
 
+    /// The values as kept, borrowed.
+    pub fn coords(&self) -> Coords<'_> {
+        match self {
+            Values::F64(v) => Coords::F64(v),
+            Values::F32(v) => Coords::F32(v),
+        }
+    }
+
     /// The values in f64: borrowed when kept in f64, else widened (exactly) into a copy.
     pub fn to_f64(&self) -> Cow<'_, [f64]> {
         match self {
@@ -338,6 +346,51 @@ impl<'a> Row<'a> {
             Row::F32(r) => r.iter().map(|&x| x as f64).collect(),
         }
     }
+}
+
+/// Row-major values of many rows as kept, borrowed: what the grids, the cost model and the f32
+/// filter rows read (widening each value as they read it, so the results are those of the values
+/// widened beforehand, without a widened copy of the input).
+#[derive(Debug, Clone, Copy)]
+pub enum Coords<'a> {
+    F64(&'a [f64]),
+    F32(&'a [f32]),
+}
+
+impl Coords<'_> {
+    /// Number of values.
+    pub fn len(self) -> usize {
+        match self {
+            Coords::F64(v) => v.len(),
+            Coords::F32(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no values.
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether both borrow the same values (a self-join's two sides).
+    pub fn same(self, other: Coords<'_>) -> bool {
+        match (self, other) {
+            (Coords::F64(a), Coords::F64(b)) => std::ptr::eq(a, b),
+            (Coords::F32(a), Coords::F32(b)) => std::ptr::eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// Runs `body` with `$x` bound to the slice inside a [`Coords`], of either type (the body is
+/// generic over [`Coord`]).
+#[macro_export]
+macro_rules! on_coords {
+    ($a:expr, |$x:ident| $body:expr) => {
+        match $a {
+            $crate::vectors::Coords::F64($x) => $body,
+            $crate::vectors::Coords::F32($x) => $body,
+        }
+    };
 }
 
 /// A coordinate type rows are kept in: read as f64, exactly.

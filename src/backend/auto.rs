@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use datafusion::common::{DataFusionError, Result, exec_err};
 
 use super::gpu::MultiGpuBackend;
-use super::plan::{filter_space, gemm_form};
+use super::plan::{FilterSpaces, gemm_form};
 use super::scheduler::{Choice, Scheduler, Ticket, Unit, Work};
 use super::{
     Backend, CpuBackend, DividedRun, GpuBackend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats,
@@ -415,11 +415,10 @@ impl Backend for AutoBackend {
         let self_join = request.self_join.is_some();
         let cpu_ns = match request.metric.coordinate_bound(request.threshold) {
             Some(radius) => {
-                let left = filter_space(request.left, request.metric);
-                let right = if self_join { left.clone() } else { filter_space(request.right, request.metric) };
+                let spaces = FilterSpaces::of(request.left, request.right, request.metric, self_join);
                 estimate_strategy(&CostInputs {
-                    left: &left,
-                    right: &right,
+                    left: spaces.left(),
+                    right: spaces.right(),
                     dim: request.left.dim,
                     radius,
                     self_join,

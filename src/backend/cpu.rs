@@ -24,8 +24,9 @@ use super::simd::{Columns, LANES, gemm_lower_bounds, tile_hits};
 use super::topk::{KSmallest, Neighbour, k_smallest, push_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
 use crate::index::{GridGeometry, GridIndex, JoinStrategy};
+use crate::on_coords;
 use crate::op::{IndexChoice, Metric, dot};
-use crate::vectors::{Coord, Row, Values, Vectors};
+use crate::vectors::{Coord, Coords, Row, Values, Vectors};
 
 /// Left rows per join tile (brute-force joins and range queries).
 const TILE_QUERIES: usize = 64;
@@ -61,18 +62,18 @@ impl Backend for CpuBackend {
         let candidates = AtomicU64::new(0);
         let context = JoinContext { request, exact: &exact, candidates: &candidates, sink };
 
-        let (left_filter, right_filter, strategy) = plan_join(request);
+        let (spaces, strategy) = plan_join(request);
         match strategy {
             JoinStrategy::Grid(geometry) => {
                 stats.indexed_dims = geometry.dims.len();
-                let left_index = GridIndex::build(&geometry, &left_filter, left.dim);
+                let left_index = GridIndex::build(&geometry, spaces.left(), left.dim);
                 let right_index = match self_join {
                     Some(_) => None,
-                    None => Some(GridIndex::build(&geometry, &right_filter, right.dim)),
+                    None => Some(GridIndex::build(&geometry, spaces.right(), right.dim)),
                 };
                 stats.build_time = start.elapsed();
                 let probe = Instant::now();
-                grid_join(&context, &geometry, &left_index, right_index.as_ref(), &left_filter, &right_filter)?;
+                grid_join(&context, &geometry, &left_index, right_index.as_ref(), spaces.left(), spaces.right())?;
                 stats.probe_time = probe.elapsed();
             }
             JoinStrategy::BruteForce => {
@@ -270,8 +271,8 @@ fn grid_join(
     g: &GridGeometry,
     left: &GridIndex,
     right: Option<&GridIndex>,
-    left_filter: &[f64],
-    right_filter: &[f64],
+    left_filter: Coords,
+    right_filter: Coords,
 ) -> Result<()> {
     let request = ctx.request;
     let dim = request.left.dim;
@@ -416,7 +417,7 @@ struct SlotFilter {
 }
 
 impl SlotFilter {
-    fn new(points: &[f64], index: &GridIndex, dim: usize, origin: &[f64]) -> Self {
+    fn new(points: Coords, index: &GridIndex, dim: usize, origin: &[f64]) -> Self {
         let mut start = Vec::with_capacity(index.num_cells() + 1);
         let mut len = 0;
         for c in 0..index.num_cells() {
@@ -424,13 +425,15 @@ impl SlotFilter {
             len += index.slots(c).len().next_multiple_of(LANES);
         }
         let mut values = vec![f32::INFINITY; dim * len];
-        values.par_chunks_mut(len.max(1)).enumerate().for_each(|(d, column)| {
-            for c in 0..index.num_cells() {
-                let slots = index.slots(c);
-                for (v, s) in column[start[c]..].iter_mut().zip(slots) {
-                    *v = (points[index.order[s] as usize * dim + d] - origin[d]) as f32;
+        on_coords!(points, |points| {
+            values.par_chunks_mut(len.max(1)).enumerate().for_each(|(d, column)| {
+                for c in 0..index.num_cells() {
+                    let slots = index.slots(c);
+                    for (v, s) in column[start[c]..].iter_mut().zip(slots) {
+                        *v = (points[index.order[s] as usize * dim + d].f64() - origin[d]) as f32;
+                    }
                 }
-            }
+            })
         });
         let extent = values.par_iter().filter(|v| v.is_finite()).map(|v| v.abs() as f64).reduce(|| 0.0, f64::max);
         Self { values, len, start, extent }

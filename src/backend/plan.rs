@@ -1,27 +1,24 @@
 //! Planning both backends share: the filter space of a metric, the join strategy the sampled cost
 //! model picks, the f32 filters' proved limits, and the row layouts the filters read.
 
-use std::borrow::Cow;
-
 use rayon::prelude::*;
 
 use super::JoinRequest;
 use super::simd::FilterKind;
-use crate::index::{CostInputs, JoinStrategy, choose_strategy};
+use crate::index::{CostInputs, JoinStrategy, choose_strategy, extent};
 use crate::op::Metric;
-use crate::vectors::{Coord, Vectors};
+use crate::vectors::{Coord, Coords, Vectors};
 
 /// The filter-space coordinates of both sides (the vectors for L1/L2/L∞, their unit
 /// normalisations for cosine; the right side is the left one for a self-join) and the strategy the
 /// cost model (or the `index` option) picks for them. Shared by the CPU and GPU backends.
-pub(crate) fn plan_join<'a>(request: &JoinRequest<'a>) -> (Cow<'a, [f64]>, Cow<'a, [f64]>, JoinStrategy) {
+pub(crate) fn plan_join<'a>(request: &JoinRequest<'a>) -> (FilterSpaces<'a>, JoinStrategy) {
     let JoinRequest { left, right, metric, threshold, self_join, index, grid_dims } = *request;
-    let left_filter = filter_space(left, metric);
-    let right_filter = if self_join.is_some() { left_filter.clone() } else { filter_space(right, metric) };
+    let spaces = FilterSpaces::of(left, right, metric, self_join.is_some());
     let strategy = match metric.coordinate_bound(threshold) {
         Some(radius) => choose_strategy(&CostInputs {
-            left: &left_filter,
-            right: &right_filter,
+            left: spaces.left(),
+            right: spaces.right(),
             dim: left.dim,
             radius,
             self_join: self_join.is_some(),
@@ -31,15 +28,50 @@ pub(crate) fn plan_join<'a>(request: &JoinRequest<'a>) -> (Cow<'a, [f64]>, Cow<'
         }),
         None => JoinStrategy::BruteForce,
     };
-    (left_filter, right_filter, strategy)
+    (spaces, strategy)
 }
 
-/// The coordinates the grid indexes: unit vectors for cosine, the vectors otherwise.
-pub(crate) fn filter_space(v: &Vectors, metric: Metric) -> Cow<'_, [f64]> {
-    if metric != Metric::Cosine {
-        return v.values.to_f64();
+/// The coordinates the grid indexes and the f32 filters are taken from: the vectors as kept
+/// (borrowed: an f32 input is read in f32 and widened value by value, never copied whole), or for
+/// cosine their unit vectors (computed in f64).
+enum FilterSpace<'a> {
+    Kept(Coords<'a>),
+    Unit(Vec<f64>),
+}
+
+impl FilterSpace<'_> {
+    fn of(v: &Vectors, metric: Metric) -> FilterSpace<'_> {
+        if metric == Metric::Cosine { FilterSpace::Unit(v.unit_values()) } else { FilterSpace::Kept(v.values.coords()) }
     }
-    Cow::Owned(v.unit_values())
+
+    fn coords(&self) -> Coords<'_> {
+        match self {
+            FilterSpace::Kept(coords) => *coords,
+            FilterSpace::Unit(values) => Coords::F64(values),
+        }
+    }
+}
+
+/// The filter spaces of a join's or kNN's two sides (one for a self-join).
+pub(crate) struct FilterSpaces<'a> {
+    left: FilterSpace<'a>,
+    right: Option<FilterSpace<'a>>,
+}
+
+impl<'a> FilterSpaces<'a> {
+    /// The spaces of `left` and `right` under `metric`; `same`: a self-join, whose right side is
+    /// the left one.
+    pub(crate) fn of(left: &'a Vectors, right: &'a Vectors, metric: Metric, same: bool) -> Self {
+        Self { left: FilterSpace::of(left, metric), right: (!same).then(|| FilterSpace::of(right, metric)) }
+    }
+
+    pub(crate) fn left(&self) -> Coords<'_> {
+        self.left.coords()
+    }
+
+    pub(crate) fn right(&self) -> Coords<'_> {
+        self.right.as_ref().unwrap_or(&self.left).coords()
+    }
 }
 
 /// Copies the rows of `v` in `order` into one contiguous buffer (in f64), so a cell's points are
@@ -53,21 +85,12 @@ pub(crate) fn gather(v: &Vectors, order: &[u32]) -> Vec<f64> {
 }
 
 /// Per-dimension minimum over both inputs (the origin the f32 slot copies are taken from).
-pub(crate) fn lower_corner(left: &[f64], right: &[f64], dim: usize) -> Vec<f64> {
-    let min_of = |points: &[f64]| {
-        points
-            .par_chunks(dim * 4096)
-            .map(|block| {
-                let mut lo = vec![f64::INFINITY; dim];
-                for row in block.chunks_exact(dim) {
-                    lo.iter_mut().zip(row).for_each(|(l, x)| *l = l.min(*x));
-                }
-                lo
-            })
-            .reduce(|| vec![f64::INFINITY; dim], |a, b| a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect())
-    };
-    let (a, b) = (min_of(left), min_of(right));
-    a.iter().zip(&b).map(|(x, y)| x.min(*y)).collect()
+pub(crate) fn lower_corner(left: Coords, right: Coords, dim: usize) -> Vec<f64> {
+    let lower = extent(left, dim).0;
+    if left.same(right) {
+        return lower;
+    }
+    lower.iter().zip(&extent(right, dim).0).map(|(x, y)| x.min(*y)).collect()
 }
 
 /// How the f32 filter scores a pair under `metric`: Σ Δ² for L2, L2² and cosine (on unit vectors),

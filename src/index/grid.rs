@@ -12,7 +12,9 @@
 
 use rayon::prelude::*;
 
+use crate::on_coords;
 use crate::op::IndexChoice;
+use crate::vectors::{Coord, Coords};
 
 /// Largest number of indexed dimensions considered: 3^8 = 6561 neighbour cells already.
 const MAX_INDEXED_DIMS: usize = 8;
@@ -79,15 +81,17 @@ impl GridGeometry {
 
     /// Linearised id of the cell holding `point`.
     #[inline]
-    pub fn cell_id(&self, point: &[f64]) -> u64 {
-        self.dims.iter().enumerate().map(|(j, &d)| self.coord(j, point[d]) * self.strides[j]).sum()
+    pub fn cell_id<T: Coord>(&self, point: &[T]) -> u64 {
+        self.dims.iter().enumerate().map(|(j, &d)| self.coord(j, point[d].f64()) * self.strides[j]).sum()
     }
 
     /// Each point's linear cell id and, when `windowed`, its sort-dimension value, in input order.
-    pub fn keys(&self, points: &[f64], dim: usize, windowed: bool) -> (Vec<u64>, Option<Vec<f64>>) {
-        let cells = points.par_chunks(dim).map(|p| self.cell_id(p)).collect();
-        let values = windowed.then(|| points.par_chunks(dim).map(|p| p[self.sort_dim]).collect());
-        (cells, values)
+    pub fn keys(&self, points: Coords, dim: usize, windowed: bool) -> (Vec<u64>, Option<Vec<f64>>) {
+        on_coords!(points, |points| {
+            let cells = points.par_chunks(dim).map(|p| self.cell_id(p)).collect();
+            let values = windowed.then(|| points.par_chunks(dim).map(|p| p[self.sort_dim].f64()).collect());
+            (cells, values)
+        })
     }
 
     /// Bits of the largest linear id.
@@ -146,9 +150,9 @@ pub enum JoinStrategy {
 /// Inputs of the cost model: the filter-space coordinates of both sides.
 pub struct CostInputs<'a> {
     /// Row-major coordinates of the left (probe) side.
-    pub left: &'a [f64],
-    /// Row-major coordinates of the right (indexed) side; the same slice for a self-join.
-    pub right: &'a [f64],
+    pub left: Coords<'a>,
+    /// Row-major coordinates of the right (indexed) side; the same values for a self-join.
+    pub right: Coords<'a>,
     /// Vector dimension.
     pub dim: usize,
     /// Coordinate bound `r`.
@@ -258,49 +262,26 @@ fn geometry(indexed: &[usize], ranked: &[usize], lo: &[f64], hi: &[f64], radius:
     geometry
 }
 
-/// Every `n/count`-th row (all rows when there are fewer), row-major.
-fn strided_sample(points: &[f64], dim: usize, count: usize) -> Vec<f64> {
+/// Every `n/count`-th row (all rows when there are fewer), row-major, in f64.
+fn strided_sample(points: Coords, dim: usize, count: usize) -> Vec<f64> {
     let n = points.len() / dim;
     let step = n.div_ceil(count).max(1);
-    (0..n).step_by(step).flat_map(|i| points[i * dim..(i + 1) * dim].iter().copied()).collect()
+    on_coords!(points, |points| {
+        (0..n).step_by(step).flat_map(|i| points[i * dim..(i + 1) * dim].iter().map(|x| x.f64())).collect()
+    })
 }
 
 /// Exact per-dimension extent of both inputs, variance from the samples.
 fn extent_and_variance(
-    left: &[f64],
-    right: &[f64],
+    left: Coords,
+    right: Coords,
     dim: usize,
     sl: &[f64],
     sr: &[f64],
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let fold = |points: &[f64]| {
-        points
-            .par_chunks(dim * 4096)
-            .map(|block| {
-                let mut lo = vec![f64::INFINITY; dim];
-                let mut hi = vec![f64::NEG_INFINITY; dim];
-                for row in block.chunks_exact(dim) {
-                    for d in 0..dim {
-                        lo[d] = lo[d].min(row[d]);
-                        hi[d] = hi[d].max(row[d]);
-                    }
-                }
-                (lo, hi)
-            })
-            .reduce(
-                || (vec![f64::INFINITY; dim], vec![f64::NEG_INFINITY; dim]),
-                |(mut lo, mut hi), (l, h)| {
-                    for d in 0..dim {
-                        lo[d] = lo[d].min(l[d]);
-                        hi[d] = hi[d].max(h[d]);
-                    }
-                    (lo, hi)
-                },
-            )
-    };
-    let (mut lo, mut hi) = fold(left);
-    if !std::ptr::eq(left, right) {
-        let (l, h) = fold(right);
+    let (mut lo, mut hi) = extent(left, dim);
+    if !left.same(right) {
+        let (l, h) = extent(right, dim);
         for d in 0..dim {
             lo[d] = lo[d].min(l[d]);
             hi[d] = hi[d].max(h[d]);
@@ -315,6 +296,35 @@ fn extent_and_variance(
         })
         .collect();
     (lo, hi, variance)
+}
+
+/// Per-dimension minimum and maximum of row-major `points`, `dim` wide.
+pub fn extent(points: Coords, dim: usize) -> (Vec<f64>, Vec<f64>) {
+    on_coords!(points, |points| {
+        points
+            .par_chunks(dim * 4096)
+            .map(|block| {
+                let mut lo = vec![f64::INFINITY; dim];
+                let mut hi = vec![f64::NEG_INFINITY; dim];
+                for row in block.chunks_exact(dim) {
+                    for d in 0..dim {
+                        lo[d] = lo[d].min(row[d].f64());
+                        hi[d] = hi[d].max(row[d].f64());
+                    }
+                }
+                (lo, hi)
+            })
+            .reduce(
+                || (vec![f64::INFINITY; dim], vec![f64::NEG_INFINITY; dim]),
+                |(mut lo, mut hi), (l, h)| {
+                    for d in 0..dim {
+                        lo[d] = lo[d].min(l[d]);
+                        hi[d] = hi[d].max(h[d]);
+                    }
+                    (lo, hi)
+                },
+            )
+    })
 }
 
 /// Sample pairs whose cells are neighbours in every indexed dimension (self-join: distinct rows).
@@ -354,15 +364,17 @@ pub struct GridIndex {
 
 impl GridIndex {
     /// Groups `points` (row-major, `dim` wide) by cell of `geometry`.
-    pub fn build(geometry: &GridGeometry, points: &[f64], dim: usize) -> Self {
+    pub fn build(geometry: &GridGeometry, points: Coords, dim: usize) -> Self {
         let n = points.len() / dim;
-        let mut keyed: Vec<(u64, f64, u32)> = (0..n)
-            .into_par_iter()
-            .map(|i| {
-                let p = &points[i * dim..(i + 1) * dim];
-                (geometry.cell_id(p), p[geometry.sort_dim], i as u32)
-            })
-            .collect();
+        let mut keyed: Vec<(u64, f64, u32)> = on_coords!(points, |points| {
+            (0..n)
+                .into_par_iter()
+                .map(|i| {
+                    let p = &points[i * dim..(i + 1) * dim];
+                    (geometry.cell_id(p), p[geometry.sort_dim].f64(), i as u32)
+                })
+                .collect()
+        });
         keyed.par_sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
         let mut index = GridIndex {
             order: keyed.iter().map(|e| e.2).collect(),
@@ -442,7 +454,7 @@ mod tests {
     fn index_groups_every_point_by_cell() {
         let points = uniform(1000, 3, 7);
         let g = geometry(&[0, 1], &[0, 1, 2], &[0.0; 3], &[1.0; 3], 0.1, 3);
-        let index = GridIndex::build(&g, &points, 3);
+        let index = GridIndex::build(&g, Coords::F64(&points), 3);
         assert_eq!(index.order.len(), 1000);
         for c in 0..index.num_cells() {
             let slots = index.slots(c);
@@ -458,8 +470,8 @@ mod tests {
     fn device_build_keys_match_the_host_index() {
         let points = uniform(2000, 3, 11);
         let g = geometry(&[0, 1], &[0, 1, 2], &[0.0; 3], &[1.0; 3], 0.1, 3);
-        let (cells, values) = g.keys(&points, 3, true);
-        let index = GridIndex::build(&g, &points, 3);
+        let (cells, values) = g.keys(Coords::F64(&points), 3, true);
+        let index = GridIndex::build(&g, Coords::F64(&points), 3);
         // Sorting positions by (cell, sort value, position), as the device's radix passes do,
         // gives the host index's slot order.
         let mut order: Vec<u32> = (0..2000).collect();
@@ -473,7 +485,7 @@ mod tests {
         assert_eq!(g.id_bits(), 7);
         assert_eq!(g.table_len(2000), Some(100));
         assert_eq!(index.dense_table().map(<[u32]>::len), Some(100));
-        assert!(g.keys(&points, 3, false).1.is_none());
+        assert!(g.keys(Coords::F64(&points), 3, false).1.is_none());
         let one_cell = geometry(&[0], &[0], &[0.0], &[0.0], 1.0, 1);
         assert_eq!(one_cell.id_bits(), 0);
         let sparse = geometry(&[0, 1, 2, 3, 4, 5, 6, 7], &[0, 1, 2, 3, 4, 5, 6, 7], &[0.0; 8], &[1.0; 8], 0.01, 8);
@@ -484,8 +496,8 @@ mod tests {
     fn cost_model_picks_the_grid_at_low_d_and_brute_force_when_eps_covers_everything() {
         let points = uniform(20_000, 2, 1);
         let inputs = |radius| CostInputs {
-            left: &points,
-            right: &points,
+            left: Coords::F64(&points),
+            right: Coords::F64(&points),
             dim: 2,
             radius,
             self_join: true,

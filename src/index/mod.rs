@@ -6,4 +6,6 @@ pub mod curves;
 pub mod grid;
 pub mod segments;
 
-pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, brute_force_ns, choose_strategy, estimate_strategy};
+pub use grid::{
+    CostInputs, GridGeometry, GridIndex, JoinStrategy, brute_force_ns, choose_strategy, estimate_strategy, extent,
+};

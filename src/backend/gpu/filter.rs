@@ -119,7 +119,7 @@ pub(super) fn filter_origin<'f>(
     metric: Metric,
     gemm: bool,
     right: &Vectors,
-    filters: impl FnOnce() -> (&'f [f64], &'f [f64]),
+    filters: impl FnOnce() -> (Coords<'f>, Coords<'f>),
 ) -> Vec<f64> {
     match metric {
         Metric::InnerProduct => vec![0.0; right.dim],

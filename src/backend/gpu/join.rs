@@ -5,7 +5,7 @@ use super::*;
 
 impl GpuBackend {
     /// The join, or with `part = Some((i, parts))` (self-joins on several GPUs) the pairs of the
-    /// `i`-th of `parts` ranges of left slots: each unordered pair is found from its smaller slot
+    /// `i`-th of `parts` ranges of left slots: each unordered pair is found from one of its slots
     /// alone, so the parts' pairs are disjoint and together the whole result.
     pub(super) fn gpu_join(
         &self,
@@ -24,7 +24,7 @@ impl GpuBackend {
         self.device.function(Kernel::GridJoin)?;
         let start = Instant::now();
         let dim = left.dim;
-        let (left_filter, right_filter, strategy) = plan_join(request);
+        let (spaces, strategy) = plan_join(request);
         let compiling = Instant::now();
         if matches!(strategy, JoinStrategy::Grid(_)) {
             self.device.function(Kernel::RadixScatter)?;
@@ -40,15 +40,15 @@ impl GpuBackend {
         // The GEMM form's filter rows of L2 and L2² (brute force) are built on the device from
         // the exact rows (device_side); the other filters' here (host_side).
         let sides = |gemm: bool| {
-            let origin = filter_origin(metric, gemm, right, || (&left_filter, &right_filter));
-            let side = |v, filter: &[f64]| {
+            let origin = filter_origin(metric, gemm, right, || (spaces.left(), spaces.right()));
+            let side = |v, filter: Coords| {
                 if gemm && metric != Metric::Cosine {
                     device_side(v, &origin)
                 } else {
                     host_side(v, filter, identity(v.len()), &origin, metric, gemm)
                 }
             };
-            (side(left, &left_filter), self_join.is_none().then(|| side(right, &right_filter)))
+            (side(left, spaces.left()), self_join.is_none().then(|| side(right, spaces.right())))
         };
         let upload_sides = |left_host: &HostSide,
                             right_host: &Option<HostSide>|
@@ -110,16 +110,16 @@ impl GpuBackend {
             Some(g) => {
                 stats.indexed_dims = g.dims.len();
                 let windowed = g.window_prunes();
-                let build = |filter: &[f64]| {
+                let build = |filter: Coords| {
                     let (cells, values) = g.keys(filter, dim, windowed);
                     build_grid(&self.device, &cells, values.as_deref(), g.id_bits(), g.table_len(cells.len()))
                 };
-                let DeviceGrid { order, slot_cell, sort_keys: left_sort_keys, bounds } = build(&left_filter)?;
+                let DeviceGrid { order, slot_cell, sort_keys: left_sort_keys, bounds } = build(spaces.left())?;
                 left_buffers = in_slot_order(&self.device, left_buffers, order, dim)?;
                 // A self-join probes its own cells.
                 let (right_bounds, right_sort_keys) = match right_buffers.take() {
                     Some(side) => {
-                        let DeviceGrid { order, sort_keys, bounds: right_bounds, .. } = build(&right_filter)?;
+                        let DeviceGrid { order, sort_keys, bounds: right_bounds, .. } = build(spaces.right())?;
                         right_buffers = Some(in_slot_order(&self.device, side, order, dim)?);
                         (right_bounds, sort_keys)
                     }
@@ -321,8 +321,9 @@ impl GpuBackend {
 }
 
 /// The `i`-th of `parts` ranges of a self-join's `n` left slots, of about equal work: a grid's
-/// slots compare with the later slots of a few neighbouring cells, about equally many each, so
-/// the ranges hold equal counts; brute force compares slot `s` with the `n − s − 1` after it, so
+/// slot compares with the later slots of its cell and every slot of the neighbouring cells its
+/// cell owns, about half of them wherever the cell lies (grid_join.cuh), so the ranges hold equal
+/// counts; brute force compares slot `s` with the `n − s − 1` after it, so
 /// range `i` ends where that triangle's area reaches `(i + 1) / parts` of the whole.
 pub(super) fn part_slots(n: usize, i: usize, parts: usize, grid: bool) -> std::ops::Range<usize> {
     let end = |i: usize| -> usize {

@@ -17,25 +17,18 @@ impl GpuBackend {
         let KnnRequest { base, queries, metric, .. } = *request;
         let start = Instant::now();
         let (dim, n, nq) = (base.dim, base.len(), queries.len());
-        // The filter spaces in f64, made only where the host builds filter rows: vectors kept in
-        // f32 would be widened into a copy here for nothing under the device-built GEMM form.
-        let filters = std::cell::OnceCell::new();
-        let filter_spaces = || filters.get_or_init(|| (filter_space(queries, metric), filter_space(base, metric)));
+        let spaces = FilterSpaces::of(queries, base, metric, false);
         let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
         // The GEMM form's filter rows of L2 and L2² are built on the device from the exact rows
         // (device_side); the other filters' here (host_side).
         let sides = |gemm: bool| {
-            let origin = filter_origin(metric, gemm, base, || {
-                let (query_filter, base_filter) = filter_spaces();
-                (query_filter, base_filter)
-            });
+            let origin = filter_origin(metric, gemm, base, || (spaces.left(), spaces.right()));
             let (query_host, base_host) = if gemm && metric != Metric::Cosine {
                 (device_side(queries, &origin), device_side(base, &origin))
             } else {
-                let (query_filter, base_filter) = filter_spaces();
                 (
-                    host_side(queries, query_filter, identity(nq), &origin, metric, gemm),
-                    host_side(base, base_filter, identity(n), &origin, metric, gemm),
+                    host_side(queries, spaces.left(), identity(nq), &origin, metric, gemm),
+                    host_side(base, spaces.right(), identity(n), &origin, metric, gemm),
                 )
             };
             (query_host, base_host)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use datafusion::common::{DataFusionError, Result, resources_err};
 
 use super::exact::{ExactCheck, write_self_pairs};
-use super::plan::{FilterLimit, filter_space, gather, lower_corner, plan_join, score_threshold};
+use super::plan::{FilterLimit, FilterSpaces, gather, lower_corner, plan_join, score_threshold};
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
 use super::{Backend, DeviceRun, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
 use crate::gpu::abi::{FilterCode, JoinParams, MetricCode};
@@ -29,9 +29,10 @@ use crate::gpu::launch::{
 use crate::gpu::memory::{available_memory, upload, zeroed};
 use crate::gpu::{DerivedSide, Error as GpuError, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 use crate::index::JoinStrategy;
+use crate::on_coords;
 use crate::op::IndexChoice;
 use crate::op::{Metric, row_norm};
-use crate::vectors::{Values, Vectors};
+use crate::vectors::{Coord, Coords, Values, Vectors};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use rayon::prelude::*;
 

@@ -10,7 +10,7 @@
 //!   divided the same way, each part joined with the whole right input.
 //! * Self-joins: every GPU holds the whole input and its grid, and takes one range of the left
 //!   slots (`join::part_slots`: equal counts under a grid, equal areas of brute force's triangle);
-//!   each unordered pair is found from its smaller slot alone, so the halving of the pairs is kept
+//!   each unordered pair is found from one of its slots alone, so the halving of the pairs is kept
 //!   and the parts' pairs are disjoint. An input that does not fit a device whole runs, tiled, on
 //!   the first GPU.
 //!

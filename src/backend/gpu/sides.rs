@@ -58,7 +58,7 @@ pub(super) fn resident_key(v: &Vectors) -> Option<ResidentKey> {
 
 pub(super) fn host_side<'a>(
     v: &'a Vectors,
-    filter_coords: &[f64],
+    filter_coords: Coords,
     order: Vec<u32>,
     origin: &[f64],
     metric: Metric,
@@ -66,9 +66,11 @@ pub(super) fn host_side<'a>(
 ) -> HostSide<'a> {
     let dim = v.dim.max(1);
     let mut filter = vec![0f32; order.len() * v.dim];
-    filter.par_chunks_mut(dim).zip(order.par_iter()).for_each(|(out, &p)| {
-        let row = &filter_coords[p as usize * dim..(p as usize + 1) * dim];
-        out.iter_mut().zip(row).zip(origin).for_each(|((o, x), c)| *o = (x - c) as f32);
+    on_coords!(filter_coords, |coords| {
+        filter.par_chunks_mut(dim).zip(order.par_iter()).for_each(|(out, &p)| {
+            let row = &coords[p as usize * dim..(p as usize + 1) * dim];
+            out.iter_mut().zip(row).zip(origin).for_each(|((o, x), c)| *o = (x.f64() - c) as f32);
+        })
     });
     // Input order (brute force, kNN): the vectors as they are, no copy, resident when kept.
     let in_input_order = order.len() == v.len() && order.iter().enumerate().all(|(i, &p)| p as usize == i);
