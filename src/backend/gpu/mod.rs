@@ -112,19 +112,19 @@ impl GpuBackend {
             && Self::fits(request, self.memory_budget()?))
     }
 
-    /// A self-join's `i`-th of `parts` ranges of left slots (`join::part_slots`) on this GPU
-    /// (where [`GpuBackend::takes_self_join_parts`]).
+    /// A self-join's `i`-th of `shared.parts` ranges of left slots (`join::part_slots`) on this
+    /// GPU (where [`GpuBackend::takes_self_join_parts`]).
     /// Returns the run's statistics and the left slots the part took.
-    pub fn self_join_part(
+    pub fn self_join_part<'a>(
         &self,
-        request: &JoinRequest,
+        request: &JoinRequest<'a>,
         sink: &dyn ResultSink,
+        shared: &SelfJoinParts<'a>,
         i: usize,
-        parts: usize,
     ) -> Result<(RunStats, usize)> {
         let budget = self.memory_budget()?;
         let mut stats =
-            self.gpu_join(request, sink, budget, Some((i, parts))).map_err(|e| gpu_error("GPU join", e))??;
+            self.gpu_join(request, sink, budget, Some((i, shared))).map_err(|e| gpu_error("GPU join", e))??;
         let rows = stats.devices.pop().map_or(0, |d| d.rows);
         Ok((stats, rows))
     }

@@ -21,6 +21,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::GpuBackend;
+use super::join::SelfJoinParts;
 use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, join_rows, knn_rows};
 use crate::gpu::GpuDevice;
 use datafusion::common::{DataFusionError, Result};
@@ -118,8 +119,8 @@ impl Backend for MultiGpuBackend {
                 parts &= gpu.takes_self_join_parts(request)?;
             }
             if parts {
-                let count = self.gpus.len();
-                return self.on_each(count, |i, gpu| gpu.self_join_part(request, sink, i, count));
+                let shared = SelfJoinParts::new(request, self.gpus.len());
+                return self.on_each(self.gpus.len(), |i, gpu| gpu.self_join_part(request, sink, &shared, i));
             }
         }
         if request.self_join.is_some() || self.gpus.len() == 1 {

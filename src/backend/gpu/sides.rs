@@ -6,6 +6,7 @@ use super::*;
 /// A side's exact rows on the host: the vectors' values as kept (input order), or a copy in slot
 /// order. Rows kept in f32 cross the bus in f32 and are widened on the device into the f64 rows
 /// the kernels read; rows already resident there are not uploaded at all.
+#[derive(Clone)]
 pub(super) enum ExactRows<'a> {
     Kept(&'a Values),
     Gathered(Vec<f64>),
@@ -33,6 +34,7 @@ impl ExactRows<'_> {
 }
 
 /// Host-side rows of one side in slot order, ready to upload.
+#[derive(Clone)]
 pub(super) struct HostSide<'a> {
     pub(super) filter: Vec<f32>,
     pub(super) exact: ExactRows<'a>,
