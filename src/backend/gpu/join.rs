@@ -2,6 +2,7 @@
 //! batches their pairs come back in.
 
 use super::*;
+use std::ops::Range;
 
 impl GpuBackend {
     /// The join, or with `part = Some((i, shared))` (a self-join on several GPUs) the pairs of the
@@ -182,14 +183,11 @@ impl GpuBackend {
             Some((i, shared)) => part_slots(left_host.rows, i, shared.parts, geometry.is_some()),
             None => 0..left_host.rows,
         };
-        let first_slot = slots.start;
         let n_left = slots.len();
         if part.is_some() {
             stats.devices = vec![DeviceRun { ordinal: self.ordinal(), rows: n_left, ..Default::default() }];
         }
-        let mut pass = PassBuffers::new(&self.device, n_left.clamp(1, MAX_PASS_ROWS), 0)?;
         let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
-        pass.size_outputs(&self.device, collect_capacity)?;
         let inputs = JoinInputs {
             left: &left_buffers,
             right: right_buffers_ref,
@@ -197,30 +195,7 @@ impl GpuBackend {
             grid: grid.as_ref(),
             expected_share: 0.0,
         };
-        let counts = self.count_pass(&params, slots, inputs, &mut pass, PassKind::CountAndCollect, &mut stats)?;
-        let collected = stream.clone_dtoh(&pass.collected).map_err(copy)?[0];
-        let batches: Vec<ResultBatch> = if collected <= collect_capacity as u64 {
-            collected_batches(collected)
-        } else {
-            // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
-            let most = (output_pairs(budget) / PIPELINE_STREAMS as u64).min(RESULT_BATCH_PAIRS);
-            pass.size_outputs(&self.device, 0)?;
-            write_batches(&counts, most)
-                .0
-                .into_iter()
-                .map(|(begin, end, pairs)| ResultBatch::Written { slots: first_slot + begin..first_slot + end, pairs })
-                .collect()
-        };
-        let largest = batches.iter().map(ResultBatch::pairs).max().unwrap_or(0).max(1) as usize;
-        // Collected pairs come back through two halves of the host buffers, each batch's copy
-        // overlapping the emission of the one before; write batches through a part per stream.
-        let collected_path = matches!(batches.first(), Some(ResultBatch::Collected(_)));
-        let mut results = host_results(&self.device, largest * if collected_path { 2 } else { PIPELINE_STREAMS })?;
-        sink.start(batches.len() as u64);
-
-        let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
         let exact = ExactCheck::new(metric, threshold, left, right);
-        let (mut transfer, mut kernel, mut emit) = Default::default();
         // Downloaded pairs into result chunks, on every core: each piece builds and sends its own.
         let emit_pairs = |(lefts, rights, distances): DownloadedPairs| -> Result<()> {
             let n = rights.len();
@@ -237,6 +212,51 @@ impl GpuBackend {
                 writer.flush()
             })
         };
+        // The collecting count pass in parts, each part's pairs brought back while the later parts
+        // run; the slots from a part whose pairs did not all fit its buffers on (`rest`) take the
+        // passes below.
+        let parts = collect_parts(slots.clone(), right_len as usize, dim, geometry.is_some(), self_join.is_some());
+        let rest = if parts.len() > 1 {
+            match self.collect_in_parts(&params, &parts, inputs, collect_capacity, &emit_pairs, sink, &mut stats)? {
+                Ok(done) => parts.get(done).map_or(slots.end, |p| p.start)..slots.end,
+                Err(e) => return Ok(Err(e)),
+            }
+        } else {
+            slots
+        };
+        let first_slot = rest.start;
+        let rest_capacity = rest.len().saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
+        let mut pass = PassBuffers::new(&self.device, rest.len().clamp(1, MAX_PASS_ROWS), 0)?;
+        pass.size_outputs(&self.device, rest_capacity)?;
+        let counts = if rest.is_empty() {
+            Vec::new()
+        } else {
+            self.count_pass(&params, rest, inputs, &mut pass, PassKind::CountAndCollect, &mut stats)?
+        };
+        let collected = stream.clone_dtoh(&pass.collected).map_err(copy)?[0];
+        let collected_path = collected <= rest_capacity as u64;
+        let batches: Vec<ResultBatch> = if collected_path {
+            collected_batches(collected)
+        } else {
+            // Each pipeline stream holds a batch's outputs: a third of the result quarter each.
+            let most = (output_pairs(budget) / PIPELINE_STREAMS as u64).min(RESULT_BATCH_PAIRS);
+            pass.size_outputs(&self.device, 0)?;
+            write_batches(&counts, most)
+                .0
+                .into_iter()
+                .map(|(begin, end, pairs)| ResultBatch::Written { slots: first_slot + begin..first_slot + end, pairs })
+                .collect()
+        };
+        let largest = batches.iter().map(ResultBatch::pairs).max().unwrap_or(0).max(1) as usize;
+        // Collected pairs come back through two halves of the host buffers, each batch's copy
+        // overlapping the emission of the one before; write batches through a part per stream.
+        let mut results = host_results(&self.device, largest * if collected_path { 2 } else { PIPELINE_STREAMS })?;
+        if parts.len() == 1 {
+            sink.start(batches.len() as u64);
+        }
+
+        let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
+        let (mut transfer, mut kernel, mut emit) = Default::default();
         let outcome = (|| -> Result<()> {
             let exec = |e: GpuError| gpu_error("GPU join", e);
             let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
@@ -340,6 +360,97 @@ impl GpuBackend {
         stats.emit_time += emit;
         Ok(outcome.map(|()| stats))
     }
+
+    /// The collecting count pass over `parts`, all queued at once, each part with buffers of its
+    /// own sized for its share of `capacity` pairs; once a part's kernel is done its pairs are
+    /// copied back on a pipeline stream and emitted while the later parts run (GPU-Join's overlap
+    /// of result transfers with the kernels, Gowanlock & Karsin, §3.2.2). Buffers of its own,
+    /// because cudarc orders a copy from a buffer after every write queued to it, and a write
+    /// after every copy from it: in one shared buffer each part's copy would wait for the last
+    /// part's kernel. Returns the index of the first part whose pairs did not all fit its
+    /// buffers (`parts.len()`: none did not) — its slots and the later parts' are the caller's —
+    /// or the emission's error.
+    #[allow(clippy::too_many_arguments)]
+    fn collect_in_parts(
+        &self,
+        params: &JoinParams,
+        parts: &[Range<usize>],
+        inputs: JoinInputs,
+        capacity: usize,
+        emit: &(dyn Fn(DownloadedPairs) -> Result<()> + Sync),
+        sink: &dyn ResultSink,
+        stats: &mut RunStats,
+    ) -> Result<Result<usize>, GpuError> {
+        let stream = &self.device.stream;
+        let copies = &self.device.pipeline_streams()?[0];
+        let failed = |e: cudarc::driver::DriverError| GpuError::Device(format!("GPU copy failed: {e}"));
+        let slots: usize = parts.iter().map(|p| p.len()).sum();
+        let mut buffers = Vec::with_capacity(parts.len());
+        for part in parts {
+            let mut pass = PassBuffers::new(&self.device, part.len(), 0)?;
+            pass.size_outputs(&self.device, (capacity as u128 * part.len() as u128 / slots as u128) as usize)?;
+            buffers.push(pass);
+        }
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let started = stream.record_event(timing).map_err(failed)?;
+        let mut done = Vec::with_capacity(parts.len());
+        for (part, pass) in parts.iter().zip(&mut buffers) {
+            let range = part.start as u32..part.end as u32;
+            launch_join_pass(&self.device, stream, params, range, inputs, pass, PassKind::CountAndCollect)?;
+            done.push(stream.record_event(timing).map_err(failed)?);
+        }
+        stats.count_passes += 1;
+        sink.start(parts.len() as u64);
+        let mut results = host_results(&self.device, 2 * RESULT_BATCH_PAIRS as usize)?;
+        let mut halves = results.parts::<2>()?;
+        let (mut waited, mut emitting) = (Duration::ZERO, Duration::ZERO);
+        let outcome = (|| -> Result<Result<usize>, GpuError> {
+            for (i, pass) in buffers.iter().enumerate() {
+                let waiting = Instant::now();
+                done[i].synchronize().map_err(|e| GpuError::Device(format!("GPU join pass failed: {e}")))?;
+                let collected = copies.clone_dtoh(&pass.collected).map_err(failed)?[0];
+                waited += waiting.elapsed();
+                if collected > pass.out_left.len() as u64 {
+                    return Ok(Ok(i));
+                }
+                let batches: Vec<Range<usize>> = (0..collected as usize)
+                    .step_by(RESULT_BATCH_PAIRS as usize)
+                    .map(|at| at..(at + RESULT_BATCH_PAIRS as usize).min(collected as usize))
+                    .collect();
+                if let Some(first) = batches.first() {
+                    halves[0].start_download(copies, pass, true, first.clone())?;
+                }
+                for (j, batch) in batches.iter().enumerate() {
+                    let waiting = Instant::now();
+                    copies.synchronize().map_err(failed)?; // batch j is in half j % 2
+                    waited += waiting.elapsed();
+                    let [even, odd] = &mut halves;
+                    let (current, next) = if j % 2 == 0 { (even, odd) } else { (odd, even) };
+                    if let Some(following) = batches.get(j + 1) {
+                        next.start_download(copies, pass, true, following.clone())?;
+                    }
+                    let at = Instant::now();
+                    let sent = emit(current.pairs(batch.len(), true));
+                    emitting += at.elapsed();
+                    if let Err(e) = sent {
+                        return Ok(Err(e));
+                    }
+                }
+                sink.advance(1);
+            }
+            Ok(Ok(parts.len()))
+        })();
+        // No kernel may still be writing into the buffers, nor a copy into the host's, when they
+        // are released (an early return above leaves the later parts running).
+        stream.synchronize().map_err(failed)?;
+        copies.synchronize().map_err(failed)?;
+        if let Some(last) = done.last() {
+            stats.kernel_time += Duration::from_secs_f32(started.elapsed_ms(last).map_err(failed)? / 1e3);
+        }
+        stats.transfer_time += waited;
+        stats.emit_time += emitting;
+        outcome
+    }
 }
 
 /// A self-join divided among several GPUs (multi.rs), planned once for all of them: the filter
@@ -378,6 +489,52 @@ pub(super) fn part_slots(n: usize, i: usize, parts: usize, grid: bool) -> std::o
         (at.round() as usize).min(n)
     };
     end(i)..end(i + 1)
+}
+
+/// Parts the collecting count pass is divided into, each run while the host downloads and emits
+/// the pairs of the parts before it (`collect_in_parts`).
+const COLLECT_PARTS: usize = 4;
+
+/// Least brute-force work (pairs compared × dimensions) divided into parts: P5's 1M × 32
+/// self-join (1.6·10¹³) runs 10–20 % sooner in parts, its 0.2 s of kernels hiding the copies.
+/// Grids are not divided: their kernels take milliseconds against the emission of their pairs,
+/// and in parts 2M × 3 blobs and 4M × 2 exponential self-joins took 25–60 % longer
+/// (docs/optimisations.md, v122).
+const COLLECT_PARTS_WORK: f64 = (1u64 << 40) as f64;
+
+/// The collecting count pass's parts over `slots` (left slots of brute force against `right`
+/// rows of `dim` dimensions; a self-join's slot `s` compares with the `right − s − 1` after it),
+/// of equal work: equal areas of a self-join's triangle, equal counts otherwise. A single part
+/// below [`COLLECT_PARTS_WORK`], under a grid, or where the slots exceed one pass.
+pub(super) fn collect_parts(
+    slots: Range<usize>,
+    right: usize,
+    dim: usize,
+    grid: bool,
+    self_join: bool,
+) -> Vec<Range<usize>> {
+    // Work of the slots before `s`.
+    let work = |s: usize| -> f64 {
+        let s = s as f64;
+        if self_join { s * (right as f64 - 1.0) - s * (s - 1.0) / 2.0 } else { s * right as f64 }
+    };
+    let (first, whole) = (work(slots.start), work(slots.end) - work(slots.start));
+    if grid || whole * (dim as f64) < COLLECT_PARTS_WORK || slots.len() > MAX_PASS_ROWS {
+        return vec![slots];
+    }
+    let parts = COLLECT_PARTS.min(slots.len()).max(1);
+    let mut cuts = vec![slots.start];
+    for j in 1..parts {
+        let target = first + whole * j as f64 / parts as f64;
+        let (mut lo, mut hi) = (*cuts.last().unwrap_or(&slots.start), slots.end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if work(mid) < target { lo = mid + 1 } else { hi = mid }
+        }
+        cuts.push(lo);
+    }
+    cuts.push(slots.end);
+    cuts.windows(2).map(|w| w[0]..w[1]).filter(|r| !r.is_empty()).collect()
 }
 
 /// Result pairs a join's count pass collects per left row at most (the size of its output
@@ -471,6 +628,29 @@ mod tests {
                         assert!((work(r) / total - 1.0 / parts as f64).abs() < 0.01, "{grid} {r:?}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn collect_parts_cover_the_slots_once_with_about_equal_work() {
+        // Grids, and brute force below 2⁴⁰ pair-dimensions: one part.
+        assert_eq!(collect_parts(0..2_000_000, 2_000_000, 2, true, true), vec![0..2_000_000]);
+        assert_eq!(collect_parts(0..70_000, 70_000, 32, false, true), vec![0..70_000]);
+        for (slots, n, self_join) in
+            [(0..1_000_000, 1_000_000, true), (292_893..1_000_000, 1_000_000, true), (0..100_000, 1_000_000, false)]
+        {
+            let parts = collect_parts(slots.clone(), n, 32, false, self_join);
+            assert_eq!(parts.len(), COLLECT_PARTS, "{slots:?}");
+            assert_eq!(parts[0].start, slots.start);
+            assert_eq!(parts[COLLECT_PARTS - 1].end, slots.end);
+            assert!(parts.windows(2).all(|w| w[0].end == w[1].start), "{parts:?}");
+            let work = |r: &Range<usize>| -> f64 {
+                if self_join { r.clone().map(|s| (n - s - 1) as f64).sum() } else { r.len() as f64 }
+            };
+            let total: f64 = parts.iter().map(work).sum();
+            for part in &parts {
+                assert!((work(part) / total - 1.0 / COLLECT_PARTS as f64).abs() < 0.01, "{part:?} of {parts:?}");
             }
         }
     }
