@@ -48,12 +48,15 @@ impl GpuBackend {
         // The GEMM form's filter rows of L2 and L2² (brute force) are built on the device from
         // the exact rows (device_side); the other filters' here (host_side).
         let sides = |gemm: bool| {
-            let origin = || filter_origin(metric, gemm, right, || (spaces.left(), spaces.right()));
+            // Made once for both sides, and not at all where a divided self-join's rows are built.
+            let origin = std::cell::OnceCell::new();
+            let origin =
+                || origin.get_or_init(|| filter_origin(metric, gemm, right, || (spaces.left(), spaces.right())));
             let side = |v, filter: Coords| {
                 if gemm && metric != Metric::Cosine {
-                    device_side(v, &origin())
+                    device_side(v, origin())
                 } else {
-                    host_side(v, filter, identity(v.len()), &origin(), metric, gemm)
+                    host_side(v, filter, identity(v.len()), origin(), metric, gemm)
                 }
             };
             // A divided self-join's host rows, built once for every GPU: those of the direct
@@ -256,7 +259,7 @@ impl GpuBackend {
         }
 
         let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
-        let (mut transfer, mut kernel, mut emit) = Default::default();
+        let (mut transfer, mut kernel, mut emit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
         let outcome = (|| -> Result<()> {
             let exec = |e: GpuError| gpu_error("GPU join", e);
             let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));

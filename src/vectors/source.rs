@@ -1,0 +1,179 @@
+//! Where a table's vectors come from: which column or columns of its schema, checked against the
+//! accepted shapes (the module above lists them).
+
+use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::common::{DataFusionError, Result, plan_datafusion_err, plan_err};
+
+/// Where a table's vectors come from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum VectorSource {
+    /// One list column (index into the table schema); `dim` is known for fixed-size lists.
+    List { index: usize, dim: Option<usize> },
+    /// Several numeric columns (indices into the table schema), one coordinate each.
+    Columns(Vec<usize>),
+    /// One string column (index into the table schema), for a text metric.
+    Text { index: usize },
+}
+
+impl VectorSource {
+    /// Picks the vector column(s) of `schema`: the named column, or the numeric columns named
+    /// (separated by spaces: `x y z`, any numeric types), else the only list column, else every
+    /// floating-point column in order. Under a text metric (`text`), the named string column, else
+    /// the only one. `function`/`argument` name the call in errors.
+    pub fn resolve(schema: &Schema, column: Option<&str>, text: bool, function: &str, argument: &str) -> Result<Self> {
+        if text {
+            return Self::resolve_text(schema, column, function, argument);
+        }
+        if let Some(names) = column.filter(|c| c.split_whitespace().nth(1).is_some()) {
+            let mut indices = Vec::new();
+            for name in names.split_whitespace() {
+                match Self::resolve(schema, Some(name), false, function, argument)? {
+                    VectorSource::Columns(index) => indices.extend(index),
+                    VectorSource::List { .. } | VectorSource::Text { .. } => {
+                        return plan_err!(
+                            "{function}: column '{name}' of argument '{argument}' is a list; \
+                             'column={names}' takes numeric columns, one coordinate each"
+                        );
+                    }
+                }
+            }
+            return Ok(VectorSource::Columns(indices));
+        }
+        if let Some(name) = column {
+            let Some((index, field)) = schema.column_with_name(name) else {
+                return Err(no_column(schema, name, function, argument));
+            };
+            return match field.data_type() {
+                t if is_list(t) => Self::list(index, field.name(), t, function, argument),
+                t if t.is_numeric() => Ok(VectorSource::Columns(vec![index])),
+                t if is_text(t) => plan_err!(
+                    "{function}: column '{name}' of argument '{argument}' is text ({t}): a vector \
+                     metric cannot compare it; use 'metric=levenshtein'"
+                ),
+                t => plan_err!(
+                    "{function}: column '{name}' of argument '{argument}' has type {t}, \
+                     which is not a vector (expected a list of numbers or numeric columns)"
+                ),
+            };
+        }
+        let lists: Vec<usize> = (0..schema.fields().len()).filter(|&i| is_list(schema.field(i).data_type())).collect();
+        match lists.as_slice() {
+            [index] => {
+                let field = schema.field(*index);
+                Self::list(*index, field.name(), field.data_type(), function, argument)
+            }
+            [] => {
+                let floats: Vec<usize> =
+                    (0..schema.fields().len()).filter(|&i| schema.field(i).data_type().is_floating()).collect();
+                let texts = (0..schema.fields().len()).filter(|&i| is_text(schema.field(i).data_type())).count();
+                if floats.is_empty() && texts > 0 {
+                    return plan_err!(
+                        "{function}: argument '{argument}' has no vector column, only text; compare \
+                         strings with 'metric=levenshtein'"
+                    );
+                }
+                if floats.is_empty() {
+                    return plan_err!(
+                        "{function}: argument '{argument}' has no vector column (a list of \
+                         numbers, or floating-point columns); name it with 'column=v', or name \
+                         numeric columns with 'column=x y z'"
+                    );
+                }
+                Ok(VectorSource::Columns(floats))
+            }
+            several => {
+                let names: Vec<&str> = several.iter().map(|&i| schema.field(i).name().as_str()).collect();
+                plan_err!(
+                    "{function}: argument '{argument}' has several vector columns ({}); \
+                     choose one with 'column=...'",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+
+    /// The string column of a text metric: the named one, else the only one.
+    fn resolve_text(schema: &Schema, column: Option<&str>, function: &str, argument: &str) -> Result<Self> {
+        let texts: Vec<usize> = (0..schema.fields().len()).filter(|&i| is_text(schema.field(i).data_type())).collect();
+        let index = match column {
+            Some(name) => match schema.column_with_name(name) {
+                Some((index, field)) if is_text(field.data_type()) => index,
+                Some((_, field)) => {
+                    return plan_err!(
+                        "{function}: column '{name}' of argument '{argument}' has type {}, but metric \
+                         levenshtein compares strings (Utf8, LargeUtf8 or Utf8View)",
+                        field.data_type()
+                    );
+                }
+                None => return Err(no_column(schema, name, function, argument)),
+            },
+            None => match texts.as_slice() {
+                [index] => *index,
+                [] => {
+                    return plan_err!(
+                        "{function}: argument '{argument}' has no text column for metric levenshtein \
+                         (Utf8, LargeUtf8 or Utf8View)"
+                    );
+                }
+                several => {
+                    let names: Vec<&str> = several.iter().map(|&i| schema.field(i).name().as_str()).collect();
+                    return plan_err!(
+                        "{function}: argument '{argument}' has several text columns ({}); choose one \
+                         with 'column=...'",
+                        names.join(", ")
+                    );
+                }
+            },
+        };
+        Ok(VectorSource::Text { index })
+    }
+
+    fn list(index: usize, name: &str, t: &DataType, function: &str, argument: &str) -> Result<Self> {
+        let (element, dim) = match t {
+            DataType::FixedSizeList(f, n) => (f.data_type(), Some(*n as usize)),
+            DataType::List(f) | DataType::LargeList(f) => (f.data_type(), None),
+            _ => unreachable!("is_list checked the type"),
+        };
+        if !element.is_numeric() {
+            return plan_err!(
+                "{function}: column '{name}' of argument '{argument}' is a list of {element}, \
+                 expected a list of numbers"
+            );
+        }
+        if dim == Some(0) {
+            return plan_err!("{function}: column '{name}' of argument '{argument}' holds empty vectors");
+        }
+        Ok(VectorSource::List { index, dim })
+    }
+
+    /// The vector dimension when the schema alone fixes it.
+    pub fn static_dim(&self) -> Option<usize> {
+        match self {
+            VectorSource::List { dim, .. } => *dim,
+            VectorSource::Columns(c) => Some(c.len()),
+            VectorSource::Text { .. } => None,
+        }
+    }
+
+    /// The schema columns the vectors are read from.
+    pub fn columns(&self) -> Vec<usize> {
+        match self {
+            VectorSource::List { index, .. } | VectorSource::Text { index } => vec![*index],
+            VectorSource::Columns(c) => c.clone(),
+        }
+    }
+}
+
+/// The error for a `column=` that `schema` does not have.
+fn no_column(schema: &Schema, name: &str, function: &str, argument: &str) -> DataFusionError {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    plan_datafusion_err!("{function}: argument '{argument}' has no column '{name}' (columns: {})", names.join(", "))
+}
+
+fn is_list(t: &DataType) -> bool {
+    matches!(t, DataType::FixedSizeList(..) | DataType::List(..) | DataType::LargeList(..))
+}
+
+fn is_text(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
