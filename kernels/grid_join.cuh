@@ -60,11 +60,18 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         const u32* cell_table, const double* left_keys, const double* right_keys, u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, \
         u64* collected, u64 capacity, int pass
 
-// grid_join for dimension DIM (0: any).
-template <u32 DIM>
+// Every GRID_WORK_SAMPLE-th left slot's work in grid_join_work (GRID_WORK_SAMPLE in
+// src/gpu/launch/join.rs).
+#define GRID_WORK_SAMPLE 64
+
+// grid_join for dimension DIM (0: any); WORK: grid_join_work, which compares nothing and counts,
+// for every GRID_WORK_SAMPLE-th slot from slot_begin, the right slots grid_join would scan for it
+// plus one for each neighbour cell it would look up, into counts[(s − slot_begin) / sample].
+template <u32 DIM, bool WORK = false>
 __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
-    u32 s = slot_begin + blockIdx.x * blockDim.x + threadIdx.x;
-    if (s >= slot_end) return;
+    u64 at = (u64)slot_begin + (u64)(blockIdx.x * blockDim.x + threadIdx.x) * (WORK ? GRID_WORK_SAMPLE : 1);
+    if (at >= slot_end) return;
+    u32 s = (u32)at;
     float x[DIM ? DIM : 1];
     if constexpr (DIM > 0) load_row<DIM>(lf, s, x);
     u64 id = left_slot_cell[s];
@@ -92,6 +99,7 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
         u64 nid = 0;
         for (u32 j = 0; j < p.k; ++j) nid += cur[j] * p.strides[j];
         if (!p.self_join || nid == id || ((nid > id) != (bool)(__popc(differ) & 1))) {
+            if constexpr (WORK) ++found;
             long long c = find_cell(p, right_cell_ids, cell_table, nid);
             if (c >= 0) {
                 u32 begin = right_cell_start[c], end = right_cell_start[c + 1];
@@ -116,8 +124,13 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
                     end = a;
                 }
                 if (p.self_join && nid == id) begin = max(begin, s + 1);  // later slots of its own cell
-                scan_range<DIM>(p, s, begin, end, x, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order,
-                                right_order, found, pass, offset, out_left, out_right, out_distance, collected, capacity);
+                if constexpr (WORK) {
+                    found += end > begin ? end - begin : 0;
+                } else {
+                    scan_range<DIM>(p, s, begin, end, x, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order,
+                                    right_order, found, pass, offset, out_left, out_right, out_distance, collected,
+                                    capacity);
+                }
             }
         }
         u32 j = 0;
@@ -131,7 +144,8 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
         u64 own = lo[j] + ((at_low >> j) & 1u ? 0 : 1);
         differ = cur[j] != own ? differ | (1u << j) : differ & ~(1u << j);
     }
-    if (pass != PASS_WRITE) counts[s - slot_begin] = found;
+    if (WORK) counts[(s - slot_begin) / GRID_WORK_SAMPLE] = found;
+    else if (pass != PASS_WRITE) counts[s - slot_begin] = found;
 }
 
 // At most 64 registers (4 blocks of 256 per SM): the sortidu window took it to 68 and 3 blocks, and
@@ -150,6 +164,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) grid_join(GRID_JOIN_PARAMS)
     default: grid_join_rows<0>(GRID_JOIN_ARGS); break;
     }
 #undef GRID_JOIN_ARGS
+}
+
+// The estimated work of a divided self-join's slots (see grid_join_rows), from which every GPU
+// cuts the same ranges of equal work (GPU-Join's entity partitioning by workload): one thread per
+// sampled slot, the rows never read.
+extern "C" __global__ void __launch_bounds__(256) grid_join_work(GRID_JOIN_PARAMS) {
+    grid_join_rows<0, true>(p, slot_begin, slot_end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order,
+                            right_order, left_slot_cell, right_cell_ids, right_cell_start, cell_table, left_keys,
+                            right_keys, counts, offsets, out_left, out_right, out_distance, collected, capacity, pass);
 }
 
 // kNN's infinite radius (`per_row` with a +∞ threshold, the last level): left slot s takes every

@@ -17,6 +17,7 @@
 //   PASS_SCORES, kNN's first count pass on f16 rows: each slot keeps the filter scores of the
 //              pairs that pass the filter, not their exact distances, and knn_settle_slots then
 //              checks exactly only those that can be among the k nearest (see there).
+// and grid_join_work the estimated work of sampled slots (PASS_WORK, grid_join.cuh).
 //
 // Inputs, all in slot order (grid order for the grid kernel, input order for brute force):
 //   left_filter / right_filter  f32 filter-space rows (row-major, dim wide)
@@ -31,6 +32,7 @@
 #define PASS_COUNT 0
 #define PASS_WRITE 1
 #define PASS_SCORES 2
+#define PASS_WORK 3
 
 // The count pass's collection of one found pair (see the top of this file). The lanes of a warp
 // that found a pair together reserve their indices with one atomic on the shared total, not one

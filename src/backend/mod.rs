@@ -258,6 +258,8 @@ pub struct DeviceRun {
     pub ordinal: usize,
     /// Left rows (queries) it was given.
     pub rows: usize,
+    /// kNN with the base divided among the devices: the base rows it held (0: the whole base).
+    pub base_rows: usize,
     /// Its wall time, from the start of the run to the end of its part.
     pub time: Duration,
     /// Its kernel time.

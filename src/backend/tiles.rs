@@ -12,7 +12,7 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
-use datafusion::common::Result;
+use datafusion::common::{Result, exec_err};
 use rayon::prelude::*;
 
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
@@ -67,43 +67,81 @@ pub(crate) fn tiled_join(
 }
 
 /// kNN `request` as tiles: queries in tiles of at most `query_rows`, the base in tiles of at most
-/// `base_rows`; `run` finds each query tile's top-k in each base tile, the tiles' lists are merged
-/// per query, and each query tile's neighbours are sent on in query order, ranked.
+/// `base_rows`, one after another ([`merged_knn`]).
 pub(crate) fn tiled_knn(
     request: &KnnRequest,
     sink: &dyn ResultSink,
     query_rows: usize,
     base_rows: usize,
-    run: impl Fn(&KnnRequest, &dyn ResultSink) -> Result<RunStats>,
+    run: impl Fn(&KnnRequest, &dyn ResultSink) -> Result<RunStats> + Sync,
+) -> Result<RunStats> {
+    let base_parts = tile_ranges(request.base.len(), base_rows);
+    merged_knn(request, sink, query_rows, &base_parts, false, |_, part, sink| run(part, sink))
+}
+
+/// kNN `request` with its base in `base_parts` (contiguous ranges of positions): each tile of at
+/// most `query_rows` queries is run by `run(p, …)` against every part `p` — all parts at once, on
+/// a thread each, when `parallel` (a device each), else one after another — and each query's
+/// lists are merged into its k smallest by (distance, whole-base position) and sent on in query
+/// order, ranked. That is the list of one run over the whole base, ties by base scan order
+/// included: the k smallest of a union are among the k smallest of its parts.
+pub(crate) fn merged_knn(
+    request: &KnnRequest,
+    sink: &dyn ResultSink,
+    query_rows: usize,
+    base_parts: &[Range<usize>],
+    parallel: bool,
+    run: impl Fn(usize, &KnnRequest, &dyn ResultSink) -> Result<RunStats> + Sync,
 ) -> Result<RunStats> {
     let query_tiles = tile_ranges(request.queries.len(), query_rows);
-    let base_tiles = tile_ranges(request.base.len(), base_rows);
-    sink.start((query_tiles.len() * base_tiles.len()) as u64);
+    sink.start((query_tiles.len() * base_parts.len()) as u64);
     let mut stats = RunStats::default();
+    // The parts' bases are copied once for all query tiles when they are needed more than once or
+    // at the same time; else one at a time.
     let base_copies: Option<Vec<crate::vectors::Vectors>> =
-        (query_tiles.len() > 1).then(|| base_tiles.iter().map(|r| request.base.slice(r.clone())).collect());
+        (query_tiles.len() > 1 || parallel).then(|| base_parts.iter().map(|r| request.base.slice(r.clone())).collect());
     for query_range in query_tiles {
         let queries = request.queries.slice(query_range.clone());
-        let mut nearest: Vec<Vec<Neighbour>> = vec![Vec::new(); queries.len()];
-        for (b, base_range) in base_tiles.iter().enumerate() {
+        let run_part = |p: usize| -> Result<(RunStats, Vec<ResultChunk>)> {
             let sliced;
             let base = match &base_copies {
-                Some(copies) => &copies[b],
+                Some(copies) => &copies[p],
                 None => {
-                    sliced = request.base.slice(base_range.clone());
+                    sliced = request.base.slice(base_parts[p].clone());
                     &sliced
                 }
             };
             let collected = Collector { chunks: Mutex::new(Vec::new()), chunk_rows: sink.chunk_rows() };
-            stats.add(&run(&KnnRequest { base, queries: &queries, ..*request }, &collected)?);
-            for chunk in collected.chunks.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            let part_stats = run(p, &KnnRequest { base, queries: &queries, ..*request }, &collected)?;
+            sink.advance(1);
+            Ok((part_stats, collected.chunks.into_inner().unwrap_or_else(|e| e.into_inner())))
+        };
+        let mut nearest: Vec<Vec<Neighbour>> = vec![Vec::new(); queries.len()];
+        let mut merge = |p: usize, (part_stats, chunks): (RunStats, Vec<ResultChunk>)| {
+            stats.add(&part_stats);
+            for chunk in chunks {
                 for i in 0..chunk.len() {
-                    let position = chunk.right[i] + base_range.start as u32;
+                    let position = chunk.right[i] + base_parts[p].start as u32;
                     nearest[chunk.left[i] as usize].push(Neighbour { distance: chunk.distance[i], position });
                 }
             }
             nearest.par_iter_mut().for_each(|list| *list = k_smallest(std::mem::take(list), request.k));
-            sink.advance(1);
+        };
+        if parallel {
+            let outcomes: Vec<Result<(RunStats, Vec<ResultChunk>)>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..base_parts.len()).map(|p| scope.spawn(move || run_part(p))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| exec_err!("kNN: a part of the base panicked")))
+                    .collect()
+            });
+            for (p, outcome) in outcomes.into_iter().enumerate() {
+                merge(p, outcome?);
+            }
+        } else {
+            for p in 0..base_parts.len() {
+                merge(p, run_part(p)?);
+            }
         }
         send_ranked(
             sink,
@@ -250,7 +288,13 @@ mod tests {
             let (whole, tiled) = (Rows::default(), Rows::default());
             CpuBackend.knn(&request, &whole).unwrap();
             tiled_knn(&request, &tiled, 16, 70, |r, s| CpuBackend.knn(r, s)).unwrap();
-            assert_eq!(tiled.0.into_inner().unwrap(), whole.0.into_inner().unwrap(), "k = {k}");
+            let whole = whole.0.into_inner().unwrap();
+            assert_eq!(tiled.0.into_inner().unwrap(), whole, "k = {k}");
+            // The base divided among devices running at once, each part of its own size.
+            let divided = Rows::default();
+            merged_knn(&request, &divided, 25, &[0..100, 100..130, 130..300], true, |_, r, s| CpuBackend.knn(r, s))
+                .unwrap();
+            assert_eq!(divided.0.into_inner().unwrap(), whole, "k = {k}, base in parts");
         }
     }
 }

@@ -125,6 +125,9 @@ impl SimilarityMetrics {
         for device in &stats.devices {
             let name = |what: &str| format!("gpu{}_{what}", device.ordinal);
             MetricBuilder::new(&self.set).counter(name("rows"), 0).add(device.rows);
+            if device.base_rows > 0 {
+                MetricBuilder::new(&self.set).counter(name("base_rows"), 0).add(device.base_rows);
+            }
             MetricBuilder::new(&self.set).subset_time(name("time"), 0).add_duration(device.time);
             MetricBuilder::new(&self.set).subset_time(name("kernel_time"), 0).add_duration(device.kernel_time);
         }

@@ -78,6 +78,7 @@ impl KernelModule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     GridJoin,
+    GridJoinWork,
     BruteJoin,
     BruteJoinTc,
     BruteJoinTcBytes,
@@ -113,8 +114,9 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 32] = [
+    pub const ALL: [Kernel; 33] = [
         Kernel::GridJoin,
+        Kernel::GridJoinWork,
         Kernel::BruteJoin,
         Kernel::BruteJoinTc,
         Kernel::BruteJoinTcBytes,
@@ -152,6 +154,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::GridJoin => "grid_join",
+            Kernel::GridJoinWork => "grid_join_work",
             Kernel::BruteJoin => "brute_join",
             Kernel::BruteJoinTc => "brute_join_tc",
             Kernel::BruteJoinTcBytes => "brute_join_tc_bytes",
@@ -189,7 +192,7 @@ impl Kernel {
     /// The module whose source defines it.
     pub fn module(self) -> KernelModule {
         match self {
-            Kernel::GridJoin => KernelModule::GridJoin,
+            Kernel::GridJoin | Kernel::GridJoinWork => KernelModule::GridJoin,
             Kernel::BruteJoinTc | Kernel::BruteJoinTcBytes => KernelModule::TcJoin,
             Kernel::KnnSampleKeysBytes | Kernel::KnnSampleKeysHalf => KernelModule::TcSampleKeys,
             Kernel::BruteJoin

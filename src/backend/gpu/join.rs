@@ -2,18 +2,20 @@
 //! batches their pairs come back in.
 
 use super::*;
+use std::borrow::Cow;
 use std::ops::Range;
 
 impl GpuBackend {
-    /// The join, or with `part = Some((i, shared))` (a self-join on several GPUs) the pairs of the
-    /// `i`-th of `shared.parts` ranges of left slots: each unordered pair is found from one of its
-    /// slots alone, so the parts' pairs are disjoint and together the whole result.
+    /// The join, or with `part = Some((i, shared))` (a join divided among several GPUs) the pairs
+    /// of the `i`-th of `shared.parts` ranges of left slots: each pair (a self-join's unordered
+    /// pair) is found from one left slot alone, so the parts' pairs are disjoint and together the
+    /// whole result.
     pub(super) fn gpu_join<'a>(
         &self,
         request: &JoinRequest<'a>,
         sink: &dyn ResultSink,
         budget: usize,
-        part: Option<(usize, &SelfJoinParts<'a>)>,
+        part: Option<(usize, &JoinParts<'a>)>,
     ) -> Result<Result<RunStats>, GpuError> {
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let mut stats = RunStats { tiles: 1, ..Default::default() };
@@ -59,18 +61,21 @@ impl GpuBackend {
                     host_side(v, filter, identity(v.len()), origin(), metric, gemm)
                 }
             };
-            // A divided self-join's host rows, built once for every GPU: those of the direct
-            // filters (the grid's), which a run never rebuilds in another form.
-            let left_side = match part {
-                Some((_, shared)) if !gemm => {
-                    std::borrow::Cow::Borrowed(shared.left_side.get_or_init(|| side(left, spaces.left())))
-                }
-                _ => std::borrow::Cow::Owned(side(left, spaces.left())),
+            // A divided join's host rows, built once for every GPU: those of the direct filters
+            // (the grid's), which a run never rebuilds in another form.
+            let shared_sides = part.filter(|_| !gemm).map(|(_, shared)| &shared.sides);
+            let left_side = match shared_sides {
+                Some([left_side, _]) => Cow::Borrowed(left_side.get_or_init(|| side(left, spaces.left()))),
+                None => Cow::Owned(side(left, spaces.left())),
             };
-            (left_side, self_join.is_none().then(|| side(right, spaces.right())))
+            let right_side = self_join.is_none().then(|| match shared_sides {
+                Some([_, right_side]) => Cow::Borrowed(right_side.get_or_init(|| side(right, spaces.right()))),
+                None => Cow::Owned(side(right, spaces.right())),
+            });
+            (left_side, right_side)
         };
         let upload_sides = |left_host: &HostSide,
-                            right_host: &Option<HostSide>|
+                            right_host: &Option<Cow<HostSide>>|
          -> Result<(SideBuffers, Option<SideBuffers>), GpuError> {
             Ok((self.upload(left_host)?, right_host.as_ref().map(|h| self.upload(h)).transpose()?))
         };
@@ -80,7 +85,7 @@ impl GpuBackend {
         let (mut left_buffers, mut right_buffers) = upload_sides(&left_host, &right_host)?;
         let fits = !gemm || {
             let sides: Vec<_> = std::iter::once((&*left_host, &left_buffers))
-                .chain(right_host.as_ref().zip(right_buffers.as_ref()))
+                .chain(right_host.as_deref().zip(right_buffers.as_ref()))
                 .collect();
             self.gemm_fits(&sides)?
         };
@@ -95,7 +100,7 @@ impl GpuBackend {
         let extent = if gemm {
             0.0
         } else {
-            filter_extent(&std::iter::once(&*left_host).chain(right_host.as_ref()).collect::<Vec<_>>())
+            filter_extent(&std::iter::once(&*left_host).chain(right_host.as_deref()).collect::<Vec<_>>())
         };
         // The tensor cores filter brute force only (a grid's sides are gathered into slot order).
         let tc = match geometry {
@@ -115,7 +120,7 @@ impl GpuBackend {
         params.limit = filter_limit(metric, threshold, dim, extent, gemm);
         left_buffers = self.with_tensor_core_rows(left_buffers, &left_host.exact, dim, tc, metric)?;
         right_buffers = right_buffers
-            .zip(right_host.as_ref())
+            .zip(right_host.as_deref())
             .map(|(side, host)| self.with_tensor_core_rows(side, &host.exact, dim, tc, metric))
             .transpose()?;
         stats.byte_row_tiles =
@@ -129,10 +134,11 @@ impl GpuBackend {
             Some(g) => {
                 stats.indexed_dims = g.dims.len();
                 let windowed = g.window_prunes();
-                let build = |filter: Coords| {
+                // `side` 0 the left, 1 the right.
+                let build = |filter: Coords, side: usize| {
                     let own;
                     let (cells, values) = match part {
-                        Some((_, shared)) => shared.keys.get_or_init(|| g.keys(filter, dim, windowed)),
+                        Some((_, shared)) => shared.keys[side].get_or_init(|| g.keys(filter, dim, windowed)),
                         None => {
                             own = g.keys(filter, dim, windowed);
                             &own
@@ -140,12 +146,12 @@ impl GpuBackend {
                     };
                     build_grid(&self.device, cells, values.as_deref(), g.id_bits(), g.table_len(cells.len()))
                 };
-                let DeviceGrid { order, slot_cell, sort_keys: left_sort_keys, bounds } = build(spaces.left())?;
+                let DeviceGrid { order, slot_cell, sort_keys: left_sort_keys, bounds } = build(spaces.left(), 0)?;
                 left_buffers = in_slot_order(&self.device, left_buffers, order, dim)?;
                 // A self-join probes its own cells.
                 let (right_bounds, right_sort_keys) = match right_buffers.take() {
                     Some(side) => {
-                        let DeviceGrid { order, sort_keys, bounds: right_bounds, .. } = build(spaces.right())?;
+                        let DeviceGrid { order, sort_keys, bounds: right_bounds, .. } = build(spaces.right(), 1)?;
                         right_buffers = Some(in_slot_order(&self.device, side, order, dim)?);
                         (right_bounds, sort_keys)
                     }
@@ -182,15 +188,6 @@ impl GpuBackend {
         // batches of at most RESULT_BATCH_PAIRS pairs (a single slot with more gets a batch of
         // its own), each from offsets the counts give, pipelined over PIPELINE_STREAMS streams.
         let probe = Instant::now();
-        let slots = match part {
-            Some((i, shared)) => part_slots(left_host.rows, i, shared.parts, geometry.is_some()),
-            None => 0..left_host.rows,
-        };
-        let n_left = slots.len();
-        if part.is_some() {
-            stats.devices = vec![DeviceRun { ordinal: self.ordinal(), rows: n_left, ..Default::default() }];
-        }
-        let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         let inputs = JoinInputs {
             left: &left_buffers,
             right: right_buffers_ref,
@@ -198,6 +195,21 @@ impl GpuBackend {
             grid: grid.as_ref(),
             expected_share: 0.0,
         };
+        let slots = match part {
+            Some((i, shared)) => {
+                let work = match grid {
+                    Some(_) => Some(self.grid_work(&params, left_host.rows, inputs, &mut stats)?),
+                    None => None,
+                };
+                part_slots(left_host.rows, i, shared.parts, work.as_deref(), self_join.is_some())
+            }
+            None => 0..left_host.rows,
+        };
+        let n_left = slots.len();
+        if part.is_some() {
+            stats.devices = vec![DeviceRun { ordinal: self.ordinal(), rows: n_left, ..Default::default() }];
+        }
+        let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         let exact = ExactCheck::new(metric, threshold, left, right);
         // Downloaded pairs into result chunks, on every core: each piece builds and sends its own.
         let emit_pairs = |(lefts, rights, distances): DownloadedPairs| -> Result<()> {
@@ -456,42 +468,99 @@ impl GpuBackend {
     }
 }
 
-/// A self-join divided among several GPUs (multi.rs), planned once for all of them: the filter
-/// spaces, the strategy, the host's rows and, under a grid, every row's cell and sort key — work
-/// on the host's cores, which
-/// every GPU's thread made again at the same time on the same cores (10M × 8 on two H100s:
-/// build_time 0.62 s on each against 0.20 s on one GPU alone).
-pub struct SelfJoinParts<'a> {
+/// A join divided among several GPUs (multi.rs), planned once for all of them: the filter spaces,
+/// the strategy, the host's rows of each side and, under a grid, every row's cell and sort key —
+/// work on the host's cores, which every GPU's thread made again at the same time on the same
+/// cores (10M × 8 on two H100s: build_time 0.62 s on each against 0.20 s on one GPU alone).
+pub struct JoinParts<'a> {
     spaces: FilterSpaces<'a>,
     strategy: JoinStrategy,
-    keys: std::sync::OnceLock<(Vec<u64>, Option<Vec<f64>>)>,
-    left_side: std::sync::OnceLock<HostSide<'a>>,
+    /// Each side's cells and sort keys (the left's, then the right's; a self-join's right is its left).
+    keys: [std::sync::OnceLock<(Vec<u64>, Option<Vec<f64>>)>; 2],
+    /// Each side's host rows (the right's unused by a self-join).
+    sides: [std::sync::OnceLock<HostSide<'a>>; 2],
     parts: usize,
 }
 
-impl<'a> SelfJoinParts<'a> {
-    /// The plan of self-join `request` divided into `parts`.
+impl<'a> JoinParts<'a> {
+    /// The plan of join `request` divided into `parts`.
     pub fn new(request: &JoinRequest<'a>, parts: usize) -> Self {
         let (spaces, strategy) = plan_join(request);
-        Self { spaces, strategy, keys: Default::default(), left_side: Default::default(), parts }
+        Self { spaces, strategy, keys: Default::default(), sides: Default::default(), parts }
     }
 }
 
-/// The `i`-th of `parts` ranges of a self-join's `n` left slots, of about equal work: a grid's
-/// slot compares with the later slots of its cell and every slot of the neighbouring cells its
-/// cell owns, about half of them wherever the cell lies (grid_join.cuh), so the ranges hold equal
-/// counts; brute force compares slot `s` with the `n − s − 1` after it, so
-/// range `i` ends where that triangle's area reaches `(i + 1) / parts` of the whole.
-pub(super) fn part_slots(n: usize, i: usize, parts: usize, grid: bool) -> std::ops::Range<usize> {
-    let end = |i: usize| -> usize {
+/// The `i`-th of `parts` ranges of a join's `n` left slots, of about equal work. Under a grid,
+/// `work` holds every GRID_WORK_SAMPLE-th slot's estimated work (`GpuBackend::grid_work`), each
+/// standing for itself and the slots up to the next sample (slot order is cell order, so those
+/// are mostly slots of the same cell), and range `i` starts at the first sample where the work
+/// before it reaches `i / parts` of the whole: GPU-Join's division by workload, which keeps
+/// skewed data, whose dense cells hold most of the pairs, from loading one GPU with them. Brute
+/// force compares every left slot with every right row (equal counts are equal work), or in a
+/// self-join slot `s` with the `n − s − 1` after it, so there range `i` ends where that
+/// triangle's area reaches `(i + 1) / parts` of the whole. Every GPU computes the same cuts from
+/// the same grid, so the ranges cover the slots once.
+pub(super) fn part_slots(
+    n: usize,
+    i: usize,
+    parts: usize,
+    work: Option<&[u32]>,
+    self_join: bool,
+) -> std::ops::Range<usize> {
+    let prefix: Option<Vec<u64>> = work.map(|w| {
+        std::iter::once(0)
+            .chain(w.iter().scan(0u64, |sum, &x| {
+                *sum += x as u64 + 1;
+                Some(*sum)
+            }))
+            .collect()
+    });
+    let start = |i: usize| -> usize {
         if i >= parts {
             return n;
         }
         let share = i as f64 / parts as f64;
-        let at = if grid { share * n as f64 } else { n as f64 * (1.0 - (1.0 - share).sqrt()) };
-        (at.round() as usize).min(n)
+        let at = match &prefix {
+            Some(prefix) => {
+                let total = *prefix.last().expect("holds 0") as f64;
+                let sample = prefix.partition_point(|&w| (w as f64) < share * total);
+                sample * GRID_WORK_SAMPLE
+            }
+            None if self_join => (n as f64 * (1.0 - (1.0 - share).sqrt())).round() as usize,
+            None => (n as f64 * share).round() as usize,
+        };
+        at.min(n)
     };
-    end(i)..end(i + 1)
+    start(i)..start(i + 1)
+}
+
+// Every pass of grid_work samples from its first slot.
+const _: () = assert!(MAX_PASS_ROWS % GRID_WORK_SAMPLE == 0);
+
+impl GpuBackend {
+    /// The estimated work of every GRID_WORK_SAMPLE-th of the grid join's `n` left slots (see
+    /// [`PassKind::Work`]), for [`part_slots`].
+    fn grid_work(
+        &self,
+        params: &JoinParams,
+        n: usize,
+        inputs: JoinInputs,
+        stats: &mut RunStats,
+    ) -> Result<Vec<u32>, GpuError> {
+        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+        let estimating = Instant::now();
+        let mut pass = PassBuffers::new(&self.device, MAX_PASS_ROWS.div_ceil(GRID_WORK_SAMPLE), 0)?;
+        let mut work = Vec::with_capacity(n.div_ceil(GRID_WORK_SAMPLE));
+        // MAX_PASS_ROWS is a multiple of GRID_WORK_SAMPLE: every launch samples from its first slot.
+        for begin in (0..n).step_by(MAX_PASS_ROWS) {
+            let end = (begin + MAX_PASS_ROWS).min(n);
+            join_pass(&self.device, params, begin as u32..end as u32, inputs, &mut pass, PassKind::Work)?;
+            let samples = (end - begin).div_ceil(GRID_WORK_SAMPLE);
+            work.extend(self.device.stream.clone_dtoh(&pass.counts.slice(0..samples)).map_err(copy)?);
+        }
+        stats.kernel_time += estimating.elapsed();
+        Ok(work)
+    }
 }
 
 /// Parts the collecting count pass is divided into, each run while the host downloads and emits
@@ -615,16 +684,31 @@ mod tests {
 
     #[test]
     fn parts_cover_every_slot_once_with_about_equal_work() {
-        for grid in [true, false] {
-            for (n, parts) in [(0, 2), (1, 2), (7, 3), (1000, 2), (999_983, 8)] {
-                let ranges: Vec<_> = (0..parts).map(|i| part_slots(n, i, parts, grid)).collect();
+        // (grid, self-join): a grid's parts by sampled work, brute force's by its comparisons.
+        for (grid, self_join) in [(true, true), (false, true), (false, false)] {
+            for (n, parts) in [(0usize, 2), (1, 2), (7, 3), (1000, 2), (999_983, 8)] {
+                // A grid's sampled work: skewed, the first tenth of the samples (a dense region's
+                // cells) 100 times the rest's.
+                let samples = n.div_ceil(GRID_WORK_SAMPLE);
+                let sampled: Vec<u32> =
+                    (0..samples).map(|s| if s < samples / 10 { 10_000 + s as u32 % 7 } else { 100 }).collect();
+                let work_of = grid.then_some(sampled.as_slice());
+                let ranges: Vec<_> = (0..parts).map(|i| part_slots(n, i, parts, work_of, self_join)).collect();
                 assert_eq!(ranges[0].start, 0);
                 assert_eq!(ranges[parts - 1].end, n);
                 assert!(ranges.windows(2).all(|w| w[0].end == w[1].start), "{ranges:?}");
-                if n >= 1000 {
-                    // Brute force: pairs (s, t > s) per range within 1 % of an equal share.
+                // (A grid's 16 samples of 1,000 slots are too coarse to cut within 1 %.)
+                if n >= 1000 && !(grid && n < 100_000) {
+                    // Work per range within 1 % of an equal share (a grid's: its samples' work).
                     let work = |r: &std::ops::Range<usize>| -> f64 {
-                        if grid { r.len() as f64 } else { r.clone().map(|s| (n - s - 1) as f64).sum() }
+                        if grid {
+                            let samples = r.start / GRID_WORK_SAMPLE..r.end.div_ceil(GRID_WORK_SAMPLE);
+                            sampled[samples].iter().map(|&w| w as f64 + 1.0).sum()
+                        } else if self_join {
+                            r.clone().map(|s| (n - s - 1) as f64).sum()
+                        } else {
+                            r.len() as f64
+                        }
                     };
                     let total: f64 = ranges.iter().map(work).sum();
                     for r in &ranges {

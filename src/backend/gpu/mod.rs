@@ -21,9 +21,9 @@ use crate::gpu::error::format_size;
 use crate::gpu::grid::{DeviceGrid, build_grid};
 use crate::gpu::kernels::Kernel;
 use crate::gpu::launch::{
-    KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, byte_row_words, byte_rows,
-    byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass, pack_half_rows,
-    rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
+    GRID_WORK_SAMPLE, KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, byte_row_words,
+    byte_rows, byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass,
+    pack_half_rows, rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
     start_rank_lists, tc_row_words, widen_rows,
 };
 use crate::gpu::memory::{available_memory, upload, zeroed};
@@ -103,23 +103,34 @@ impl GpuBackend {
         rows.saturating_mul(device_row_bytes(request.left.dim)) <= budget / 2
     }
 
-    /// Whether a self-join of vectors can run here as parts of its left slots: its input fits the
-    /// device whole (only a whole self-join is tiled).
-    pub fn takes_self_join_parts(&self, request: &JoinRequest) -> Result<bool> {
-        Ok(request.self_join.is_some()
-            && !request.metric.is_text()
+    /// Whether a kNN of `queries` over `base` rows of `dim` dimensions fits `budget` whole (else
+    /// it runs as tiles).
+    fn knn_fits_budget(base: usize, queries: usize, dim: usize, budget: usize) -> bool {
+        (base + queries).saturating_mul(device_row_bytes(dim)) <= budget / 2
+    }
+
+    /// Whether a kNN of `queries` over `base` rows of `dim` dimensions fits this GPU's memory
+    /// budget whole.
+    pub fn knn_fits(&self, base: usize, queries: usize, dim: usize) -> Result<bool> {
+        Ok(Self::knn_fits_budget(base, queries, dim, self.memory_budget()?))
+    }
+
+    /// Whether a join of vectors can run here as parts of its left slots: its inputs fit the
+    /// device whole (a divided join's GPUs each hold all of them).
+    pub fn takes_join_parts(&self, request: &JoinRequest) -> Result<bool> {
+        Ok(!request.metric.is_text()
             && request.index != IndexChoice::ListOfClusters
             && Self::fits(request, self.memory_budget()?))
     }
 
-    /// A self-join's `i`-th of `shared.parts` ranges of left slots (`join::part_slots`) on this
-    /// GPU (where [`GpuBackend::takes_self_join_parts`]).
+    /// A join's `i`-th of `shared.parts` ranges of left slots (`join::part_slots`) on this GPU
+    /// (where [`GpuBackend::takes_join_parts`]).
     /// Returns the run's statistics and the left slots the part took.
-    pub fn self_join_part<'a>(
+    pub fn join_part<'a>(
         &self,
         request: &JoinRequest<'a>,
         sink: &dyn ResultSink,
-        shared: &SelfJoinParts<'a>,
+        shared: &JoinParts<'a>,
         i: usize,
     ) -> Result<(RunStats, usize)> {
         let budget = self.memory_budget()?;
@@ -164,8 +175,7 @@ impl Backend for GpuBackend {
         let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
             self.gpu_knn(tile, sink, budget).map_err(|e| gpu_error("GPU kNN", e))?
         };
-        let row_bytes = device_row_bytes(request.base.dim);
-        if (request.base.len() + request.queries.len()).saturating_mul(row_bytes) <= budget / 2 {
+        if Self::knn_fits_budget(request.base.len(), request.queries.len(), request.base.dim, budget) {
             return run(request, sink);
         }
         let tile_rows = tile_rows(budget, request.base.dim, self.memory_limit, "GPU kNN")?;

@@ -2,26 +2,31 @@
 //! device, each with its own context, module, streams, staging buffers, memory budget and kept
 //! rows (its [`GpuBackend`]).
 //!
-//! * kNN: the queries are divided into one contiguous part per GPU (each GPU holds the whole
-//!   base); a query's neighbours come from one GPU, so its list is the single-GPU list. Below
-//!   [`KNN_SPLIT_WORK`] one GPU finishes first (docs/optimisations.md, v102), so there the first
-//!   GPU runs it alone, unless the GPUs were named (`devices=0,1`).
-//! * Joins and range queries of two inputs: the left rows (the queries of a range query) are
-//!   divided the same way, each part joined with the whole right input.
-//! * Self-joins: every GPU holds the whole input and its grid, and takes one range of the left
-//!   slots (`join::part_slots`: equal counts under a grid, equal areas of brute force's triangle);
-//!   each unordered pair is found from one of its slots alone, so the halving of the pairs is kept
-//!   and the parts' pairs are disjoint. An input that does not fit a device whole runs, tiled, on
-//!   the first GPU.
+//! * kNN: while the base fits each GPU beside its share of the queries, the queries are divided
+//!   into one contiguous part per GPU (each GPU holds the whole base); a query's neighbours come
+//!   from one GPU, so its list is the single-GPU list. Below [`KNN_SPLIT_WORK`] one GPU finishes
+//!   first (docs/optimisations.md, v102), so there the first GPU runs it alone, unless the GPUs
+//!   were named (`devices=0,1`). A base too large for that is divided instead, every GPU finds
+//!   every query's k nearest in its part, and the lists are merged per query
+//!   ([`MultiGpuBackend::knn_over_base_parts`]).
+//! * Joins and range queries: every GPU holds the whole inputs (and their grids), and takes one
+//!   range of the left slots of about equal work (`join::part_slots`: under a grid, from the work
+//!   of sampled slots that every GPU estimates alike, so skewed data is divided by its pairs'
+//!   work, not by rows; brute force, equal counts, or a self-join's equal areas of its
+//!   triangle). Each pair (a self-join's unordered pair, found from one of its slots alone, so
+//!   the halving of the pairs is kept) comes from one part. Inputs that do not fit a device
+//!   whole: a self-join runs, tiled, on the first GPU; a join of two inputs divides its left
+//!   rows into parts of equal counts, each joined with the whole right input (tiled).
 //!
-//! Parts are of equal row counts; each part's results go out as its GPU produces them (the
-//! queries of different parts interleave), with positions shifted back to the whole input's.
+//! Each part's results go out as its GPU produces them (the queries of different parts
+//! interleave), with positions shifted back to the whole input's.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use super::GpuBackend;
-use super::join::SelfJoinParts;
+use super::join::JoinParts;
+use crate::backend::tiles::merged_knn;
 use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, join_rows, knn_rows};
 use crate::gpu::GpuDevice;
 use datafusion::common::{DataFusionError, Result};
@@ -84,6 +89,7 @@ impl MultiGpuBackend {
                             rows,
                             time: started.elapsed(),
                             kernel_time: stats.kernel_time,
+                            base_rows: 0,
                         };
                         stats.devices = vec![device];
                         Ok(stats)
@@ -113,14 +119,14 @@ impl Backend for MultiGpuBackend {
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        if request.self_join.is_some() && self.gpus.len() > 1 {
+        if self.gpus.len() > 1 {
             let mut parts = true;
             for gpu in &self.gpus {
-                parts &= gpu.takes_self_join_parts(request)?;
+                parts &= gpu.takes_join_parts(request)?;
             }
             if parts {
-                let shared = SelfJoinParts::new(request, self.gpus.len());
-                return self.on_each(self.gpus.len(), |i, gpu| gpu.self_join_part(request, sink, &shared, i));
+                let shared = JoinParts::new(request, self.gpus.len());
+                return self.on_each(self.gpus.len(), |i, gpu| gpu.join_part(request, sink, &shared, i));
             }
         }
         if request.self_join.is_some() || self.gpus.len() == 1 {
@@ -134,6 +140,52 @@ impl Backend for MultiGpuBackend {
         if self.gpus.len() == 1 || (work < KNN_SPLIT_WORK && !self.named) {
             return self.gpus[0].knn(request, sink);
         }
-        self.split(request.queries.len(), |gpu, rows| knn_rows(gpu, request, rows, sink))
+        let query_share = request.queries.len().div_ceil(self.gpus.len());
+        let mut base_fits = true;
+        for gpu in &self.gpus {
+            base_fits &= gpu.knn_fits(request.base.len(), query_share, request.base.dim)?;
+        }
+        if base_fits || request.metric.is_text() {
+            return self.split(request.queries.len(), |gpu, rows| knn_rows(gpu, request, rows, sink));
+        }
+        self.knn_over_base_parts(request, sink)
+    }
+}
+
+/// Neighbours the base parts' lists of one tile of queries hold at most on the host before they
+/// are merged (16 bytes each).
+const MERGED_NEIGHBOURS: usize = 1 << 25;
+
+impl MultiGpuBackend {
+    /// A kNN whose base does not fit each GPU beside its share of the queries: the base divided
+    /// into one contiguous part per GPU, every GPU finding every query's k nearest in its part
+    /// (tiled there when its part does not fit either), and each query's lists merged into its k
+    /// smallest by (distance, base position) — the one-GPU list (`tiles::merged_knn`). The
+    /// queries go in tiles whose lists stay within MERGED_NEIGHBOURS.
+    fn knn_over_base_parts(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let parts = self.gpus.len().min(request.base.len().max(1));
+        let per_part = request.base.len().div_ceil(parts);
+        let base_parts: Vec<Range<usize>> = (0..parts)
+            .map(|p| (p * per_part).min(request.base.len())..((p + 1) * per_part).min(request.base.len()))
+            .collect();
+        let query_rows = (MERGED_NEIGHBOURS / (request.k.max(1) * parts)).max(1);
+        let devices: Vec<std::sync::Mutex<DeviceRun>> = (0..parts)
+            .map(|p| {
+                let device =
+                    DeviceRun { ordinal: self.gpus[p].ordinal(), base_rows: base_parts[p].len(), ..Default::default() };
+                std::sync::Mutex::new(device)
+            })
+            .collect();
+        let mut stats = merged_knn(request, sink, query_rows, &base_parts, true, |p, part, sink| {
+            let started = std::time::Instant::now();
+            let stats = self.gpus[p].knn(part, sink)?;
+            let mut device = devices[p].lock().unwrap_or_else(|e| e.into_inner());
+            device.rows += part.queries.len();
+            device.time += started.elapsed();
+            device.kernel_time += stats.kernel_time;
+            Ok(stats)
+        })?;
+        stats.devices = devices.into_iter().map(|d| d.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
+        Ok(stats)
     }
 }

@@ -18,7 +18,14 @@ pub enum PassKind {
     /// or prove it short (below k), and the filter's count where the slot overflowed, which an
     /// exact pass must count again (PASS_SCORES in kernels/join_pairs.cuh).
     Scores { k: u32 },
+    /// A grid's estimated work of every [`GRID_WORK_SAMPLE`]-th left slot from the first: the
+    /// right slots the grid join would scan for it and the neighbour cells it would look up,
+    /// into `counts` (grid_join_work in kernels/grid_join.cuh); nothing is compared.
+    Work,
 }
+
+/// Left slots one [`PassKind::Work`] count stands for (GRID_WORK_SAMPLE in kernels/grid_join.cuh).
+pub const GRID_WORK_SAMPLE: usize = 64;
 
 /// Runs a pass of a join over left slots `slots` on the device's stream (with knn_settle_slots
 /// after a scores pass) and waits for it.
@@ -99,6 +106,8 @@ pub fn launch_join_pass(
     let JoinInputs { left, right, right_len, grid, expected_share } = inputs;
     let byte_sides = byte_sides(device, params, left, right);
     let kernel = match grid {
+        Some(_) if kind == PassKind::Work => Kernel::GridJoinWork,
+        None if kind == PassKind::Work => return Err("grid_join_work: brute force has no cells".into()),
         Some(_) => Kernel::GridJoin,
         None if byte_sides.is_some() => Kernel::BruteJoinTcBytes,
         None if params.tensor_cores != 0 => Kernel::BruteJoinTc,
@@ -157,6 +166,7 @@ pub fn launch_join_pass(
         PassKind::Count | PassKind::CountAndCollect => 0,
         PassKind::Write => 1,
         PassKind::Scores { .. } => 2,
+        PassKind::Work => 3,
     };
     if matches!(kind, PassKind::Scores { .. }) && (kernel != Kernel::BruteJoinTc || params.slot_capacity == 0) {
         return Err(Error::Device(format!("{kernel}: a scores pass needs brute_join_tc and slots")));
@@ -171,6 +181,13 @@ pub fn launch_join_pass(
             )));
         }
     }
+    if kind == PassKind::Work && pass.counts.len() < slots.len().div_ceil(GRID_WORK_SAMPLE) {
+        return Err(Error::Device(format!(
+            "{kernel}: {} slots need more counts than {}",
+            slots.len(),
+            pass.counts.len()
+        )));
+    }
     let capacity = match kind {
         PassKind::CountAndCollect => pass.out_left.len().min(pass.out_right.len()).min(pass.out_distance.len()) as u64,
         _ => 0,
@@ -181,6 +198,9 @@ pub fn launch_join_pass(
     // brute_join_tc tc_run), left tiles fastest (brute_tile in brute_join.cuh), in as many launches
     // over consecutive runs as the 2³¹ − 1 blocks of a grid require.
     let launches: Vec<(u32, u32)> = match grid {
+        Some(_) if kind == PassKind::Work => {
+            vec![(0, slots.len().div_ceil(GRID_WORK_SAMPLE).div_ceil(BLOCK as usize) as u32)]
+        }
         Some(_) => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
         None => {
             let run_rows = BRUTE_TILE * run;
@@ -246,7 +266,9 @@ pub fn launch_join_pass(
         // `right_cell_start`; with `params.per_row`, `row_threshold` and `row_limit` hold a value
         // for every left slot; with the GEMM filter, `filter_norms` and `filter_sq_norms` hold one
         // per row of their side. `counts` and `offsets` hold at least `end - begin` entries (counts
-        // zeroed before the count pass). A collecting count pass stores a pair only at an index
+        // zeroed before the count pass), except in a work pass: grid_join_work writes one count per
+        // GRID_WORK_SAMPLE slots, which `counts` holds (checked above), and reads no offsets and
+        // no rows. A collecting count pass stores a pair only at an index
         // below `capacity`, the length of all three output buffers; one with `slot_capacity`
         // only below (end − begin)·slot_capacity, which `out_right` and `out_distance` hold
         // (checked above). brute_join_tc gets the dynamic shared memory of its queue and 2 to 4
