@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array};
+use datafusion::arrow::array::{
+    ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
+};
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{Result, internal_err};
@@ -22,6 +24,12 @@ pub enum OutputColumn {
     Distance,
     /// kNN rank, 1 = nearest (Int64).
     Rank,
+    /// On a cluster, for the merge of kNN lists (`exec::KnnMergeExec`): the query's row in the
+    /// query input (UInt32).
+    QueryRow,
+    /// On a cluster, for the merge of kNN lists: the base row's place in the base's scan order,
+    /// its task's share in the high 32 bits and its row within the share in the low (UInt64).
+    ScanOrder,
 }
 
 /// One side of the output: the input's columns the output takes rows from and its vectors
@@ -54,6 +62,8 @@ pub struct BatchBuilder {
     pub columns: Vec<OutputColumn>,
     /// Largest number of rows per batch.
     pub batch_size: usize,
+    /// On a cluster, the task's share of the divided input ([`OutputColumn::ScanOrder`]).
+    pub share: u32,
 }
 
 impl BatchBuilder {
@@ -95,6 +105,14 @@ impl BatchBuilder {
                 OutputColumn::Distance => Arc::new(Float64Array::from(chunk.distance[range.clone()].to_vec())),
                 OutputColumn::Rank => {
                     Arc::new(chunk.rank[range.clone()].iter().map(|&r| r as i64).collect::<Int64Array>())
+                }
+                OutputColumn::QueryRow => {
+                    Arc::new(left_rows.get_or_insert_with(|| rows(&chunk.left[range.clone()], left)).clone())
+                }
+                OutputColumn::ScanOrder => {
+                    let idx = right_rows.get_or_insert_with(|| rows(&chunk.right[range.clone()], right));
+                    let share = (self.share as u64) << 32;
+                    Arc::new(idx.values().iter().map(|&r| share | r as u64).collect::<UInt64Array>())
                 }
             });
         }

@@ -20,11 +20,12 @@ use datafusion::common::{Column, DFSchema, Result};
 use datafusion::datasource::TableType;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use crate::backend::Backend;
-use crate::exec::{InputSide, SimilarityExec, WholeInputExec};
+use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, WholeInputExec, merge};
 use crate::op::{Operation, SimilarityOp};
 use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
@@ -118,7 +119,7 @@ impl SimilarityTable {
             let this = match self.columns[self.schema.index_of(&column.name).ok()?] {
                 OutputColumn::Left(_) => FilterSide::Left,
                 OutputColumn::Right(_) => FilterSide::Right,
-                OutputColumn::Distance | OutputColumn::Rank => return None,
+                _ => return None,
             };
             if side.is_some_and(|s| s != this) {
                 return None;
@@ -253,7 +254,7 @@ impl TableProvider for SimilarityTable {
                 OutputColumn::Right(i) => {
                     right_needed.insert(i);
                 }
-                OutputColumn::Distance | OutputColumn::Rank => {}
+                _ => {}
             }
         }
         let (mut left_filters, mut right_filters) = (Vec::new(), Vec::new());
@@ -297,13 +298,42 @@ impl TableProvider for SimilarityTable {
             0 => state.config().target_partitions().max(1),
             tasks => tasks,
         });
-        if let Some(tasks) = tasks {
-            children = children.into_iter().map(|c| Arc::new(WholeInputExec::new(c)) as _).collect();
-            children.push(crate::exec::task_numbers(tasks)?);
-        }
-        Ok(Arc::new(
-            SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, self.backend.clone())?
-                .with_tasks(tasks)?,
-        ))
+        let Some(tasks) = tasks else {
+            let exec =
+                SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, self.backend.clone())?;
+            return Ok(Arc::new(exec));
+        };
+        children = children.into_iter().map(|c| Arc::new(WholeInputExec::new(c)) as _).collect();
+        children.push(crate::exec::task_numbers(tasks)?);
+        let Operation::Knn { k } = self.op.operation else {
+            let exec =
+                SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, self.backend.clone())?;
+            return Ok(Arc::new(exec.with_tasks(Some(tasks))?));
+        };
+        // kNN divides the base: each task's lists carry what the merge needs, the lists of a query
+        // meet in one partition of a hash repartition by its row, and KnnMergeExec keeps its k.
+        let rank = columns.iter().position(|c| *c == OutputColumn::Rank);
+        let mut columns = columns;
+        columns.extend([OutputColumn::QueryRow, OutputColumn::Distance, OutputColumn::ScanOrder]);
+        let mut fields = schema.fields().to_vec();
+        fields.extend([
+            Arc::new(Field::new(merge::QUERY_ROW_COLUMN, DataType::UInt32, false)),
+            Arc::new(Field::new(merge::DISTANCE_COLUMN, DataType::Float64, false)),
+            Arc::new(Field::new(merge::SCAN_ORDER_COLUMN, DataType::UInt64, false)),
+        ]);
+        let lists_schema = Arc::new(Schema::new(fields));
+        let lists = SimilarityExec::try_new(
+            self.op.clone(),
+            children,
+            left,
+            right,
+            columns,
+            lists_schema.clone(),
+            self.backend.clone(),
+        )?
+        .with_tasks(Some(tasks))?;
+        let by_query = Partitioning::Hash(vec![KnnMergeExec::query_row(&lists_schema)?], tasks);
+        let shuffled = RepartitionExec::try_new(Arc::new(lists), by_query)?;
+        Ok(Arc::new(KnnMergeExec::try_new(Arc::new(shuffled), k, rank)?))
     }
 }

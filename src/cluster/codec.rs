@@ -35,7 +35,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::backend;
-use crate::exec::{InputSide, SimilarityExec, WholeInputExec};
+use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, WholeInputExec};
 use crate::op::{Device, SimilarityOp};
 use crate::results::OutputColumn;
 use crate::table::{SimilarityTable, TableInput};
@@ -47,6 +47,14 @@ const TABLE_TAG: &[u8] = b"simjoin.table.1:";
 const EXEC_TAG: &[u8] = b"simjoin.exec.1:";
 /// The whole of an encoded [`WholeInputExec`] (its input is encoded as its child).
 const WHOLE_TAG: &[u8] = b"simjoin.whole.1";
+/// The first bytes of an encoded [`KnnMergeExec`] (its input is encoded as its child).
+const MERGE_TAG: &[u8] = b"simjoin.knn_merge.1:";
+
+#[derive(Serialize, Deserialize)]
+struct MergeMessage {
+    k: usize,
+    rank: Option<usize>,
+}
 
 #[derive(Serialize, Deserialize)]
 struct TableMessage {
@@ -262,6 +270,13 @@ impl PhysicalExtensionCodec for PhysicalCodec {
                 _ => internal_err!("decoding a simjoin WholeInputExec: {} inputs", inputs.len()),
             };
         }
+        if buf.starts_with(MERGE_TAG) {
+            let message: MergeMessage = from_json(MERGE_TAG, buf)?;
+            return match inputs {
+                [input] => Ok(Arc::new(KnnMergeExec::try_new(input.clone(), message.k, message.rank)?)),
+                _ => internal_err!("decoding a simjoin KnnMergeExec: {} inputs", inputs.len()),
+            };
+        }
         if !buf.starts_with(EXEC_TAG) {
             return self.ballista.try_decode(buf, inputs, ctx, proto_converter);
         }
@@ -307,6 +322,9 @@ impl PhysicalExtensionCodec for PhysicalCodec {
         if node.downcast_ref::<WholeInputExec>().is_some() {
             buf.extend_from_slice(WHOLE_TAG);
             return Ok(());
+        }
+        if let Some(merge) = node.downcast_ref::<KnnMergeExec>() {
+            return to_json(MERGE_TAG, &MergeMessage { k: merge.k(), rank: merge.rank() }, buf);
         }
         let Some(exec) = node.downcast_ref::<SimilarityExec>() else {
             return self.ballista.try_encode(node, buf, proto_converter);
@@ -370,15 +388,26 @@ mod tests {
 
         // The scheduler plans the decoded table; the operator travels to an executor, which
         // chooses its backend: the CPU here, where the query left device=auto.
-        let plan = decoded.scan(&ctx.state(), None, &[], None).await.unwrap();
+        // kNN on a cluster: the merge of the tasks' lists over a repartition by query over the
+        // operator.
+        let merge = decoded.scan(&ctx.state(), None, &[], None).await.unwrap();
+        let planner = PhysicalCodec::new(Role::Planner);
+        let executor = PhysicalCodec::new(Role::Executor { device: Device::Cpu });
+        let converter = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
+        let mut bytes = Vec::new();
+        planner.try_encode(merge.clone(), &mut bytes, &converter).unwrap();
+        let repartition: Vec<_> = merge.children().into_iter().cloned().collect();
+        let merge_after = executor.try_decode(&bytes, &repartition, &task, &converter).unwrap();
+        let (before, after) =
+            (merge.downcast_ref::<KnnMergeExec>().unwrap(), merge_after.downcast_ref::<KnnMergeExec>().unwrap());
+        assert_eq!((after.k(), after.rank()), (2, Some(table.schema().fields().len() - 1)));
+        assert_eq!((after.k(), after.rank(), after.schema()), (before.k(), before.rank(), before.schema()));
+        let plan = repartition[0].children()[0].clone();
         let exec = plan.downcast_ref::<SimilarityExec>().expect("the operator");
         assert!(exec.tasks().is_some_and(|t| t >= 1));
         let mut bytes = Vec::new();
-        let planner = PhysicalCodec::new(Role::Planner);
-        let converter = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
         planner.try_encode(plan.clone(), &mut bytes, &converter).unwrap();
         let children: Vec<_> = plan.children().into_iter().cloned().collect();
-        let executor = PhysicalCodec::new(Role::Executor { device: Device::Cpu });
         let decoded = executor.try_decode(&bytes, &children, &task, &converter).unwrap();
         let exec_after = decoded.downcast_ref::<SimilarityExec>().unwrap();
         assert_eq!(exec_after.op().device, Device::Cpu);

@@ -7,11 +7,12 @@
 //! partition, whose interleaving would make that order vary from run to run.
 //!
 //! On a cluster the operator is planned with `tasks`: its inputs are then required whole
-//! (`SinglePartition`, each under a [`WholeInputExec`] whose partitions every task scans
-//! itself, in order), and a last child, a leaf of `tasks` one-row partitions holding the numbers
-//! `0..tasks`, gives the operator its output partitions. The cluster's scheduler hands each task
-//! some of the leaf's partitions, so a task learns which shares of the work are its own
-//! (exec/share.rs) however its slice of partitions is renumbered.
+//! (`SinglePartition`, each under a [`WholeInputExec`] whose partitions the task scans itself, in
+//! order: all of them, or its share of the divided input's), and a last child, a leaf of `tasks`
+//! one-row partitions holding the numbers `0..tasks`, gives the operator its output partitions.
+//! The cluster's scheduler hands each task some of the leaf's partitions, so a task learns which
+//! shares of the work are its own (exec/share.rs) however its slice of partitions is renumbered.
+//! kNN's shares are lists per query that [`KnnMergeExec`] merges after a repartition by query.
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,11 +37,13 @@ use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
 
 mod cache;
+pub mod merge;
 mod progress;
 mod share;
 mod stream;
 mod whole;
 
+pub use merge::KnnMergeExec;
 pub use progress::{Progress, ProgressListener};
 pub use whole::WholeInputExec;
 
@@ -235,7 +238,13 @@ impl DisplayAs for SimilarityExec {
         }
         write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())?;
         if let Some(tasks) = self.tasks {
-            write!(f, ", tasks={tasks} (each: a share of the left rows against whole inputs)")?;
+            let each = match op.operation {
+                Operation::SimJoin { self_join: true, .. } => "a share of the rows against the whole input",
+                Operation::SimJoin { .. } => "a share of the left input against the whole right input",
+                Operation::RangeQuery { .. } => "every query against a share of the base",
+                Operation::Knn { .. } => "every query's k nearest in a share of the base, merged per query",
+            };
+            write!(f, ", tasks={tasks} (each: {each})")?;
         }
         Ok(())
     }

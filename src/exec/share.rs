@@ -1,15 +1,19 @@
 //! One task's share of a run on a cluster (`SimilarityExec` planned with tasks, see
-//! `cluster`). Task `p` of `n` reads every input whole, in scan order, and answers for the
-//! left rows `[p·m/n, (p+1)·m/n)` of the `m` left (join left, query) rows:
+//! `cluster`). Task `p` of `n` reads one input whole and takes the `p`-th of `n` contiguous
+//! shares of the other, in scan order — the `p`-th group of that input's partitions, so the task
+//! decodes only those, or, when the input has fewer partitions than tasks, the `p`-th range of
+//! its rows:
 //!
-//! - a two-input join or range query pairs those rows with every right row; each pair stands
-//!   alone, so the tasks' answers together are the single process's;
-//! - kNN finds the neighbours of those queries among the whole base, read in the base's scan
-//!   order, so ties break as in one process and no merge is needed;
-//! - a self-join pairs those rows with every row of the input, as a two-input join, and keeps a
-//!   pair by the rows' positions in the whole input: `include_self=false` drops the row's pair
-//!   with itself; `pairs=unordered` keeps (a, b) only when a precedes b. Every ordered pair
-//!   (a, b) is found by the one task whose share holds a, so nothing is lost or repeated.
+//! - kNN and range queries divide the base and read every query: a range query's pairs stand
+//!   alone; kNN finds each query's top k within the share, and `KnnMergeExec` merges the tasks'
+//!   lists per query by (distance, share, position in the share) — the base's scan order, since
+//!   the shares are contiguous and in order — which is the one process's answer, ties included;
+//! - a two-input join divides its left input and reads the right whole; each pair stands alone;
+//! - a self-join reads its input whole (each task needs every row as a right side) and takes the
+//!   `p`-th range of its rows as the left side of a two-input join, keeping a pair by the rows'
+//!   positions in the whole input: `include_self=false` drops the row's pair with itself;
+//!   `pairs=unordered` keeps (a, b) only when a precedes b. Every ordered pair (a, b) is found by
+//!   the one task whose share holds a, so nothing is lost or repeated.
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -50,22 +54,52 @@ fn slice_rows(batches: &[RecordBatch], start: usize, end: usize) -> Vec<RecordBa
     out
 }
 
-/// Restricts the collected inputs to `share`'s left rows. A self-join's left side becomes an
-/// input of its own (the slice), its right side stays the whole input; the returned filter keeps
-/// the self-join's pairs from the two-input run.
+/// The input a task takes a share of: a self-join's one input, a two-input join's left input,
+/// the base of kNN and range queries.
+pub(super) fn divided_child(op: &SimilarityOp, left: &InputSide, right: &InputSide) -> usize {
+    match op.operation {
+        Operation::SimJoin { .. } => left.child,
+        Operation::RangeQuery { .. } | Operation::Knn { .. } => right.child,
+    }
+}
+
+/// The partitions of the divided input (of `partitions`) that `share` reads, when it is a
+/// two-input run and there are enough partitions to give every share some; `None`: every task
+/// reads the input whole and takes its rows by [`take_share`].
+pub(super) fn share_partitions(
+    left: &InputSide,
+    right: &InputSide,
+    partitions: usize,
+    share: Share,
+) -> Option<std::ops::Range<usize>> {
+    (left.child != right.child && partitions >= share.count).then(|| {
+        let (start, end) = share.range(partitions);
+        start..end
+    })
+}
+
+/// Restricts the collected inputs to `share` of the divided input, unless its partitions were
+/// already restricted (`by_partitions`). A self-join's left side becomes an input of its own (the
+/// slice), its right side stays the whole input; the returned filter keeps the self-join's pairs
+/// from the two-input run.
 pub(super) fn take_share(
     op: &SimilarityOp,
     collected: &mut Vec<(SchemaRef, Vec<RecordBatch>)>,
     left: &mut InputSide,
     right: &InputSide,
     share: Share,
+    by_partitions: bool,
 ) -> Option<SelfJoinPairs> {
-    let (schema, batches) = &collected[left.child];
+    if by_partitions {
+        return None;
+    }
+    let divided = divided_child(op, left, right);
+    let (schema, batches) = &collected[divided];
     let rows = batches.iter().map(|b| b.num_rows()).sum();
     let (start, end) = share.range(rows);
     let sliced = (schema.clone(), slice_rows(batches, start, end));
     if left.child != right.child {
-        collected[left.child] = sliced;
+        collected[divided] = sliced;
         return None;
     }
     collected.push(sliced);

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use super::cache;
 use super::progress::{Progress, ProgressListener};
-use super::share::{Share, self_join_pairs_only, take_share};
+use super::share::{Share, divided_child, self_join_pairs_only, share_partitions, take_share};
 use super::{InputSide, SimilarityExec, WholeInputExec};
 use crate::backend::{Backend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats, SelfJoin};
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
@@ -210,6 +210,7 @@ pub(super) fn execute(
             schema: exec.schema.clone(),
             columns: exec.columns.clone(),
             batch_size: context.session_config().batch_size(),
+            share: 0,
         },
         metrics: SimilarityMetrics::new(&exec.metrics),
         progress: context.session_config().get_extension::<Progress>().map(|p| p.0.clone()),
@@ -229,6 +230,19 @@ impl Run {
             Some((count, numbers)) => Some(Share { index: share_number(numbers).await?, count }),
             None => None,
         };
+        // A task reads only its group of the divided input's partitions where there are enough
+        // (exec/share.rs); the streams of the others are dropped unread.
+        let mut inputs = inputs;
+        let mut by_partitions = false;
+        if let Some(share) = share {
+            self.builder.share = share.index as u32;
+            let streams = &mut inputs[divided_child(&self.op, &self.left, &self.right)].1;
+            if let Some(range) = share_partitions(&self.left, &self.right, streams.len(), share) {
+                let kept: Vec<_> = streams.drain(range).collect();
+                *streams = kept;
+                by_partitions = true;
+            }
+        }
         // Every partition of every input on a task of its own: a partition decodes (Parquet, CSV)
         // as its stream is polled, so one task polling them all decoded on one thread (P1 from a
         // file: docs/optimisations.md, v96). Batches are kept in partition order; dropping the
@@ -271,7 +285,7 @@ impl Run {
             collected.iter().flat_map(|(_, parts)| parts).map(|b| b.get_array_memory_size()).sum();
         // After the reservation's size is known: a share's slices share the collected buffers.
         let self_join_pairs = match share {
-            Some(share) => take_share(&self.op, &mut collected, &mut self.left, &self.right, share),
+            Some(share) => take_share(&self.op, &mut collected, &mut self.left, &self.right, share, by_partitions),
             None => None,
         };
 

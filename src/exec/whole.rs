@@ -1,10 +1,11 @@
-//! [`WholeInputExec`]: an input of a `SimilarityExec` planned for a cluster, read whole and in
-//! scan order by every task. It reports one partition, so the planner's distribution check is
-//! met without the `CoalescePartitionsExec` it would otherwise add (which a cluster's scheduler
-//! turns into a stage boundary: the input written to shuffle files and read back, in an order
-//! between partitions that varies from run to run). Below it the input keeps its own partitions,
-//! every one of which each task scans itself; `SimilarityExec` reads them concurrently and keeps
-//! them in order, as in one process.
+//! [`WholeInputExec`]: an input of a `SimilarityExec` planned for a cluster, left whole by the
+//! cluster's division of partitions: the operator reads it in scan order, all of it or its task's
+//! contiguous share of the partitions (exec/share.rs). It reports one partition, so the planner's
+//! distribution check is met without the `CoalescePartitionsExec` it would otherwise add (which a
+//! cluster's scheduler turns into a stage boundary: the input written to shuffle files and read
+//! back, in an order between partitions that varies from run to run). Below it the input keeps
+//! its own partitions, which `SimilarityExec` reads concurrently and keeps in order, as in one
+//! process.
 
 use std::fmt;
 use std::sync::Arc;
@@ -50,7 +51,7 @@ impl DisplayAs for WholeInputExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "WholeInputExec: every task reads all {} partitions in order",
+            "WholeInputExec: {} partitions, read in order by each task (all, or its share where the operator divides this input)",
             self.input.output_partitioning().partition_count()
         )
     }

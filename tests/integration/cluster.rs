@@ -28,12 +28,15 @@ async fn write_parts(source: &SessionContext, table: &str, dir: &std::path::Path
     }
 }
 
-/// The inputs as directories of Parquet files, registered as `base`, `queries` and `words` on
-/// both sessions.
+/// The inputs as directories of Parquet files, registered as `base`, `queries`, `words` and
+/// `ties` on both sessions.
 async fn inputs(dir: &std::path::Path, sessions: [&SessionContext; 2]) {
     let source = ctx();
     register(&source, "b", &vectors(700, 4, 11), 4, Shape::FixedF32);
     register(&source, "q", &vectors(90, 4, 12), 4, Shape::FixedF32);
+    // 15 distinct vectors, each in every file: kNN ties across the base's shares.
+    let ties: Vec<_> = (0..600).map(|i| Some(vec![(i % 5) as f64, (i % 3) as f64 * 0.25, 0.0, 0.5])).collect();
+    register(&source, "t", &ties, 4, Shape::ListF64);
     let texts = words(400, 13);
     let schema =
         Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("word", DataType::Utf8, true)]));
@@ -44,8 +47,9 @@ async fn inputs(dir: &std::path::Path, sessions: [&SessionContext; 2]) {
     write_parts(&source, "b", &dir.join("base"), 700, 3).await;
     write_parts(&source, "q", &dir.join("queries"), 90, 2).await;
     write_parts(&source, "w", &dir.join("words"), 400, 3).await;
+    write_parts(&source, "t", &dir.join("ties"), 600, 4).await;
     for ctx in sessions {
-        for name in ["base", "queries", "words"] {
+        for name in ["base", "queries", "words", "ties"] {
             let path = format!("{}/", dir.join(name).display());
             ctx.register_parquet(name, &path, ParquetReadOptions::default()).await.unwrap();
         }
@@ -75,6 +79,16 @@ async fn a_cluster_answers_as_one_process_does() {
         "SELECT query_id, base_id, distance, rank FROM knn(base, queries, 5, 'metric=l2sq')",
         "SELECT query_id, base_id, distance, rank FROM knn(base, queries, 4, 'metric=cosine')",
         "SELECT 0 AS q, base_id, distance, rank FROM knn(base, '[0.5, 0.5, 0.5, 0.5]', 6)",
+        // With at least as many partitions as tasks, each task reads only its partitions of the
+        // divided input (the base; a join's left input); with fewer, its range of the rows.
+        "SELECT query_id, base_id, distance, rank FROM knn(base, queries, 7, 'tasks=3')",
+        "SELECT query_id, base_id, distance FROM range_query(base, queries, 0.3, 'tasks=2')",
+        "SELECT left_id, right_id, distance FROM sim_join(queries, base, 0.35, 'tasks=2')",
+        // Ties broken by the base's scan order across the tasks' shares, both ways of dividing.
+        "SELECT query_id, base_id, distance, rank FROM knn(ties, queries, 50)",
+        "SELECT query_id, base_id, distance, rank FROM knn(ties, queries, 50, 'tasks=2')",
+        "SELECT query_id, base_id, distance, rank FROM knn(ties, queries, 9, 'metric=l1, tasks=4')",
+        "SELECT query_id, base_id, distance, rank FROM knn(ties, queries, 700, 'tasks=3')",
         "SELECT left_id, right_id, CAST(distance AS DOUBLE) FROM sim_join(words, 1, 'metric=levenshtein')",
         "SELECT left_id, right_id, distance FROM sim_join(words, 2, 'metric=levenshtein, pairs=unordered')",
         "SELECT query_id, base_id, distance, rank FROM knn(words, words, 3, 'metric=levenshtein')",
