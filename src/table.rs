@@ -25,7 +25,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use crate::backend::Backend;
-use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, WholeInputExec, merge};
+use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, WholeInputExec};
 use crate::op::{Operation, SimilarityOp};
 use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
@@ -305,35 +305,24 @@ impl TableProvider for SimilarityTable {
         };
         children = children.into_iter().map(|c| Arc::new(WholeInputExec::new(c)) as _).collect();
         children.push(crate::exec::task_numbers(tasks)?);
-        let Operation::Knn { k } = self.op.operation else {
-            let exec =
-                SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, self.backend.clone())?;
-            return Ok(Arc::new(exec.with_tasks(Some(tasks))?));
-        };
         // kNN divides the base: each task's lists carry what the merge needs, the lists of a query
         // meet in one partition of a hash repartition by its row, and KnnMergeExec keeps its k.
-        let rank = columns.iter().position(|c| *c == OutputColumn::Rank);
-        let mut columns = columns;
-        columns.extend([OutputColumn::QueryRow, OutputColumn::Distance, OutputColumn::ScanOrder]);
-        let mut fields = schema.fields().to_vec();
-        fields.extend([
-            Arc::new(Field::new(merge::QUERY_ROW_COLUMN, DataType::UInt32, false)),
-            Arc::new(Field::new(merge::DISTANCE_COLUMN, DataType::Float64, false)),
-            Arc::new(Field::new(merge::SCAN_ORDER_COLUMN, DataType::UInt64, false)),
-        ]);
-        let lists_schema = Arc::new(Schema::new(fields));
-        let lists = SimilarityExec::try_new(
-            self.op.clone(),
-            children,
-            left,
-            right,
-            columns,
-            lists_schema.clone(),
-            self.backend.clone(),
-        )?
-        .with_tasks(Some(tasks))?;
-        let by_query = Partitioning::Hash(vec![KnnMergeExec::query_row(&lists_schema)?], tasks);
-        let shuffled = RepartitionExec::try_new(Arc::new(lists), by_query)?;
+        let knn = match self.op.operation {
+            Operation::Knn { k } => Some((k, columns.iter().position(|c| *c == OutputColumn::Rank))),
+            _ => None,
+        };
+        let (columns, schema) = match knn {
+            Some(_) => KnnMergeExec::list_columns(columns, &schema),
+            None => (columns, schema),
+        };
+        let exec =
+            SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, self.backend.clone())?
+                .with_tasks(Some(tasks))?;
+        let Some((k, rank)) = knn else {
+            return Ok(Arc::new(exec));
+        };
+        let by_query = Partitioning::Hash(vec![KnnMergeExec::query_row(&exec.schema())?], tasks);
+        let shuffled = RepartitionExec::try_new(Arc::new(exec), by_query)?;
         Ok(Arc::new(KnnMergeExec::try_new(Arc::new(shuffled), k, rank)?))
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take};
-use datafusion::arrow::datatypes::{Float64Type, Schema, SchemaRef, UInt32Type, UInt64Type};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef, UInt32Type, UInt64Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_datafusion_err, exec_err, internal_err};
 use datafusion::execution::TaskContext;
@@ -29,14 +29,17 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-/// Names of the columns a divided kNN adds after the user's, for the merge.
-pub const QUERY_ROW_COLUMN: &str = "__simjoin_query_row";
+use crate::results::OutputColumn;
+
+/// Names of the columns a divided kNN adds after the user's, for the merge
+/// ([`KnnMergeExec::list_columns`]).
+const QUERY_ROW_COLUMN: &str = "__simjoin_query_row";
 /// The exact distance, whether or not the user's projection holds it.
-pub const DISTANCE_COLUMN: &str = "__simjoin_distance";
+const DISTANCE_COLUMN: &str = "__simjoin_distance";
 /// The base row's place in the scan order.
-pub const SCAN_ORDER_COLUMN: &str = "__simjoin_scan_order";
+const SCAN_ORDER_COLUMN: &str = "__simjoin_scan_order";
 /// How many columns the merge reads after the output's.
-pub const MERGE_COLUMNS: usize = 3;
+const MERGE_COLUMNS: usize = 3;
 
 /// Merges per-share kNN lists into each query's `k` nearest.
 #[derive(Debug)]
@@ -81,6 +84,19 @@ impl KnnMergeExec {
     /// The output column renumbered as the rank.
     pub fn rank(&self) -> Option<usize> {
         self.rank
+    }
+
+    /// The output `columns` and `schema` of a task's lists: the user's, then the query row, the
+    /// distance and the scan order that the merge reads.
+    pub fn list_columns(mut columns: Vec<OutputColumn>, schema: &SchemaRef) -> (Vec<OutputColumn>, SchemaRef) {
+        columns.extend([OutputColumn::QueryRow, OutputColumn::Distance, OutputColumn::ScanOrder]);
+        let mut fields = schema.fields().to_vec();
+        fields.extend([
+            Arc::new(Field::new(QUERY_ROW_COLUMN, DataType::UInt32, false)),
+            Arc::new(Field::new(DISTANCE_COLUMN, DataType::Float64, false)),
+            Arc::new(Field::new(SCAN_ORDER_COLUMN, DataType::UInt64, false)),
+        ]);
+        (columns, Arc::new(Schema::new(fields)))
     }
 
     /// The column the input must be hash-partitioned by.
@@ -229,7 +245,7 @@ fn merge(lists: &RecordBatch, schema: &SchemaRef, k: usize, rank: Option<usize>)
 mod tests {
     use super::*;
     use datafusion::arrow::array::{Float64Array, UInt64Array};
-    use datafusion::arrow::datatypes::{DataType, Field, Int64Type};
+    use datafusion::arrow::datatypes::Int64Type;
 
     #[test]
     fn the_merge_keeps_each_querys_k_smallest_by_distance_then_scan_order() {

@@ -37,7 +37,7 @@ use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
 
 mod cache;
-pub mod merge;
+mod merge;
 mod progress;
 mod share;
 mod stream;
