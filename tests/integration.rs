@@ -28,6 +28,8 @@ mod pushdown;
 mod rewrite;
 #[path = "integration/sql_examples.rs"]
 mod sql_examples;
+#[path = "integration/streamed_base.rs"]
+mod streamed_base;
 #[path = "integration/streaming.rs"]
 mod streaming;
 #[path = "integration/text.rs"]

@@ -45,6 +45,10 @@ impl Backend for CpuBackend {
         "cpu".to_string()
     }
 
+    fn searches_parts_on_cpu(&self) -> bool {
+        true
+    }
+
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         if request.index == IndexChoice::ListOfClusters && super::clusters::usable(request.left, request.right) {
             return super::clusters::join(request, sink);

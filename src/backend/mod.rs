@@ -27,6 +27,8 @@ pub use auto::{AutoBackend, force_gpu_share};
 pub use cpu::CpuBackend;
 pub use exact::ExactCheck;
 pub use gpu::GpuBackend;
+pub(crate) use tiles::Collector;
+pub(crate) use topk::{Neighbour, Ranked, k_smallest, send_ranked};
 
 /// A join-shaped request: every (left, right) pair within `threshold` (ε-join and range query).
 #[derive(Debug)]
@@ -302,6 +304,11 @@ pub trait Backend: Debug + Send + Sync {
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats>;
     /// The `k` nearest base vectors of every query, in query order, each query's neighbours by rank.
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats>;
+    /// Whether every search runs on the CPU cores, so that a base searched part by part
+    /// (exec/streamed.rs) gives the same answer as a whole one at no extra cost.
+    fn searches_parts_on_cpu(&self) -> bool {
+        false
+    }
 }
 
 /// The backend for `op`: the GPU under `device=gpu`; under `device=auto`, per run, the GPU or the

@@ -178,10 +178,10 @@ impl ResultSink for OffsetSink<'_> {
     }
 }
 
-/// Keeps one base tile's kNN chunks for merging.
-struct Collector {
-    chunks: Mutex<Vec<ResultChunk>>,
-    chunk_rows: usize,
+/// Keeps the chunks of a kNN over a part of the base for merging.
+pub(crate) struct Collector {
+    pub(crate) chunks: Mutex<Vec<ResultChunk>>,
+    pub(crate) chunk_rows: usize,
 }
 
 impl ResultSink for Collector {

@@ -41,6 +41,7 @@ mod merge;
 mod progress;
 mod share;
 mod stream;
+mod streamed;
 mod whole;
 
 pub use merge::KnnMergeExec;
@@ -237,6 +238,9 @@ impl DisplayAs for SimilarityExec {
             )?;
         }
         write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())?;
+        if self.tasks.is_none() && streamed::streams_base(self) {
+            write!(f, ", base=searched part by part as it is read")?;
+        }
         if let Some(tasks) = self.tasks {
             let each = match op.operation {
                 Operation::SimJoin { self_join: true, .. } => "a share of the rows against the whole input",

@@ -30,12 +30,13 @@ use crate::results::{BatchBuilder, OutputColumn, SideData};
 use crate::vectors::{Row, Vectors, skipped_values};
 
 /// The operator's metrics (EXPLAIN ANALYZE).
-struct SimilarityMetrics {
+#[derive(Clone)]
+pub(super) struct SimilarityMetrics {
     /// The operator's set, for the per-device metrics of a run on several GPUs.
     set: ExecutionPlanMetricsSet,
-    baseline: BaselineMetrics,
-    input_rows: Count,
-    skipped_rows: Count,
+    pub(super) baseline: BaselineMetrics,
+    pub(super) input_rows: Count,
+    pub(super) skipped_rows: Count,
     candidate_pairs: Count,
     /// Approximate kNN: distinct candidates the Multicurves index gave.
     curve_candidates: Count,
@@ -52,7 +53,7 @@ struct SimilarityMetrics {
     tiles: Count,
     indexed_dims: Gauge,
     /// Inputs whose vectors came from the conversion cache (exec/cache.rs).
-    cached_inputs: Count,
+    pub(super) cached_inputs: Count,
     /// GPU: inputs whose rows were already on the device.
     resident_inputs: Count,
     /// GPU: tiles whose brute-force passes ran on byte rows (exact integer filter).
@@ -97,12 +98,12 @@ impl SimilarityMetrics {
     }
 
     /// Input conversion is part of the operator's compute time too.
-    fn record_conversion(&self, duration: Duration) {
+    pub(super) fn record_conversion(&self, duration: Duration) {
         self.convert_time.add_duration(duration);
         self.baseline.elapsed_compute().add_duration(duration);
     }
 
-    fn record_run(&self, stats: &RunStats) {
+    pub(super) fn record_run(&self, stats: &RunStats) {
         self.candidate_pairs.add(stats.candidates as usize);
         self.curve_candidates.add(stats.curve_candidates as usize);
         self.kept_indexes.add(stats.kept_indexes);
@@ -152,14 +153,16 @@ impl SimilarityMetrics {
 type PartitionTask = SpawnedTask<Result<Vec<RecordBatch>>>;
 
 /// Everything a run needs, detached from the plan.
-struct Run {
-    op: Arc<SimilarityOp>,
-    left: InputSide,
-    right: InputSide,
-    backend: Arc<dyn Backend>,
-    builder: BatchBuilder,
-    metrics: SimilarityMetrics,
-    progress: Option<Arc<dyn ProgressListener>>,
+pub(super) struct Run {
+    pub(super) op: Arc<SimilarityOp>,
+    pub(super) left: InputSide,
+    pub(super) right: InputSide,
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) builder: BatchBuilder,
+    pub(super) metrics: SimilarityMetrics,
+    pub(super) progress: Option<Arc<dyn ProgressListener>>,
+    /// The base is read and searched part by part (exec/streamed.rs).
+    streamed: bool,
 }
 
 /// Runs the operator. `share`: on a cluster, the number of shares and the stream of the
@@ -214,6 +217,7 @@ pub(super) fn execute(
         },
         metrics: SimilarityMetrics::new(&exec.metrics),
         progress: context.session_config().get_extension::<Progress>().map(|p| p.0.clone()),
+        streamed: share.is_none() && super::streamed::streams_base(exec),
     };
     let stream = futures::stream::once(run.start(inputs, share, reservation)).try_flatten();
     Ok(Box::pin(RecordBatchStreamAdapter::new(exec.schema.clone(), stream)))
@@ -226,6 +230,9 @@ impl Run {
         share: Option<(usize, SendableRecordBatchStream)>,
         reservation: MemoryReservation,
     ) -> Result<futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>>> {
+        if self.streamed {
+            return super::streamed::start(self, inputs, reservation).await;
+        }
         let share = match share {
             Some((count, numbers)) => Some(Share { index: share_number(numbers).await?, count }),
             None => None,
@@ -297,38 +304,10 @@ impl Run {
         let converting = Instant::now();
         let ((mut left, left_cached, left_odd), (mut right, right_cached, right_odd)) =
             tokio::task::spawn_blocking(move || -> Result<(ConvertedSide, ConvertedSide)> {
-                let reject_zero = op.metric == Metric::Cosine;
-                let side = |input: &InputSide| -> Result<ConvertedSide> {
+                let side = |input: &InputSide| {
                     let (schema, parts) = &collected[input.child];
-                    let describe = format!("{}: {}", op.function_name(), input.describe);
-                    let (vectors, cached) =
-                        cache::vectors(schema, parts, &input.source, reject_zero, &describe, op.cache_size)?;
-                    let projected = |i: usize| {
-                        output_columns.iter().any(|c| match *c {
-                            OutputColumn::Left(j) => j == i && left_side.child == input.child,
-                            OutputColumn::Right(j) => j == i && right_side.child == input.child,
-                            _ => false,
-                        })
-                    };
-                    let column = |i: usize| -> Result<Option<ArrayRef>> {
-                        Ok(match parts.as_slice() {
-                            _ if !projected(i) => None,
-                            [] => Some(new_empty_array(schema.field(i).data_type())),
-                            [only] => Some(only.column(i).clone()),
-                            _ => Some(concat(&parts.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>())?),
-                        })
-                    };
-                    let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
-                    let num_rows = parts.iter().map(|b| b.num_rows()).sum();
-                    let odd = match (op.scalar_semantics && vectors.skipped > 0, &op.operation) {
-                        (false, _) => Vec::new(),
-                        // Every skipped base row is a candidate of the sort above a rewritten kNN.
-                        (true, Operation::Knn { .. }) => {
-                            vectors.skipped_rows(num_rows).into_iter().map(|r| (r, Vec::new())).collect()
-                        }
-                        (true, _) => skipped_values(parts, &input.source, &vectors.skipped_rows(num_rows))?,
-                    };
-                    Ok((SideData { columns, num_rows, vectors }, cached, odd))
+                    let projected = projected_columns(&output_columns, &left_side, &right_side, input, schema);
+                    convert_side(&op, schema, parts, input, &projected)
                 };
                 let left = side(&left_side)?;
                 let right = if right_side.child == left_side.child {
@@ -459,6 +438,57 @@ impl Run {
     }
 }
 
+/// Which columns of `input`'s schema the output takes rows from.
+pub(super) fn projected_columns(
+    output_columns: &[OutputColumn],
+    left: &InputSide,
+    right: &InputSide,
+    input: &InputSide,
+    schema: &SchemaRef,
+) -> Vec<bool> {
+    (0..schema.fields().len())
+        .map(|i| {
+            output_columns.iter().any(|c| match *c {
+                OutputColumn::Left(j) => j == i && left.child == input.child,
+                OutputColumn::Right(j) => j == i && right.child == input.child,
+                _ => false,
+            })
+        })
+        .collect()
+}
+
+/// One input's collected batches converted: its vectors (from the conversion cache where they
+/// are kept), the columns the output projects (`projected`), each in one array, and the rows the
+/// conversion skipped that SQL's semantics still compare.
+pub(super) fn convert_side(
+    op: &SimilarityOp,
+    schema: &SchemaRef,
+    parts: &[RecordBatch],
+    input: &InputSide,
+    projected: &[bool],
+) -> Result<ConvertedSide> {
+    let reject_zero = op.metric == Metric::Cosine;
+    let describe = format!("{}: {}", op.function_name(), input.describe);
+    let (vectors, cached) = cache::vectors(schema, parts, &input.source, reject_zero, &describe, op.cache_size)?;
+    let column = |i: usize| -> Result<Option<ArrayRef>> {
+        Ok(match parts {
+            _ if !projected[i] => None,
+            [] => Some(new_empty_array(schema.field(i).data_type())),
+            [only] => Some(only.column(i).clone()),
+            _ => Some(concat(&parts.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>())?),
+        })
+    };
+    let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
+    let num_rows = parts.iter().map(|b| b.num_rows()).sum();
+    let odd = match (op.scalar_semantics && vectors.skipped > 0, &op.operation) {
+        (false, _) => Vec::new(),
+        // Every skipped base row is a candidate of the sort above a rewritten kNN.
+        (true, Operation::Knn { .. }) => vectors.skipped_rows(num_rows).into_iter().map(|r| (r, Vec::new())).collect(),
+        (true, _) => skipped_values(parts, &input.source, &vectors.skipped_rows(num_rows))?,
+    };
+    Ok((SideData { columns, num_rows, vectors }, cached, odd))
+}
+
 /// The share number in a partition of the task-numbering leaf (`exec::task_numbers`).
 async fn share_number(mut numbers: SendableRecordBatchStream) -> Result<usize> {
     while let Some(batch) = numbers.next().await.transpose()? {
@@ -478,7 +508,7 @@ static IDLE_WORKERS: Mutex<Vec<rayon::ThreadPool>> = Mutex::new(Vec::new());
 const IDLE_POOLS: usize = 4;
 
 /// An idle worker pool, or a new one with as many threads as the global pool.
-fn worker_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+pub(super) fn worker_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
     if let Some(pool) = IDLE_WORKERS.lock().unwrap_or_else(|e| e.into_inner()).pop() {
         return Ok(pool);
     }
@@ -488,7 +518,7 @@ fn worker_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
         .build()
 }
 
-fn return_worker_pool(pool: rayon::ThreadPool) {
+pub(super) fn return_worker_pool(pool: rayon::ThreadPool) {
     let mut idle = IDLE_WORKERS.lock().unwrap_or_else(|e| e.into_inner());
     if idle.len() < IDLE_POOLS {
         idle.push(pool);
@@ -497,10 +527,10 @@ fn return_worker_pool(pool: rayon::ThreadPool) {
 
 /// Rows skipped by the conversion but compared under `SimilarityOp::scalar_semantics`: (input
 /// row, values).
-type OddRows = Vec<(u32, Vec<f64>)>;
+pub(super) type OddRows = Vec<(u32, Vec<f64>)>;
 
 /// One converted input: its data, whether its vectors came from the cache, and its odd rows.
-type ConvertedSide = (SideData, bool, OddRows);
+pub(super) type ConvertedSide = (SideData, bool, OddRows);
 
 /// The pairs of a join planned from SQL (`SimilarityOp::scalar_semantics`) that involve a row the
 /// operator's contract skips: each side's `odd` rows against every row of the other side, by the
@@ -561,7 +591,7 @@ fn skipped_candidates(queries: usize, base: usize, skipped: usize, sink: &dyn Re
 }
 
 /// Calls the backend for the operation.
-fn compute(
+pub(super) fn compute(
     op: &SimilarityOp,
     backend: &dyn Backend,
     left: &Vectors,

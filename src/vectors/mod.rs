@@ -497,38 +497,42 @@ fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
         return Ok(None);
     }
     let values = match element {
-        DataType::Float32 => dense_values::<Float32Type>(columns, dim, f32::is_finite).map(Values::F32),
-        _ => dense_values::<Float64Type>(columns, dim, f64::is_finite).map(Values::F64),
+        DataType::Float32 => dense_values::<Float32Type>(columns, dim, |x: f32| x.is_finite()).map(Values::F32),
+        _ => dense_values::<Float64Type>(columns, dim, |x: f64| x.is_finite()).map(Values::F64),
     };
     Ok(values.map(|values| Vectors::of(dim, values)))
 }
 
-/// The values of FixedSizeList `columns` of `dim` elements of type `T`, copied in parallel into one
-/// row-major buffer, each block checked by `finite` as it is copied; `None` when a value is not.
+/// The values of FixedSizeList `columns` of `dim` elements of type `T`, checked by `finite` and
+/// copied in parallel into one row-major buffer; `None` when a value is not finite.
 fn dense_values<T: ArrowPrimitiveType>(
     columns: &[ArrayRef],
     dim: usize,
-    finite: fn(T::Native) -> bool,
+    finite: impl Fn(T::Native) -> bool + Sync,
 ) -> Option<Vec<T::Native>> {
-    let rows: usize = columns.iter().map(|c| c.len()).sum();
-    let mut values = vec![T::Native::default(); rows * dim];
-    let mut rest = values.as_mut_slice();
-    let mut parts = Vec::with_capacity(columns.len());
-    for column in columns {
-        let (part, tail) = rest.split_at_mut(column.len() * dim);
-        parts.push((column, part));
-        rest = tail;
-    }
-    let all_finite = parts.into_par_iter().all(|(column, out)| {
-        let list = column.as_fixed_size_list();
-        let child = list.values().slice(list.offset() * dim, list.len() * dim);
-        let from = child.as_primitive::<T>().values();
-        out.par_chunks_mut(1 << 16).zip(from.par_chunks(1 << 16)).all(|(o, f)| {
-            o.copy_from_slice(f);
-            o.iter().all(|&x| finite(x))
+    let children: Vec<ArrayRef> = columns
+        .iter()
+        .map(|column| {
+            let list = column.as_fixed_size_list();
+            list.values().slice(list.offset() * dim, list.len() * dim)
         })
-    });
-    all_finite.then_some(values)
+        .collect();
+    let sources: Vec<&[T::Native]> = children.iter().map(|child| child.as_primitive::<T>().values().as_ref()).collect();
+    // Checked without an early exit within a block, which the compiler vectorises, and before
+    // the copy, which then writes into fresh capacity instead of a zeroed buffer (a
+    // short-circuiting check of each value, and the zeroing, each took a tenth of the time to
+    // decode the column).
+    let all_finite = sources
+        .par_iter()
+        .all(|from| from.par_chunks(1 << 16).all(|block| block.iter().fold(true, |all, &x| all & finite(x))));
+    if !all_finite {
+        return None;
+    }
+    let mut values = Vec::with_capacity(sources.iter().map(|s| s.len()).sum());
+    for from in sources {
+        values.par_extend(from.par_iter().copied());
+    }
+    Some(values)
 }
 
 /// The rows of `batches` (numbered across them) that the conversion skipped although their vector

@@ -1,0 +1,463 @@
+//! kNN and range queries whose base is read part by part. The queries are collected and converted
+//! first; then every partition of the base is decoded on a task of its own, and each part of it (a
+//! few batches) is converted and searched as soon as it is decoded, while the next part decodes.
+//! Decoding, conversion and the search overlap, and the base is never held whole: its memory is a
+//! part per partition, not the input (a 1M × 128 f32 file is 512 MB of vectors held whole, and
+//! writing them once more into one buffer cost as much as the search of 10 queries).
+//!
+//! A range query's pairs leave as each part is searched. kNN keeps each query's k nearest of every
+//! partition by (distance, row in partition) and merges the partitions' lists at the end by
+//! (distance, scan order), scan order being (partition, row in partition): the k smallest of a
+//! union are among the k smallest of its parts, and a part's rows are consecutive rows of its
+//! partition, so the lists, ties included, are those of one search over the whole base.
+//!
+//! Used where nothing is gained by holding the base whole: the backend searches on the CPU cores
+//! (a GPU run wants the base on the device in one piece, and the CPU's per-part searches are
+//! independent), the base's vectors would not be kept for a later query (read from files, not an
+//! in-memory table: exec/cache.rs), and no index over the whole base is asked for (`approx`, the
+//! List of Clusters). Edit distances and SQL-rewritten range queries keep the whole path.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, new_empty_array};
+use datafusion::arrow::compute::concat;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::memory::MemorySourceConfig;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err, exec_err, internal_datafusion_err};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::mpsc;
+
+use super::stream::{
+    ConvertedSide, Run, SimilarityMetrics, compute, convert_side, projected_columns, return_worker_pool, worker_pool,
+};
+use super::{InputSide, SimilarityExec};
+use crate::backend::{
+    Backend, Collector, Neighbour, Ranked, ResultChunk, ResultSink, RunStats, k_smallest, send_ranked,
+};
+use crate::op::{IndexChoice, Operation, SimilarityOp};
+use crate::results::{BatchBuilder, SideData};
+use crate::vectors::Vectors;
+
+/// A part is searched once its batches hold this many rows or bytes (the whole partition when it
+/// is smaller). Large enough that a search's fixed costs are small against it, small enough that
+/// its buffers are reused from the allocator's free memory instead of fresh pages.
+const PART_ROWS: usize = 65_536;
+const PART_BYTES: usize = 16 << 20;
+
+/// Whether `exec` reads its base part by part (the module's conditions).
+pub(super) fn streams_base(exec: &SimilarityExec) -> bool {
+    let op = &exec.op;
+    let inputs = exec.inputs();
+    let function = match op.operation {
+        // kNN: where the lists are few. Each part is searched for every query's k nearest, so
+        // the search finds k candidates per query in every part, and the lists of every partition
+        // are held until the end; with many queries the search, not decoding, is the cost, and a
+        // base held whole is searched faster (P1's 10,000 queries on 16 cores: 4.1 s whole, 4.3–4.4 s
+        // by parts; docs/optimisations.md, v127).
+        Operation::Knn { k } => {
+            let statistics = StatisticsContext::new().compute(inputs[exec.left.child].as_ref(), &StatisticsArgs::new());
+            let queries = statistics.ok().and_then(|s| s.num_rows.get_value().copied());
+            queries.is_some_and(|queries| queries.saturating_mul(k) <= LIST_ENTRIES)
+        }
+        Operation::RangeQuery { .. } => !op.scalar_semantics,
+        Operation::SimJoin { .. } => false,
+    };
+    function
+        && exec.left.child != exec.right.child
+        && exec.backend.searches_parts_on_cpu()
+        && op.approx.is_none()
+        && op.index != IndexChoice::ListOfClusters
+        && !op.metric.is_text()
+        && !reads_memory(&inputs[exec.right.child])
+}
+
+/// The most list entries (queries × k, by the query input's statistics) of a kNN searched by parts.
+const LIST_ENTRIES: usize = 1 << 14;
+
+/// Bytes of the lists of `queries` queries, `k` each, in every one of `partitions` partitions and
+/// in the merge.
+fn list_bytes(queries: usize, k: usize, partitions: usize) -> usize {
+    queries.saturating_mul(k).saturating_mul(std::mem::size_of::<Neighbour>()).saturating_mul(partitions + 1)
+}
+
+/// Whether a leaf of `plan` is an in-memory table (whose vectors the conversion cache keeps).
+fn reads_memory(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    match plan.downcast_ref::<DataSourceExec>() {
+        Some(source) => source.data_source().is::<MemorySourceConfig>(),
+        None => plan.children().into_iter().any(reads_memory),
+    }
+}
+
+/// What every partition's search of the base shares.
+struct Search {
+    op: Arc<SimilarityOp>,
+    backend: Arc<dyn Backend>,
+    builder: BatchBuilder,
+    metrics: SimilarityMetrics,
+    queries: SideData,
+    base_side: InputSide,
+    /// The query argument, for errors.
+    query_describe: String,
+    base_schema: SchemaRef,
+    /// The base's columns the output takes rows from.
+    projected: Vec<bool>,
+    reservation: Arc<MemoryReservation>,
+    /// The run's worker threads, shared by the partitions' searches.
+    pool: rayon::ThreadPool,
+    /// Range queries: where each part's output goes.
+    output: mpsc::Sender<Result<RecordBatch>>,
+    chunk_rows: usize,
+}
+
+/// What a partition's search keeps for kNN's merge (range queries keep only `rows`).
+#[derive(Default)]
+struct PartitionLists {
+    /// Input rows of the partition read so far.
+    rows: usize,
+    /// Each query's k nearest in the partition, positions its rows.
+    lists: Vec<Vec<Neighbour>>,
+    /// A SQL-rewritten kNN's skipped rows of the partition (candidates of the sort above it).
+    skipped: Vec<u32>,
+    /// The projected columns of each part, in order.
+    columns: Vec<Vec<Option<ArrayRef>>>,
+}
+
+/// Collects and converts the queries, then searches the base's partitions; the output streams
+/// from a channel that the partitions (range queries) or the final merge (kNN) fill.
+pub(super) async fn start(
+    run: Run,
+    inputs: Vec<(SchemaRef, Vec<SendableRecordBatchStream>)>,
+    reservation: MemoryReservation,
+) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+    let Run { op, left: query_side, right: base_side, backend, builder, metrics, progress, .. } = run;
+    let function = op.function_name();
+    let mut inputs: Vec<Option<_>> = inputs.into_iter().map(Some).collect();
+    let mut take = |child: usize| {
+        inputs
+            .get_mut(child)
+            .and_then(Option::take)
+            .ok_or_else(|| internal_datafusion_err!("{function}: input {child} is missing"))
+    };
+    let (query_schema, query_streams) = take(query_side.child)?;
+    let (base_schema, base_streams) = take(base_side.child)?;
+    let reservation = Arc::new(reservation);
+
+    // The queries: every partition on a task of its own, then converted as a whole input is.
+    let tasks: Vec<SpawnedTask<Result<Vec<RecordBatch>>>> =
+        query_streams.into_iter().map(|stream| SpawnedTask::spawn(collect(stream, reservation.clone()))).collect();
+    let mut query_batches = Vec::new();
+    for task in tasks {
+        let partition =
+            task.join().await.map_err(|e| exec_datafusion_err!("{function}: reading an input failed: {e}"))??;
+        query_batches.extend(partition);
+    }
+    let collected_bytes: usize = query_batches.iter().map(|b| b.get_array_memory_size()).sum();
+    let converting = Instant::now();
+    let (columns, side) = (builder.columns.clone(), query_side.clone());
+    let (op_for_queries, base_for_queries) = (op.clone(), base_side.clone());
+    let (queries, cached, _odd): ConvertedSide = tokio::task::spawn_blocking(move || {
+        let projected = projected_columns(&columns, &side, &base_for_queries, &side, &query_schema);
+        convert_side(&op_for_queries, &query_schema, &query_batches, &side, &projected)
+    })
+    .await
+    .map_err(|e| exec_datafusion_err!("{function}: building vectors failed: {e}"))??;
+    metrics.record_conversion(converting.elapsed());
+    metrics.cached_inputs.add(usize::from(cached));
+    metrics.input_rows.add(queries.num_rows);
+    metrics.skipped_rows.add(queries.vectors.skipped);
+    reservation.shrink(collected_bytes);
+    let kept: usize = queries.columns.iter().flatten().map(|c| c.get_array_memory_size()).sum();
+    reservation.try_grow(kept + queries.vectors.values.bytes())?;
+
+    // kNN's lists, held until the merge: every partition's and the merged.
+    if let Operation::Knn { k } = op.operation {
+        reservation.grow(list_bytes(queries.vectors.len(), k, base_streams.len()));
+    }
+    let pool = worker_pool()
+        .map_err(|e| DataFusionError::ResourcesExhausted(format!("{function}: cannot start worker threads: {e}")))?;
+    let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(4);
+    let chunk_rows = (8 * builder.batch_size).max(1024);
+    let projected = projected_columns(&builder.columns, &query_side, &base_side, &base_side, &base_schema);
+    let search = Arc::new(Search {
+        op,
+        backend,
+        builder,
+        metrics: metrics.clone(),
+        queries,
+        base_side,
+        base_schema,
+        projected,
+        reservation,
+        pool,
+        output: sender.clone(),
+        chunk_rows,
+        query_describe: query_side.describe.clone(),
+    });
+    if let Some(p) = &progress {
+        p.start(function, base_streams.len() as u64);
+    }
+    let driver = SpawnedTask::spawn(async move {
+        let outcome = search_base(&search, base_streams, progress.as_deref()).await;
+        if let Some(p) = &progress {
+            p.finish();
+        }
+        if let Err(e) = outcome {
+            // The consumer may be gone (cancelled); then nobody needs the error.
+            let _ = sender.send(Err(e)).await;
+        }
+        if let Some(search) = Arc::into_inner(search) {
+            return_worker_pool(search.pool);
+        }
+    });
+    let baseline = metrics.baseline.clone();
+    let output = futures::stream::unfold((receiver, driver), |(mut receiver, driver)| async move {
+        receiver.recv().await.map(|item| (item, (receiver, driver)))
+    })
+    .inspect_ok(move |batch| baseline.record_output(batch.num_rows()));
+    Ok(output.boxed())
+}
+
+/// One partition of an input, its batches counted against the reservation.
+async fn collect(stream: SendableRecordBatchStream, reservation: Arc<MemoryReservation>) -> Result<Vec<RecordBatch>> {
+    stream
+        .and_then(|batch| {
+            let grown = reservation.try_grow(batch.get_array_memory_size());
+            async move { grown.map(|_| batch) }
+        })
+        .try_collect()
+        .await
+}
+
+/// Searches every partition of the base on a task of its own; for kNN, then merges their lists
+/// and sends them.
+async fn search_base(
+    search: &Arc<Search>,
+    streams: Vec<SendableRecordBatchStream>,
+    progress: Option<&dyn super::ProgressListener>,
+) -> Result<()> {
+    let function = search.op.function_name();
+    let tasks: Vec<SpawnedTask<Result<PartitionLists>>> =
+        streams.into_iter().map(|stream| SpawnedTask::spawn(search_partition(search.clone(), stream))).collect();
+    let mut partitions = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let lists =
+            task.join().await.map_err(|e| exec_datafusion_err!("{function}: reading an input failed: {e}"))??;
+        if let Some(p) = progress {
+            p.advance(1);
+        }
+        partitions.push(lists);
+    }
+    let Operation::Knn { k } = search.op.operation else { return Ok(()) };
+    let search = search.clone();
+    tokio::task::spawn_blocking(move || send_merged(&search, partitions, k))
+        .await
+        .map_err(|e| exec_datafusion_err!("{function}: merging the lists failed: {e}"))?
+}
+
+/// Reads one partition of the base, searching each part of it on a blocking thread while the
+/// next part decodes.
+async fn search_partition(search: Arc<Search>, mut stream: SendableRecordBatchStream) -> Result<PartitionLists> {
+    let function = search.op.function_name();
+    let mut found = PartitionLists {
+        lists: match search.op.operation {
+            Operation::Knn { .. } => vec![Vec::new(); search.queries.vectors.len()],
+            _ => Vec::new(),
+        },
+        ..Default::default()
+    };
+    let mut pending: Vec<RecordBatch> = Vec::new();
+    let (mut rows, mut bytes) = (0, 0);
+    // The part being searched, while the next one decodes.
+    let mut searching: Option<SpawnedTask<Result<PartitionLists>>> = None;
+    loop {
+        let batch = stream.next().await.transpose()?;
+        let end = batch.is_none();
+        if let Some(batch) = batch.filter(|b| b.num_rows() > 0) {
+            let size = batch.get_array_memory_size();
+            search.reservation.try_grow(size)?;
+            rows += batch.num_rows();
+            bytes += size;
+            pending.push(batch);
+        }
+        if !pending.is_empty() && (end || rows >= PART_ROWS || bytes >= PART_BYTES) {
+            if let Some(previous) = searching.take() {
+                found = previous.join().await.map_err(|e| exec_datafusion_err!("{function}: search failed: {e}"))??;
+            }
+            let (batches, part_bytes) = (std::mem::take(&mut pending), bytes);
+            let (search, lists) = (search.clone(), std::mem::take(&mut found));
+            searching = Some(SpawnedTask::spawn_blocking(move || search.search_part(batches, part_bytes, lists)));
+            (rows, bytes) = (0, 0);
+        }
+        if end {
+            break;
+        }
+    }
+    if let Some(last) = searching {
+        found = last.join().await.map_err(|e| exec_datafusion_err!("{function}: search failed: {e}"))??;
+    }
+    Ok(found)
+}
+
+impl Search {
+    /// Converts one part of a partition (`batches`, `bytes` reserved) and searches it: a range
+    /// query's pairs are sent on, kNN's nearest are merged into the partition's lists.
+    fn search_part(
+        &self,
+        batches: Vec<RecordBatch>,
+        bytes: usize,
+        mut found: PartitionLists,
+    ) -> Result<PartitionLists> {
+        let converting = Instant::now();
+        let (part, _, odd) = convert_side(&self.op, &self.base_schema, &batches, &self.base_side, &self.projected)?;
+        drop(batches);
+        let kept: usize = part.columns.iter().flatten().map(|c| c.get_array_memory_size()).sum();
+        let vector_bytes = part.vectors.values.bytes();
+        self.reservation.shrink(bytes);
+        self.reservation.try_grow(kept + vector_bytes)?;
+        self.metrics.record_conversion(converting.elapsed());
+        self.metrics.input_rows.add(part.num_rows);
+        self.metrics.skipped_rows.add(part.vectors.skipped);
+        let (queries, vectors) = (&self.queries.vectors, &part.vectors);
+        if !queries.is_empty() && !vectors.is_empty() && queries.dim != vectors.dim {
+            return exec_err!(
+                "{}: dimension mismatch: {} has {}-dimensional vectors, {} has {}",
+                self.op.function_name(),
+                self.query_describe,
+                queries.dim,
+                self.base_side.describe,
+                vectors.dim
+            );
+        }
+        let stats = match self.op.operation {
+            Operation::Knn { k } => {
+                let collected = Collector { chunks: Mutex::new(Vec::new()), chunk_rows: self.chunk_rows };
+                let stats = self.run(&part, &collected)?;
+                let offset = found.rows as u32;
+                for chunk in collected.chunks.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    for i in 0..chunk.len() {
+                        let position = offset + vectors.rows[chunk.right[i] as usize];
+                        found.lists[chunk.left[i] as usize].push(Neighbour { distance: chunk.distance[i], position });
+                    }
+                }
+                self.pool.install(|| {
+                    use rayon::prelude::*;
+                    found
+                        .lists
+                        .par_iter_mut()
+                        .filter(|l| l.len() > k)
+                        .for_each(|l| *l = k_smallest(std::mem::take(l), k))
+                });
+                found.skipped.extend(odd.iter().map(|(row, _)| offset + row));
+                found.columns.push(part.columns.clone());
+                self.reservation.shrink(vector_bytes);
+                stats
+            }
+            _ => {
+                let sink = BatchSender { search: self, base: &part };
+                let stats = self.run(&part, &sink)?;
+                self.reservation.shrink(kept + vector_bytes);
+                stats
+            }
+        };
+        self.metrics.record_run(&stats);
+        found.rows += part.num_rows;
+        Ok(found)
+    }
+
+    /// The backend's search of every query against one part, on the run's worker threads.
+    fn run(&self, part: &SideData, sink: &dyn ResultSink) -> Result<RunStats> {
+        self.pool
+            .install(|| compute(&self.op, self.backend.as_ref(), &self.queries.vectors, &part.vectors, false, sink))
+    }
+}
+
+/// kNN: each query's k nearest over all partitions, by (distance, scan order), sent ranked in
+/// query order; then a SQL-rewritten kNN's skipped base rows, each with every query, NaN and rank 0
+/// (candidates of the sort above it, as in the whole path).
+fn send_merged(search: &Search, partitions: Vec<PartitionLists>, k: usize) -> Result<()> {
+    let total: usize = partitions.iter().map(|p| p.rows).sum();
+    if total > u32::MAX as usize {
+        return exec_err!(
+            "{}: {}: {total} rows exceed the limit of 2^32 - 1",
+            search.op.function_name(),
+            search.base_side.describe
+        );
+    }
+    let queries = search.queries.vectors.len();
+    let mut lists: Vec<Vec<Neighbour>> = vec![Vec::new(); queries];
+    let mut skipped = Vec::new();
+    let mut offset = 0u32;
+    for partition in &partitions {
+        for (list, found) in lists.iter_mut().zip(&partition.lists) {
+            list.extend(found.iter().map(|n| Neighbour { distance: n.distance, position: n.position + offset }));
+        }
+        skipped.extend(partition.skipped.iter().map(|&row| row + offset));
+        offset += partition.rows as u32;
+    }
+    let lists: Vec<(usize, Ranked)> = lists
+        .into_iter()
+        .map(|list| k_smallest(list, k))
+        .enumerate()
+        .map(|(q, list)| (q, Ranked::List(list)))
+        .collect();
+    // The base's projected columns over all parts in scan order; positions are its rows.
+    let column = |i: usize| -> Result<Option<ArrayRef>> {
+        if !search.projected[i] {
+            return Ok(None);
+        }
+        let parts: Vec<&dyn datafusion::arrow::array::Array> =
+            partitions.iter().flat_map(|p| &p.columns).filter_map(|c| c[i].as_deref()).collect();
+        Ok(Some(match parts.as_slice() {
+            [] => new_empty_array(search.base_schema.field(i).data_type()),
+            parts => concat(parts)?,
+        }))
+    };
+    let columns = (0..search.base_schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
+    let base =
+        SideData { columns, num_rows: total, vectors: Arc::new(Vectors::numbering((0..total as u32).collect())) };
+    drop(partitions);
+    let sink = BatchSender { search, base: &base };
+    send_ranked(&sink, lists)?;
+    let mut chunk = ResultChunk::default();
+    for q in 0..queries as u32 {
+        for &row in &skipped {
+            chunk.left.push(q);
+            chunk.right.push(row);
+            chunk.distance.push(f64::NAN);
+            chunk.rank.push(0);
+            if chunk.len() >= search.chunk_rows {
+                sink.send(std::mem::take(&mut chunk))?;
+            }
+        }
+    }
+    if chunk.is_empty() { Ok(()) } else { sink.send(chunk) }
+}
+
+/// Builds output batches from chunks against the queries and one base (a part, or kNN's merged
+/// base) and sends them, blocking while the consumer is behind.
+struct BatchSender<'a> {
+    search: &'a Search,
+    base: &'a SideData,
+}
+
+impl ResultSink for BatchSender<'_> {
+    fn send(&self, chunk: ResultChunk) -> Result<()> {
+        for batch in self.search.builder.build(&chunk, &self.search.queries, self.base)? {
+            self.search.output.blocking_send(Ok(batch)).map_err(|_| {
+                DataFusionError::Execution(format!("{}: query cancelled", self.search.op.function_name()))
+            })?;
+        }
+        Ok(())
+    }
+
+    fn chunk_rows(&self) -> usize {
+        self.search.chunk_rows
+    }
+}
