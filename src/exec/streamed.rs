@@ -103,7 +103,7 @@ struct Search {
     metrics: SimilarityMetrics,
     queries: SideData,
     base_side: InputSide,
-    /// The query argument, for errors.
+    /// The query argument as errors name it (`argument 'query'`).
     query_describe: String,
     base_schema: SchemaRef,
     /// The base's columns the output takes rows from.
@@ -111,8 +111,10 @@ struct Search {
     reservation: Arc<MemoryReservation>,
     /// The run's worker threads, shared by the partitions' searches.
     pool: rayon::ThreadPool,
-    /// Range queries: where each part's output goes.
+    /// Where the output batches go: each part's range pairs as it is searched, kNN's merged lists
+    /// at the end.
     output: mpsc::Sender<Result<RecordBatch>>,
+    /// Result rows per chunk the backend sends.
     chunk_rows: usize,
 }
 
