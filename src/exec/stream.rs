@@ -260,18 +260,7 @@ impl Run {
             .map(|(schema, streams)| {
                 let tasks = streams
                     .into_iter()
-                    .map(|stream| {
-                        let reservation = reservation.clone();
-                        SpawnedTask::spawn(async move {
-                            stream
-                                .and_then(|batch| {
-                                    let grown = reservation.try_grow(batch.get_array_memory_size());
-                                    async move { grown.map(|_| batch) }
-                                })
-                                .try_collect::<Vec<_>>()
-                                .await
-                        })
-                    })
+                    .map(|stream| SpawnedTask::spawn(collect_partition(stream, reservation.clone())))
                     .collect();
                 (schema, tasks)
             })
@@ -332,16 +321,7 @@ impl Run {
         reservation.try_grow(kept)?;
 
         let (lv, rv) = (&left.vectors, &right.vectors);
-        if !lv.is_empty() && !rv.is_empty() && lv.dim != rv.dim {
-            return exec_err!(
-                "{}: dimension mismatch: {} has {}-dimensional vectors, {} has {}",
-                self.op.function_name(),
-                self.left.describe,
-                lv.dim,
-                self.right.describe,
-                rv.dim
-            );
-        }
+        check_dimensions(&self.op, (&self.left, lv), (&self.right, rv))?;
         // A self-join reads one input; two inputs may still share their vectors (the same kept
         // table on both sides of `sim_join(t, t, eps)`), which changes nothing of a two-table join.
         let same = same_input;
@@ -396,9 +376,11 @@ impl Run {
                             let sides = [(lv.as_ref(), &left_odd), (rv.as_ref(), &right_odd)];
                             scalar_pairs(op.metric, threshold, sides, &sink)?;
                         }
-                        None if !right_odd.is_empty() => {
-                            skipped_candidates(lv.len(), rv.len(), right_odd.len(), &sink)?
-                        }
+                        None if !right_odd.is_empty() => skipped_candidates(
+                            lv.len(),
+                            (0..right_odd.len() as u32).map(|j| rv.len() as u32 + j),
+                            &sink,
+                        )?,
                         _ => {}
                     }
                     Ok(stats)
@@ -436,6 +418,39 @@ impl Run {
             .try_flatten();
         Ok(output.boxed())
     }
+}
+
+/// One partition of an input collected, its batches counted against the reservation.
+pub(super) async fn collect_partition(
+    stream: SendableRecordBatchStream,
+    reservation: Arc<MemoryReservation>,
+) -> Result<Vec<RecordBatch>> {
+    stream
+        .and_then(|batch| {
+            let grown = reservation.try_grow(batch.get_array_memory_size());
+            async move { grown.map(|_| batch) }
+        })
+        .try_collect()
+        .await
+}
+
+/// The two sides' vectors have one dimension (either may be empty).
+pub(super) fn check_dimensions(
+    op: &SimilarityOp,
+    (left, lv): (&InputSide, &Vectors),
+    (right, rv): (&InputSide, &Vectors),
+) -> Result<()> {
+    if !lv.is_empty() && !rv.is_empty() && lv.dim != rv.dim {
+        return exec_err!(
+            "{}: dimension mismatch: {} has {}-dimensional vectors, {} has {}",
+            op.function_name(),
+            left.describe,
+            lv.dim,
+            right.describe,
+            rv.dim
+        );
+    }
+    Ok(())
 }
 
 /// Which columns of `input`'s schema the output takes rows from.
@@ -571,15 +586,19 @@ fn scalar_pairs(
     writer.flush()
 }
 
-/// A rewritten kNN's skipped base rows (positions `base..base + skipped`), each paired with every
-/// query with a NaN distance and rank 0: candidates for the sort above, which computes their
-/// distances itself (functions/rewrite.rs).
-fn skipped_candidates(queries: usize, base: usize, skipped: usize, sink: &dyn ResultSink) -> Result<()> {
+/// A rewritten kNN's skipped base rows (at base positions `skipped`), each paired with every query
+/// with a NaN distance and rank 0: candidates for the sort above, which computes their distances
+/// itself (functions/rewrite.rs).
+pub(super) fn skipped_candidates(
+    queries: usize,
+    skipped: impl Iterator<Item = u32> + Clone,
+    sink: &dyn ResultSink,
+) -> Result<()> {
     let mut chunk = ResultChunk::default();
     for q in 0..queries as u32 {
-        for j in 0..skipped {
+        for position in skipped.clone() {
             chunk.left.push(q);
-            chunk.right.push((base + j) as u32);
+            chunk.right.push(position);
             chunk.distance.push(f64::NAN);
             chunk.rank.push(0);
             if chunk.len() >= sink.chunk_rows() {

@@ -35,7 +35,8 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
 use super::stream::{
-    ConvertedSide, Run, SimilarityMetrics, compute, convert_side, projected_columns, return_worker_pool, worker_pool,
+    ConvertedSide, Run, SimilarityMetrics, check_dimensions, collect_partition, compute, convert_side,
+    projected_columns, return_worker_pool, skipped_candidates, worker_pool,
 };
 use super::{InputSide, SimilarityExec};
 use crate::backend::{
@@ -103,8 +104,7 @@ struct Search {
     metrics: SimilarityMetrics,
     queries: SideData,
     base_side: InputSide,
-    /// The query argument as errors name it (`argument 'query'`).
-    query_describe: String,
+    query_side: InputSide,
     base_schema: SchemaRef,
     /// The base's columns the output takes rows from.
     projected: Vec<bool>,
@@ -152,8 +152,10 @@ pub(super) async fn start(
     let reservation = Arc::new(reservation);
 
     // The queries: every partition on a task of its own, then converted as a whole input is.
-    let tasks: Vec<SpawnedTask<Result<Vec<RecordBatch>>>> =
-        query_streams.into_iter().map(|stream| SpawnedTask::spawn(collect(stream, reservation.clone()))).collect();
+    let tasks: Vec<SpawnedTask<Result<Vec<RecordBatch>>>> = query_streams
+        .into_iter()
+        .map(|stream| SpawnedTask::spawn(collect_partition(stream, reservation.clone())))
+        .collect();
     let mut query_batches = Vec::new();
     for task in tasks {
         let partition =
@@ -162,10 +164,9 @@ pub(super) async fn start(
     }
     let collected_bytes: usize = query_batches.iter().map(|b| b.get_array_memory_size()).sum();
     let converting = Instant::now();
-    let (columns, side) = (builder.columns.clone(), query_side.clone());
-    let (op_for_queries, base_for_queries) = (op.clone(), base_side.clone());
+    let projected = projected_columns(&builder.columns, &query_side, &base_side, &query_side, &query_schema);
+    let (op_for_queries, side) = (op.clone(), query_side.clone());
     let (queries, cached, _odd): ConvertedSide = tokio::task::spawn_blocking(move || {
-        let projected = projected_columns(&columns, &side, &base_for_queries, &side, &query_schema);
         convert_side(&op_for_queries, &query_schema, &query_batches, &side, &projected)
     })
     .await
@@ -200,7 +201,7 @@ pub(super) async fn start(
         pool,
         output: sender.clone(),
         chunk_rows,
-        query_describe: query_side.describe.clone(),
+        query_side,
     });
     if let Some(p) = &progress {
         p.start(function, base_streams.len() as u64);
@@ -224,17 +225,6 @@ pub(super) async fn start(
     })
     .inspect_ok(move |batch| baseline.record_output(batch.num_rows()));
     Ok(output.boxed())
-}
-
-/// One partition of an input, its batches counted against the reservation.
-async fn collect(stream: SendableRecordBatchStream, reservation: Arc<MemoryReservation>) -> Result<Vec<RecordBatch>> {
-    stream
-        .and_then(|batch| {
-            let grown = reservation.try_grow(batch.get_array_memory_size());
-            async move { grown.map(|_| batch) }
-        })
-        .try_collect()
-        .await
 }
 
 /// Searches every partition of the base on a task of its own; for kNN, then merges their lists
@@ -326,17 +316,8 @@ impl Search {
         self.metrics.record_conversion(converting.elapsed());
         self.metrics.input_rows.add(part.num_rows);
         self.metrics.skipped_rows.add(part.vectors.skipped);
-        let (queries, vectors) = (&self.queries.vectors, &part.vectors);
-        if !queries.is_empty() && !vectors.is_empty() && queries.dim != vectors.dim {
-            return exec_err!(
-                "{}: dimension mismatch: {} has {}-dimensional vectors, {} has {}",
-                self.op.function_name(),
-                self.query_describe,
-                queries.dim,
-                self.base_side.describe,
-                vectors.dim
-            );
-        }
+        let vectors = &part.vectors;
+        check_dimensions(&self.op, (&self.query_side, &self.queries.vectors), (&self.base_side, vectors))?;
         let stats = match self.op.operation {
             Operation::Knn { k } => {
                 let collected = Collector { chunks: Mutex::new(Vec::new()), chunk_rows: self.chunk_rows };
@@ -427,19 +408,7 @@ fn send_merged(search: &Search, partitions: Vec<PartitionLists>, k: usize) -> Re
     drop(partitions);
     let sink = BatchSender { search, base: &base };
     send_ranked(&sink, lists)?;
-    let mut chunk = ResultChunk::default();
-    for q in 0..queries as u32 {
-        for &row in &skipped {
-            chunk.left.push(q);
-            chunk.right.push(row);
-            chunk.distance.push(f64::NAN);
-            chunk.rank.push(0);
-            if chunk.len() >= search.chunk_rows {
-                sink.send(std::mem::take(&mut chunk))?;
-            }
-        }
-    }
-    if chunk.is_empty() { Ok(()) } else { sink.send(chunk) }
+    skipped_candidates(queries, skipped.iter().copied(), &sink)
 }
 
 /// Builds output batches from chunks against the queries and one base (a part, or kNN's merged
