@@ -26,7 +26,7 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSin
 use crate::index::{GridGeometry, GridIndex, JoinStrategy};
 use crate::on_coords;
 use crate::op::{IndexChoice, Metric, dot};
-use crate::vectors::{Coord, Coords, Row, Values, Vectors};
+use crate::vectors::{Coord, Coords, Values, Vectors};
 
 /// Left rows per join tile (brute-force joins and range queries).
 const TILE_QUERIES: usize = 64;
@@ -400,7 +400,7 @@ fn exact_pair(
     let (pa, pb) = (left.order[sa], right.order[sb]);
     let a = &left_values[sa * dim..(sa + 1) * dim];
     let b = &right_values[sb * dim..(sb + 1) * dim];
-    match ctx.exact.within(Row::F64(a), Row::F64(b), pa as usize, pb as usize) {
+    match ctx.exact.within_f64(a, b, pa as usize, pb as usize) {
         Some(d) => ctx.push(writer, pa, pb, d),
         None => Ok(()),
     }

@@ -41,8 +41,16 @@ impl ExactCheck {
         crate::on_rows!(a, b, |x, y| self.within_of(x, y, ia, ib))
     }
 
+    /// [`ExactCheck::within`] of two f64 rows, inlined into the caller's loop: the candidates of
+    /// a low-dimensional grid join are mostly true pairs, each checked here, and a call with its
+    /// dispatch on the rows' types cost more than the few terms of its sum.
+    #[inline(always)]
+    pub fn within_f64(&self, a: &[f64], b: &[f64], ia: usize, ib: usize) -> Option<f64> {
+        self.within_of(a, b, ia, ib)
+    }
+
     /// [`ExactCheck::within`] of the rows' values, each widened to f64 as it is read.
-    #[inline]
+    #[inline(always)]
     fn within_of<A: Coord, B: Coord>(&self, a: &[A], b: &[B], ia: usize, ib: usize) -> Option<f64> {
         let limit = self.partial_limit;
         let distance = match self.metric {
