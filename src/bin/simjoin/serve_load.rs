@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
 use datafusion::arrow::compute::concat_batches;
 use datafusion::error::{DataFusionError, Result};
 use futures::TryStreamExt;
@@ -336,4 +336,4 @@ fn whole(batches: &[RecordBatch]) -> Result<Answer> {
 
 /// A whole answer: its column names and values (`None`: no row).
 #[derive(Debug, Clone, PartialEq)]
-struct Answer(Option<(Vec<String>, Vec<datafusion::arrow::array::ArrayRef>)>);
+struct Answer(Option<(Vec<String>, Vec<ArrayRef>)>);
