@@ -6,10 +6,10 @@
 //! same path without the choice, so that its device too opens while the inputs are read, and
 //! queues on the GPU.
 //!
-//! The estimate is the sampled cost model both backends plan with (index/grid.rs: nanoseconds of
-//! one CPU core), divided by the cores for the CPU, and by a factor for the GPU plus its fixed
-//! costs. It only has to be right where the two are far apart; where they are close either choice
-//! costs little.
+//! The estimate is the sampled cost model both backends plan with (index/grid.rs: the absolute
+//! time of the whole run on one CPU core), divided by the cores plus a fixed cost for the CPU, and
+//! by a factor for the GPU plus its fixed costs. It only has to be right where the two are far
+//! apart; where they are close either choice costs little.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,14 +29,22 @@ use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{startup_left, warm_up};
 use crate::gpu::{GpuDevice, MAX_DEVICES, ResidentKey};
-use crate::index::{CostInputs, brute_force_ns, estimate_strategy};
+use crate::index::{CostInputs, JoinStrategy, brute_force_run_ns, estimate_strategy};
 use crate::op::Devices;
 use crate::vectors::Vectors;
 
-/// One GPU against one CPU core on the cost model's work. On the H100 host P1's whole GPU operator
-/// (0.17 s) against its CPU operator on 16 cores (2.9 s) is ~270 cores, its kernels alone ~6,000;
-/// the choice only has to be right where the two are far apart (docs/optimisations.md, v98).
-const GPU_OVER_ONE_CORE: f64 = 400.0;
+/// One GPU against one CPU core on a brute-force run (kNN, or a join without the grid). On the H100
+/// host P1's whole GPU operator (0.17 s) against its CPU operator on 16 cores (2.9 s) is ~270
+/// cores, its kernels alone ~6,000; the choice only has to be right where the two are far apart
+/// (docs/optimisations.md, v98, with the estimate made absolute in v130).
+const GPU_OVER_ONE_CORE_BRUTE: f64 = 880.0;
+/// ... on a grid join, whose GPU run is bound by what it does on the host around its kernels
+/// (building the grid, emitting the pairs): the 1M × 2 self-join of 4.6M pairs takes ~40 ms on
+/// the H100 (kernels 1.5 ms) against ~1.2 s of one core's estimate (v130).
+const GPU_OVER_ONE_CORE_GRID: f64 = 30.0;
+/// A CPU run's own fixed cost, not divided among the cores: the cost model's sample, the threads'
+/// fan-out and the merge of their results (1–5 ms on the 2-core machine beyond the estimate).
+const CPU_RUN: Duration = Duration::from_millis(2);
 /// A GPU run's own fixed cost: allocations, launches, synchronisations.
 const GPU_RUN: Duration = Duration::from_millis(15);
 /// Host-to-device copy rate of exact rows (as kept: f64, or f32 widened on the device) through the
@@ -170,7 +178,8 @@ impl AutoBackend {
         })
     }
 
-    /// Runs `call` where the scheduler sends `work` of `cpu_ns` (one core's estimate) on `inputs`,
+    /// Runs `call` where the scheduler sends `work` of `cpu_ns` (one core's estimate of the whole
+    /// run) and `gpu_over_one_core` (the GPU's speed against one core on this work) on `inputs`,
     /// once its unit is free (backend/scheduler.rs). A GPU run that fails before sending anything
     /// (out of memory, a launch error) runs again on the CPU, counted in `gpu_fallbacks`. `rows`:
     /// the left rows (queries) `call` can run in parts (`call(backend, sink, Some(range))`), which
@@ -180,6 +189,7 @@ impl AutoBackend {
         &self,
         work: Work,
         cpu_ns: f64,
+        gpu_over_one_core: f64,
         inputs: &[&Vectors],
         modules: &[KernelModule],
         rows: Option<usize>,
@@ -187,13 +197,13 @@ impl AutoBackend {
         call: impl Fn(&dyn Backend, &dyn ResultSink, Option<Range<usize>>) -> Result<RunStats> + Sync,
     ) -> Result<RunStats> {
         let scheduler = Scheduler::global();
-        let cpu = Duration::from_secs_f64(cpu_ns * 1e-9 / rayon::current_num_threads() as f64);
+        let cpu = CPU_RUN + Duration::from_secs_f64(cpu_ns * 1e-9 / rayon::current_num_threads() as f64);
         // What the GPU pays whatever its share: start-up left, uploads and the run's own overhead.
         let gpu_fixed = startup_left(modules).map(|startup| {
             let upload_bytes: usize = inputs.iter().filter(|v| !resident_on_device(v)).map(|v| v.values.bytes()).sum();
             startup + GPU_RUN + Duration::from_secs_f64(upload_bytes as f64 / UPLOAD_BYTES_PER_SECOND)
         });
-        let gpu = gpu_fixed.map(|fixed| fixed + Duration::from_secs_f64(cpu_ns * 1e-9 / GPU_OVER_ONE_CORE));
+        let gpu = gpu_fixed.map(|fixed| fixed + Duration::from_secs_f64(cpu_ns * 1e-9 / gpu_over_one_core));
         if self.gpu_only {
             let gpu_backend = self.gpu()?;
             let raw = gpu.unwrap_or(cpu);
@@ -413,7 +423,7 @@ impl Backend for AutoBackend {
             return self.text_join(request, sink);
         }
         let self_join = request.self_join.is_some();
-        let cpu_ns = match request.metric.coordinate_bound(request.threshold) {
+        let (strategy, cpu_ns) = match request.metric.coordinate_bound(request.threshold) {
             Some(radius) => {
                 let spaces = FilterSpaces::of(request.left, request.right, request.metric, self_join);
                 estimate_strategy(&CostInputs {
@@ -426,28 +436,36 @@ impl Backend for AutoBackend {
                     index: request.index,
                     grid_dims: request.grid_dims,
                 })
-                .1
             }
-            None => brute_force_ns(
-                request.left.len(),
-                request.right.len(),
-                request.left.dim,
-                gemm_form(request.metric),
-                self_join,
+            None => (
+                JoinStrategy::BruteForce,
+                brute_force_run_ns(
+                    request.left.len(),
+                    request.right.len(),
+                    request.left.dim,
+                    gemm_form(request.metric),
+                    self_join,
+                ),
             ),
+        };
+        let gpu_over_one_core = match strategy {
+            JoinStrategy::Grid(_) => GPU_OVER_ONE_CORE_GRID,
+            JoinStrategy::BruteForce => GPU_OVER_ONE_CORE_BRUTE,
         };
         let inputs: &[&Vectors] = if self_join { &[request.left] } else { &[request.left, request.right] };
         // Two inputs divide by left rows, each part joined with the whole right input; a
         // self-join's pairs are found once, from the smaller position, so it stays whole.
         let rows = (!self_join).then_some(request.left.len());
-        self.run(Work::Join, cpu_ns, inputs, self.modules, rows, sink, |backend, sink, rows| match rows {
-            None => backend.join(request, sink),
-            Some(rows) => join_rows(backend, request, rows, sink),
+        self.run(Work::Join, cpu_ns, gpu_over_one_core, inputs, self.modules, rows, sink, |backend, sink, rows| {
+            match rows {
+                None => backend.join(request, sink),
+                Some(rows) => join_rows(backend, request, rows, sink),
+            }
         })
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        let cpu_ns = brute_force_ns(
+        let cpu_ns = brute_force_run_ns(
             request.queries.len(),
             request.base.len(),
             request.base.dim,
@@ -456,9 +474,18 @@ impl Backend for AutoBackend {
         );
         let inputs = [request.base, request.queries];
         let rows = Some(request.queries.len());
-        self.run(Work::Knn, cpu_ns, &inputs, self.modules, rows, sink, |backend, sink, rows| match rows {
-            None => backend.knn(request, sink),
-            Some(rows) => knn_rows(backend, request, rows, sink),
-        })
+        self.run(
+            Work::Knn,
+            cpu_ns,
+            GPU_OVER_ONE_CORE_BRUTE,
+            &inputs,
+            self.modules,
+            rows,
+            sink,
+            |backend, sink, rows| match rows {
+                None => backend.knn(request, sink),
+                Some(rows) => knn_rows(backend, request, rows, sink),
+            },
+        )
     }
 }

@@ -35,6 +35,10 @@ const TILE_QUERIES: usize = 64;
 const KNN_TILE_QUERIES: usize = 256;
 /// Base rows per GEMM tile (a 64 × 1024 f32 tile is 256 KiB, within L2).
 const TILE_BASE: usize = 1024;
+/// Left rows up to which a tile's dot products are computed directly rather than by a GEMM, whose
+/// packing of the right rows costs more than the products of so few left rows
+/// (docs/optimisations.md, v131).
+const DIRECT_DOT_ROWS: usize = 16;
 
 /// The exact backend on every CPU core.
 #[derive(Debug, Default, Clone, Copy)]
@@ -192,17 +196,23 @@ fn gemm_sides<'v>(
     if !gemm_form(metric) {
         return None;
     }
-    let center = right.mean();
     let uncentred = match (&right.values, metric) {
         // (Norms too large for f32 scores uncentred may still fit centred: then centre.)
         (Values::F32(_), Metric::L2 | Metric::L2Squared | Metric::InnerProduct) => GemmSide::new(right, metric, None)
             .filter(|side| {
                 let mean_sq_norm = side.sq_norms.iter().map(|&s| s as f64).sum::<f64>() / side.len().max(1) as f64;
-                metric == Metric::InnerProduct || 64.0 * dot(center, center) <= mean_sq_norm
+                metric == Metric::InnerProduct || {
+                    let center = sampled_mean(right);
+                    64.0 * dot(&center, &center) <= mean_sq_norm
+                }
             }),
         _ => None,
     };
-    let origin = if uncentred.is_some() { None } else { Some(center) };
+    // Only L2 and L2² centre (cosine normalises its rows, the inner product keeps them).
+    let origin = match metric {
+        Metric::L2 | Metric::L2Squared if uncentred.is_none() => Some(right.mean()),
+        _ => None,
+    };
     let right_side = match uncentred {
         Some(side) => side,
         None => GemmSide::new(right, metric, origin)?,
@@ -211,6 +221,21 @@ fn gemm_sides<'v>(
         return Some((right_side, None));
     }
     Some((GemmSide::new(left, metric, origin)?, Some(right_side)))
+}
+
+/// The mean of at most 1,024 rows spread evenly over `v`: enough to tell data centred near the
+/// origin from data far from it, without a pass over every row (the choice only sizes the
+/// filter's margin; both are exact).
+fn sampled_mean(v: &Vectors) -> Vec<f64> {
+    let step = v.len().div_ceil(1024).max(1);
+    let mut sum = vec![0.0; v.dim];
+    let mut rows = 0usize;
+    for i in (0..v.len()).step_by(step) {
+        crate::on_row!(v.row(i), |row| sum.iter_mut().zip(row).for_each(|(s, x)| *s += x.f64()));
+        rows += 1;
+    }
+    sum.iter_mut().for_each(|s| *s /= rows.max(1) as f64);
+    sum
 }
 
 /// Everything a join worker needs.
@@ -570,8 +595,7 @@ impl<'v> GemmSide<'v> {
                 Cow::Owned(data)
             }
         };
-        let sq_norms: Vec<f32> =
-            data.par_chunks(dim).map(|r| r.iter().map(|&x| x as f64 * x as f64).sum::<f64>() as f32).collect();
+        let sq_norms: Vec<f32> = data.par_chunks(dim).map(|r| super::simd::sum_squares(r) as f32).collect();
         if sq_norms.iter().any(|s| s.is_nan() || *s > 1e36) {
             return None;
         }
@@ -590,6 +614,10 @@ impl<'v> GemmSide<'v> {
     fn dot_tile(&self, other: &GemmSide, q: std::ops::Range<usize>, b: std::ops::Range<usize>, tile: &mut Vec<f32>) {
         let (m, n, k) = (q.len(), b.len(), self.dim);
         tile.resize(m * n, 0.0);
+        if m <= DIRECT_DOT_ROWS {
+            let (a, b) = (&self.data[q.start * k..q.end * k], &other.data[b.start * k..b.end * k]);
+            return super::simd::dot_rows(a, m, b, n, k, tile);
+        }
         // SAFETY: `a` holds m rows of k values (row stride k), `b` holds n rows of k values read as
         // a k × n matrix (row stride 1, column stride k), `c` holds m × n values (row stride n);
         // all three slices are at least that long and `c` does not alias the inputs.

@@ -37,6 +37,22 @@ const NS_BRUTE_PAIR: f64 = 0.55;
 const NS_BRUTE_DIM_GEMM: f64 = 0.08;
 const NS_BRUTE_DIM_DIRECT: f64 = 0.6;
 
+/// Absolute weights of a whole CPU run, in nanoseconds of one core of the same machine, fitted to
+/// the build and probe times of grid joins of 20,000 to 1,000,000 rows (docs/optimisations.md,
+/// v130). The weights above compare strategies, and price a candidate at what the vectorised
+/// filter costs; a run also indexes its rows (cell keys, sorts, the cost model's own sample),
+/// visits each neighbour cell of each probing row (a cache miss apiece), and checks and emits its
+/// pairs. The scheduler of `device=auto` compares these times with the GPU's, so they must be right
+/// in size, not only in order: the weights above alone put a 1M-row join at 1/50 of its time.
+const NS_RUN_ROW: f64 = 170.0;
+const NS_RUN_VISIT: f64 = 120.0;
+const NS_RUN_CANDIDATE: f64 = 6.0;
+const NS_RUN_CANDIDATE_DIM: f64 = 0.5;
+/// A brute-force run against the brute-force weights above (a kNN of 300 × 20,000 rows in 8
+/// dimensions: 7.1 ms estimated, 16 ms of core time measured, the top-k and the exact re-rank being
+/// the difference).
+const BRUTE_RUN_FACTOR: f64 = 2.2;
+
 /// The cell layout shared by the indexes of both join inputs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GridGeometry {
@@ -181,14 +197,21 @@ pub fn brute_force_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: bool
     n_left as f64 * n_right as f64 * pair_factor * (NS_BRUTE_PAIR + dim as f64 * brute_dim)
 }
 
-/// [`choose_strategy`]'s choice and its estimated time on one CPU core (nanoseconds).
+/// [`brute_force_ns`] as the absolute time of a whole run on one CPU core (nanoseconds), what the
+/// scheduler compares with the GPU's.
+pub fn brute_force_run_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: bool, self_join: bool) -> f64 {
+    brute_force_ns(n_left, n_right, dim, gemm_form, self_join) * BRUTE_RUN_FACTOR
+}
+
+/// [`choose_strategy`]'s choice and the absolute time of the run it chose on one CPU core
+/// (nanoseconds; the choice itself compares the relative weights).
 pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
     let CostInputs { left, right, dim, radius, self_join, index, grid_dims, .. } = *inputs;
     let (n_left, n_right) = (left.len() / dim, right.len() / dim);
     let pair_factor = if self_join { 0.5 } else { 1.0 };
     let brute_cost = brute_force_ns(n_left, n_right, dim, inputs.gemm_form, self_join);
     if index == IndexChoice::BruteForce || n_left == 0 || n_right == 0 {
-        return (JoinStrategy::BruteForce, brute_cost);
+        return (JoinStrategy::BruteForce, brute_cost * BRUTE_RUN_FACTOR);
     }
     let forced_grid = index == IndexChoice::Grid;
 
@@ -207,7 +230,9 @@ pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
         k => k.min(useful.len())..=k.min(useful.len()),
     };
 
+    let indexed_rows = if self_join { n_left } else { n_left + n_right } as f64;
     let mut best = (if forced_grid { f64::INFINITY } else { brute_cost }, JoinStrategy::BruteForce);
+    let mut best_run = brute_cost * BRUTE_RUN_FACTOR;
     for k in dims_to_try {
         let geometry = geometry(&useful[..k], &ranked, &lo, &hi, radius, dim);
         let hits = sample_candidates(&geometry, &sample_left, &sample_right, dim, self_join);
@@ -228,10 +253,14 @@ pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
         let refine = candidates * (NS_PAIR + dim as f64 * NS_DIM);
         let cost = search + refine;
         if cost < best.0 || matches!(best.1, JoinStrategy::BruteForce) && forced_grid {
+            let visits = n_left as f64 * neighbours.min(cells_right);
+            best_run = indexed_rows * NS_RUN_ROW
+                + visits * NS_RUN_VISIT
+                + candidates * (NS_RUN_CANDIDATE + dim as f64 * NS_RUN_CANDIDATE_DIM);
             best = (cost, JoinStrategy::Grid(geometry));
         }
     }
-    (best.1, if best.0.is_finite() { best.0 } else { brute_cost })
+    (best.1, best_run)
 }
 
 /// Geometry over `indexed` (a prefix of `ranked`); the sort dimension is the next ranked one.

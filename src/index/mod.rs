@@ -7,5 +7,5 @@ pub mod grid;
 pub mod segments;
 
 pub use grid::{
-    CostInputs, GridGeometry, GridIndex, JoinStrategy, brute_force_ns, choose_strategy, estimate_strategy, extent,
+    CostInputs, GridGeometry, GridIndex, JoinStrategy, brute_force_run_ns, choose_strategy, estimate_strategy, extent,
 };
