@@ -10,7 +10,12 @@
 //!   smaller.
 //! * **When.** A unit runs one operator at a time (the CPU backend already spreads one run over
 //!   every core, the GPU backend one run over the whole device), so time-slicing two runs would
-//!   only delay both. Waiting runs start shortest predicted first, so a burst of small kNN queries
+//!   only delay both — except small runs on the CPU: one the cost model puts under
+//!   [`SMALL_CPU_RUN`] (before correction: under load the corrections grow with the contention,
+//!   not with the run's own work) spends
+//!   most of its time in what does not spread over the cores (planning its threads, merging their
+//!   results), so up to [`SMALL_CPU_RUNS`] of them run at once, and never beside a larger one.
+//!   Waiting runs start shortest predicted first, so a burst of small kNN queries
 //!   is not stuck behind one large join; a run that has waited longer than [`STARVATION`] times its
 //!   own predicted time (and at least [`STARVATION_FLOOR`]) goes ahead of the shorter ones, so a
 //!   large run is delayed but never starved.
@@ -47,6 +52,10 @@ const MAX_WAIT: Duration = Duration::from_secs(2);
 const LEARNING_RATE: f64 = 0.3;
 /// The correction stays within these factors of the cost model.
 const CORRECTION_RANGE: (f64, f64) = (0.01, 100.0);
+/// CPU runs predicted at most this long run several at once ...
+const SMALL_CPU_RUN: Duration = Duration::from_millis(10);
+/// ... up to this many (docs/optimisations.md, v132).
+const SMALL_CPU_RUNS: usize = 8;
 
 /// The expected finish of a run on each unit, as the choice saw it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -92,10 +101,17 @@ impl Choice {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Predicted seconds admitted to each unit and not finished (running or waiting).
+    /// Predicted seconds admitted to each unit and not finished (running or waiting), small CPU
+    /// runs apart.
     queued: [f64; 2],
-    /// Runs running on each unit (more than one only after a wait ran out).
+    /// ... and of the small CPU runs, which run [`SMALL_CPU_RUNS`] at once.
+    queued_small: f64,
+    /// Runs running on each unit (more than one: small CPU runs, or a wait ran out).
     running: [usize; 2],
+    /// Small CPU runs among them.
+    running_small: usize,
+    /// Small CPU runs waiting.
+    waiting_small: usize,
     /// Waiting runs: (ticket number, unit, predicted seconds, arrival).
     waiting: Vec<(u64, Unit, f64, Instant)>,
     next_ticket: u64,
@@ -116,6 +132,8 @@ pub struct Ticket<'a> {
     scheduler: &'a Scheduler,
     unit: Unit,
     work: Work,
+    /// A small CPU run (may run beside other small ones).
+    small: bool,
     /// Predicted seconds before correction (what the measurement is compared with).
     raw_predicted: f64,
     /// Corrected predicted seconds (what was queued).
@@ -143,10 +161,11 @@ impl Scheduler {
             Duration::from_secs_f64(d.as_secs_f64() * state.log_correction[unit as usize][work as usize].exp())
         };
         let cpu_own = corrected(Unit::Cpu, cpu);
-        let cpu_finish = cpu_own + Duration::from_secs_f64(state.queued[Unit::Cpu as usize]);
+        let cpu_finish = cpu_own + Duration::from_secs_f64(state.cpu_ahead());
         let gpu_own = gpu.map(|g| corrected(Unit::Gpu, g));
         let gpu_finish = gpu_own.map(|g| g + Duration::from_secs_f64(state.queued[Unit::Gpu as usize]));
         let unit = match gpu_finish {
+            _ if cpu <= SMALL_CPU_RUN && state.small_cpu_place() => Unit::Cpu,
             Some(finish) if finish < cpu_finish => Unit::Gpu,
             _ => Unit::Cpu,
         };
@@ -162,28 +181,41 @@ impl Scheduler {
         let number = state.next_ticket;
         state.next_ticket += 1;
         let seconds = predicted.as_secs_f64();
-        let ahead = Duration::from_secs_f64(state.queued[unit as usize]);
-        state.queued[unit as usize] += seconds;
+        let small = unit == Unit::Cpu && raw_predicted <= SMALL_CPU_RUN;
+        let ahead = Duration::from_secs_f64(match unit {
+            Unit::Cpu => state.cpu_ahead(),
+            Unit::Gpu => state.queued[unit as usize],
+        });
+        match small {
+            true => state.queued_small += seconds,
+            false => state.queued[unit as usize] += seconds,
+        }
         state.waiting.push((number, unit, seconds, arrived));
+        state.waiting_small += usize::from(small);
         let deadline = arrived + MAX_WAIT + ahead;
         loop {
             let now = Instant::now();
-            if (state.running[unit as usize] == 0 && next_for(&state.waiting, unit, now) == Some(number))
-                || now >= deadline
-            {
+            let running = state.running[unit as usize];
+            // Free, or running only small runs with a place left, when this one is small.
+            let room =
+                running == 0 || (small && running == state.running_small && state.running_small < SMALL_CPU_RUNS);
+            if (room && next_for(&state.waiting, unit, now) == Some(number)) || now >= deadline {
                 break;
             }
             let wait = deadline.saturating_duration_since(now).min(Duration::from_millis(50));
             state = self.changed.wait_timeout(state, wait).unwrap_or_else(|e| e.into_inner()).0;
         }
         state.waiting.retain(|w| w.0 != number);
+        state.waiting_small -= usize::from(small);
         state.running[unit as usize] += 1;
+        state.running_small += usize::from(small);
         drop(state);
         self.changed.notify_all();
         Ticket {
             scheduler: self,
             unit,
             work,
+            small,
             raw_predicted: raw_predicted.as_secs_f64(),
             predicted: seconds,
             started: Instant::now(),
@@ -200,20 +232,33 @@ impl Scheduler {
     }
 
     /// Hands `unit` to the next run.
-    fn free(&self, unit: Unit) {
+    fn free(&self, unit: Unit, small: bool) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.running[unit as usize] = state.running[unit as usize].saturating_sub(1);
+        state.running_small = state.running_small.saturating_sub(usize::from(small));
         drop(state);
         self.changed.notify_all();
     }
 
     /// Ends a run: its predicted work leaves the queue, its unit is freed unless it was already
     /// (`holding`), and a measured time teaches the correction.
-    fn release(&self, unit: Unit, work: Work, predicted: f64, holding: bool, measured: Option<(f64, f64)>) {
+    fn release(
+        &self,
+        unit: Unit,
+        work: Work,
+        small: bool,
+        predicted: f64,
+        holding: bool,
+        measured: Option<(f64, f64)>,
+    ) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.queued[unit as usize] = (state.queued[unit as usize] - predicted).max(0.0);
+        match small {
+            true => state.queued_small = (state.queued_small - predicted).max(0.0),
+            false => state.queued[unit as usize] = (state.queued[unit as usize] - predicted).max(0.0),
+        }
         if holding {
             state.running[unit as usize] = state.running[unit as usize].saturating_sub(1);
+            state.running_small = state.running_small.saturating_sub(usize::from(small));
         }
         if let Some((raw, measured)) = measured.filter(|&(raw, measured)| raw > 0.0 && measured > 0.0) {
             let (low, high) = CORRECTION_RANGE;
@@ -223,6 +268,22 @@ impl Scheduler {
         }
         drop(state);
         self.changed.notify_all();
+    }
+}
+
+impl State {
+    /// Predicted seconds of CPU work ahead of a new run: the small runs' shared among the places
+    /// they run in at once.
+    fn cpu_ahead(&self) -> f64 {
+        self.queued[Unit::Cpu as usize] + self.queued_small / SMALL_CPU_RUNS as f64
+    }
+
+    /// Whether a small CPU run would start at once: no larger CPU run admitted, and fewer small
+    /// ones admitted than run at once. Such a run stays on the cores whatever the GPU's estimate
+    /// (Teodoro et al.'s DTAHE: the GPU only when the cores cannot keep up), which a GPU run,
+    /// with its fixed costs and one run at a time, could not beat by much.
+    fn small_cpu_place(&self) -> bool {
+        self.queued[Unit::Cpu as usize] < 1e-6 && self.running_small + self.waiting_small < SMALL_CPU_RUNS
     }
 }
 
@@ -241,7 +302,7 @@ impl Ticket<'_> {
     /// of results, after which the consumer sets its pace.
     pub fn detach(&self) {
         if !self.detached.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            self.scheduler.free(self.unit);
+            self.scheduler.free(self.unit, self.small);
         }
     }
 
@@ -256,6 +317,7 @@ impl Ticket<'_> {
         self.scheduler.release(
             self.unit,
             self.work,
+            self.small,
             self.predicted,
             self.holding(),
             Some((self.raw_predicted, measured.as_secs_f64())),
@@ -268,7 +330,7 @@ impl Drop for Ticket<'_> {
     /// A run that failed frees its unit without teaching anything.
     fn drop(&mut self) {
         if !self.done {
-            self.scheduler.release(self.unit, self.work, self.predicted, self.holding(), None);
+            self.scheduler.release(self.unit, self.work, self.small, self.predicted, self.holding(), None);
         }
     }
 }
@@ -341,8 +403,37 @@ mod tests {
         let c = s.correction(Unit::Cpu, Work::Knn);
         assert!(c > 3.0, "correction {c}");
         assert_eq!(s.correction(Unit::Cpu, Work::Join), 1.0);
-        // So a 2 ms CPU estimate now loses to a 5 ms GPU one.
-        assert_eq!(s.choose(Work::Knn, ms(2), Some(ms(5))).unit, Unit::Gpu);
+        // So a 20 ms CPU estimate (too large to stay on the cores for being small) now loses to
+        // a 50 ms GPU one.
+        assert_eq!(s.choose(Work::Knn, ms(20), Some(ms(50))).unit, Unit::Gpu);
+    }
+
+    #[test]
+    fn small_cpu_runs_run_together_but_never_beside_a_larger_one() {
+        let s = std::sync::Arc::new(Scheduler::default());
+        let started = Instant::now();
+        let small: Vec<_> = (0..3).map(|_| s.admit(Unit::Cpu, Work::Knn, ms(1), ms(1))).collect();
+        assert!(started.elapsed() < MAX_WAIT / 2, "small runs waited for each other");
+        // With room on the cores a small run stays there, though the GPU is estimated faster.
+        assert_eq!(s.choose(Work::Knn, ms(5), Some(ms(1))).unit, Unit::Cpu);
+        small.into_iter().for_each(|t| {
+            t.finish();
+        });
+        let large = s.admit(Unit::Cpu, Work::Join, ms(50), ms(50));
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handle = {
+            let (s, ran) = (s.clone(), ran.clone());
+            std::thread::spawn(move || {
+                let ticket = s.admit(Unit::Cpu, Work::Knn, ms(1), ms(1));
+                ran.store(true, std::sync::atomic::Ordering::SeqCst);
+                ticket.finish();
+            })
+        };
+        std::thread::sleep(ms(50));
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "a small run started beside a larger one");
+        large.finish();
+        handle.join().unwrap();
+        assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[test]

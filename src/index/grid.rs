@@ -41,12 +41,13 @@ const NS_BRUTE_DIM_DIRECT: f64 = 0.6;
 /// the build and probe times of grid joins of 20,000 to 1,000,000 rows (docs/optimisations.md,
 /// v130). The weights above compare strategies, and price a candidate at what the vectorised
 /// filter costs; a run also indexes its rows (cell keys, sorts, the cost model's own sample),
-/// visits each neighbour cell of each probing row (a cache miss apiece), and checks and emits its
-/// pairs. The scheduler of `device=auto` compares these times with the GPU's, so they must be right
-/// in size, not only in order: the weights above alone put a 1M-row join at 1/50 of its time.
+/// visits each neighbour cell of each probing cell (finding it, and its rows' first cache
+/// misses), and checks and emits every candidate. The scheduler of `device=auto` compares these
+/// times with the GPU's, so they must be right in size, not only in order: the weights above
+/// alone put a 1M-row join at 1/50 of its time.
 const NS_RUN_ROW: f64 = 170.0;
-const NS_RUN_VISIT: f64 = 120.0;
-const NS_RUN_CANDIDATE: f64 = 6.0;
+const NS_RUN_CELL_VISIT: f64 = 330.0;
+const NS_RUN_CANDIDATE: f64 = 10.0;
 const NS_RUN_CANDIDATE_DIM: f64 = 0.5;
 /// A brute-force run against the brute-force weights above (a kNN of 300 × 20,000 rows in 8
 /// dimensions: 7.1 ms estimated, 16 ms of core time measured, the top-k and the exact re-rank being
@@ -253,9 +254,8 @@ pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
         let refine = candidates * (NS_PAIR + dim as f64 * NS_DIM);
         let cost = search + refine;
         if cost < best.0 || matches!(best.1, JoinStrategy::BruteForce) && forced_grid {
-            let visits = n_left as f64 * neighbours.min(cells_right);
             best_run = indexed_rows * NS_RUN_ROW
-                + visits * NS_RUN_VISIT
+                + cells_left * neighbours.min(cells_right) * NS_RUN_CELL_VISIT
                 + candidates * (NS_RUN_CANDIDATE + dim as f64 * NS_RUN_CANDIDATE_DIM);
             best = (cost, JoinStrategy::Grid(geometry));
         }
