@@ -40,7 +40,7 @@ use crate::vectors::Vectors;
 const GPU_OVER_ONE_CORE_BRUTE: f64 = 880.0;
 /// ... on a grid join, whose GPU run is bound by what it does on the host around its kernels
 /// (building the grid, emitting the pairs): the 1M × 2 self-join of 4.6M pairs takes ~40 ms on
-/// the H100 (kernels 1.5 ms) against ~1.2 s of one core's estimate (v130).
+/// the H100 (kernels 1.5 ms) against ~0.8 s of one core's estimate (v130).
 const GPU_OVER_ONE_CORE_GRID: f64 = 30.0;
 /// A CPU run's own fixed cost, not divided among the cores: the cost model's sample, the threads'
 /// fan-out and the merge of their results (1–5 ms on the 2-core machine beyond the estimate).
