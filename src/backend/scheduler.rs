@@ -283,7 +283,10 @@ impl State {
     /// (Teodoro et al.'s DTAHE: the GPU only when the cores cannot keep up), which a GPU run,
     /// with its fixed costs and one run at a time, could not beat by much.
     fn small_cpu_place(&self) -> bool {
-        self.queued[Unit::Cpu as usize] < 1e-6 && self.running_small + self.waiting_small < SMALL_CPU_RUNS
+        let waiting = self.waiting.iter().filter(|w| w.1 == Unit::Cpu).count();
+        let larger = self.running[Unit::Cpu as usize].saturating_sub(self.running_small)
+            + waiting.saturating_sub(self.waiting_small);
+        larger == 0 && self.running_small + self.waiting_small < SMALL_CPU_RUNS
     }
 }
 

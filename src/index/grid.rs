@@ -211,8 +211,9 @@ pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
     let (n_left, n_right) = (left.len() / dim, right.len() / dim);
     let pair_factor = if self_join { 0.5 } else { 1.0 };
     let brute_cost = brute_force_ns(n_left, n_right, dim, inputs.gemm_form, self_join);
+    let brute_run = brute_cost * BRUTE_RUN_FACTOR;
     if index == IndexChoice::BruteForce || n_left == 0 || n_right == 0 {
-        return (JoinStrategy::BruteForce, brute_cost * BRUTE_RUN_FACTOR);
+        return (JoinStrategy::BruteForce, brute_run);
     }
     let forced_grid = index == IndexChoice::Grid;
 
@@ -233,7 +234,7 @@ pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
 
     let indexed_rows = if self_join { n_left } else { n_left + n_right } as f64;
     let mut best = (if forced_grid { f64::INFINITY } else { brute_cost }, JoinStrategy::BruteForce);
-    let mut best_run = brute_cost * BRUTE_RUN_FACTOR;
+    let mut best_run = brute_run;
     for k in dims_to_try {
         let geometry = geometry(&useful[..k], &ranked, &lo, &hi, radius, dim);
         let hits = sample_candidates(&geometry, &sample_left, &sample_right, dim, self_join);
