@@ -67,14 +67,24 @@ pub struct BatchBuilder {
 }
 
 impl BatchBuilder {
-    /// Turns a chunk into batches of at most `batch_size` rows.
+    /// Turns a chunk into batches of at most `batch_size` rows: its listed rows, then its counted
+    /// ones (which only a projection of no column may have) as batches of no column.
     pub fn build(&self, chunk: &ResultChunk, left: &SideData, right: &SideData) -> Result<Vec<RecordBatch>> {
-        let mut out = Vec::with_capacity(chunk.len().div_ceil(self.batch_size.max(1)));
+        let size = self.batch_size.max(1);
+        let counted = usize::try_from(chunk.counted).unwrap_or(usize::MAX);
+        if counted > 0 && !self.columns.is_empty() {
+            return internal_err!("{counted} result rows were counted for an output with columns");
+        }
+        let mut out = Vec::with_capacity(chunk.len().div_ceil(size) + counted.div_ceil(size));
         let mut start = 0;
         while start < chunk.len() {
-            let end = (start + self.batch_size.max(1)).min(chunk.len());
+            let end = (start + size).min(chunk.len());
             out.push(self.build_range(chunk, start..end, left, right)?);
             start = end;
+        }
+        for first in (0..counted).step_by(size) {
+            let rows = RecordBatchOptions::new().with_row_count(Some(size.min(counted - first)));
+            out.push(RecordBatch::try_new_with_options(self.schema.clone(), Vec::new(), &rows)?);
         }
         Ok(out)
     }

@@ -120,6 +120,7 @@ impl AutoBackend {
                 sent.store(true, Ordering::Relaxed);
                 Some(chunk)
             },
+            passes_counts: true,
         };
         match chosen.join(request, &recording) {
             Err(_) if on_gpu && !sent.load(Ordering::Relaxed) => {
@@ -396,7 +397,7 @@ fn hand_off<'a>(
         }
         Some(chunk)
     };
-    MapSink { inner, map }
+    MapSink { inner, map, passes_counts: true }
 }
 
 /// Whether `v`'s exact rows are on the device already (kept from an earlier query).

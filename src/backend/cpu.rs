@@ -425,6 +425,12 @@ fn exact_pair(
     let (pa, pb) = (left.order[sa], right.order[sb]);
     let a = &left_values[sa * dim..(sa + 1) * dim];
     let b = &right_values[sb * dim..(sb + 1) * dim];
+    if writer.counts_only() {
+        if ctx.exact.qualifies_f64(a, b, pa as usize, pb as usize) {
+            writer.count(1, u64::from(pa != pb));
+        }
+        return Ok(());
+    }
     match ctx.exact.within_f64(a, b, pa as usize, pb as usize) {
         Some(d) => ctx.push(writer, pa, pb, d),
         None => Ok(()),

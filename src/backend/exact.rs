@@ -13,6 +13,10 @@ pub struct ExactCheck {
     /// partial sums never decrease: a partial sum above this bound means the full sum is too.
     /// For L2 it is ε² widened by 2⁻⁴⁰, above every sum whose rounded square root is ≤ ε.
     partial_limit: f64,
+    /// L2 and L2²: the largest sum of squares that qualifies (for L2 the largest whose rounded
+    /// square root is ≤ ε: the square root is correctly rounded and so monotone, and a sum
+    /// qualifies exactly when it is at most this), for a decision without the root.
+    sum_limit: f64,
     /// Cosine only: Σx² of each left vector, summed in order (the same bits `distance` computes).
     left_norms: Vec<f64>,
     /// Cosine only: Σx² of each right vector.
@@ -31,7 +35,37 @@ impl ExactCheck {
         };
         let left_norms = norms(left);
         let right_norms = if std::ptr::eq(left, right) { left_norms.clone() } else { norms(right) };
-        Self { metric, threshold, partial_limit, left_norms, right_norms }
+        let sum_limit = if metric == Metric::L2 { largest_square_within(threshold) } else { threshold };
+        Self { metric, threshold, partial_limit, sum_limit, left_norms, right_norms }
+    }
+
+    /// Whether two f64 rows qualify, decided as [`ExactCheck::within_f64`] decides it but without
+    /// the distance (L2 compares the sum of squares with [`ExactCheck::sum_limit`]: no root), for
+    /// a join that counts its pairs.
+    #[inline(always)]
+    pub fn qualifies_f64(&self, a: &[f64], b: &[f64], ia: usize, ib: usize) -> bool {
+        match self.metric {
+            // Up to 8 dimensions `within_of` tests its one partial sum, the whole, once: the
+            // same sums and tests without the blocks' loop (most grid joins' rows).
+            Metric::L2 | Metric::L2Squared if a.len() <= 8 => {
+                let sum = a.iter().zip(b).fold(0.0, |sum, (x, y)| sum + (x - y) * (x - y));
+                sum <= self.partial_limit && sum <= self.sum_limit
+            }
+            Metric::L2 | Metric::L2Squared => {
+                let mut sum = 0.0;
+                for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
+                    for (x, y) in ca.iter().zip(cb) {
+                        let d = x - y;
+                        sum += d * d;
+                    }
+                    if sum > self.partial_limit {
+                        return false;
+                    }
+                }
+                sum <= self.sum_limit
+            }
+            _ => self.within_of(a, b, ia, ib).is_some(),
+        }
     }
 
     /// The distance between left vector `ia` (values `a`) and right vector `ib` (values `b`) when
@@ -192,9 +226,65 @@ pub(crate) fn write_self_pairs(
     Ok(())
 }
 
+/// The largest f64 whose correctly rounded square root is at most `threshold` (for ε ≥ 0): ε²
+/// rounded is within an ulp or two of it, so a few steps of the neighbouring floats find it.
+fn largest_square_within(threshold: f64) -> f64 {
+    if threshold.is_nan() || threshold < 0.0 || threshold == f64::INFINITY {
+        // Nothing qualifies, or everything does.
+        return threshold;
+    }
+    let mut sum = threshold * threshold;
+    while sum.sqrt() > threshold {
+        sum = sum.next_down();
+    }
+    while sum.next_up().sqrt() <= threshold {
+        sum = sum.next_up();
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
+    use rand::{Rng, SeedableRng};
+
     use super::*;
+
+    #[test]
+    fn counting_decides_as_listing_does() {
+        // Thresholds and pairs at the edge: distances equal to ε, an ulp or two either side, and
+        // sums of squares whose roots round onto ε.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for metric in Metric::ALL.into_iter().filter(|m| *m != Metric::Levenshtein) {
+            for threshold in [0.0, 1e-3, 0.1, 1.0 / 3.0, 0.7, 2.0, 1e10, f64::INFINITY] {
+                assert!(largest_square_within(threshold).sqrt() <= threshold);
+                if threshold.is_finite() {
+                    assert!(largest_square_within(threshold).next_up().sqrt() > threshold);
+                }
+                for dim in [1, 2, 3, 9] {
+                    let mut values = Vec::new();
+                    for _ in 0..64 {
+                        // A point and one at distance about ε from it, along a random direction.
+                        let a: Vec<f64> = (0..dim).map(|_| rng.random::<f64>()).collect();
+                        let direction: Vec<f64> = (0..dim).map(|_| rng.random::<f64>() - 0.5).collect();
+                        let norm = direction.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+                        let step = if threshold.is_finite() { threshold } else { 1.0 };
+                        let scale = step * (1.0 + (rng.random::<f64>() - 0.5) * 1e-15) / norm;
+                        values.extend(&a);
+                        values.extend(a.iter().zip(&direction).map(|(x, d)| x + d * scale));
+                    }
+                    let v = Vectors::new(dim, values);
+                    let check = ExactCheck::new(metric, threshold, &v, &v);
+                    for i in (0..v.len()).step_by(2) {
+                        for j in [i + 1, (i + 3) % v.len()] {
+                            let (a, b) = (v.row(i).to_vec(), v.row(j).to_vec());
+                            let listed = check.within_f64(&a, &b, i, j).is_some();
+                            assert_eq!(check.qualifies_f64(&a, &b, i, j), listed, "{metric} ε={threshold} ({i}, {j})");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn four_at_once_equal_one_at_a_time_bit_for_bit() {

@@ -87,6 +87,9 @@ pub struct ResultChunk {
     pub distance: Vec<f64>,
     /// kNN only: 1 for the nearest neighbour of the query.
     pub rank: Vec<u32>,
+    /// Result rows counted but not listed, beyond those listed: sent only to a sink that asks for
+    /// counts ([`ResultSink::counts_only`]).
+    pub counted: u64,
 }
 
 impl ResultChunk {
@@ -105,8 +108,13 @@ impl ResultChunk {
             left: Vec::with_capacity(rows),
             right: Vec::with_capacity(rows),
             distance: Vec::with_capacity(rows),
-            rank: Vec::new(),
+            ..Self::default()
         }
+    }
+
+    /// A chunk of `rows` result rows counted, none listed.
+    pub fn counted(rows: u64) -> Self {
+        Self { counted: rows, ..Self::default() }
     }
 }
 
@@ -117,6 +125,13 @@ pub trait ResultSink: Sync {
     fn send(&self, chunk: ResultChunk) -> Result<()>;
     /// Rows per chunk the consumer wants.
     fn chunk_rows(&self) -> usize;
+    /// Whether the consumer needs only how many result rows there are (the output projects no
+    /// column: `SELECT count(*) FROM sim_join(…)`): a join may then count its pairs
+    /// ([`ResultChunk::counted`]) instead of listing them. The count is the listed rows' count,
+    /// decided by the same exact test.
+    fn counts_only(&self) -> bool {
+        false
+    }
     /// Announces how many units of work (cells, query blocks) the run has.
     fn start(&self, _total_units: u64) {}
     /// Reports units of work done.
@@ -162,6 +177,10 @@ impl ResultSink for ShiftedSink<'_> {
         self.inner.chunk_rows()
     }
 
+    fn counts_only(&self) -> bool {
+        self.inner.counts_only()
+    }
+
     fn advance(&self, units: u64) {
         self.inner.advance(units);
     }
@@ -172,6 +191,9 @@ impl ResultSink for ShiftedSink<'_> {
 pub(crate) struct MapSink<'a, F> {
     pub inner: &'a dyn ResultSink,
     pub map: F,
+    /// Whether `map` passes counted chunks on as they are (it keeps every row): only then may the
+    /// backend count instead of listing, where `inner` asks for counts.
+    pub passes_counts: bool,
 }
 
 impl<F: Fn(ResultChunk) -> Option<ResultChunk> + Sync> ResultSink for MapSink<'_, F> {
@@ -184,6 +206,10 @@ impl<F: Fn(ResultChunk) -> Option<ResultChunk> + Sync> ResultSink for MapSink<'_
 
     fn chunk_rows(&self) -> usize {
         self.inner.chunk_rows()
+    }
+
+    fn counts_only(&self) -> bool {
+        self.passes_counts && self.inner.counts_only()
     }
 
     fn start(&self, total_units: u64) {
@@ -395,24 +421,46 @@ impl Backend for OnExecutor {
     }
 }
 
-/// Collects pairs into chunks of the sink's size and sends each full one.
+/// Collects pairs into chunks of the sink's size and sends each full one; where the sink asks
+/// only for counts ([`ResultSink::counts_only`]), counts them and sends the count at the flush.
 pub(crate) struct PairWriter<'s> {
     sink: &'s dyn ResultSink,
     chunk: ResultChunk,
     rows: usize,
     /// Also write (b, a) for each (a, b) (ordered self-join).
     mirror: bool,
+    counts_only: bool,
 }
 
 impl<'s> PairWriter<'s> {
     pub(crate) fn new(sink: &'s dyn ResultSink, mirror: bool) -> Self {
-        let rows = sink.chunk_rows().max(2);
-        Self { sink, chunk: ResultChunk::with_capacity(rows), rows, mirror }
+        let counts_only = sink.counts_only();
+        let rows = if counts_only { 0 } else { sink.chunk_rows().max(2) };
+        Self { sink, chunk: ResultChunk::with_capacity(rows), rows, mirror, counts_only }
+    }
+
+    /// Whether pairs are counted rather than listed (their distances are then not needed).
+    #[inline]
+    pub(crate) fn counts_only(&self) -> bool {
+        self.counts_only
+    }
+
+    /// Counts `pairs` pairs found without their distances (only where [`PairWriter::counts_only`]);
+    /// `distinct` of them have two different positions, each also counted the other way round
+    /// when mirrored.
+    #[inline]
+    pub(crate) fn count(&mut self, pairs: u64, distinct: u64) {
+        debug_assert!(self.counts_only);
+        self.chunk.counted += pairs + if self.mirror { distinct } else { 0 };
     }
 
     /// Writes the pair (and its mirror image when asked and `a != b`).
     #[inline]
     pub(crate) fn push(&mut self, a: u32, b: u32, distance: f64) -> Result<()> {
+        if self.counts_only {
+            self.count(1, u64::from(a != b));
+            return Ok(());
+        }
         self.chunk.left.push(a);
         self.chunk.right.push(b);
         self.chunk.distance.push(distance);
@@ -426,7 +474,7 @@ impl<'s> PairWriter<'s> {
 
     /// Sends what is buffered.
     pub(crate) fn flush(&mut self) -> Result<()> {
-        if self.chunk.is_empty() {
+        if self.chunk.is_empty() && self.chunk.counted == 0 {
             return Ok(());
         }
         let full = std::mem::replace(&mut self.chunk, ResultChunk::with_capacity(self.rows));

@@ -169,12 +169,18 @@ impl ResultSink for OffsetSink<'_> {
             chunk.left.extend(lefts);
             chunk.right.extend(rights);
             chunk.distance.extend(distances);
+            // An off-diagonal tile's pairs join two disjoint ranges: each has a mirror image.
+            chunk.counted *= 2;
         }
         self.inner.send(chunk)
     }
 
     fn chunk_rows(&self) -> usize {
         if self.mirror { (self.inner.chunk_rows() / 2).max(1) } else { self.inner.chunk_rows() }
+    }
+
+    fn counts_only(&self) -> bool {
+        self.inner.counts_only()
     }
 }
 

@@ -340,6 +340,8 @@ impl Run {
         // consumer, and at one batch per chunk those hand-offs were a visible part of emitting
         // 5·10⁷ pairs (docs/optimisations.md, v18); the consumer still yields batches of `batch_size` rows.
         let chunk_rows = (8 * builder.batch_size).max(1024);
+        // No column projected (`SELECT count(*) FROM sim_join(…)`): only the rows' count is needed.
+        let counts_only = builder.columns.is_empty();
         let (lv, rv) = (lv.clone(), rv.clone());
         // The output numbers each side's skipped-but-compared rows after its vectors.
         for (side, odd) in [(&mut left, &left_odd), (&mut right, &right_odd)] {
@@ -350,7 +352,13 @@ impl Run {
         }
         let baseline = metrics.baseline.clone();
         tokio::task::spawn_blocking(move || {
-            let sink = ChannelSink { sender, chunk_rows, progress: progress.clone(), function: op.function_name() };
+            let sink = ChannelSink {
+                sender,
+                chunk_rows,
+                counts_only,
+                progress: progress.clone(),
+                function: op.function_name(),
+            };
             // Each run gets worker threads of its own (an earlier run's idle pool, or new ones): a
             // backend blocks in `sink.send` while its consumer is behind (a paused Flight client, a
             // slow writer), and in the shared global pool a few such runs would stall every other
@@ -367,7 +375,8 @@ impl Run {
                         None => compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?,
                         Some(pairs) => {
                             let map = self_join_pairs_only(pairs, &lv.rows, &rv.rows);
-                            let sink = MapSink { inner: &sink, map };
+                            // The share's map drops pairs by their rows: they must be listed.
+                            let sink = MapSink { inner: &sink, map, passes_counts: false };
                             compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?
                         }
                     };
@@ -656,6 +665,7 @@ pub(super) fn compute(
 struct ChannelSink {
     sender: mpsc::Sender<Result<ResultChunk>>,
     chunk_rows: usize,
+    counts_only: bool,
     progress: Option<Arc<dyn ProgressListener>>,
     function: &'static str,
 }
@@ -669,6 +679,10 @@ impl ResultSink for ChannelSink {
 
     fn chunk_rows(&self) -> usize {
         self.chunk_rows
+    }
+
+    fn counts_only(&self) -> bool {
+        self.counts_only
     }
 
     fn start(&self, total_units: u64) {

@@ -287,6 +287,16 @@ pub async fn explain(ctx: &SessionContext, sql: &str) -> String {
     text
 }
 
+/// Asserts that `SELECT count(*)` over the join `sql` (its select list replaced) is `want`: the
+/// join's pairs counted (no column projected), not listed.
+pub async fn check_count(ctx: &SessionContext, sql: &str, want: usize) {
+    let (_, from) = sql.split_once(" FROM ").expect("a query with FROM");
+    let counted = format!("SELECT count(*) FROM {from}");
+    let batches = ctx.sql(&counted).await.unwrap().collect().await.unwrap_or_else(|e| panic!("{counted}: {e}"));
+    let got = batches[0].column(0).as_primitive::<Int64Type>().value(0);
+    assert_eq!(got, want as i64, "{counted}");
+}
+
 /// Asserts that `sql` returns exactly `want`, reporting the first differences rather than both lists.
 pub async fn check(ctx: &SessionContext, sql: &str, want: &[Row]) {
     let got = rows(ctx, sql).await;

@@ -1,7 +1,7 @@
 //! Every function, metric and option against the brute-force f64 oracle: exact equality of ids,
 //! ranks and distance bits, at sizes that cross the tile (64 × 1024) and batch (97) edges.
 
-use crate::common::{Shape, check, ctx, oracle_join, oracle_knn, register, rows, threshold, vectors};
+use crate::common::{Shape, check, check_count, ctx, oracle_join, oracle_knn, register, rows, threshold, vectors};
 
 const METRICS: [&str; 6] = ["l2", "l2sq", "cosine", "inner_product", "l1", "linf"];
 
@@ -39,6 +39,7 @@ async fn self_join_equals_the_oracle_for_every_metric_shape_and_option() {
                 let want = oracle_join(metric, &data, &data, eps, Some((include_self, pairs == "ordered")));
                 assert!(!want.is_empty(), "{sql}");
                 check(&ctx, &sql, &want).await;
+                check_count(&ctx, &sql, want.len()).await;
             }
         }
     }
@@ -65,6 +66,7 @@ async fn two_table_join_equals_the_oracle() {
                     "SELECT left_id, right_id, distance FROM SIM_JOIN(a, b, {eps:?}, 'metric={metric}, index={index}')"
                 );
                 check(&ctx, &sql, &want).await;
+                check_count(&ctx, &sql, want.len()).await;
             }
         }
     }
@@ -88,6 +90,7 @@ async fn range_query_equals_the_oracle_for_tables_and_literals() {
                 "SELECT query_id, base_id, distance FROM range_query(base, queries, {r:?}, 'metric={metric}, index={index}')"
             );
             check(&ctx, &sql, &want).await;
+            check_count(&ctx, &sql, want.len()).await;
         }
     }
     let q = queries[3].clone().unwrap();

@@ -211,6 +211,28 @@ impl GpuBackend {
         }
         let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         let exact = ExactCheck::new(metric, threshold, left, right);
+        if sink.counts_only() {
+            // Only the number of pairs is needed: a count pass, whose counts are of the exact
+            // test's pairs, and no pair comes back.
+            let mut pass = PassBuffers::new(&self.device, n_left.clamp(1, MAX_PASS_ROWS), 0)?;
+            let counts = if n_left == 0 {
+                Vec::new()
+            } else {
+                self.count_pass(&params, slots, inputs, &mut pass, PassKind::Count, &mut stats)?
+            };
+            let pairs: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+            let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
+            // A self-join's pairs from the grid or brute force join two different vectors.
+            writer.count(pairs, pairs);
+            let outcome = (|| {
+                if self_join.is_some_and(|s| s.include_self) && part.is_none_or(|(i, _)| i == 0) {
+                    write_self_pairs(&exact, left, 0..left.len(), &mut writer)?;
+                }
+                writer.flush()
+            })();
+            stats.probe_time = probe.elapsed();
+            return Ok(outcome.map(|()| stats));
+        }
         // Downloaded pairs into result chunks, on every core: each piece builds and sends its own.
         let emit_pairs = |(lefts, rights, distances): DownloadedPairs| -> Result<()> {
             let n = rights.len();

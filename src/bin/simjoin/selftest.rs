@@ -320,7 +320,13 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
                         "SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, '{options}, pairs=unordered')"
                     )
                 });
-                for sql in queries.into_iter().chain(wide).chain(knn.into_iter().flatten()) {
+                // The same joins counted (no column of the join projected: the GPU's count pass
+                // alone, no pair listed), in the (id, id, distance) shape `rows` reads.
+                let counted: Vec<String> = queries
+                    .iter()
+                    .map(|q| format!("SELECT count(*), 0, 0.0 FROM {}", q.split_once(" FROM ").map_or("", |(_, f)| f)))
+                    .collect();
+                for sql in queries.into_iter().chain(counted).chain(wide).chain(knn.into_iter().flatten()) {
                     failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim}"), &mut table).await?;
                 }
             }
