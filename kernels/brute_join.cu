@@ -1,13 +1,10 @@
-// Brute force on CUDA cores (brute_join), the filter rows and their packings for the tensor-core
-// kernels (pack_rows.cuh), and kNN's settle step after a scores pass (knn_settle.cuh). The
-// tensor-core joins are tc_join.cu, kNN's sample keys tc_sample_keys.cu: separate modules compile
-// concurrently on a machine's first query (one module held them all and took 7 s of NVRTC).
+// Brute force on CUDA cores (brute_join). The filter rows, their packings and kNN's settle step
+// are rows.cu, the tensor-core joins tc_join.cu, kNN's sample keys tc_sample_keys.cu: separate
+// modules compile concurrently on a machine's first query (one module held them all and took 7 s
+// of NVRTC), and a query waits only for those it launches.
 #include "common.cuh"
 #include "join_pairs.cuh"
 #include "brute_join.cuh"
-#include "pack_rows.cuh"
-#include "tc_join.cuh"
-#include "knn_settle.cuh"
 
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join(BRUTE_JOIN_PARAMS) {
     __shared__ float xs[CHUNK][TILE + 4];

@@ -59,6 +59,10 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         const u32* right_order, const u64* left_slot_cell, const u64* right_cell_ids, const u32* right_cell_start,  \
         const u32* cell_table, const double* left_keys, const double* right_keys, u32* counts, const u64* offsets, u32* out_left, u32* out_right, double* out_distance, \
         u64* collected, u64 capacity, int pass
+#define GRID_JOIN_ARGS                                                                                              \
+    p, slot_begin, slot_end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order, left_slot_cell, \
+        right_cell_ids, right_cell_start, cell_table, left_keys, right_keys, counts, offsets, out_left, out_right, out_distance, collected, \
+        capacity, pass
 
 // Every GRID_WORK_SAMPLE-th left slot's work in grid_join_work (GRID_WORK_SAMPLE in
 // src/gpu/launch/join.rs).
@@ -147,33 +151,3 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
     if (WORK) counts[(s - slot_begin) / GRID_WORK_SAMPLE] = found;
     else if (pass != PASS_WRITE) counts[s - slot_begin] = found;
 }
-
-// At most 64 registers (4 blocks of 256 per SM): the sortidu window took it to 68 and 3 blocks, and
-// P4's kernel from 231 to 250 ms; capped, it needs no spills (scripts/kernel-check.py).
-extern "C" __global__ void __launch_bounds__(256, 4) grid_join(GRID_JOIN_PARAMS) {
-#define GRID_JOIN_ARGS                                                                                              \
-    p, slot_begin, slot_end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order, right_order, left_slot_cell, \
-        right_cell_ids, right_cell_start, cell_table, left_keys, right_keys, counts, offsets, out_left, out_right, out_distance, collected, \
-        capacity, pass
-    switch (p.dim) {
-    case 2: grid_join_rows<2>(GRID_JOIN_ARGS); break;
-    case 3: grid_join_rows<3>(GRID_JOIN_ARGS); break;
-    case 4: grid_join_rows<4>(GRID_JOIN_ARGS); break;
-    case 8: grid_join_rows<8>(GRID_JOIN_ARGS); break;
-    case 16: grid_join_rows<16>(GRID_JOIN_ARGS); break;
-    default: grid_join_rows<0>(GRID_JOIN_ARGS); break;
-    }
-#undef GRID_JOIN_ARGS
-}
-
-// The estimated work of a divided self-join's slots (see grid_join_rows), from which every GPU
-// cuts the same ranges of equal work (GPU-Join's entity partitioning by workload): one thread per
-// sampled slot, the rows never read.
-extern "C" __global__ void __launch_bounds__(256) grid_join_work(GRID_JOIN_PARAMS) {
-    grid_join_rows<0, true>(p, slot_begin, slot_end, lf, rf, lx, rx, lnorm, rnorm, lfnorm, rfnorm, left_order,
-                            right_order, left_slot_cell, right_cell_ids, right_cell_start, cell_table, left_keys,
-                            right_keys, counts, offsets, out_left, out_right, out_distance, collected, capacity, pass);
-}
-
-// kNN's infinite radius (`per_row` with a +∞ threshold, the last level): left slot s takes every
-// right row, NaN distances included, so a query always gets min(k, n) candidates.

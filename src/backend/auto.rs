@@ -52,10 +52,16 @@ const GPU_RUN: Duration = Duration::from_millis(15);
 const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
 
 /// The kernel modules a join may launch (the grid's when the cost model picks it) and kNN's.
-pub(super) const JOIN_MODULES: [KernelModule; 4] =
-    [KernelModule::GridJoin, KernelModule::BruteJoin, KernelModule::TcJoin, KernelModule::Grid];
-pub(super) const KNN_MODULES: [KernelModule; 4] =
-    [KernelModule::BruteJoin, KernelModule::TcJoin, KernelModule::TcSampleKeys, KernelModule::Knn];
+pub(super) const JOIN_MODULES: [KernelModule; 6] = [
+    KernelModule::GridJoin,
+    KernelModule::GridJoinWide,
+    KernelModule::BruteJoin,
+    KernelModule::Rows,
+    KernelModule::TcJoin,
+    KernelModule::Grid,
+];
+pub(super) const KNN_MODULES: [KernelModule; 5] =
+    [KernelModule::BruteJoin, KernelModule::Rows, KernelModule::TcJoin, KernelModule::TcSampleKeys, KernelModule::Knn];
 /// The module of edit-distance joins and kNN.
 pub(super) const TEXT_MODULES: [KernelModule; 1] = [KernelModule::Text];
 /// The List of Clusters' searches (`index=list_of_clusters` under `device=gpu`).

@@ -5,11 +5,15 @@ include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 /// A CUDA source file compiled as one module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelModule {
-    /// `kernels/grid_join.cu`: the ε-grid join.
+    /// `kernels/grid_join.cu`: the ε-grid join of 2 to 4 dimensions.
     GridJoin,
-    /// `kernels/brute_join.cu`: brute force on CUDA cores, the filter rows and their packings for
-    /// the tensor cores, and kNN's settle step.
+    /// `kernels/grid_join_wide.cu`: the ε-grid join of other dimensions, and its work estimate.
+    GridJoinWide,
+    /// `kernels/brute_join.cu`: brute force on CUDA cores.
     BruteJoin,
+    /// `kernels/rows.cu`: the filter rows and their packings for the tensor cores, and kNN's
+    /// settle step.
+    Rows,
     /// `kernels/tc_join.cu`: brute-force joins on tensor cores (f16 and byte rows).
     TcJoin,
     /// `kernels/tc_sample_keys.cu`: kNN's sample keys through the tensor-core join's pipeline.
@@ -29,9 +33,11 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 8] = [
+    pub const ALL: [KernelModule; 10] = [
         KernelModule::GridJoin,
+        KernelModule::GridJoinWide,
         KernelModule::BruteJoin,
+        KernelModule::Rows,
         KernelModule::TcJoin,
         KernelModule::TcSampleKeys,
         KernelModule::Knn,
@@ -49,7 +55,9 @@ impl KernelModule {
     pub fn source(self) -> &'static str {
         match self {
             KernelModule::GridJoin => GRID_JOIN,
+            KernelModule::GridJoinWide => GRID_JOIN_WIDE,
             KernelModule::BruteJoin => BRUTE_JOIN,
+            KernelModule::Rows => ROWS,
             KernelModule::TcJoin => TC_JOIN,
             KernelModule::TcSampleKeys => TC_SAMPLE_KEYS,
             KernelModule::Knn => KNN,
@@ -63,7 +71,9 @@ impl KernelModule {
     pub fn file_name(self) -> &'static str {
         match self {
             KernelModule::GridJoin => "grid_join.cu",
+            KernelModule::GridJoinWide => "grid_join_wide.cu",
             KernelModule::BruteJoin => "brute_join.cu",
+            KernelModule::Rows => "rows.cu",
             KernelModule::TcJoin => "tc_join.cu",
             KernelModule::TcSampleKeys => "tc_sample_keys.cu",
             KernelModule::Knn => "knn.cu",
@@ -78,6 +88,7 @@ impl KernelModule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     GridJoin,
+    GridJoinWide,
     GridJoinWork,
     BruteJoin,
     BruteJoinTc,
@@ -114,8 +125,9 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 33] = [
+    pub const ALL: [Kernel; 34] = [
         Kernel::GridJoin,
+        Kernel::GridJoinWide,
         Kernel::GridJoinWork,
         Kernel::BruteJoin,
         Kernel::BruteJoinTc,
@@ -154,6 +166,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::GridJoin => "grid_join",
+            Kernel::GridJoinWide => "grid_join_wide",
             Kernel::GridJoinWork => "grid_join_work",
             Kernel::BruteJoin => "brute_join",
             Kernel::BruteJoinTc => "brute_join_tc",
@@ -192,18 +205,19 @@ impl Kernel {
     /// The module whose source defines it.
     pub fn module(self) -> KernelModule {
         match self {
-            Kernel::GridJoin | Kernel::GridJoinWork => KernelModule::GridJoin,
+            Kernel::GridJoin => KernelModule::GridJoin,
+            Kernel::GridJoinWide | Kernel::GridJoinWork => KernelModule::GridJoinWide,
             Kernel::BruteJoinTc | Kernel::BruteJoinTcBytes => KernelModule::TcJoin,
             Kernel::KnnSampleKeysBytes | Kernel::KnnSampleKeysHalf => KernelModule::TcSampleKeys,
-            Kernel::BruteJoin
-            | Kernel::KnnSettleSlots
+            Kernel::BruteJoin => KernelModule::BruteJoin,
+            Kernel::KnnSettleSlots
             | Kernel::FilterMaxAbs
             | Kernel::PackHalfRows
             | Kernel::IntegerRange
             | Kernel::PackByteRows
             | Kernel::FilterRows
             | Kernel::IdentityOrder
-            | Kernel::WidenRows => KernelModule::BruteJoin,
+            | Kernel::WidenRows => KernelModule::Rows,
             Kernel::KnnSampleRows => KernelModule::Knn,
             Kernel::KnnSampleDistances => KernelModule::Knn,
             Kernel::KnnSampleDistancesTc => KernelModule::Knn,

@@ -14,14 +14,17 @@ const OPEN: Duration = Duration::from_millis(300);
 /// Loading a module whose machine code is in the disk cache.
 const LOAD_CACHED: Duration = Duration::from_millis(20);
 
-/// NVRTC's time for a module not in the cache, on an H100 host (the join kernels are four modules
+/// NVRTC's time for a module not in the cache, on an H100 host (the join kernels are six modules
 /// that compile concurrently: one module of them all took 7 s).
 fn compile_time(module: KernelModule) -> Duration {
     match module {
-        KernelModule::GridJoin | KernelModule::TcJoin => Duration::from_millis(2200),
+        KernelModule::TcJoin => Duration::from_millis(2200),
+        KernelModule::GridJoin | KernelModule::GridJoinWide => Duration::from_millis(1300),
         KernelModule::BruteJoin => Duration::from_millis(1800),
         KernelModule::Knn | KernelModule::TcSampleKeys => Duration::from_millis(1200),
-        KernelModule::Grid | KernelModule::Text | KernelModule::Clusters => Duration::from_millis(300),
+        KernelModule::Grid | KernelModule::Rows | KernelModule::Text | KernelModule::Clusters => {
+            Duration::from_millis(300)
+        }
     }
 }
 

@@ -24,7 +24,7 @@ impl GpuBackend {
         }
         // Compile the modules now (once per process) so NVRTC stays out of the run's times; the
         // grid's only when the plan has a grid, its compilation then left out of build_time.
-        self.device.function(Kernel::GridJoin)?;
+        self.device.function(crate::gpu::launch::grid_kernel(left.dim))?;
         let start = Instant::now();
         let dim = left.dim;
         let planned;

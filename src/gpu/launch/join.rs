@@ -29,6 +29,13 @@ pub const GRID_WORK_SAMPLE: usize = 64;
 
 /// Runs a pass of a join over left slots `slots` on the device's stream (with knn_settle_slots
 /// after a scores pass) and waits for it.
+/// The grid join's kernel for rows of `dim` values: its 2- to 4-dimensional instances are a
+/// module of their own (kernels/grid_join.cu), so that a low-dimensional join does not wait for
+/// the others' compilation on a machine's first query.
+pub fn grid_kernel(dim: usize) -> Kernel {
+    if (2..=4).contains(&dim) { Kernel::GridJoin } else { Kernel::GridJoinWide }
+}
+
 pub fn join_pass(
     device: &GpuDevice,
     params: &JoinParams,
@@ -108,7 +115,7 @@ pub fn launch_join_pass(
     let kernel = match grid {
         Some(_) if kind == PassKind::Work => Kernel::GridJoinWork,
         None if kind == PassKind::Work => return Err("grid_join_work: brute force has no cells".into()),
-        Some(_) => Kernel::GridJoin,
+        Some(_) => grid_kernel(params.dim as usize),
         None if byte_sides.is_some() => Kernel::BruteJoinTcBytes,
         None if params.tensor_cores != 0 => Kernel::BruteJoinTc,
         None => Kernel::BruteJoin,
