@@ -111,11 +111,6 @@ impl ResultChunk {
             ..Self::default()
         }
     }
-
-    /// A chunk of `rows` result rows counted, none listed.
-    pub fn counted(rows: u64) -> Self {
-        Self { counted: rows, ..Self::default() }
-    }
 }
 
 /// Where a backend sends results. Implementations block while the consumer is behind (so memory

@@ -238,6 +238,14 @@ impl DisplayAs for SimilarityExec {
             )?;
         }
         write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())?;
+        // No column of the output read (`SELECT count(*) FROM sim_join(…)`): the pairs are
+        // counted, not listed — except a cluster task's share of a self-join, which keeps pairs by
+        // their rows (exec/share.rs).
+        let shared_self_join =
+            self.tasks.is_some() && matches!(op.operation, Operation::SimJoin { self_join: true, .. });
+        if self.columns.is_empty() && !matches!(op.operation, Operation::Knn { .. }) && !shared_self_join {
+            write!(f, ", output=pair count (no pair listed)")?;
+        }
         if self.tasks.is_none() && streamed::streams_base(self) {
             write!(f, ", base=searched part by part as it is read")?;
         }

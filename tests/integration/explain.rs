@@ -28,6 +28,10 @@ async fn explain_shows_the_operator_and_reads_only_needed_columns() {
     assert!(text.contains("SimilarityExec: op=knn, k=5, metric=cosine, device=auto, backend=cpu, index=brute_force(f32 filter + exact f64 re-rank)"), "{text}");
     let text = explain(&ctx, "EXPLAIN SELECT * FROM range_query(t, '[0.5, 0.5]', 0.2)").await;
     assert!(text.contains("SimilarityExec: op=range_query, r=0.2, metric=l2"), "{text}");
+    assert!(!text.contains("output=pair count"), "{text}");
+    // Selecting no column of the join: its pairs are counted, not listed.
+    let text = explain(&ctx, "EXPLAIN SELECT count(*) FROM sim_join(t, 0.1)").await;
+    assert!(text.contains("output=pair count (no pair listed)"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -490,6 +490,9 @@ impl GpuBackend {
     }
 }
 
+/// A side's grid cell of every row and, under a window, every row's sort key.
+type CellKeys = (Vec<u64>, Option<Vec<f64>>);
+
 /// A join divided among several GPUs (multi.rs), planned once for all of them: the filter spaces,
 /// the strategy, the host's rows of each side and, under a grid, every row's cell and sort key —
 /// work on the host's cores, which every GPU's thread made again at the same time on the same
@@ -498,7 +501,7 @@ pub struct JoinParts<'a> {
     spaces: FilterSpaces<'a>,
     strategy: JoinStrategy,
     /// Each side's cells and sort keys (the left's, then the right's; a self-join's right is its left).
-    keys: [std::sync::OnceLock<(Vec<u64>, Option<Vec<f64>>)>; 2],
+    keys: [std::sync::OnceLock<CellKeys>; 2],
     /// Each side's host rows (the right's unused by a self-join).
     sides: [std::sync::OnceLock<HostSide<'a>>; 2],
     parts: usize,
@@ -557,7 +560,7 @@ pub(super) fn part_slots(
 }
 
 // Every pass of grid_work samples from its first slot.
-const _: () = assert!(MAX_PASS_ROWS % GRID_WORK_SAMPLE == 0);
+const _: () = assert!(MAX_PASS_ROWS.is_multiple_of(GRID_WORK_SAMPLE));
 
 impl GpuBackend {
     /// The estimated work of every GRID_WORK_SAMPLE-th of the grid join's `n` left slots (see
