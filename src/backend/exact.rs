@@ -45,25 +45,7 @@ impl ExactCheck {
     #[inline(always)]
     pub fn qualifies_f64(&self, a: &[f64], b: &[f64], ia: usize, ib: usize) -> bool {
         match self.metric {
-            // Up to 8 dimensions `within_of` tests its one partial sum, the whole, once: the
-            // same sums and tests without the blocks' loop (most grid joins' rows).
-            Metric::L2 | Metric::L2Squared if a.len() <= 8 => {
-                let sum = a.iter().zip(b).fold(0.0, |sum, (x, y)| sum + (x - y) * (x - y));
-                sum <= self.partial_limit && sum <= self.sum_limit
-            }
-            Metric::L2 | Metric::L2Squared => {
-                let mut sum = 0.0;
-                for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
-                    for (x, y) in ca.iter().zip(cb) {
-                        let d = x - y;
-                        sum += d * d;
-                    }
-                    if sum > self.partial_limit {
-                        return false;
-                    }
-                }
-                sum <= self.sum_limit
-            }
+            Metric::L2 | Metric::L2Squared => self.squares_within(a, b).is_some_and(|sum| sum <= self.sum_limit),
             _ => self.within_of(a, b, ia, ib).is_some(),
         }
     }
@@ -83,22 +65,40 @@ impl ExactCheck {
         self.within_of(a, b, ia, ib)
     }
 
+    /// The sum of squared differences of L2 and L2², unless a partial sum of it (every 8 terms)
+    /// exceeds the partial limit.
+    #[inline(always)]
+    fn squares_within<A: Coord, B: Coord>(&self, a: &[A], b: &[B]) -> Option<f64> {
+        let limit = self.partial_limit;
+        if a.len() <= 8 {
+            // One block, whose partial sum is the whole: the same sum and test without the
+            // blocks' loop (most grid joins' rows).
+            let sum = a.iter().zip(b).fold(0.0, |sum, (x, y)| {
+                let d = x.f64() - y.f64();
+                sum + d * d
+            });
+            return (sum <= limit).then_some(sum);
+        }
+        let mut sum = 0.0;
+        for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
+            for (x, y) in ca.iter().zip(cb) {
+                let d = x.f64() - y.f64();
+                sum += d * d;
+            }
+            if sum > limit {
+                return None;
+            }
+        }
+        Some(sum)
+    }
+
     /// [`ExactCheck::within`] of the rows' values, each widened to f64 as it is read.
     #[inline(always)]
     fn within_of<A: Coord, B: Coord>(&self, a: &[A], b: &[B], ia: usize, ib: usize) -> Option<f64> {
         let limit = self.partial_limit;
         let distance = match self.metric {
             Metric::L2 | Metric::L2Squared => {
-                let mut sum = 0.0;
-                for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
-                    for (x, y) in ca.iter().zip(cb) {
-                        let d = x.f64() - y.f64();
-                        sum += d * d;
-                    }
-                    if sum > limit {
-                        return None;
-                    }
-                }
+                let sum = self.squares_within(a, b)?;
                 if self.metric == Metric::L2 { sum.sqrt() } else { sum }
             }
             Metric::L1 => {

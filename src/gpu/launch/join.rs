@@ -27,8 +27,6 @@ pub enum PassKind {
 /// Left slots one [`PassKind::Work`] count stands for (GRID_WORK_SAMPLE in kernels/grid_join.cuh).
 pub const GRID_WORK_SAMPLE: usize = 64;
 
-/// Runs a pass of a join over left slots `slots` on the device's stream (with knn_settle_slots
-/// after a scores pass) and waits for it.
 /// The grid join's kernel for rows of `dim` values: its 2- to 4-dimensional instances are a
 /// module of their own (kernels/grid_join.cu), so that a low-dimensional join does not wait for
 /// the others' compilation on a machine's first query.
@@ -36,6 +34,8 @@ pub fn grid_kernel(dim: usize) -> Kernel {
     if (2..=4).contains(&dim) { Kernel::GridJoin } else { Kernel::GridJoinWide }
 }
 
+/// Runs a pass of a join over left slots `slots` on the device's stream (with knn_settle_slots
+/// after a scores pass) and waits for it.
 pub fn join_pass(
     device: &GpuDevice,
     params: &JoinParams,
