@@ -15,6 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, Result};
 use datafusion::datasource::TableType;
@@ -22,9 +23,9 @@ use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, Partitioning};
+use datafusion::physical_plan::{ExecutionPlan, Partitioning, StatisticsArgs, StatisticsContext};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, KnownSizes};
 use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, WholeInputExec};
 use crate::op::{Operation, SimilarityOp};
 use crate::results::OutputColumn;
@@ -206,6 +207,25 @@ impl InputProjection {
     }
 }
 
+impl SimilarityTable {
+    /// What the scans of the inputs (`children`: the first input's, then the second's unless a
+    /// self-join) state of their rows exactly, and the vectors' width where the schema fixes it.
+    fn known_sizes(&self, children: &[Arc<dyn ExecutionPlan>]) -> KnownSizes {
+        let context = StatisticsContext::new();
+        let rows = |child: Option<&Arc<dyn ExecutionPlan>>| {
+            let statistics = child.and_then(|c| context.compute(c.as_ref(), &StatisticsArgs::new()).ok());
+            statistics.and_then(|s| match s.num_rows {
+                Precision::Exact(rows) => Some(rows),
+                _ => None,
+            })
+        };
+        let first_rows = rows(children.first());
+        let self_join = self.right.is_none();
+        let second_rows = if self_join { first_rows } else { rows(children.get(1)) };
+        KnownSizes { first_rows, second_rows, dim: self.left.source.static_dim(), self_join }
+    }
+}
+
 #[async_trait]
 impl TableProvider for SimilarityTable {
     fn schema(&self) -> SchemaRef {
@@ -299,8 +319,9 @@ impl TableProvider for SimilarityTable {
             tasks => tasks,
         });
         let Some(tasks) = tasks else {
-            let exec =
-                SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, self.backend.clone())?;
+            let sizes = self.known_sizes(&children);
+            let backend = self.backend.for_inputs(&self.op, &sizes).unwrap_or_else(|| self.backend.clone());
+            let exec = SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, backend)?;
             return Ok(Arc::new(exec));
         };
         children = children.into_iter().map(|c| Arc::new(WholeInputExec::new(c)) as _).collect();

@@ -22,8 +22,8 @@ use super::gpu::MultiGpuBackend;
 use super::plan::{FilterSpaces, gemm_form};
 use super::scheduler::{Choice, Scheduler, Ticket, Unit, Work};
 use super::{
-    Backend, CpuBackend, DividedRun, GpuBackend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats,
-    join_rows, knn_rows,
+    Backend, CpuBackend, DividedRun, GpuBackend, JoinRequest, KnnRequest, KnownSizes, MapSink, ResultChunk, ResultSink,
+    RunStats, join_rows, knn_rows,
 };
 use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
@@ -47,6 +47,11 @@ const GPU_OVER_ONE_CORE_GRID: f64 = 30.0;
 const CPU_RUN: Duration = Duration::from_millis(2);
 /// A GPU run's own fixed cost: allocations, launches, synchronisations.
 const GPU_RUN: Duration = Duration::from_millis(15);
+/// A join's inputs (rows × values per row) from which its plan starts the GPU's start-up before
+/// the sample has chosen the device: 2²⁴ f32 values take ~40 ms to decode on the H100 host's 16
+/// cores (the 1M × 128 base, 2²⁷ values, 0.22 s), so below this, waiting for the sample loses
+/// little of what overlapping start-up with decoding would save.
+const WARM_UP_VALUES: usize = 1 << 24;
 /// Host-to-device copy rate of exact rows (as kept: f64, or f32 widened on the device) through the
 /// page-locked staging buffers.
 const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
@@ -93,10 +98,9 @@ pub struct AutoBackend {
 }
 
 impl AutoBackend {
-    /// Starts opening the GPU and loading the modules of a join (`knn: false`) or kNN on a
-    /// background thread, and returns the backend that decides per run.
+    /// The backend that decides per run between the GPU (launching `modules`) and the CPU. The
+    /// GPU's start-up begins when the plan is made ([`Backend::for_inputs`]), where it can pay.
     pub fn new(memory_limit: usize, devices: Devices, modules: &'static [KernelModule]) -> Self {
-        warm_up(modules);
         Self { memory_limit, devices, gpu_only: false, modules, last_choice: Mutex::new(None) }
     }
 
@@ -140,7 +144,9 @@ impl AutoBackend {
 
     /// As [`AutoBackend::new`], for `device=gpu`: every run on the GPU, or the error saying why
     /// it cannot be used.
+    /// Its start-up begins at once, on a background thread, while the inputs are read.
     pub fn gpu_only(memory_limit: usize, devices: Devices, modules: &'static [KernelModule]) -> Self {
+        warm_up(modules);
         Self { gpu_only: true, ..Self::new(memory_limit, devices, modules) }
     }
 
@@ -361,6 +367,65 @@ impl Scheduled {
     }
 }
 
+/// What `device=auto` does when the plan is made, the inputs' sizes known ([`Backend::for_inputs`]):
+/// `cpu`, the cores' time to compare every pair; `startup`, the GPU's start-up still to pay;
+/// `values`, the inputs' rows × values per row. A run whose every pair the cores compare before the GPU could
+/// even start (its start-up left, [`startup_left`]) runs on the cores, planned so: no start-up
+/// competes with it for the host (under `auto` the 1M × 2 count's first batch came 63 ms
+/// later while `cuInit` ran beside it), and kNN then searches the base part by part as it
+/// is decoded. The cores' time is bounded by comparing every pair, as the run-time estimate
+/// does for kNN; a join's index is chosen only where it is cheaper. A join otherwise whose
+/// inputs hold fewer than [`WARM_UP_VALUES`] values starts nothing: its cost depends on the
+/// pairs, which only the sample taken once the rows are read tells, and decoding so few values
+/// would hide little of the start-up, which that run-time choice then counts in full. Every
+/// other plan starts opening the device and loading its modules now, while the inputs are read.
+fn at_planning(cpu: Duration, startup: Duration, knn: bool, values: usize) -> AtPlanning {
+    if cpu < startup {
+        AtPlanning::OnCpu
+    } else if knn || values >= WARM_UP_VALUES {
+        AtPlanning::StartGpu
+    } else {
+        AtPlanning::AwaitSample
+    }
+}
+
+/// [`at_planning`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AtPlanning {
+    /// Run on the cores; start nothing.
+    OnCpu,
+    /// Start opening the GPU and loading the modules now.
+    StartGpu,
+    /// Start nothing; the run-time choice decides.
+    AwaitSample,
+}
+
+/// A run that `device=auto` settled on the CPU cores when the plan was made
+/// ([`AutoBackend::for_inputs`]).
+#[derive(Debug)]
+struct PlannedOnCpu {
+    /// Why, for EXPLAIN.
+    why: String,
+}
+
+impl Backend for PlannedOnCpu {
+    fn name(&self) -> String {
+        format!("cpu ({})", self.why)
+    }
+
+    fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        CpuBackend.join(request, sink)
+    }
+
+    fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        CpuBackend.knn(request, sink)
+    }
+
+    fn searches_parts_on_cpu(&self) -> bool {
+        true
+    }
+}
+
 /// A run about to be divided between the GPU and the CPU (see [`AutoBackend::run_divided`]).
 #[derive(Debug, Clone, Copy)]
 struct Divided {
@@ -423,6 +488,35 @@ impl Backend for AutoBackend {
             None if self.modules == TEXT_MODULES => "cpu, or the gpu when open and eps ≥ 2".to_string(),
             None => "gpu or cpu, whichever is estimated to finish first".to_string(),
         }
+    }
+
+    fn for_inputs(&self, op: &crate::op::SimilarityOp, sizes: &KnownSizes) -> Option<Arc<dyn Backend>> {
+        if self.gpu_only || self.modules == TEXT_MODULES {
+            return None;
+        }
+        let knn = matches!(op.operation, crate::op::Operation::Knn { .. });
+        let (Some(first), Some(second), Some(dim)) = (sizes.first_rows, sizes.second_rows, sizes.dim) else {
+            warm_up(self.modules);
+            return None;
+        };
+        let self_join = sizes.self_join && !knn;
+        let every_pair = brute_force_run_ns(first, second, dim, gemm_form(op.metric), self_join);
+        let cpu = CPU_RUN + Duration::from_secs_f64(every_pair * 1e-9 / rayon::current_num_threads() as f64);
+        let startup = startup_left(self.modules)?;
+        let values = (first + if self_join { 0 } else { second }).saturating_mul(dim);
+        match at_planning(cpu, startup, knn, values) {
+            AtPlanning::OnCpu => {
+                let why = format!(
+                    "planned: every pair on the cores in ~{:.3} s, before the GPU could start (~{:.3} s)",
+                    cpu.as_secs_f64(),
+                    startup.as_secs_f64()
+                );
+                return Some(Arc::new(PlannedOnCpu { why }));
+            }
+            AtPlanning::StartGpu => warm_up(self.modules),
+            AtPlanning::AwaitSample => {}
+        }
+        None
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
@@ -494,5 +588,37 @@ impl Backend for AutoBackend {
                 Some(rows) => knn_rows(backend, request, rows, sink),
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cores' bound of [`AutoBackend::for_inputs`] on 16 cores, L2.
+    fn on_16_cores(first: usize, second: usize, dim: usize, self_join: bool) -> Duration {
+        CPU_RUN + Duration::from_secs_f64(brute_force_run_ns(first, second, dim, true, self_join) * 1e-9 / 16.0)
+    }
+
+    #[test]
+    fn planning_starts_the_gpu_only_where_it_can_pay() {
+        // A later process's start-up: opening the device and loading cached modules.
+        let startup = Duration::from_millis(320);
+        // 10 queries over 1M × 128 (BENCHMARKS' end-to-end kNN): ~17 ms on 16 cores.
+        let few_queries = on_16_cores(10, 1_000_000, 128, false);
+        assert_eq!(at_planning(few_queries, startup, true, 1_000_010 * 128), AtPlanning::OnCpu);
+        // P1, 10,000 queries: the GPU's start-up overlaps decoding.
+        let p1 = on_16_cores(10_000, 1_000_000, 128, false);
+        assert_eq!(at_planning(p1, startup, true, 1_010_000 * 128), AtPlanning::StartGpu);
+        // P3, the 1M × 2 self-join: bounded only by every pair; the sample decides.
+        let p3 = on_16_cores(1_000_000, 1_000_000, 2, true);
+        assert_eq!(at_planning(p3, startup, false, 2_000_000), AtPlanning::AwaitSample);
+        // 10M × 2 holds enough values to decode while the GPU starts.
+        let wide = on_16_cores(10_000_000, 10_000_000, 2, true);
+        assert_eq!(at_planning(wide, startup, false, 20_000_000), AtPlanning::StartGpu);
+        // A small join is done before any start-up; on an open GPU (nothing left) nothing is planned.
+        let small = on_16_cores(2_000, 2_000, 8, true);
+        assert_eq!(at_planning(small, startup, false, 16_000), AtPlanning::OnCpu);
+        assert_eq!(at_planning(small, Duration::ZERO, false, 16_000), AtPlanning::AwaitSample);
     }
 }

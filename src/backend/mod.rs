@@ -330,12 +330,35 @@ pub trait Backend: Debug + Send + Sync {
     fn searches_parts_on_cpu(&self) -> bool {
         false
     }
+    /// Told, when the plan is made and before any input is read, what the plan knows of the
+    /// inputs' sizes: the backend to run with instead of this one, if any. `device=auto` starts
+    /// the GPU's start-up here, or settles on the CPU cores when they finish before the GPU
+    /// could even start ([`AutoBackend`]).
+    fn for_inputs(&self, _op: &SimilarityOp, _sizes: &KnownSizes) -> Option<std::sync::Arc<dyn Backend>> {
+        None
+    }
+}
+
+/// What a plan knows of its inputs before reading any: the rows of each where its source states
+/// them exactly (a Parquet file's footer, an in-memory table), and the vectors' width where the
+/// schema fixes it. `None` where unknown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KnownSizes {
+    /// Rows of the first input (a join's left, the base of `range_query` and `knn`).
+    pub first_rows: Option<usize>,
+    /// Rows of the second input (a self-join's: its one input's).
+    pub second_rows: Option<usize>,
+    /// Values per vector.
+    pub dim: Option<usize>,
+    /// A self-join: each pair of the one input is compared once.
+    pub self_join: bool,
 }
 
 /// The backend for `op`: the GPU under `device=gpu`; under `device=auto`, per run, the GPU or the
 /// CPU by estimated time where a GPU may be usable; otherwise (and for text metrics and the
-/// approximate kNN) every CPU core. Either way the
-/// device's start-up begins now, on a background thread, while the inputs are read.
+/// approximate kNN) every CPU core. Under `device=gpu` the device's start-up begins now, on a
+/// background thread, while the inputs are read; under `device=auto` when the plan knows the
+/// inputs' sizes ([`Backend::for_inputs`]).
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     check(op)?;
     let function = op.function_name();

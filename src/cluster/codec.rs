@@ -297,7 +297,9 @@ impl PhysicalExtensionCodec for PhysicalCodec {
                         op.devices = crate::op::Devices::All;
                     }
                 }
-                backend::choose(&op)?
+                // Sizes unknown here: a GPU starts opening at once, as the scans begin.
+                let chosen = backend::choose(&op)?;
+                chosen.for_inputs(&op, &backend::KnownSizes::default()).unwrap_or(chosen)
             }
         };
         let exec = SimilarityExec::try_new(
