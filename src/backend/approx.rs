@@ -35,8 +35,6 @@ const RERANK: usize = 8;
 /// Relative rounding allowance of the f32 re-rank: a candidate within it of the k-th best is
 /// measured exactly too, so rounding cannot decide the answer among the re-ranked.
 const F32_SLACK: f32 = 1e-3;
-/// Candidates ahead whose leading coordinates are prefetched while one is compared.
-const PREFETCH_AHEAD: usize = 8;
 /// Every how many cache lines of the next re-ranked row a prefetch is issued (the hardware's
 /// stream prefetcher fetches the lines between).
 const PREFETCH_LINES: usize = 1;
@@ -119,7 +117,6 @@ struct Search<'a> {
 struct Scratch {
     /// One bit per base vector: taken as a candidate of the current query (cleared after each).
     seen: Vec<u64>,
-    gathered: Vec<u32>,
     /// Distinct candidates with the squared distance over their first [`LEAD`] coordinates.
     bounded: Vec<(f32, u32)>,
     /// The best `rerank` by proxy distance, unordered.
@@ -128,7 +125,7 @@ struct Scratch {
 
 impl Scratch {
     fn new(len: usize) -> Self {
-        Self { seen: vec![0; len.div_ceil(64)], gathered: Vec::new(), bounded: Vec::new(), best: Vec::new() }
+        Self { seen: vec![0; len.div_ceil(64)], bounded: Vec::new(), best: Vec::new() }
     }
 }
 
@@ -137,21 +134,16 @@ impl Search<'_> {
     fn run(&self, query: &[f64], scratch: &mut Scratch) {
         let index = self.index;
         let (values, projected) = index.query(query);
-        scratch.gathered.clear();
-        index.candidates(&projected, self.per_curve, &mut scratch.gathered);
         scratch.bounded.clear();
-        for (i, &p) in scratch.gathered.iter().enumerate() {
-            if let Some(&ahead) = scratch.gathered.get(i + PREFETCH_AHEAD) {
-                prefetch(index.projected(ahead as usize));
-            }
+        let (seen, bounded) = (&mut scratch.seen, &mut scratch.bounded);
+        index.candidates(&projected, self.per_curve, |p, lead| {
             let (word, bit) = (p as usize / 64, 1u64 << (p % 64));
-            if scratch.seen[word] & bit == 0 {
-                scratch.seen[word] |= bit;
-                let lead = row_score(FilterKind::SquaredL2, &projected[..LEAD], &index.projected(p as usize)[..LEAD]);
-                scratch.bounded.push((lead, p));
+            if seen[word] & bit == 0 {
+                seen[word] |= bit;
+                bounded.push((row_score(FilterKind::SquaredL2, &projected[..LEAD], lead), p));
             }
-        }
-        for &p in &scratch.gathered {
+        });
+        for &(_, p) in &scratch.bounded {
             scratch.seen[p as usize / 64] = 0;
         }
         // The `rerank` smallest leading distances first: their proxies make the bar low early.

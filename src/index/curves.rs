@@ -81,6 +81,9 @@ struct Curve {
     /// Keys of the base vectors, ascending, and the position of each.
     keys: Vec<u64>,
     positions: Vec<u32>,
+    /// The [`LEAD`] leading principal coordinates of each entry, in key order: a query's
+    /// candidates on this curve are one contiguous run, streamed rather than fetched at random.
+    leads: Vec<f32>,
 }
 
 /// A Multicurves index over one input's vectors.
@@ -150,7 +153,8 @@ impl Multicurves {
                 }
                 let cells = ((1u64 << bits) - 1) as f32;
                 let scale = low.iter().zip(&high).map(|(l, h)| if h > l { cells / (h - l) } else { 0.0 }).collect();
-                let mut curve = Curve { rotation, low, scale, keys: Vec::new(), positions: Vec::new() };
+                let mut curve =
+                    Curve { rotation, low, scale, keys: Vec::new(), positions: Vec::new(), leads: Vec::new() };
                 let mut keyed: Vec<(u64, u32)> = coords
                     .par_chunks(curve_dims)
                     .enumerate()
@@ -158,6 +162,11 @@ impl Multicurves {
                     .collect();
                 keyed.par_sort_unstable();
                 (curve.keys, curve.positions) = keyed.into_iter().unzip();
+                curve.leads = curve
+                    .positions
+                    .par_iter()
+                    .flat_map_iter(|&p| rows[p as usize * stride..][..LEAD].iter().copied())
+                    .collect();
                 curve
             })
             .collect();
@@ -217,9 +226,10 @@ impl Multicurves {
         (values, projected)
     }
 
-    /// Appends the base positions on each curve's `per_curve` entries around the query's key (as
-    /// many before it as after, fewer only at a list's ends) to `out`; a position may repeat.
-    pub fn candidates(&self, projected: &[f32], per_curve: usize, out: &mut Vec<u32>) {
+    /// Visits each curve's `per_curve` entries around the query's key (as many before it as after,
+    /// fewer only at a list's ends): `visit(position, leading coordinates)`, the [`LEAD`] leading
+    /// principal coordinates read from the curve's own copy, in key order; a position may repeat.
+    pub fn candidates(&self, projected: &[f32], per_curve: usize, mut visit: impl FnMut(u32, &[f32])) {
         let n = self.len();
         let take = per_curve.min(n);
         let mut coords = Vec::with_capacity(self.curve_dims);
@@ -229,7 +239,10 @@ impl Multicurves {
             let key = curve.key(&coords, self.bits);
             let at = curve.keys.partition_point(|&k| k < key);
             let start = at.saturating_sub(take / 2).min(n - take);
-            out.extend_from_slice(&curve.positions[start..start + take]);
+            let leads = curve.leads[start * LEAD..(start + take) * LEAD].chunks_exact(LEAD);
+            for (&p, row) in curve.positions[start..start + take].iter().zip(leads) {
+                visit(p, row);
+            }
         }
     }
 }
@@ -548,7 +561,10 @@ mod tests {
         for i in (0..5000).step_by(50) {
             out.clear();
             let (_, qp) = index.query(&base.row(i).to_vec());
-            index.candidates(&qp, 16, &mut out);
+            index.candidates(&qp, 16, |p, lead| {
+                assert_eq!(lead, &index.projected(p as usize)[..LEAD]);
+                out.push(p);
+            });
             assert_eq!(out.len(), 16 * CURVES);
             assert!(out.contains(&(i as u32)), "row {i}");
         }
