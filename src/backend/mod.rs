@@ -392,6 +392,17 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     }
 }
 
+/// Starts opening GPU 0 and loading the vector joins' and kNN's kernel modules on a background
+/// thread, where CUDA's libraries are present: for a long-lived process such as `simjoin serve`,
+/// which pays the start-up once for all its queries. A one-shot process leaves it to each plan
+/// ([`Backend::for_inputs`]), which under `device=auto` starts nothing for a run the cores finish
+/// before the start-up would.
+pub fn start_gpu() {
+    let mut modules = auto::JOIN_MODULES.to_vec();
+    modules.extend(auto::KNN_MODULES.iter().filter(|m| !auto::JOIN_MODULES.contains(m)));
+    crate::gpu::startup::warm_up(&modules);
+}
+
 /// For a plan that runs on a cluster: the options checked as [`choose`] checks them wherever it
 /// runs, and a backend that only stands for the one each executor chooses when it decodes its
 /// part of the plan (`cluster::codec`); this machine opens no GPU.
