@@ -89,6 +89,13 @@ pub fn warm_up(modules: &[KernelModule]) {
     }
 }
 
+/// A later process's start-up (opening the device, loading cached modules): what a plan weighs
+/// when it decides not to start the GPU at all, since that also leaves uncompiled kernels
+/// uncompiled for every later process (see `AutoBackend::for_inputs`).
+pub fn cached_startup() -> Duration {
+    OPEN + LOAD_CACHED
+}
+
 /// The estimated start-up still to be paid before `modules` run on device 0, or `None` when it
 /// cannot be used (no libraries, or it failed to open).
 pub fn startup_left(modules: &[KernelModule]) -> Option<Duration> {
