@@ -210,7 +210,7 @@ impl AutoBackend {
         call: impl Fn(&dyn Backend, &dyn ResultSink, Option<Range<usize>>) -> Result<RunStats> + Sync,
     ) -> Result<RunStats> {
         let scheduler = Scheduler::global();
-        let cpu = CPU_RUN + Duration::from_secs_f64(cpu_ns * 1e-9 / rayon::current_num_threads() as f64);
+        let cpu = on_cores(cpu_ns, rayon::current_num_threads());
         // What the GPU pays whatever its share: start-up left, uploads and the run's own overhead.
         let gpu_fixed = startup_left(modules).map(|startup| {
             let upload_bytes: usize = inputs.iter().filter(|v| !resident_on_device(v)).map(|v| v.values.bytes()).sum();
@@ -367,18 +367,22 @@ impl Scheduled {
     }
 }
 
-/// What `device=auto` does when the plan is made, the inputs' sizes known ([`Backend::for_inputs`]):
-/// `cpu`, the cores' time to compare every pair; `startup`, the GPU's start-up still to pay;
-/// `values`, the inputs' rows × values per row. A run whose every pair the cores compare before the GPU could
-/// even start (its start-up left, at most a later process's: [`cached_startup`]) runs on the cores, planned so: no start-up
-/// competes with it for the host (under `auto` the 1M × 2 count's first batch came 63 ms
-/// later while `cuInit` ran beside it), and kNN then searches the base part by part as it
-/// is decoded. The cores' time is bounded by comparing every pair, as the run-time estimate
-/// does for kNN; a join's index is chosen only where it is cheaper. A join otherwise whose
-/// inputs hold fewer than [`WARM_UP_VALUES`] values starts nothing: its cost depends on the
-/// pairs, which only the sample taken once the rows are read tells, and decoding so few values
-/// would hide little of the start-up, which that run-time choice then counts in full. Every
-/// other plan starts opening the device and loading its modules now, while the inputs are read.
+/// A CPU run's time on `cores` cores, `cpu_ns` being the cost model's time of the whole run on one.
+fn on_cores(cpu_ns: f64, cores: usize) -> Duration {
+    CPU_RUN + Duration::from_secs_f64(cpu_ns * 1e-9 / cores as f64)
+}
+
+/// What `device=auto` does when the plan is made, the inputs' sizes known ([`Backend::for_inputs`]): `cpu`, the
+/// cores' time to compare every pair; `startup`, the GPU's start-up still to pay; `values`, the inputs' rows ×
+/// values per row. A run whose every pair the cores compare before the GPU could even start (its start-up left,
+/// at most a later process's: [`cached_startup`]) runs on the cores, planned so: no start-up competes with it
+/// for the host (under `auto` the 1M × 2 count's first batch came 63 ms later while `cuInit` ran beside it),
+/// and kNN then searches the base part by part as it is decoded. The cores' time is bounded by comparing every
+/// pair, as the run-time estimate does for kNN; a join's index is chosen only where it is cheaper. A join
+/// otherwise whose inputs hold fewer than [`WARM_UP_VALUES`] values starts nothing: its cost depends on the
+/// pairs, which only the sample taken once the rows are read tells, and decoding so few values would hide
+/// little of the start-up, which that run-time choice then counts in full. Every other plan starts opening the
+/// device and loading its modules now, while the inputs are read.
 fn at_planning(cpu: Duration, startup: Duration, knn: bool, values: usize) -> AtPlanning {
     if cpu < startup {
         AtPlanning::OnCpu
@@ -501,7 +505,7 @@ impl Backend for AutoBackend {
         };
         let self_join = sizes.self_join && !knn;
         let every_pair = brute_force_run_ns(first, second, dim, gemm_form(op.metric), self_join);
-        let cpu = CPU_RUN + Duration::from_secs_f64(every_pair * 1e-9 / rayon::current_num_threads() as f64);
+        let cpu = on_cores(every_pair, rayon::current_num_threads());
         // Not more than a later process pays: a plan that starts nothing also compiles nothing, and
         // a run the cores do in less than a compilation would otherwise leave every later process
         // without the kernels, on the cores (1,000 queries over 1M × 128: ~1.5 s estimated on 16
@@ -601,7 +605,7 @@ mod tests {
 
     /// The cores' bound of [`AutoBackend::for_inputs`] on 16 cores, L2.
     fn on_16_cores(first: usize, second: usize, dim: usize, self_join: bool) -> Duration {
-        CPU_RUN + Duration::from_secs_f64(brute_force_run_ns(first, second, dim, true, self_join) * 1e-9 / 16.0)
+        on_cores(brute_force_run_ns(first, second, dim, true, self_join), 16)
     }
 
     #[test]
