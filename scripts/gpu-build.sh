@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Builds the release binary, strips and xz-compresses it into .gpubin/ (ignored by git) for a GPU
 # machine, which has no Rust toolchain. Then prints the command to run there.
+# The binary carries the kernels' machine code for every common architecture (build.rs), compiled
+# by PyPI's NVRTC 13.0 (installed into .gpubin/nvrtc-13.0): the first process on a GPU machine
+# compiles nothing, and cubins of CUDA 13's first release load under every CUDA 13 driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+NVRTC_VENV=.gpubin/nvrtc-13.0
+if ! compgen -G "$NVRTC_VENV/lib/python*/site-packages/nvidia/cu13/lib/libnvrtc.so.13" >/dev/null; then
+    python3 -m venv "$NVRTC_VENV"
+    "$NVRTC_VENV/bin/pip" install -q "nvidia-cuda-nvrtc==13.0.*"
+fi
+SIMJOIN_NVRTC="$(realpath "$(compgen -G "$NVRTC_VENV/lib/python*/site-packages/nvidia/cu13/lib/libnvrtc.so.13" | head -1)")"
+export SIMJOIN_NVRTC
 cargo build --release --bin simjoin
 mkdir -p .gpubin
 strip -o .gpubin/simjoin "${CARGO_TARGET_DIR:-target}/release/simjoin"

@@ -1,6 +1,8 @@
 //! Kernel modules compiled by NVRTC straight to machine code (a cubin for the device's own
 //! `sm_XY`, so the driver has no PTX left to compile), and kept in a disk cache so that only the
-//! first process on a machine pays for the compilation.
+//! first process on a machine pays for the compilation. A release build made by
+//! `scripts/gpu-build.sh` carries the cubins of every module for the common architectures
+//! (build.rs, `EMBEDDED_IMAGES`): on those GPUs no process compiles anything.
 //!
 //! The cache folder is `$SIMJOIN_CACHE_DIR`, else `$XDG_CACHE_HOME/simjoin`, else
 //! `~/.cache/simjoin`; images live in its `kernels/` folder. An image's file name is a BLAKE3 hash
@@ -22,15 +24,8 @@ use super::{Error, Result};
 /// Identifies the file format; bump when the layout changes.
 const MAGIC: &[u8; 16] = b"simjoin-cubin-1\n";
 
-/// The compile options every module is built with.
-fn options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        // Two roundings for `a * b + c`, as on the CPU: exact distances stay bit-identical.
-        "--fmad=false".to_string(),
-        "-std=c++17".to_string(),
-    ]
-}
+use super::kernels::EMBEDDED_IMAGES;
+use super::nvrtc_options::nvrtc_options as options;
 
 /// The folder compiled images are kept in, if the environment names one.
 pub fn cache_dir() -> Option<PathBuf> {
@@ -41,26 +36,31 @@ pub fn cache_dir() -> Option<PathBuf> {
         .map(|d| d.join("kernels"))
 }
 
-/// Where an image came from: a cached one the driver refuses is compiled again.
+/// Where an image came from: an embedded or cached one the driver refuses is compiled again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageOrigin {
+    /// Built into this binary.
+    Embedded,
     /// Read from the disk cache.
     Cache,
     /// Compiled by NVRTC in this process.
     Compiled,
 }
 
-/// The cubin of `module` for `arch`: from the cache when `read_cache` and a sound image is there,
-/// else compiled and stored (replacing any cached one). `driver_version` is `cuDriverGetVersion`'s
-/// answer.
+/// The cubin of `module` for `arch`: when `read_stored`, the one built into this binary, else a
+/// sound one from the cache; otherwise compiled and stored (replacing any cached one).
+/// `driver_version` is `cuDriverGetVersion`'s answer.
 pub fn module_image(
     module: KernelModule,
     arch: &str,
     driver_version: i32,
-    read_cache: bool,
+    read_stored: bool,
 ) -> Result<(Vec<u8>, ImageOrigin)> {
+    if let Some(image) = embedded(module, arch).filter(|_| read_stored) {
+        return Ok((image.to_vec(), ImageOrigin::Embedded));
+    }
     let path = cache_dir().map(|dir| dir.join(file_name(module, arch, driver_version)));
-    if let Some(image) = path.as_deref().filter(|_| read_cache).and_then(read_image) {
+    if let Some(image) = path.as_deref().filter(|_| read_stored).and_then(read_image) {
         return Ok((image, ImageOrigin::Cache));
     }
     let image = compile(module, arch)?;
@@ -71,14 +71,44 @@ pub fn module_image(
     Ok((image, ImageOrigin::Compiled))
 }
 
-/// Whether the cache holds an image of `module` for this architecture and driver (an estimate
-/// for `device=auto`: loading checks the image).
-pub fn is_cached(module: KernelModule, arch: &str, driver_version: i32) -> bool {
-    cache_dir().is_some_and(|dir| dir.join(file_name(module, arch, driver_version)).is_file())
+/// The image of `module` for `arch` built into this binary, if any.
+fn embedded(module: KernelModule, arch: &str) -> Option<&'static [u8]> {
+    EMBEDDED_IMAGES.iter().find(|(file, a, _)| *file == module.file_name() && *a == arch).map(|&(_, _, image)| image)
 }
 
-/// Whether the cache holds an image of `module` for some architecture (before the device is open).
+/// Why no kernel can be had for `arch`, if so: this binary carries none for it and NVRTC, which
+/// would compile them, is not installed (cudarc panics on the first call into a missing NVRTC).
+pub fn no_kernels_for(arch: &str) -> Option<String> {
+    let carried = EMBEDDED_IMAGES.iter().any(|&(_, a, _)| a == arch);
+    // SAFETY: only tries to dlopen() libnvrtc.
+    let compiler = carried || unsafe { sys::is_culib_present() };
+    (!compiler).then(|| {
+        format!(
+            "the CUDA runtime compiler library (libnvrtc) was not found, and this binary carries no kernels for {arch}"
+        )
+    })
+}
+
+/// The architectures this binary carries machine code for (`simjoin --version` names them).
+pub fn embedded_archs() -> Vec<&'static str> {
+    let mut archs: Vec<&str> = EMBEDDED_IMAGES.iter().map(|&(_, arch, _)| arch).collect();
+    archs.dedup();
+    archs
+}
+
+/// Whether this binary or the cache holds an image of `module` for this architecture and driver
+/// (an estimate for `device=auto`: loading checks the image).
+pub fn is_cached(module: KernelModule, arch: &str, driver_version: i32) -> bool {
+    embedded(module, arch).is_some()
+        || cache_dir().is_some_and(|dir| dir.join(file_name(module, arch, driver_version)).is_file())
+}
+
+/// Whether this binary or the cache holds an image of `module` for some architecture (before the
+/// device is open).
 pub fn any_cached(module: KernelModule) -> bool {
+    if EMBEDDED_IMAGES.iter().any(|(file, _, _)| *file == module.file_name()) {
+        return true;
+    }
     let stem = format!("{}-", module.file_name().trim_end_matches(".cu"));
     let Some(entries) = cache_dir().and_then(|dir| std::fs::read_dir(dir).ok()) else { return false };
     entries.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&stem) && n.ends_with(".cubin")))

@@ -164,6 +164,9 @@ impl GpuDevice {
     fn open(ordinal: usize) -> Result<GpuDevice> {
         let info = probe_ordinal(ordinal)?;
         let arch = arch_for(info.compute_capability)?;
+        if let Some(reason) = super::compile::no_kernels_for(arch) {
+            return Err(Error::Unavailable(format!("GPU {ordinal}: {reason}")));
+        }
         let ctx = CudaContext::new(info.ordinal)
             .map_err(|e| Error::Device(format!("GPU {} cannot be opened: {e}", info.ordinal)))?;
         let stream = ctx.default_stream();
@@ -304,11 +307,12 @@ impl GpuDevice {
         self.resident.lock().is_ok_and(|mut resident| resident.entry(key).is_some())
     }
 
-    /// `module` loaded on the device: its machine code from the disk cache, else from NVRTC.
+    /// `module` loaded on the device: its machine code built into this binary, else from the disk
+    /// cache, else from NVRTC.
     /// Loaded once per process; later callers wait for the first.
     pub fn module(&self, module: KernelModule) -> Result<Arc<CudaModule>> {
         let loaded = self.modules[module.index()].get_or_init(|| {
-            let image = |read_cache| super::compile::module_image(module, self.arch, self.driver_version, read_cache);
+            let image = |read_stored| super::compile::module_image(module, self.arch, self.driver_version, read_stored);
             let load = |image: Vec<u8>| {
                 self.ctx
                     .load_module(Ptx::from_binary(image))
@@ -316,9 +320,10 @@ impl GpuDevice {
             };
             let (cubin, origin) = image(true)?;
             match load(cubin) {
-                // A cached image the driver refuses (a file replaced behind the cache's back) is
-                // compiled again; a fresh one it refuses is an error.
-                Err(_) if origin == super::compile::ImageOrigin::Cache => load(image(false)?.0),
+                // An embedded or cached image the driver refuses (a driver older than the NVRTC
+                // that built this binary, a file replaced behind the cache's back) is compiled
+                // again; a fresh one it refuses is an error.
+                Err(_) if origin != super::compile::ImageOrigin::Compiled => load(image(false)?.0),
                 loaded => loaded,
             }
         });

@@ -15,6 +15,7 @@ pub mod grid;
 pub mod kernels;
 pub(crate) mod launch;
 pub mod memory;
+mod nvrtc_options;
 pub mod startup;
 
 pub use device::{DerivedSide, GpuDevice, MAX_DEVICES, PIPELINE_STREAMS, ResidentKey};
@@ -47,7 +48,7 @@ impl fmt::Display for GpuInfo {
 }
 
 /// The first CUDA device, or why there is none. Never panics: cudarc's dynamic loading panics on
-/// first use when libcuda or libnvrtc is missing, so their presence is checked first.
+/// first use when libcuda is missing, so its presence is checked first.
 pub fn probe() -> Result<GpuInfo> {
     probe_ordinal(0)
 }
@@ -55,16 +56,10 @@ pub fn probe() -> Result<GpuInfo> {
 /// How many CUDA devices the driver shows this process (after `CUDA_VISIBLE_DEVICES`), or why
 /// there is none.
 pub fn device_count() -> Result<usize> {
-    // SAFETY: these only try to dlopen() the libraries; no CUDA function is called.
-    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
-    // SAFETY: as above.
-    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
-    match (driver, nvrtc) {
-        (false, _) => return Err(Error::Unavailable("the CUDA driver library (libcuda) was not found".into())),
-        (_, false) => {
-            return Err(Error::Unavailable("the CUDA runtime compiler library (libnvrtc) was not found".into()));
-        }
-        _ => {}
+    // NVRTC is needed only for kernels this binary does not carry (`GpuDevice` checks it).
+    // SAFETY: this only tries to dlopen() the library; no CUDA function is called.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::Unavailable("the CUDA driver library (libcuda) was not found".into()));
     }
     match CudaContext::device_count() {
         Ok(count) if count >= 1 => Ok(count as usize),

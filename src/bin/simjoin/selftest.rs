@@ -250,7 +250,14 @@ async fn check_metric(
 pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let gpu = simjoin::gpu::GpuDevice::shared();
     match &gpu {
-        Ok(device) => println!("selftest on {}", device.info),
+        Ok(device) => {
+            let kernels = if simjoin::gpu::compile::embedded_archs().contains(&device.arch) {
+                "built into this binary"
+            } else {
+                "compiled by NVRTC or read from its cache"
+            };
+            println!("selftest on {} ({} kernels {kernels})", device.info, device.arch)
+        }
         Err(reason) if allow_cpu_only => println!("selftest without a GPU ({reason}): GPU runs will fail"),
         Err(reason) => return Err(DataFusionError::Execution(format!("selftest needs a GPU: {reason}"))),
     }
