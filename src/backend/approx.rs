@@ -3,8 +3,9 @@
 //!
 //! Each query takes `per_curve` candidates around its key on every curve (Teodoro et al.'s
 //! retrieval step) and drops repeats. The candidates are then ranked by their distance over the
-//! leading principal coordinates (a proxy of the Euclidean distance that reads 256 bytes of a
-//! candidate rather than all of it), skipping each candidate whose first 16 coordinates — one
+//! leading principal coordinates plus an estimate of what the other directions add from the two
+//! residual norms (a proxy of the Euclidean distance that reads 256 bytes of a candidate rather
+//! than all of it; index/curves.rs), skipping each candidate whose first 16 coordinates — one
 //! cache line — already place it beyond the best `rerank` found. Those best `rerank` (8k, at
 //! least 32) are re-ranked by their whole distance in f32, and the k best of that, with any
 //! within f32 rounding of the k-th, are measured exactly in f64: the answer is the k nearest of
