@@ -77,19 +77,24 @@ fn embedded(module: KernelModule, arch: &str) -> Option<&'static [u8]> {
 }
 
 /// Why no kernel can be had for `arch`, if so: this binary carries none for it and NVRTC, which
-/// would compile them, is not installed (cudarc panics on the first call into a missing NVRTC).
+/// would compile them, is not installed.
 pub fn no_kernels_for(arch: &str) -> Option<String> {
     let carried = EMBEDDED_IMAGES.iter().any(|&(_, a, _)| a == arch);
-    // SAFETY: only tries to dlopen() libnvrtc.
-    let compiler = carried || unsafe { sys::is_culib_present() };
-    (!compiler).then(|| {
+    (!carried && !nvrtc_present()).then(|| {
         format!(
             "the CUDA runtime compiler library (libnvrtc) was not found, and this binary carries no kernels for {arch}"
         )
     })
 }
 
-/// The architectures this binary carries machine code for (`simjoin --version` names them).
+/// Whether NVRTC can be loaded (cudarc panics on the first call into a missing library).
+fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen() libnvrtc.
+    unsafe { sys::is_culib_present() }
+}
+
+/// The architectures this binary carries machine code for (`simjoin selftest` says whether the
+/// GPU's is among them).
 pub fn embedded_archs() -> Vec<&'static str> {
     let mut archs: Vec<&str> = EMBEDDED_IMAGES.iter().map(|&(_, arch, _)| arch).collect();
     archs.dedup();
@@ -126,8 +131,7 @@ fn file_name(module: KernelModule, arch: &str, driver_version: i32) -> String {
 }
 
 fn nvrtc_version() -> String {
-    // SAFETY: only tries to dlopen() libnvrtc (cudarc panics on the first call into a missing one).
-    if !unsafe { sys::is_culib_present() } {
+    if !nvrtc_present() {
         return "absent".to_string();
     }
     let (mut major, mut minor) = (0, 0);
@@ -169,6 +173,14 @@ fn write_image(path: &Path, image: &[u8]) -> std::io::Result<()> {
 /// NVRTC's cubin of `module` for `arch` (a real architecture, `sm_XY`, so NVRTC runs the
 /// assembler itself and the driver loads machine code).
 fn compile(module: KernelModule, arch: &str) -> Result<Vec<u8>> {
+    // A built-in image the driver refused lands here too, where NVRTC need not be installed
+    // (`no_kernels_for` checks it only for architectures without built-in images).
+    if !nvrtc_present() {
+        return Err(Error::Device(format!(
+            "cannot compile {} for {arch}: the CUDA runtime compiler library (libnvrtc) was not found",
+            module.file_name()
+        )));
+    }
     let failed = |what: &str, e: result::NvrtcError| Error::Device(format!("NVRTC {what} {}: {e}", module.file_name()));
     let source = CString::new(module.source()).map_err(|_| Error::Device("a kernel source holds a NUL byte".into()))?;
     let name = CString::new(module.file_name()).map_err(|_| Error::Device("a kernel name holds a NUL byte".into()))?;
