@@ -47,9 +47,19 @@ pub use options::SimJoinOptions;
 
 /// Adds the simjoin functions (`sim_join`, `range_query`, `knn` and their upper-case spellings; the
 /// scalar distance functions `l2_distance`, `cosine_distance`, `inner_product`, …), the
-/// `simjoin.*` options, and the optimizer rule that plans joins on a distance bound as `sim_join`
-/// (functions/rewrite.rs) to `ctx`.
+/// `simjoin.*` options, the optimizer rule that plans joins on a distance bound as `sim_join`
+/// (functions/rewrite.rs) and the physical rule that computes `count(*)`, `min(distance)` and
+/// `max(distance)` over a join in the operator (exec/summary.rs) to `ctx`.
 pub fn register(ctx: &SessionContext) {
+    // First: rebuilding the state registers DataFusion's own functions again, over ours of the
+    // same name (`inner_product`).
+    let state = ctx.state();
+    if !state.physical_optimizers().iter().any(|rule| rule.name() == exec::SummariseAggregates::NAME) {
+        let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
+            .with_physical_optimizer_rule(Arc::new(exec::SummariseAggregates))
+            .build();
+        *ctx.state_ref().write() = state;
+    }
     {
         let state = ctx.state_ref();
         let mut state = state.write();

@@ -10,8 +10,73 @@ use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{Result, internal_err};
 
-use crate::backend::ResultChunk;
+use crate::backend::{ResultChunk, Wanted, widened};
 use crate::vectors::Vectors;
+
+/// One column of an operator whose output is a summary of its result rows (exec/summary.rs):
+/// what DataFusion's `count`, `min` and `max` of the distance would give over them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum SummaryColumn {
+    /// How many result rows (Int64).
+    Count,
+    /// The smallest distance (Float64, NULL without rows).
+    MinDistance,
+    /// The largest distance (Float64, NULL without rows).
+    MaxDistance,
+}
+
+/// What a run's consumer needs of the results, for an output of `columns` or, where `summary` is
+/// not empty, of one summary row.
+pub fn wanted(columns: &[OutputColumn], summary: &[SummaryColumn]) -> Wanted {
+    match summary {
+        [] if columns.is_empty() => Wanted::Count,
+        [] => Wanted::Rows,
+        _ if summary.iter().all(|c| *c == SummaryColumn::Count) => Wanted::Count,
+        _ => Wanted::CountAndRange,
+    }
+}
+
+/// The result rows' count and distance range, gathered chunk by chunk (`range` in IEEE 754's
+/// total order, as Arrow's `min`/`max` order floats).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RowSummary {
+    pub rows: u64,
+    pub range: Option<(f64, f64)>,
+}
+
+impl RowSummary {
+    /// Takes in `other`'s rows.
+    pub fn merge(&mut self, other: RowSummary) {
+        self.rows += other.rows;
+        if let Some((low, high)) = other.range {
+            self.range = Some(widened(Some(widened(self.range, low)), high));
+        }
+    }
+
+    /// The summary of one chunk: its listed rows and its counted ones.
+    fn of_chunk(chunk: &ResultChunk, wanted: Wanted) -> Result<Self> {
+        if chunk.counted > 0 && chunk.counted_range.is_none() && wanted == Wanted::CountAndRange {
+            return internal_err!("{} result rows were counted without their distances", chunk.counted);
+        }
+        let range = chunk.distance.iter().fold(chunk.counted_range, |range, &d| Some(widened(range, d)));
+        Ok(Self { rows: chunk.len() as u64 + chunk.counted, range })
+    }
+
+    /// The one row of `columns` in `schema`.
+    pub fn batch(&self, columns: &[SummaryColumn], schema: &SchemaRef) -> Result<RecordBatch> {
+        let arrays = columns
+            .iter()
+            .map(|c| -> ArrayRef {
+                match c {
+                    SummaryColumn::Count => Arc::new(Int64Array::from(vec![self.rows as i64])),
+                    SummaryColumn::MinDistance => Arc::new(Float64Array::from(vec![self.range.map(|r| r.0)])),
+                    SummaryColumn::MaxDistance => Arc::new(Float64Array::from(vec![self.range.map(|r| r.1)])),
+                }
+            })
+            .collect();
+        Ok(RecordBatch::try_new(schema.clone(), arrays)?)
+    }
+}
 
 /// One output column and where its values come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -64,12 +129,24 @@ pub struct BatchBuilder {
     pub batch_size: usize,
     /// On a cluster, the task's share of the divided input ([`OutputColumn::ScanOrder`]).
     pub share: u32,
+    /// Where not empty, the output is a summary of the rows (`columns` is then empty): each
+    /// chunk gives one row of these columns, which exec/summary.rs folds into one.
+    pub summary: Vec<SummaryColumn>,
 }
 
 impl BatchBuilder {
+    /// What the consumer of the run's results needs of them.
+    pub fn wants(&self) -> Wanted {
+        wanted(&self.columns, &self.summary)
+    }
+
     /// Turns a chunk into batches of at most `batch_size` rows: its listed rows, then its counted
     /// ones (which only a projection of no column may have) as batches of no column.
     pub fn build(&self, chunk: &ResultChunk, left: &SideData, right: &SideData) -> Result<Vec<RecordBatch>> {
+        if !self.summary.is_empty() {
+            let summary = RowSummary::of_chunk(chunk, self.wants())?;
+            return Ok(if summary.rows == 0 { Vec::new() } else { vec![summary.batch(&self.summary, &self.schema)?] });
+        }
         let size = self.batch_size.max(1);
         let counted = usize::try_from(chunk.counted).unwrap_or(usize::MAX);
         if counted > 0 && !self.columns.is_empty() {

@@ -32,5 +32,7 @@ mod sql_examples;
 mod streamed_base;
 #[path = "integration/streaming.rs"]
 mod streaming;
+#[path = "integration/summary.rs"]
+mod summary;
 #[path = "integration/text.rs"]
 mod text;

@@ -87,9 +87,12 @@ pub struct ResultChunk {
     pub distance: Vec<f64>,
     /// kNN only: 1 for the nearest neighbour of the query.
     pub rank: Vec<u32>,
-    /// Result rows counted but not listed, beyond those listed: sent only to a sink that asks for
-    /// counts ([`ResultSink::counts_only`]).
+    /// Result rows counted but not listed, beyond those listed: sent only to a sink that wants
+    /// less than the rows ([`ResultSink::wants`]).
     pub counted: u64,
+    /// The smallest and largest distance of the counted rows, in IEEE 754's total order (as
+    /// Arrow's `min`/`max` order floats), where the sink wants them ([`Wanted::CountAndRange`]).
+    pub counted_range: Option<(f64, f64)>,
 }
 
 impl ResultChunk {
@@ -103,6 +106,12 @@ impl ResultChunk {
         self.left.is_empty()
     }
 
+    /// Widens `counted_range` to take in `distance`.
+    #[inline]
+    pub fn widen_range(&mut self, distance: f64) {
+        self.counted_range = Some(widened(self.counted_range, distance));
+    }
+
     fn with_capacity(rows: usize) -> Self {
         Self {
             left: Vec::with_capacity(rows),
@@ -113,6 +122,33 @@ impl ResultChunk {
     }
 }
 
+/// `range` (smallest, largest) widened to take in `distance`, in IEEE 754's total order.
+#[inline]
+pub fn widened(range: Option<(f64, f64)>, distance: f64) -> (f64, f64) {
+    match range {
+        None => (distance, distance),
+        Some((low, high)) => (
+            if distance.total_cmp(&low).is_lt() { distance } else { low },
+            if distance.total_cmp(&high).is_gt() { distance } else { high },
+        ),
+    }
+}
+
+/// What the consumer of a run's results needs of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// Every result row.
+    Rows,
+    /// How many result rows there are (the output projects no column: `SELECT count(*) FROM
+    /// sim_join(…)`): a join may count its pairs ([`ResultChunk::counted`]) instead of listing
+    /// them, decided by the same exact test.
+    Count,
+    /// How many, and the smallest and largest distance among them (`count(*)`, `min(distance)`,
+    /// `max(distance)` over a join, computed in the operator: exec/summary.rs): a join may count
+    /// its pairs and widen [`ResultChunk::counted_range`] instead of listing them.
+    CountAndRange,
+}
+
 /// Where a backend sends results. Implementations block while the consumer is behind (so memory
 /// stays bounded) and fail once the consumer is gone (so cancelled queries stop working).
 pub trait ResultSink: Sync {
@@ -120,12 +156,9 @@ pub trait ResultSink: Sync {
     fn send(&self, chunk: ResultChunk) -> Result<()>;
     /// Rows per chunk the consumer wants.
     fn chunk_rows(&self) -> usize;
-    /// Whether the consumer needs only how many result rows there are (the output projects no
-    /// column: `SELECT count(*) FROM sim_join(…)`): a join may then count its pairs
-    /// ([`ResultChunk::counted`]) instead of listing them. The count is the listed rows' count,
-    /// decided by the same exact test.
-    fn counts_only(&self) -> bool {
-        false
+    /// What the consumer needs of the results; a backend may always list rows instead.
+    fn wants(&self) -> Wanted {
+        Wanted::Rows
     }
     /// Announces how many units of work (cells, query blocks) the run has.
     fn start(&self, _total_units: u64) {}
@@ -172,8 +205,8 @@ impl ResultSink for ShiftedSink<'_> {
         self.inner.chunk_rows()
     }
 
-    fn counts_only(&self) -> bool {
-        self.inner.counts_only()
+    fn wants(&self) -> Wanted {
+        self.inner.wants()
     }
 
     fn advance(&self, units: u64) {
@@ -187,7 +220,7 @@ pub(crate) struct MapSink<'a, F> {
     pub inner: &'a dyn ResultSink,
     pub map: F,
     /// Whether `map` passes counted chunks on as they are (it keeps every row): only then may the
-    /// backend count instead of listing, where `inner` asks for counts.
+    /// backend count instead of listing, where `inner` wants less than the rows.
     pub passes_counts: bool,
 }
 
@@ -203,8 +236,8 @@ impl<F: Fn(ResultChunk) -> Option<ResultChunk> + Sync> ResultSink for MapSink<'_
         self.inner.chunk_rows()
     }
 
-    fn counts_only(&self) -> bool {
-        self.passes_counts && self.inner.counts_only()
+    fn wants(&self) -> Wanted {
+        if self.passes_counts { self.inner.wants() } else { Wanted::Rows }
     }
 
     fn start(&self, total_units: u64) {
@@ -450,28 +483,29 @@ impl Backend for OnExecutor {
     }
 }
 
-/// Collects pairs into chunks of the sink's size and sends each full one; where the sink asks
-/// only for counts ([`ResultSink::counts_only`]), counts them and sends the count at the flush.
+/// Collects pairs into chunks of the sink's size and sends each full one; where the sink wants
+/// less than the rows ([`ResultSink::wants`]), counts them (and widens their distance range) and
+/// sends that at the flush.
 pub(crate) struct PairWriter<'s> {
     sink: &'s dyn ResultSink,
     chunk: ResultChunk,
     rows: usize,
     /// Also write (b, a) for each (a, b) (ordered self-join).
     mirror: bool,
-    counts_only: bool,
+    wants: Wanted,
 }
 
 impl<'s> PairWriter<'s> {
     pub(crate) fn new(sink: &'s dyn ResultSink, mirror: bool) -> Self {
-        let counts_only = sink.counts_only();
-        let rows = if counts_only { 0 } else { sink.chunk_rows().max(2) };
-        Self { sink, chunk: ResultChunk::with_capacity(rows), rows, mirror, counts_only }
+        let wants = sink.wants();
+        let rows = if wants == Wanted::Rows { sink.chunk_rows().max(2) } else { 0 };
+        Self { sink, chunk: ResultChunk::with_capacity(rows), rows, mirror, wants }
     }
 
-    /// Whether pairs are counted rather than listed (their distances are then not needed).
+    /// Whether pairs are counted rather than listed, with no distance needed.
     #[inline]
     pub(crate) fn counts_only(&self) -> bool {
-        self.counts_only
+        self.wants == Wanted::Count
     }
 
     /// Counts `pairs` pairs found without their distances (only where [`PairWriter::counts_only`]);
@@ -479,16 +513,24 @@ impl<'s> PairWriter<'s> {
     /// when mirrored.
     #[inline]
     pub(crate) fn count(&mut self, pairs: u64, distinct: u64) {
-        debug_assert!(self.counts_only);
+        debug_assert!(self.counts_only());
         self.chunk.counted += pairs + if self.mirror { distinct } else { 0 };
     }
 
     /// Writes the pair (and its mirror image when asked and `a != b`).
     #[inline]
     pub(crate) fn push(&mut self, a: u32, b: u32, distance: f64) -> Result<()> {
-        if self.counts_only {
-            self.count(1, u64::from(a != b));
-            return Ok(());
+        match self.wants {
+            Wanted::Rows => {}
+            Wanted::Count => {
+                self.count(1, u64::from(a != b));
+                return Ok(());
+            }
+            Wanted::CountAndRange => {
+                self.chunk.counted += 1 + u64::from(self.mirror && a != b);
+                self.chunk.widen_range(distance);
+                return Ok(());
+            }
         }
         self.chunk.left.push(a);
         self.chunk.right.push(b);

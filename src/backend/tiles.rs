@@ -16,7 +16,7 @@ use datafusion::common::{Result, exec_err};
 use rayon::prelude::*;
 
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
-use super::{JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
+use super::{JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, Wanted};
 
 /// `0..len` in consecutive ranges of at most `tile_rows` positions.
 pub(crate) fn tile_ranges(len: usize, tile_rows: usize) -> Vec<Range<usize>> {
@@ -179,8 +179,8 @@ impl ResultSink for OffsetSink<'_> {
         if self.mirror { (self.inner.chunk_rows() / 2).max(1) } else { self.inner.chunk_rows() }
     }
 
-    fn counts_only(&self) -> bool {
-        self.inner.counts_only()
+    fn wants(&self) -> Wanted {
+        self.inner.wants()
     }
 }
 

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend;
 use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, WholeInputExec};
 use crate::op::{Device, SimilarityOp};
-use crate::results::OutputColumn;
+use crate::results::{OutputColumn, SummaryColumn};
 use crate::table::{SimilarityTable, TableInput};
 use crate::vectors::VectorSource;
 
@@ -90,6 +90,8 @@ struct ExecMessage {
     /// The output schema as a protobuf `Schema` in base64.
     schema: String,
     tasks: Option<usize>,
+    /// The summary row's columns, where the operator computes an aggregate (exec/summary.rs).
+    summary: Vec<SummaryColumn>,
 }
 
 fn to_json<T: Serialize>(tag: &[u8], value: &T, buf: &mut Vec<u8>) -> Result<()> {
@@ -312,7 +314,10 @@ impl PhysicalExtensionCodec for PhysicalCodec {
             backend,
         )?
         .with_tasks(message.tasks)?;
-        Ok(Arc::new(exec))
+        Ok(Arc::new(match message.summary.as_slice() {
+            [] => exec,
+            _ => exec.with_summary(message.summary, exec.schema())?,
+        }))
     }
 
     fn try_encode(
@@ -340,6 +345,7 @@ impl PhysicalExtensionCodec for PhysicalCodec {
             columns: exec.columns().to_vec(),
             schema: BASE64.encode(schema.encode_to_vec()),
             tasks: exec.tasks(),
+            summary: exec.summary().to_vec(),
         };
         to_json(EXEC_TAG, &message, buf)
     }

@@ -33,7 +33,7 @@ use datafusion::physical_plan::{
 
 use crate::backend::Backend;
 use crate::op::{IndexChoice, Metric, Operation, SimilarityOp};
-use crate::results::OutputColumn;
+use crate::results::{OutputColumn, SummaryColumn};
 use crate::vectors::VectorSource;
 
 mod cache;
@@ -42,10 +42,12 @@ mod progress;
 mod share;
 mod stream;
 mod streamed;
+mod summary;
 mod whole;
 
 pub use merge::KnnMergeExec;
 pub use progress::{Progress, ProgressListener};
+pub use summary::SummariseAggregates;
 pub use whole::WholeInputExec;
 
 /// One input of the operator as seen by the output: which child feeds it and where its vectors are.
@@ -74,6 +76,9 @@ pub struct SimilarityExec {
     /// On a cluster: the shares the work is divided into, the last child being the leaf that
     /// numbers them (see the module docs); `None` in one process.
     tasks: Option<usize>,
+    /// Where not empty, the output is one row a partition of these (`columns` is then empty):
+    /// an aggregate computed in the operator (summary.rs).
+    summary: Vec<SummaryColumn>,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -104,7 +109,19 @@ impl SimilarityExec {
         }
         let cache = Self::properties_for(&schema, 1);
         let metrics = ExecutionPlanMetricsSet::new();
-        Ok(Self { op, children, left, right, columns, schema, backend, tasks: None, cache, metrics })
+        Ok(Self {
+            op,
+            children,
+            left,
+            right,
+            columns,
+            schema,
+            backend,
+            tasks: None,
+            summary: Vec::new(),
+            cache,
+            metrics,
+        })
     }
 
     /// This operator with its work divided into `tasks` shares on a cluster, its last child being
@@ -121,6 +138,27 @@ impl SimilarityExec {
         // this task its slice of them.
         let partitions = self.children[inputs].output_partitioning().partition_count();
         Ok(Self { tasks, cache: Self::properties_for(&self.schema, partitions), ..self })
+    }
+
+    /// This operator asked for one row a partition of `summary` in `schema` instead of its result
+    /// rows (summary.rs).
+    pub fn with_summary(&self, summary: Vec<SummaryColumn>, schema: SchemaRef) -> Result<Self> {
+        let exec = Self::try_new(
+            self.op.clone(),
+            self.children.clone(),
+            self.left.clone(),
+            self.right.clone(),
+            Vec::new(),
+            schema,
+            self.backend.clone(),
+        )?
+        .with_tasks(self.tasks)?;
+        Ok(Self { summary, ..exec })
+    }
+
+    /// Where not empty, the columns of the output's one summary row a partition.
+    pub fn summary(&self) -> &[SummaryColumn] {
+        &self.summary
     }
 
     fn properties_for(schema: &SchemaRef, partitions: usize) -> Arc<PlanProperties> {
@@ -238,13 +276,27 @@ impl DisplayAs for SimilarityExec {
             )?;
         }
         write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())?;
-        // No column of the output read (`SELECT count(*) FROM sim_join(…)`): the pairs are
-        // counted, not listed — except a cluster task's share of a self-join, which keeps pairs by
-        // their rows (exec/share.rs).
+        // Only the count (and the distance range) wanted: the pairs are counted, not listed —
+        // except by a cluster task's share of a self-join, which keeps pairs by their rows
+        // (exec/share.rs), and kNN, whose lists are found whole.
         let shared_self_join =
             self.tasks.is_some() && matches!(op.operation, Operation::SimJoin { self_join: true, .. });
-        if self.columns.is_empty() && !matches!(op.operation, Operation::Knn { .. }) && !shared_self_join {
-            write!(f, ", output=pair count (no pair listed)")?;
+        let counted = !matches!(op.operation, Operation::Knn { .. }) && !shared_self_join;
+        let listed = if counted { "no pair listed" } else { "pairs listed" };
+        if !self.summary.is_empty() {
+            let names: Vec<&str> = self
+                .summary
+                .iter()
+                .map(|c| match c {
+                    SummaryColumn::Count => "count(*)",
+                    SummaryColumn::MinDistance => "min(distance)",
+                    SummaryColumn::MaxDistance => "max(distance)",
+                })
+                .collect();
+            let rows = if self.tasks.is_some() { "partial states, a row a task" } else { "one row" };
+            write!(f, ", output={} ({rows}, {listed})", names.join(", "))?;
+        } else if self.columns.is_empty() && counted {
+            write!(f, ", output=pair count ({listed})")?;
         }
         if self.tasks.is_none() && streamed::streams_base(self) {
             write!(f, ", base=searched part by part as it is read")?;
@@ -286,18 +338,17 @@ impl ExecutionPlan for SimilarityExec {
         if children.len() != self.children.len() {
             return internal_err!("SimilarityExec: expected {} children, got {}", self.children.len(), children.len());
         }
-        Ok(Arc::new(
-            Self::try_new(
-                self.op.clone(),
-                children,
-                self.left.clone(),
-                self.right.clone(),
-                self.columns.clone(),
-                self.schema.clone(),
-                self.backend.clone(),
-            )?
-            .with_tasks(self.tasks)?,
-        ))
+        let exec = Self::try_new(
+            self.op.clone(),
+            children,
+            self.left.clone(),
+            self.right.clone(),
+            self.columns.clone(),
+            self.schema.clone(),
+            self.backend.clone(),
+        )?
+        .with_tasks(self.tasks)?;
+        Ok(Arc::new(Self { summary: self.summary.clone(), ..exec }))
     }
 
     /// The operator gathers every partition of its inputs itself (in order, concurrently), so a

@@ -24,7 +24,7 @@ use super::cache;
 use super::progress::{Progress, ProgressListener};
 use super::share::{Share, divided_child, self_join_pairs_only, share_partitions, take_share};
 use super::{InputSide, SimilarityExec, WholeInputExec};
-use crate::backend::{Backend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats, SelfJoin};
+use crate::backend::{Backend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats, SelfJoin, Wanted};
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
 use crate::results::{BatchBuilder, OutputColumn, SideData};
 use crate::vectors::{Row, Vectors, skipped_values};
@@ -204,6 +204,8 @@ pub(super) fn execute(
         })
         .collect::<Result<Vec<_>>>()?;
     let reservation = MemoryConsumer::new("SimilarityExec").register(context.memory_pool());
+    let metrics = SimilarityMetrics::new(&exec.metrics);
+    let baseline = metrics.baseline.clone();
     let run = Run {
         op: exec.op.clone(),
         left: exec.left.clone(),
@@ -214,13 +216,20 @@ pub(super) fn execute(
             columns: exec.columns.clone(),
             batch_size: context.session_config().batch_size(),
             share: 0,
+            summary: exec.summary.clone(),
         },
-        metrics: SimilarityMetrics::new(&exec.metrics),
+        metrics,
         progress: context.session_config().get_extension::<Progress>().map(|p| p.0.clone()),
         streamed: share.is_none() && super::streamed::streams_base(exec),
     };
     let stream = futures::stream::once(run.start(inputs, share, reservation)).try_flatten();
-    Ok(Box::pin(RecordBatchStreamAdapter::new(exec.schema.clone(), stream)))
+    let stream: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(exec.schema.clone(), stream));
+    let stream = match exec.summary.as_slice() {
+        [] => stream,
+        columns => super::summary::fold(stream, columns.to_vec(), exec.schema.clone()),
+    };
+    let recorded = stream.inspect_ok(move |batch| baseline.record_output(batch.num_rows()));
+    Ok(Box::pin(RecordBatchStreamAdapter::new(exec.schema.clone(), recorded)))
 }
 
 impl Run {
@@ -340,8 +349,9 @@ impl Run {
         // consumer, and at one batch per chunk those hand-offs were a visible part of emitting
         // 5·10⁷ pairs (docs/optimisations.md, v18); the consumer still yields batches of `batch_size` rows.
         let chunk_rows = (8 * builder.batch_size).max(1024);
-        // No column projected (`SELECT count(*) FROM sim_join(…)`): only the rows' count is needed.
-        let counts_only = builder.columns.is_empty();
+        // No column projected (`SELECT count(*) FROM sim_join(…)`) or a summary row: only the
+        // rows' count (and distance range) is needed.
+        let wants = builder.wants();
         let (lv, rv) = (lv.clone(), rv.clone());
         // The output numbers each side's skipped-but-compared rows after its vectors.
         for (side, odd) in [(&mut left, &left_odd), (&mut right, &right_odd)] {
@@ -350,15 +360,9 @@ impl Run {
                 side.vectors = Arc::new(Vectors::numbering(rows));
             }
         }
-        let baseline = metrics.baseline.clone();
         tokio::task::spawn_blocking(move || {
-            let sink = ChannelSink {
-                sender,
-                chunk_rows,
-                counts_only,
-                progress: progress.clone(),
-                function: op.function_name(),
-            };
+            let sink =
+                ChannelSink { sender, chunk_rows, wants, progress: progress.clone(), function: op.function_name() };
             // Each run gets worker threads of its own (an earlier run's idle pool, or new ones): a
             // backend blocks in `sink.send` while its consumer is behind (a paused Flight client, a
             // slow writer), and in the shared global pool a few such runs would stall every other
@@ -418,11 +422,7 @@ impl Run {
         });
 
         let output = futures::stream::unfold(receiver, |mut r| async move { r.recv().await.map(|item| (item, r)) })
-            .map(move |chunk| -> Result<Vec<_>> {
-                let batches = builder.build(&chunk?, &left, &right)?;
-                batches.iter().for_each(|b| baseline.record_output(b.num_rows()));
-                Ok(batches)
-            })
+            .map(move |chunk| builder.build(&chunk?, &left, &right))
             .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
             .try_flatten();
         Ok(output.boxed())
@@ -665,7 +665,7 @@ pub(super) fn compute(
 struct ChannelSink {
     sender: mpsc::Sender<Result<ResultChunk>>,
     chunk_rows: usize,
-    counts_only: bool,
+    wants: Wanted,
     progress: Option<Arc<dyn ProgressListener>>,
     function: &'static str,
 }
@@ -681,8 +681,8 @@ impl ResultSink for ChannelSink {
         self.chunk_rows
     }
 
-    fn counts_only(&self) -> bool {
-        self.counts_only
+    fn wants(&self) -> Wanted {
+        self.wants
     }
 
     fn start(&self, total_units: u64) {

@@ -30,8 +30,8 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
 use super::stream::{
@@ -40,7 +40,7 @@ use super::stream::{
 };
 use super::{InputSide, SimilarityExec};
 use crate::backend::{
-    Backend, Collector, Neighbour, Ranked, ResultChunk, ResultSink, RunStats, k_smallest, send_ranked,
+    Backend, Collector, Neighbour, Ranked, ResultChunk, ResultSink, RunStats, Wanted, k_smallest, send_ranked,
 };
 use crate::op::{IndexChoice, Operation, SimilarityOp};
 use crate::results::{BatchBuilder, SideData};
@@ -219,11 +219,9 @@ pub(super) async fn start(
             return_worker_pool(search.pool);
         }
     });
-    let baseline = metrics.baseline.clone();
     let output = futures::stream::unfold((receiver, driver), |(mut receiver, driver)| async move {
         receiver.recv().await.map(|item| (item, (receiver, driver)))
-    })
-    .inspect_ok(move |batch| baseline.record_output(batch.num_rows()));
+    });
     Ok(output.boxed())
 }
 
@@ -430,5 +428,9 @@ impl ResultSink for BatchSender<'_> {
 
     fn chunk_rows(&self) -> usize {
         self.search.chunk_rows
+    }
+
+    fn wants(&self) -> Wanted {
+        self.search.builder.wants()
     }
 }

@@ -193,7 +193,12 @@ impl FlightSqlServer {
         let registry = ConfinedRegistry::new(state.runtime_env().object_store_registry.clone(), roots.clone())?;
         let runtime =
             RuntimeEnvBuilder::from_runtime_env(state.runtime_env()).with_object_store_registry(Arc::new(registry));
-        let state = SessionStateBuilder::new_from_existing(state).with_runtime_env(runtime.build_arc()?).build();
+        let mut state = SessionStateBuilder::new_from_existing(state).with_runtime_env(runtime.build_arc()?).build();
+        // The rebuilt state registered its functions anew in no set order: DataFusion's own
+        // `inner_product` (an alias of `array_dot_product`) could have replaced simjoin's.
+        for function in crate::functions::distance::all() {
+            datafusion::execution::FunctionRegistry::register_udf(&mut state, Arc::new(function))?;
+        }
         let service = SimjoinFlightService {
             inner: FlightSqlService::new(state.clone()).with_sql_options(self.access.sql_options()),
             state,

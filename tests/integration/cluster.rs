@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::MemTable;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
@@ -122,6 +122,32 @@ async fn a_cluster_answers_as_one_process_does() {
         batches[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(0)
     };
     assert_eq!(count(local.clone()).await, count(cluster.clone()).await);
+    // count(*), min(distance) and max(distance) computed in the operator: a row of partial states
+    // a task, merged above.
+    let summary = |ctx: SessionContext, sql: &'static str| async move {
+        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let b = batches.iter().find(|b| b.num_rows() == 1).expect("one row");
+        let count = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(0);
+        let low = b.column(1).as_any().downcast_ref::<Float64Array>().unwrap().value(0);
+        let high = b.column(2).as_any().downcast_ref::<Float64Array>().unwrap().value(0);
+        (count, low.to_bits(), high.to_bits())
+    };
+    for sql in [
+        "SELECT count(*), min(distance), max(distance) FROM sim_join(base, 0.3)",
+        "SELECT count(*), min(distance), max(distance) FROM sim_join(base, 0.3, 'pairs=unordered')",
+        "SELECT count(*), min(distance), max(distance) FROM sim_join(queries, base, 0.35, 'tasks=2')",
+        "SELECT count(*), min(distance), max(distance) FROM range_query(base, queries, 0.3, 'tasks=3')",
+    ] {
+        let want = summary(local.clone(), sql).await;
+        assert!(want.0 > 0, "{sql}");
+        assert_eq!(summary(cluster.clone(), sql).await, want, "{sql}");
+    }
+    let plan = explain(
+        &cluster,
+        "EXPLAIN SELECT count(*), min(distance), max(distance) FROM sim_join(queries, base, 0.35, 'tasks=2')",
+    )
+    .await;
+    assert!(plan.contains("output=count(*), min(distance), max(distance) (partial states, a row a task"), "{plan}");
 
     // The plan says how the work is divided; every input is read whole by every task.
     let plan = explain(&cluster, "EXPLAIN SELECT * FROM knn(base, queries, 3)").await;

@@ -211,7 +211,7 @@ impl GpuBackend {
         }
         let collect_capacity = n_left.saturating_mul(COLLECT_PAIRS_PER_ROW).min(output_pairs(budget) as usize);
         let exact = ExactCheck::new(metric, threshold, left, right);
-        if sink.counts_only() {
+        if sink.wants() == Wanted::Count {
             // Only the number of pairs is needed: a count pass, whose counts are of the exact
             // test's pairs, and no pair comes back.
             let mut pass = PassBuffers::new(&self.device, n_left.clamp(1, MAX_PASS_ROWS), 0)?;

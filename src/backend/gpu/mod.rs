@@ -13,7 +13,7 @@ use datafusion::common::{DataFusionError, Result, resources_err};
 use super::exact::{ExactCheck, write_self_pairs};
 use super::plan::{FilterLimit, FilterSpaces, gather, lower_corner, plan_join, score_threshold};
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
-use super::{Backend, DeviceRun, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, tiles};
+use super::{Backend, DeviceRun, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, Wanted, tiles};
 use crate::gpu::abi::{FilterCode, JoinParams, MetricCode};
 use crate::gpu::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, RankedLists, SideBuffers};
 use crate::gpu::download::{DownloadedPairs, HostPairs, KEPT_RANKED, host_ranked, host_results};

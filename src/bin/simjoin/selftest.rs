@@ -329,11 +329,20 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
                 });
                 // The same joins counted (no column of the join projected: the GPU's count pass
                 // alone, no pair listed), in the (id, id, distance) shape `rows` reads.
-                let counted: Vec<String> = queries
-                    .iter()
-                    .map(|q| format!("SELECT count(*), 0, 0.0 FROM {}", q.split_once(" FROM ").map_or("", |(_, f)| f)))
-                    .collect();
-                for sql in queries.into_iter().chain(counted).chain(wide).chain(knn.into_iter().flatten()) {
+                let from = |q: &String| q.split_once(" FROM ").map_or("", |(_, f)| f).to_string();
+                let counted: Vec<String> =
+                    queries.iter().map(|q| format!("SELECT count(*), 0, 0.0 FROM {}", from(q))).collect();
+                // And with their smallest and largest distance, computed in the operator too
+                // (exec/summary.rs): the pairs come back to be summarised, none listed.
+                let summarised: Vec<String> = match *index {
+                    "auto" => queries
+                        .iter()
+                        .map(|q| format!("SELECT count(*), 0, min(distance) + max(distance) FROM {}", from(q)))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                let all = queries.into_iter().chain(counted).chain(summarised).chain(wide);
+                for sql in all.chain(knn.into_iter().flatten()) {
                     failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim}"), &mut table).await?;
                 }
             }
