@@ -25,17 +25,6 @@ pub enum SummaryColumn {
     MaxDistance,
 }
 
-/// What a run's consumer needs of the results, for an output of `columns` or, where `summary` is
-/// not empty, of one summary row.
-pub fn wanted(columns: &[OutputColumn], summary: &[SummaryColumn]) -> Wanted {
-    match summary {
-        [] if columns.is_empty() => Wanted::Count,
-        [] => Wanted::Rows,
-        _ if summary.iter().all(|c| *c == SummaryColumn::Count) => Wanted::Count,
-        _ => Wanted::CountAndRange,
-    }
-}
-
 /// The result rows' count and distance range, gathered chunk by chunk (`range` in IEEE 754's
 /// total order, as Arrow's `min`/`max` order floats).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -137,7 +126,12 @@ pub struct BatchBuilder {
 impl BatchBuilder {
     /// What the consumer of the run's results needs of them.
     pub fn wants(&self) -> Wanted {
-        wanted(&self.columns, &self.summary)
+        match self.summary.as_slice() {
+            [] if self.columns.is_empty() => Wanted::Count,
+            [] => Wanted::Rows,
+            summary if summary.iter().all(|c| *c == SummaryColumn::Count) => Wanted::Count,
+            _ => Wanted::CountAndRange,
+        }
     }
 
     /// Turns a chunk into batches of at most `batch_size` rows: its listed rows, then its counted

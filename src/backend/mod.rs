@@ -514,6 +514,11 @@ impl<'s> PairWriter<'s> {
     #[inline]
     pub(crate) fn count(&mut self, pairs: u64, distinct: u64) {
         debug_assert!(self.counts_only());
+        self.add_counted(pairs, distinct);
+    }
+
+    #[inline]
+    fn add_counted(&mut self, pairs: u64, distinct: u64) {
         self.chunk.counted += pairs + if self.mirror { distinct } else { 0 };
     }
 
@@ -527,7 +532,7 @@ impl<'s> PairWriter<'s> {
                 return Ok(());
             }
             Wanted::CountAndRange => {
-                self.chunk.counted += 1 + u64::from(self.mirror && a != b);
+                self.add_counted(1, u64::from(a != b));
                 self.chunk.widen_range(distance);
                 return Ok(());
             }

@@ -122,14 +122,13 @@ fn summarised(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionP
 /// The operator's output stream of one partition folded into its one summary row: the backend's
 /// chunks arrive as one row each (`results::BatchBuilder`).
 pub(super) fn fold(
-    input: SendableRecordBatchStream,
+    mut input: SendableRecordBatchStream,
     columns: Vec<SummaryColumn>,
     schema: SchemaRef,
 ) -> SendableRecordBatchStream {
     let out = schema.clone();
     let folded = futures::stream::once(async move {
         let mut total = RowSummary::default();
-        let mut input = input;
         while let Some(batch) = input.next().await {
             total.merge(row_summary(&batch?, &columns));
         }
