@@ -6,11 +6,13 @@
 //! leading principal coordinates plus an estimate of what the other directions add from the two
 //! residual norms (a proxy of the Euclidean distance that reads 256 bytes of a candidate rather
 //! than all of it; index/curves.rs), skipping each candidate whose first 16 coordinates — one
-//! cache line — already place it beyond the best `rerank` found. Those best `rerank` (8k, at
-//! least 32) are re-ranked by their whole distance in f32, and the k best of that, with any
-//! within f32 rounding of the k-th, are measured exactly in f64: the answer is the k nearest of
-//! those by exact distance (ties by base position), each returned row carrying its exact distance
-//! and its rank.
+//! cache line — already place it beyond the best `rerank` found. Under a Euclidean order (L2,
+//! L2², cosine) those best `rerank` (8k, at least 32) are ranked again over up to 192 principal
+//! coordinates and their residual (`index.refined`), and the best `refine` of that (3k, at least
+//! 12) are re-ranked by their whole distance in f32 (under L1 and L∞ all `rerank` are), and the
+//! k best of that, with any within f32 rounding of the k-th, are measured exactly in f64: the
+//! answer is the k nearest of those by exact distance (ties by base position), each returned row
+//! carrying its exact distance and its rank.
 //! Nothing else is guaranteed: a true neighbour that no curve placed near the query, or that the
 //! proxy ranked below `rerank`, is missed; the recall is measured (`simjoin bench --approx`), not
 //! assumed. Where the vectors have at most 64 dimensions the proxy is the whole Euclidean
@@ -22,25 +24,35 @@ use std::time::Instant;
 use datafusion::common::Result;
 use rayon::prelude::*;
 
-use super::cpu::offer_exact;
+use super::cpu::{offer_exact, offer_exact_rows};
 use super::exact::ExactCheck;
 use super::plan::filter_kind;
 use super::simd::{FilterKind, prefetch, row_score};
 use super::topk::{KSmallest, Neighbour, push_ranked};
 use super::{KnnRequest, ResultChunk, ResultSink, RunStats};
-use crate::index::curves::{Geometry, LEAD, Multicurves};
+use crate::index::curves::{Geometry, LEAD, Multicurves, Query};
 use crate::op::Approx;
 
-/// Candidates measured exactly per neighbour asked for: the best by proxy distance.
+/// Candidates ranked again per neighbour asked for: the best by proxy distance.
 const RERANK: usize = 8;
+/// Candidates whose whole vectors are read per neighbour asked for, under a Euclidean order: the
+/// best of the second ranking. On Fashion-MNIST the best 30 over 192 principal coordinates hold
+/// 99.8 % of the true 10 nearest among the proxy's best 80 (docs/optimisations.md, v142).
+const REFINE: usize = 3;
 /// Relative rounding allowance of the f32 re-rank: a candidate within it of the k-th best is
 /// measured exactly too, so rounding cannot decide the answer among the re-ranked.
 const F32_SLACK: f32 = 1e-3;
+/// How many candidates ahead of its proxy a candidate's row is fetched: its three cache lines are
+/// read at random, and eight rows in flight keep the line-fill buffers busy.
+const PROXY_AHEAD: usize = 8;
 /// Every how many cache lines of the next re-ranked row a prefetch is issued (the hardware's
 /// stream prefetcher fetches the lines between).
 const PREFETCH_LINES: usize = 1;
 /// Queries answered between two hand-offs to the sink.
 const QUERY_BLOCK: usize = 2048;
+/// Queries projected onto the principal axes together (one matrix product; 32 of Fashion-MNIST's
+/// take 127 KB, reused by the allocator rather than mapped afresh).
+const PROJECTED_BLOCK: usize = 32;
 /// Relative slack on the leading coordinates' share before a candidate is skipped: it and the
 /// proxy are both rounded f32 sums, so the share may exceed the proxy by a few ulps.
 const BOUND_SLACK: f32 = 1e-4;
@@ -64,6 +76,11 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
         k,
         per_curve: approx.per_curve(k),
         rerank: RERANK * k.max(4),
+        refine: if filter_kind(metric) == FilterKind::SquaredL2 && index.refined_dims() > 0 {
+            Some(REFINE * k.max(4))
+        } else {
+            None
+        },
     };
     let (gathered, measured) = (AtomicU64::new(0), AtomicU64::new(0));
     let blocks = queries.len().div_ceil(QUERY_BLOCK);
@@ -71,22 +88,33 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
     let mut chunk = ResultChunk::default();
     for block in 0..blocks {
         let first = block * QUERY_BLOCK;
-        let lists: Vec<Vec<Neighbour>> = (first..(first + QUERY_BLOCK).min(queries.len()))
+        let end = (first + QUERY_BLOCK).min(queries.len());
+        let lists: Vec<Vec<Vec<Neighbour>>> = (first..end)
+            .step_by(PROJECTED_BLOCK)
+            .collect::<Vec<_>>()
             .into_par_iter()
             .map_init(
                 || Scratch::new(index.len()),
-                |scratch, q| {
-                    search.run(&queries.row(q).to_vec(), scratch);
-                    gathered.fetch_add(scratch.bounded.len() as u64, Ordering::Relaxed);
-                    measured.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
-                    let mut nearest = KSmallest::new(k);
-                    let positions = scratch.best.iter().map(|&(_, p)| p as usize);
-                    offer_exact(request, &exact, q, positions, &mut nearest);
-                    nearest.into_sorted()
+                |scratch, start| {
+                    let rows = start..(start + PROJECTED_BLOCK).min(end);
+                    let projected = index.queries(queries, rows.clone());
+                    rows.map(|q| {
+                        search.run(projected.get(q - start), scratch);
+                        gathered.fetch_add(scratch.bounded.len() as u64, Ordering::Relaxed);
+                        measured.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
+                        let mut nearest = KSmallest::new(k);
+                        let positions = scratch.best.iter().map(|&(_, p)| p as usize);
+                        match index.exact_values() {
+                            Some(row) => offer_exact_rows(queries.row(q), &exact, q, positions, row, &mut nearest),
+                            None => offer_exact(request, &exact, q, positions, &mut nearest),
+                        };
+                        nearest.into_sorted()
+                    })
+                    .collect()
                 },
             )
             .collect();
-        for (i, list) in lists.iter().enumerate() {
+        for (i, list) in lists.iter().flatten().enumerate() {
             push_ranked(&mut chunk, first + i, list);
         }
         if chunk.len() >= sink.chunk_rows() {
@@ -110,8 +138,11 @@ struct Search<'a> {
     kind: FilterKind,
     k: usize,
     per_curve: usize,
-    /// Candidates measured exactly: the best by the proxy distance.
+    /// Candidates ranked again: the best by the proxy distance.
     rerank: usize,
+    /// Candidates whose whole vectors are read: the best of the second ranking; `None` to read
+    /// all `rerank` (an order other than the Euclidean, or no coordinates beyond the proxy's).
+    refine: Option<usize>,
 }
 
 /// A thread's working memory, reused across its queries.
@@ -132,16 +163,16 @@ impl Scratch {
 
 impl Search<'_> {
     /// Leaves in `scratch.best` the `rerank` candidates of `query` nearest by proxy distance.
-    fn run(&self, query: &[f64], scratch: &mut Scratch) {
+    fn run(&self, query: Query, scratch: &mut Scratch) {
         let index = self.index;
-        let (values, projected) = index.query(query);
+        let Query { values, projected, refined } = query;
         scratch.bounded.clear();
         let (seen, bounded) = (&mut scratch.seen, &mut scratch.bounded);
-        index.candidates(&projected, self.per_curve, |p, lead| {
+        index.candidates(projected, self.per_curve, |p, lead| {
             let (word, bit) = (p as usize / 64, 1u64 << (p % 64));
             if seen[word] & bit == 0 {
                 seen[word] |= bit;
-                bounded.push((row_score(FilterKind::SquaredL2, &projected[..LEAD], lead), p));
+                bounded.push((squared_lead(&projected[..LEAD], lead), p));
             }
         });
         for &(_, p) in &scratch.bounded {
@@ -157,7 +188,22 @@ impl Search<'_> {
         };
         let mut best: std::collections::BinaryHeap<(Proxy, u32)> =
             scratch.bounded[..rerank].iter().map(|&(lead, p)| (Proxy(proxy(lead, p)), p)).collect();
-        for &(lead, p) in &scratch.bounded[rerank..] {
+        // Only candidates whose leading share is within the bar so far can enter (it only falls):
+        // those are listed first, so that their rows can be fetched ahead of their turn.
+        let bar = best.peek().map_or(f32::INFINITY, |b| b.0.0) * (1.0 + BOUND_SLACK);
+        let mut kept = rerank;
+        for i in rerank..scratch.bounded.len() {
+            if scratch.bounded[i].0 <= bar {
+                scratch.bounded.swap(kept, i);
+                kept += 1;
+            }
+        }
+        for i in rerank..kept {
+            if let Some(&(_, p)) = scratch.bounded[..kept].get(i + PROXY_AHEAD) {
+                let row = &index.projected(p as usize)[LEAD..];
+                (0..row.len()).step_by(16).for_each(|d| prefetch(&row[d..]));
+            }
+            let (lead, p) = scratch.bounded[i];
             let bar = best.peek().map_or(f32::INFINITY, |b| b.0.0);
             // The leading coordinates' share never exceeds the whole proxy (a sum of squares).
             if lead > bar * (1.0 + BOUND_SLACK) {
@@ -169,17 +215,34 @@ impl Search<'_> {
                 best.push((Proxy(d), p));
             }
         }
+        scratch.best.clear();
+        scratch.best.extend(best.into_iter().map(|(d, p)| (d.0, p)));
+        if let Some(refine) = self.refine.filter(|&r| r < scratch.best.len()) {
+            // The second ranking: the proxy's own residual term gives way to the coordinates it
+            // estimated (up to 192 principal ones) and the residual after them.
+            let slot = index.projected_dims();
+            for i in 0..scratch.best.len() {
+                if let Some(&(_, ahead)) = scratch.best.get(i + 1) {
+                    let row = index.refined(ahead as usize);
+                    (0..row.len()).step_by(16).for_each(|d| prefetch(&row[d..]));
+                }
+                let (proxy, p) = scratch.best[i];
+                let residual = index.projected(p as usize)[slot] - projected[slot];
+                scratch.best[i].0 =
+                    proxy - residual * residual + row_score(FilterKind::SquaredL2, refined, index.refined(p as usize));
+            }
+            scratch.best.select_nth_unstable_by(refine - 1, |a, b| a.0.total_cmp(&b.0));
+            scratch.best.truncate(refine);
+        }
         // The re-rank's first pass: the whole distance in f32; those within rounding of the k-th
         // best of it go on to the exact f64 measure.
-        scratch.best.clear();
-        scratch.best.extend(best.into_iter().map(|(_, p)| (0.0, p)));
         for i in 0..scratch.best.len() {
             if let Some(&(_, ahead)) = scratch.best.get(i + 1) {
                 let row = index.values(ahead as usize);
                 (0..row.len()).step_by(16 * PREFETCH_LINES).for_each(|d| prefetch(&row[d..]));
             }
             let p = scratch.best[i].1;
-            scratch.best[i].0 = row_score(self.kind, &values, index.values(p as usize));
+            scratch.best[i].0 = row_score(self.kind, values, index.values(p as usize));
         }
         if self.k < scratch.best.len() {
             scratch.best.select_nth_unstable_by(self.k - 1, |a, b| a.0.total_cmp(&b.0));
@@ -194,6 +257,21 @@ impl Search<'_> {
             scratch.best.truncate(kept);
         }
     }
+}
+
+/// The squared distance over the [`LEAD`] leading coordinates, inlined (one call per candidate),
+/// in four lanes the compiler keeps in one vector register.
+#[inline(always)]
+fn squared_lead(a: &[f32], b: &[f32]) -> f32 {
+    let (a, b) = (&a[..LEAD], &b[..LEAD]);
+    let mut acc = [0f32; 4];
+    for (x, y) in a.chunks_exact(4).zip(b.chunks_exact(4)) {
+        for i in 0..4 {
+            let t = x[i] - y[i];
+            acc[i] += t * t;
+        }
+    }
+    (acc[0] + acc[2]) + (acc[1] + acc[3])
 }
 
 /// A proxy distance ordered for the heap (never NaN: the coordinates are finite).

@@ -26,7 +26,7 @@ use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSin
 use crate::index::{GridGeometry, GridIndex, JoinStrategy};
 use crate::on_coords;
 use crate::op::{IndexChoice, Metric, dot};
-use crate::vectors::{Coord, Coords, Values, Vectors};
+use crate::vectors::{Coord, Coords, Row, Values, Vectors};
 
 /// Left rows per join tile (brute-force joins and range queries).
 const TILE_QUERIES: usize = 64;
@@ -775,14 +775,26 @@ pub(super) fn offer_exact(
     positions: impl Iterator<Item = usize>,
     best: &mut KSmallest,
 ) -> u64 {
-    let query = request.queries.row(i);
+    offer_exact_rows(request.queries.row(i), exact, i, positions, |j| request.base.row(j), best)
+}
+
+/// [`offer_exact`] with base row `j` read as `base_row(j)`, which must hold the base's values
+/// exactly (so that the distances are bit for bit the same).
+pub(super) fn offer_exact_rows<'a>(
+    query: Row,
+    exact: &ExactCheck,
+    i: usize,
+    positions: impl Iterator<Item = usize>,
+    base_row: impl Fn(usize) -> Row<'a>,
+    best: &mut KSmallest,
+) -> u64 {
     let (mut group, mut filled, mut offered) = ([0usize; 4], 0, 0);
     for j in positions {
         group[filled] = j;
         filled += 1;
         offered += 1;
         if filled == 4 {
-            let distances = exact.distances4(query, i, group.map(|j| request.base.row(j)), group);
+            let distances = exact.distances4(query, i, group.map(&base_row), group);
             for (distance, j) in distances.into_iter().zip(group) {
                 best.push(Neighbour { distance, position: j as u32 });
             }
@@ -790,7 +802,7 @@ pub(super) fn offer_exact(
         }
     }
     for &j in &group[..filled] {
-        best.push(Neighbour { distance: exact.distance(query, request.base.row(j), i, j), position: j as u32 });
+        best.push(Neighbour { distance: exact.distance(query, base_row(j), i, j), position: j as u32 });
     }
     offered
 }

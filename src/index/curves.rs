@@ -18,7 +18,8 @@
 //! the data varies most, each with its boundaries elsewhere. Measured on Fashion-MNIST, 8 curves
 //! over 8-dimensional rotations of the leading 16 axes reach recall@10 0.95 with ~3,000 candidates a
 //! query, where 8 curves over disjoint slices of the leading 32 axes reach 0.81 with 3,800
-//! (docs/optimisations.md, v105).
+//! (docs/optimisations.md, v105); 16 such curves reach 0.94 with 128 entries a curve, where 8 need
+//! 512 (v142), for twice the curves' memory (76 bytes a row a curve).
 //!
 //! The principal coordinates also rank the candidates cheaply: the axes are orthonormal, so the
 //! squared distance over the leading `projected_dims` coordinates is the squared Euclidean distance
@@ -27,6 +28,13 @@
 //! what the remaining directions add (`RESIDUAL_WEIGHT`). The proxy reads 256 bytes of a
 //! candidate, where the whole vector of Fashion-MNIST is 3 KB, and the share of its first 16
 //! coordinates is a lower bound of it, read from one cache line (backend/approx.rs).
+//!
+//! The best of the proxy are ranked again over more principal coordinates (up to
+//! [`PRINCIPAL_DIMS`], kept in a second array with their own residual norm) before any whole
+//! vector is read: on Fashion-MNIST the true 10 nearest among the proxy's best 80 are nearly all
+//! among the best 30 over 192 coordinates (docs/optimisations.md, v142), so 30 whole vectors are
+//! read a query instead of 80. Where the vectors have at most [`PRINCIPAL_DIMS`] dimensions the
+//! coordinates are a rotation of the whole vector, and that ranking is the Euclidean one.
 
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -34,8 +42,8 @@ use rayon::prelude::*;
 use crate::op::{Metric, dot};
 use crate::vectors::{Row, Vectors};
 
-/// Curves of an index.
-const CURVES: usize = 8;
+/// Curves of an index (16 rather than 8: docs/optimisations.md, v142).
+const CURVES: usize = 16;
 /// Leading principal axes the curves' rotations mix.
 const CURVE_AXES: usize = 16;
 /// Dimensions of each curve (8 coordinates of 8 bits: a 64-bit key).
@@ -49,6 +57,13 @@ const PROJECTED_DIMS: usize = 63;
 /// query. Measured on Fashion-MNIST and blobs against 0.3, 0.7 and 1 (1 makes it the lower bound
 /// `(r − s)²`, which ranked worst), docs/optimisations.md v140.
 const RESIDUAL_WEIGHT: f32 = 0.5;
+/// Principal coordinates kept in all: the proxy's [`PROJECTED_DIMS`], then those of the second
+/// ranking (`Multicurves::refined`).
+const PRINCIPAL_DIMS: usize = 192;
+/// Keys between two entries of a curve's fence (`Curve::fences`): a query's binary search runs
+/// over the fence (7.5 KB for 60,000 rows, in L1 or L2), then within one block of 64 keys (8 cache
+/// lines), instead of ~16 steps over the whole key list, each a likely cache miss.
+const FENCE: usize = 16;
 /// Rows of the sample the principal axes are estimated from.
 const PCA_SAMPLE: usize = 8192;
 /// Rounds of subspace iteration (Golub & Van Loan, orthogonal iteration). The axes need only be
@@ -89,6 +104,8 @@ struct Curve {
     scale: Vec<f32>,
     /// Keys of the base vectors, ascending, and the position of each.
     keys: Vec<u64>,
+    /// Every [`FENCE`]th key, from the first.
+    fences: Vec<u64>,
     positions: Vec<u32>,
     /// The [`LEAD`] leading principal coordinates of each entry, in key order: a query's
     /// candidates on this curve are one contiguous run, streamed rather than fetched at random.
@@ -103,18 +120,32 @@ pub struct Multicurves {
     geometry: Geometry,
     /// The sample mean the principal axes are centred on.
     mean: Vec<f32>,
-    /// `projected_dims × dim`, row-major: orthonormal principal axes, by decreasing variance.
+    /// `(projected_dims + refined_dims) × dim`, row-major: orthonormal principal axes, by
+    /// decreasing variance.
     axes: Vec<f32>,
-    /// Principal coordinates kept per vector (≤ 64).
+    /// Principal coordinates of the proxy (≤ 63).
     projected_dims: usize,
+    /// Principal coordinates after those of the proxy, for the second ranking (0 where the
+    /// proxy's are the whole vector).
+    refined_dims: usize,
     /// Every base vector's leading principal coordinates, `stride` floats a row (zero-padded to a
     /// multiple of 16, so a row's first 16 share one 64-byte cache line), from `first` on (the
     /// offset that aligns row 0 to 64 bytes).
     projected: Vec<f32>,
     first: usize,
     stride: usize,
+    /// Every base vector's principal coordinates after the proxy's, with the norm of what the
+    /// rest adds in the slot after them, `refined_stride` floats a row (zero-padded to a multiple
+    /// of 16), from `refined_first` on (64-byte aligned). Empty where `refined_dims` is 0.
+    refined: Vec<f32>,
+    refined_first: usize,
+    refined_stride: usize,
     /// `len × dim`: the base in f32 (unit vectors under cosine), for the re-rank's first pass.
     values: Vec<f32>,
+    /// Whether `values` holds the base exactly (raw coordinates, each an f32 value, as pixels and
+    /// f32 embeddings are): the exact distances are then measured from these rows, which the f32
+    /// pass has just read, instead of the base's own.
+    exact_values: bool,
     /// Leading axes each curve's rotation mixes, and the curve's dimensions.
     curve_axes: usize,
     curve_dims: usize,
@@ -132,14 +163,35 @@ impl Multicurves {
     pub fn build(base: &Vectors, geometry: Geometry) -> Self {
         let dim = base.dim;
         let len = base.len();
-        let (mean, axes, projected_dims) = principal_axes(base, geometry);
-        let stride = (projected_dims + 1).next_multiple_of(LEAD);
-        let (projected, first) = project(base, geometry, &mean, &axes, projected_dims, stride);
-        let mut values = vec![0f32; len * dim];
+        let (mean, axes, kept) = principal_axes(base, geometry);
+        let projected_dims = kept.min(PROJECTED_DIMS);
+        let refined_dims = kept - projected_dims;
+        let layout = Layout::new(projected_dims, refined_dims);
+        let (mut projected, first) = aligned(len * layout.stride);
+        let (mut refined, refined_first) = aligned(len * layout.refined_stride);
+        project_rows(
+            |i| to_f32(base.row(i), geometry),
+            len,
+            &mean,
+            &axes,
+            &layout,
+            (
+                &mut projected[first..first + len * layout.stride],
+                &mut refined[refined_first..][..len * layout.refined_stride],
+            ),
+            1.0,
+        );
+        let (stride, refined_stride) = (layout.stride, layout.refined_stride);
+        let mut values = huge_zeroed(len * dim);
         values
             .par_chunks_mut(dim.max(1))
             .enumerate()
             .for_each(|(i, out)| out.copy_from_slice(&to_f32(base.row(i), geometry)));
+        let exact_values = geometry == Geometry::Raw
+            && (0..len).into_par_iter().all(|i| match base.row(i) {
+                Row::F32(_) => true,
+                Row::F64(row) => row.iter().all(|&x| f64::from(x as f32) == x),
+            });
         let rows = &projected[first..first + len * stride];
         let curve_axes = CURVE_AXES.min(projected_dims);
         let curve_dims = CURVE_DIMS.min(curve_axes);
@@ -162,8 +214,15 @@ impl Multicurves {
                 }
                 let cells = ((1u64 << bits) - 1) as f32;
                 let scale = low.iter().zip(&high).map(|(l, h)| if h > l { cells / (h - l) } else { 0.0 }).collect();
-                let mut curve =
-                    Curve { rotation, low, scale, keys: Vec::new(), positions: Vec::new(), leads: Vec::new() };
+                let mut curve = Curve {
+                    rotation,
+                    low,
+                    scale,
+                    keys: Vec::new(),
+                    fences: Vec::new(),
+                    positions: Vec::new(),
+                    leads: Vec::new(),
+                };
                 let mut keyed: Vec<(u64, u32)> = coords
                     .par_chunks(curve_dims)
                     .enumerate()
@@ -171,6 +230,7 @@ impl Multicurves {
                     .collect();
                 keyed.par_sort_unstable();
                 (curve.keys, curve.positions) = keyed.into_iter().unzip();
+                curve.fences = curve.keys.iter().step_by(FENCE).copied().collect();
                 curve.leads = curve
                     .positions
                     .par_iter()
@@ -185,10 +245,15 @@ impl Multicurves {
             mean,
             axes,
             projected_dims,
+            refined_dims,
             projected,
             first,
             stride,
+            refined,
+            refined_first,
+            refined_stride,
             values,
+            exact_values,
             curve_axes,
             curve_dims,
             bits,
@@ -219,22 +284,48 @@ impl Multicurves {
         &self.projected[start..start + self.stride]
     }
 
+    /// Principal coordinates of the second ranking (0 where the proxy's are the whole vector).
+    pub fn refined_dims(&self) -> usize {
+        self.refined_dims
+    }
+
+    /// Base vector `i`'s principal coordinates after the proxy's, with its residual norm after
+    /// them (zero-padded to a multiple of [`LEAD`]); empty where [`Multicurves::refined_dims`] is 0.
+    #[inline]
+    pub fn refined(&self, i: usize) -> &[f32] {
+        let start = self.refined_first + i * self.refined_stride;
+        &self.refined[start..start + self.refined_stride]
+    }
+
     /// Base vector `i` in f32 (its unit vector under cosine).
     #[inline]
     pub fn values(&self, i: usize) -> &[f32] {
         &self.values[i * self.dim..(i + 1) * self.dim]
     }
 
-    /// A query in the index's terms: its f32 values (its unit vector under cosine) and its leading
-    /// principal coordinates (zero-padded as [`Multicurves::projected`]).
-    pub fn query(&self, query: &[f64]) -> (Vec<f32>, Vec<f32>) {
-        let values = to_f32(Row::F64(query), self.geometry);
-        let centred: Vec<f32> = values.iter().zip(&self.mean).map(|(x, m)| x - m).collect();
-        let mut projected: Vec<f32> = self.axes.chunks(self.dim).map(|axis| dot_f32(axis, &centred)).collect();
-        let residual = residual_norm(&centred, &projected);
-        projected.resize(self.stride, 0.0);
-        projected[self.projected_dims] = RESIDUAL_WEIGHT * residual;
-        (values, projected)
+    /// Base vector `i` exactly, from the index's f32 copy, where that copy holds the base exactly.
+    #[inline]
+    pub fn exact_values<'a>(&'a self) -> Option<impl Fn(usize) -> Row<'a>> {
+        self.exact_values.then_some(|i| Row::F32(self.values(i)))
+    }
+
+    /// Queries `rows` of `queries` in the index's terms, projected together (one matrix product).
+    pub fn queries(&self, queries: &Vectors, rows: std::ops::Range<usize>) -> QueryBlock {
+        let layout = Layout::new(self.projected_dims, self.refined_dims);
+        let values: Vec<f32> = rows.clone().flat_map(|i| to_f32(queries.row(i), self.geometry)).collect();
+        let n = rows.len();
+        let mut projected = vec![0f32; n * layout.stride];
+        let mut refined = vec![0f32; n * layout.refined_stride];
+        project_rows(
+            |i| values[i * self.dim..(i + 1) * self.dim].to_vec(),
+            n,
+            &self.mean,
+            &self.axes,
+            &layout,
+            (&mut projected, &mut refined),
+            RESIDUAL_WEIGHT,
+        );
+        QueryBlock { dim: self.dim, layout, values, projected, refined }
     }
 
     /// Visits each curve's `per_curve` entries around the query's key (as many before it as after,
@@ -247,8 +338,7 @@ impl Multicurves {
         for curve in &self.curves {
             coords.clear();
             coords.extend(rotate(&projected[..self.curve_axes], &curve.rotation, self.curve_dims));
-            let key = curve.key(&coords, self.bits);
-            let at = curve.keys.partition_point(|&k| k < key);
+            let at = curve.position_of(curve.key(&coords, self.bits));
             let start = at.saturating_sub(take / 2).min(n - take);
             let leads = curve.leads[start * LEAD..(start + take) * LEAD].chunks_exact(LEAD);
             for (&p, row) in curve.positions[start..start + take].iter().zip(leads) {
@@ -262,10 +352,75 @@ impl Multicurves {
 pub fn describe_for(dim: usize) -> String {
     let axes = CURVE_AXES.min(dim.min(PROJECTED_DIMS));
     let dims = CURVE_DIMS.min(axes);
-    format!("curves={CURVES}, each a Hilbert curve over {dims} rotated dims of the leading {axes} principal axes")
+    let ranked = dim.min(PRINCIPAL_DIMS);
+    format!(
+        "curves={CURVES}, each a Hilbert curve over {dims} rotated dims of the leading {axes} principal axes, ranked over {} then {ranked} principal coordinates",
+        ranked.min(PROJECTED_DIMS)
+    )
+}
+
+/// A block of queries in an index's terms.
+#[derive(Debug)]
+pub struct QueryBlock {
+    dim: usize,
+    layout: Layout,
+    values: Vec<f32>,
+    projected: Vec<f32>,
+    refined: Vec<f32>,
+}
+
+/// One query of a [`QueryBlock`].
+#[derive(Debug, Clone, Copy)]
+pub struct Query<'a> {
+    /// Its f32 values (its unit vector under cosine).
+    pub values: &'a [f32],
+    /// Its principal coordinates as [`Multicurves::projected`] lays them out, its half residual
+    /// norm in the residual slot.
+    pub projected: &'a [f32],
+    /// The same for [`Multicurves::refined`].
+    pub refined: &'a [f32],
+}
+
+impl QueryBlock {
+    /// Query `i` of the block.
+    pub fn get(&self, i: usize) -> Query<'_> {
+        let Layout { stride, refined_stride, .. } = self.layout;
+        Query {
+            values: &self.values[i * self.dim..(i + 1) * self.dim],
+            projected: &self.projected[i * stride..(i + 1) * stride],
+            refined: &self.refined[i * refined_stride..(i + 1) * refined_stride],
+        }
+    }
+}
+
+/// How a row's principal coordinates are laid out: the proxy's, then the second ranking's, each
+/// followed by the residual norm after them and zero-padded to a multiple of [`LEAD`].
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    projected_dims: usize,
+    refined_dims: usize,
+    stride: usize,
+    refined_stride: usize,
+}
+
+impl Layout {
+    fn new(projected_dims: usize, refined_dims: usize) -> Self {
+        let refined_stride = if refined_dims == 0 { 0 } else { (refined_dims + 1).next_multiple_of(LEAD) };
+        Self { projected_dims, refined_dims, stride: (projected_dims + 1).next_multiple_of(LEAD), refined_stride }
+    }
 }
 
 impl Curve {
+    /// The first entry whose key is not below `key`: a binary search over the fence, then within
+    /// the one block of keys it names.
+    fn position_of(&self, key: u64) -> usize {
+        let block = self.fences.partition_point(|&f| f < key);
+        // fences[block - 1] < key ≤ fences[block]: the answer lies in (start, end].
+        let start = block.saturating_sub(1) * FENCE;
+        let end = (block * FENCE).min(self.keys.len());
+        start + self.keys[start..end].partition_point(|&k| k < key)
+    }
+
     /// The Hilbert key of curve coordinates `coords` quantised to `bits` bits each.
     fn key(&self, coords: &[f32], bits: u32) -> u64 {
         let top = ((1u64 << bits) - 1) as f32;
@@ -343,7 +498,7 @@ fn to_f32(row: Row, geometry: Geometry) -> Vec<f32> {
 }
 
 /// The mean of an evenly strided sample of the rows and the leading principal axes of the
-/// sample's covariance (orthonormal, by decreasing variance; `min(dim, 64)` of them).
+/// sample's covariance (orthonormal, by decreasing variance; `min(dim, PRINCIPAL_DIMS)` of them).
 fn principal_axes(base: &Vectors, geometry: Geometry) -> (Vec<f32>, Vec<f32>, usize) {
     let (n, dim) = (base.len(), base.dim);
     let rows = n.min(PCA_SAMPLE);
@@ -378,30 +533,50 @@ fn principal_axes(base: &Vectors, geometry: Geometry) -> (Vec<f32>, Vec<f32>, us
             1,
         );
     }
-    let kept = dim.min(PROJECTED_DIMS);
+    let covariance: Vec<f64> = covariance.into_iter().map(f64::from).collect();
+    let kept = dim.min(PRINCIPAL_DIMS);
     // Orthogonal iteration from a fixed random start: Q ← orth(C·Q).
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x7063_6178_6573);
     let mut q: Vec<Vec<f64>> = (0..kept).map(|_| (0..dim).map(|_| rng.random::<f64>() - 0.5).collect()).collect();
     orthonormalise(&mut q);
     for _ in 0..PCA_ROUNDS {
-        q = q
-            .par_iter()
-            .map(|v| covariance.chunks(dim).map(|row| row.iter().zip(v).map(|(&c, x)| c as f64 * x).sum()).collect())
-            .collect();
+        q = times_symmetric(&q, &covariance, dim);
         orthonormalise(&mut q);
     }
     // Order the axes by the variance they carry (the Rayleigh quotient vᵀCv).
-    let mut by_variance: Vec<(f64, Vec<f64>)> = q
-        .into_iter()
-        .map(|v| {
-            let cv: Vec<f64> =
-                covariance.chunks(dim).map(|row| row.iter().zip(&v).map(|(&c, x)| c as f64 * x).sum()).collect();
-            (dot(&v, &cv), v)
-        })
-        .collect();
+    let cq = times_symmetric(&q, &covariance, dim);
+    let mut by_variance: Vec<(f64, Vec<f64>)> = q.into_iter().zip(&cq).map(|(v, cv)| (dot(&v, cv), v)).collect();
     by_variance.sort_by(|a, b| b.0.total_cmp(&a.0));
     let axes = by_variance.into_iter().flat_map(|(_, v)| v.into_iter().map(|x| x as f32)).collect();
     (mean, axes, kept)
+}
+
+/// Each of `vectors` (of `dim` values) times the symmetric `dim × dim` matrix `matrix`.
+fn times_symmetric(vectors: &[Vec<f64>], matrix: &[f64], dim: usize) -> Vec<Vec<f64>> {
+    let flat: Vec<f64> = vectors.concat();
+    let mut out = vec![0f64; flat.len()];
+    // SAFETY: `flat` holds vectors.len() × dim values (row stride dim), `matrix` dim × dim (row
+    // stride dim; symmetric, so read as itself transposed), `out` vectors.len() × dim (row stride
+    // dim) and aliases neither.
+    unsafe {
+        matrixmultiply::dgemm(
+            vectors.len(),
+            dim,
+            dim,
+            1.0,
+            flat.as_ptr(),
+            dim as isize,
+            1,
+            matrix.as_ptr(),
+            dim as isize,
+            1,
+            0.0,
+            out.as_mut_ptr(),
+            dim as isize,
+            1,
+        );
+    }
+    out.chunks(dim.max(1)).map(<[f64]>::to_vec).collect()
 }
 
 /// Modified Gram–Schmidt; a vector that vanishes (a rank-deficient sample) is replaced by a unit
@@ -435,30 +610,64 @@ fn random_rotation(axes: usize, dims: usize, rng: &mut impl Rng) -> Vec<f32> {
     (0..axes).flat_map(|i| columns.iter().map(move |c| c[i] as f32)).collect()
 }
 
-/// Every row's leading principal coordinates, `stride` floats a row (zero-padded), and the offset
-/// of row 0, which is 64-byte aligned.
-fn project(
-    base: &Vectors,
-    geometry: Geometry,
+/// A zeroed array for `len` floats whose element `first` (the second value) is 64-byte aligned.
+fn aligned(len: usize) -> (Vec<f32>, usize) {
+    let values = huge_zeroed(len + LEAD);
+    let first = (values.as_ptr() as usize).next_multiple_of(64).wrapping_sub(values.as_ptr() as usize) / 4;
+    (values, first)
+}
+
+/// A zeroed vector of `len` floats that the kernel may back with 2 MB pages (`MADV_HUGEPAGE`, for
+/// systems whose transparent huge pages are on request, as Debian's and Ubuntu's are): the index's
+/// rows are read at random, and over 4 KB pages nearly every such read first waits for a page walk.
+fn huge_zeroed(len: usize) -> Vec<f32> {
+    let values = vec![0f32; len];
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE_PAGE: usize = 2 << 20;
+        let start = (values.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
+        let end = (values.as_ptr() as usize + len * size_of::<f32>()) / HUGE_PAGE * HUGE_PAGE;
+        if end > start {
+            // SAFETY: [start, end) lies within `values`' allocation, page-aligned; the advice only
+            // changes how the kernel backs those pages, never their contents. A refusal (no THP)
+            // leaves 4 KB pages, which is what the advice's absence gives.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    values
+}
+
+/// Writes the principal coordinates of rows `0..n` (`row(i)`, in f32) into `out`'s two arrays as
+/// `layout` lays them out, each residual norm times `residual_weight`, on every core.
+fn project_rows(
+    row: impl Fn(usize) -> Vec<f32> + Sync,
+    n: usize,
     mean: &[f32],
     axes: &[f32],
-    kept: usize,
-    stride: usize,
-) -> (Vec<f32>, usize) {
-    const BLOCK: usize = 4096;
-    let (n, dim) = (base.len(), base.dim);
-    let mut projected = vec![0f32; n * stride + LEAD];
-    let first = (projected.as_ptr() as usize).next_multiple_of(64).wrapping_sub(projected.as_ptr() as usize) / 4;
-    projected[first..first + n * stride].par_chunks_mut(BLOCK * stride).enumerate().for_each(|(b, out)| {
+    layout: &Layout,
+    out: (&mut [f32], &mut [f32]),
+    residual_weight: f32,
+) {
+    const BLOCK: usize = 1024;
+    let dim = mean.len();
+    let &Layout { projected_dims, refined_dims, stride, refined_stride } = layout;
+    let kept = projected_dims + refined_dims;
+    let (projected, refined) = out;
+    // A zero-width chunk would not split: give the empty second array one chunk per block too.
+    let refined_chunks: Vec<&mut [f32]> = if refined_stride == 0 {
+        (0..n.div_ceil(BLOCK)).map(|_| &mut [][..]).collect()
+    } else {
+        refined.chunks_mut(BLOCK * refined_stride).collect()
+    };
+    projected.par_chunks_mut(BLOCK * stride).zip(refined_chunks).enumerate().for_each(|(b, (out, out_refined))| {
         let rows = out.len() / stride;
         let start = b * BLOCK;
-        let centred: Vec<f32> = (start..start + rows)
-            .flat_map(|i| to_f32(base.row(i), geometry).into_iter().zip(mean).map(|(x, m)| x - m))
-            .collect();
+        let centred: Vec<f32> =
+            (start..start + rows).flat_map(|i| row(i).into_iter().zip(mean).map(|(x, m)| x - m)).collect();
+        let mut coordinates = vec![0f32; rows * kept];
         // SAFETY: `centred` holds rows × dim values (row stride dim); `axes` holds kept × dim
-        // values read as a dim × kept matrix (row stride 1, column stride dim); `out` holds
-        // rows × stride values, of which the first `kept` of each row are written (row stride
-        // stride), and aliases neither input.
+        // values read as a dim × kept matrix (row stride 1, column stride dim); `coordinates`
+        // holds rows × kept values (row stride kept) and aliases neither input.
         unsafe {
             matrixmultiply::sgemm(
                 rows,
@@ -472,16 +681,24 @@ fn project(
                 1,
                 dim as isize,
                 0.0,
-                out.as_mut_ptr(),
-                stride as isize,
+                coordinates.as_mut_ptr(),
+                kept as isize,
                 1,
             );
         }
-        for (row, centred) in out.chunks_exact_mut(stride).zip(centred.chunks_exact(dim.max(1))) {
-            row[kept] = residual_norm(centred, &row[..kept]);
+        for (i, (centred, coordinates)) in
+            centred.chunks_exact(dim.max(1)).zip(coordinates.chunks_exact(kept.max(1))).enumerate()
+        {
+            let row = &mut out[i * stride..][..stride];
+            row[..projected_dims].copy_from_slice(&coordinates[..projected_dims]);
+            row[projected_dims] = residual_weight * residual_norm(centred, &coordinates[..projected_dims]);
+            if refined_dims > 0 {
+                let row = &mut out_refined[i * refined_stride..][..refined_stride];
+                row[..refined_dims].copy_from_slice(&coordinates[projected_dims..]);
+                row[refined_dims] = residual_weight * residual_norm(centred, coordinates);
+            }
         }
     });
-    (projected, first)
 }
 
 /// The norm of what a centred vector has beyond its principal coordinates `leading`: the axes are
@@ -528,6 +745,27 @@ mod tests {
     }
 
     #[test]
+    fn the_fence_finds_what_a_search_over_every_key_finds() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for n in [1, 63, 64, 65, 1000] {
+            let mut keys: Vec<u64> = (0..n).map(|_| rng.random_range(0..5000)).collect();
+            keys.sort_unstable();
+            let curve = Curve {
+                rotation: Vec::new(),
+                low: Vec::new(),
+                scale: Vec::new(),
+                fences: keys.iter().step_by(FENCE).copied().collect(),
+                keys,
+                positions: Vec::new(),
+                leads: Vec::new(),
+            };
+            for key in (0..5002).chain([u64::MAX]) {
+                assert_eq!(curve.position_of(key), curve.keys.partition_point(|&k| k < key), "n {n}, key {key}");
+            }
+        }
+    }
+
+    #[test]
     fn principal_axes_are_orthonormal_and_find_the_spread() {
         // Points spread along (1, 1, 0, 0) far more than along anything else.
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
@@ -558,14 +796,15 @@ mod tests {
         let values: Vec<f64> = (0..3000 * dim).map(|_| rng.random::<f64>()).collect();
         let base = Vectors::new(dim, values);
         let index = Multicurves::build(&base, Geometry::Raw);
-        assert_eq!(index.projected_dims(), 63);
+        assert_eq!((index.projected_dims(), index.refined_dims()), (63, 33));
         let kept = index.projected_dims();
         let squared = |a: &[f32], b: &[f32]| -> f32 { a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum() };
+        let queries = index.queries(&base, 0..3000);
         for i in (0..3000).step_by(97) {
             let q = base.row((i * 7) % 3000).to_vec();
-            let (_, qp) = index.query(&q);
+            let qp = queries.get((i * 7) % 3000).projected;
             for j in (0..3000).step_by(31) {
-                let (row, whole) = (index.projected(j), squared(&qp, index.projected(j)));
+                let (row, whole) = (index.projected(j), squared(qp, index.projected(j)));
                 let bound = squared(&qp[..kept], &row[..kept]);
                 let lead = squared(&qp[..LEAD], &row[..LEAD]);
                 let full = crate::op::squared_l2(&q, &base.row(j).to_vec());
@@ -575,6 +814,11 @@ mod tests {
                 let centred: f32 = index.values(j).iter().zip(&index.mean).map(|(x, m)| (x - m) * (x - m)).sum();
                 let parts = row[..kept].iter().map(|x| x * x).sum::<f32>() + row[kept] * row[kept];
                 assert!((parts - centred).abs() <= 1e-3 * centred, "{parts} against {centred}");
+                // All 96 principal coordinates are a rotation: the distance over them is the whole.
+                let refined = &index.refined(j)[..index.refined_dims()];
+                let all = bound + squared(&queries.get((i * 7) % 3000).refined[..index.refined_dims()], refined);
+                assert!((f64::from(all) - full).abs() <= 1e-3 * full + 1e-3, "{all} against {full}");
+                assert!(index.refined(j)[index.refined_dims()] < 1e-2, "no residual after all axes");
             }
         }
     }
@@ -585,10 +829,10 @@ mod tests {
         let base = Vectors::new(20, (0..5000 * 20).map(|_| rng.random::<f64>()).collect());
         let index = Multicurves::build(&base, Geometry::Raw);
         let mut out = Vec::new();
+        let queries = index.queries(&base, 0..5000);
         for i in (0..5000).step_by(50) {
             out.clear();
-            let (_, qp) = index.query(&base.row(i).to_vec());
-            index.candidates(&qp, 16, |p, lead| {
+            index.candidates(queries.get(i).projected, 16, |p, lead| {
                 assert_eq!(lead, &index.projected(p as usize)[..LEAD]);
                 out.push(p);
             });

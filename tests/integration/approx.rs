@@ -92,8 +92,8 @@ async fn the_index_is_kept_for_an_in_memory_base_and_explain_says_approx() {
     register(&ctx, "queries", &clustered(50, 24, 32), 24, Shape::FixedF32);
     let sql = "SELECT query_id FROM knn(base, queries, 5, 'approx=true, approx_effort=0.5')";
     let plan = explain(&ctx, &format!("EXPLAIN {sql}")).await;
-    assert!(plan.contains("approx=multicurves(curves=8"), "{plan}");
-    assert!(plan.contains("candidates=256 per curve, effort=0.5"), "{plan}");
+    assert!(plan.contains("approx=multicurves(curves=16"), "{plan}");
+    assert!(plan.contains("candidates=80 per curve, effort=0.5"), "{plan}");
     let first = operator_metrics(&ctx, sql).await;
     let second = operator_metrics(&ctx, sql).await;
     assert_eq!(first["kept_indexes"], 0, "{first:?}");
