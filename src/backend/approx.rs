@@ -12,11 +12,12 @@
 //! 12) are re-ranked by their whole distance in f32 (under L1 and L∞ all `rerank` are), and the
 //! k best of that, with any within f32 rounding of the k-th, are measured exactly in f64: the
 //! answer is the k nearest of those by exact distance (ties by base position), each returned row
-//! carrying its exact distance and its rank.
+//! carrying its exact distance and its rank. Where the index's f32 copy holds the base exactly,
+//! the exact distances are measured from its rows, which the f32 pass has just read.
 //! Nothing else is guaranteed: a true neighbour that no curve placed near the query, or that the
 //! proxy ranked below `rerank`, is missed; the recall is measured (`simjoin bench --approx`), not
-//! assumed. Where the vectors have at most 64 dimensions the proxy is the whole Euclidean
-//! distance (up to f32 rounding).
+//! assumed. Where the vectors have at most 63 dimensions the proxy is the whole Euclidean
+//! distance (up to f32 rounding), as the second ranking is at most 192.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -30,7 +31,7 @@ use super::plan::filter_kind;
 use super::simd::{FilterKind, prefetch, row_score};
 use super::topk::{KSmallest, Neighbour, push_ranked};
 use super::{KnnRequest, ResultChunk, ResultSink, RunStats};
-use crate::index::curves::{Geometry, LEAD, Multicurves, Query};
+use crate::index::curves::{Geometry, LEAD, Multicurves, Query, ranks_twice};
 use crate::op::Approx;
 
 /// Candidates ranked again per neighbour asked for: the best by proxy distance.
@@ -76,11 +77,7 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
         k,
         per_curve: approx.per_curve(k),
         rerank: RERANK * k.max(4),
-        refine: if filter_kind(metric) == FilterKind::SquaredL2 && index.refined_dims() > 0 {
-            Some(REFINE * k.max(4))
-        } else {
-            None
-        },
+        refine: if ranks_twice(metric) && index.refined_dims() > 0 { Some(REFINE * k.max(4)) } else { None },
     };
     let (gathered, measured) = (AtomicU64::new(0), AtomicU64::new(0));
     let blocks = queries.len().div_ceil(QUERY_BLOCK);

@@ -270,7 +270,7 @@ impl DisplayAs for SimilarityExec {
             write!(
                 f,
                 ", approx=multicurves({}, candidates={} per curve, effort={})",
-                crate::index::curves::describe_for(self.right.source.static_dim().unwrap_or(usize::MAX)),
+                crate::index::curves::describe_for(self.right.source.static_dim().unwrap_or(usize::MAX), op.metric),
                 approx.per_curve(*k),
                 approx.effort
             )?;

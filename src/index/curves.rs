@@ -348,14 +348,23 @@ impl Multicurves {
     }
 }
 
-/// The index's shape for EXPLAIN, before it is built (`dim` of the vectors).
-pub fn describe_for(dim: usize) -> String {
+/// Whether the best of the proxy are ranked again over more principal coordinates under
+/// `metric`: only where its order is the Euclidean one (L2, L2², cosine over unit vectors).
+pub fn ranks_twice(metric: Metric) -> bool {
+    matches!(metric, Metric::L2 | Metric::L2Squared | Metric::Cosine)
+}
+
+/// The index's shape for EXPLAIN, before it is built (`dim` of the vectors, searched by `metric`).
+pub fn describe_for(dim: usize, metric: Metric) -> String {
     let axes = CURVE_AXES.min(dim.min(PROJECTED_DIMS));
     let dims = CURVE_DIMS.min(axes);
-    let ranked = dim.min(PRINCIPAL_DIMS);
+    let ranking = if dim > PROJECTED_DIMS && ranks_twice(metric) {
+        format!("ranked over {PROJECTED_DIMS} then {} principal coordinates", dim.min(PRINCIPAL_DIMS))
+    } else {
+        format!("ranked over {} principal coordinates", dim.min(PROJECTED_DIMS))
+    };
     format!(
-        "curves={CURVES}, each a Hilbert curve over {dims} rotated dims of the leading {axes} principal axes, ranked over {} then {ranked} principal coordinates",
-        ranked.min(PROJECTED_DIMS)
+        "curves={CURVES}, each a Hilbert curve over {dims} rotated dims of the leading {axes} principal axes, {ranking}"
     )
 }
 
