@@ -79,6 +79,8 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
         rerank: RERANK * k.max(4),
         refine: if ranks_twice(metric) && index.refined_dims() > 0 { Some(REFINE * k.max(4)) } else { None },
     };
+    // Where the index's f32 copy holds the base exactly, the exact distances read its rows.
+    let exact_rows = index.exact_values();
     let (gathered, measured) = (AtomicU64::new(0), AtomicU64::new(0));
     let blocks = queries.len().div_ceil(QUERY_BLOCK);
     sink.start(blocks as u64);
@@ -101,7 +103,7 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
                         measured.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
                         let mut nearest = KSmallest::new(k);
                         let positions = scratch.best.iter().map(|&(_, p)| p as usize);
-                        match index.exact_values() {
+                        match &exact_rows {
                             Some(row) => offer_exact_rows(queries.row(q), &exact, q, positions, row, &mut nearest),
                             None => offer_exact(request, &exact, q, positions, &mut nearest),
                         };
@@ -159,7 +161,9 @@ impl Scratch {
 }
 
 impl Search<'_> {
-    /// Leaves in `scratch.best` the `rerank` candidates of `query` nearest by proxy distance.
+    /// Leaves in `scratch.best` the candidates of `query` to measure exactly: the k nearest by f32
+    /// distance among those the proxy (and the second ranking) kept, and any within rounding of
+    /// the k-th.
     fn run(&self, query: Query, scratch: &mut Scratch) {
         let index = self.index;
         let Query { values, projected, refined } = query;

@@ -167,11 +167,15 @@ impl Multicurves {
         let projected_dims = kept.min(PROJECTED_DIMS);
         let refined_dims = kept - projected_dims;
         let layout = Layout::new(projected_dims, refined_dims);
+        let mut values = huge_zeroed(len * dim);
+        values
+            .par_chunks_mut(dim.max(1))
+            .enumerate()
+            .for_each(|(i, out)| out.copy_from_slice(&to_f32(base.row(i), geometry)));
         let (mut projected, first) = aligned(len * layout.stride);
         let (mut refined, refined_first) = aligned(len * layout.refined_stride);
         project_rows(
-            |i| to_f32(base.row(i), geometry),
-            len,
+            &values,
             &mean,
             &axes,
             &layout,
@@ -182,11 +186,6 @@ impl Multicurves {
             1.0,
         );
         let (stride, refined_stride) = (layout.stride, layout.refined_stride);
-        let mut values = huge_zeroed(len * dim);
-        values
-            .par_chunks_mut(dim.max(1))
-            .enumerate()
-            .for_each(|(i, out)| out.copy_from_slice(&to_f32(base.row(i), geometry)));
         let exact_values = geometry == Geometry::Raw
             && (0..len).into_par_iter().all(|i| match base.row(i) {
                 Row::F32(_) => true,
@@ -316,15 +315,7 @@ impl Multicurves {
         let n = rows.len();
         let mut projected = vec![0f32; n * layout.stride];
         let mut refined = vec![0f32; n * layout.refined_stride];
-        project_rows(
-            |i| values[i * self.dim..(i + 1) * self.dim].to_vec(),
-            n,
-            &self.mean,
-            &self.axes,
-            &layout,
-            (&mut projected, &mut refined),
-            RESIDUAL_WEIGHT,
-        );
+        project_rows(&values, &self.mean, &self.axes, &layout, (&mut projected, &mut refined), RESIDUAL_WEIGHT);
         QueryBlock { dim: self.dim, layout, values, projected, refined }
     }
 
@@ -646,11 +637,11 @@ fn huge_zeroed(len: usize) -> Vec<f32> {
     values
 }
 
-/// Writes the principal coordinates of rows `0..n` (`row(i)`, in f32) into `out`'s two arrays as
-/// `layout` lays them out, each residual norm times `residual_weight`, on every core.
+/// Writes the principal coordinates of the f32 rows `values` (`mean.len()` values a row) into
+/// `out`'s two arrays as `layout` lays them out, each residual norm times `residual_weight`, on
+/// every core.
 fn project_rows(
-    row: impl Fn(usize) -> Vec<f32> + Sync,
-    n: usize,
+    values: &[f32],
     mean: &[f32],
     axes: &[f32],
     layout: &Layout,
@@ -659,6 +650,7 @@ fn project_rows(
 ) {
     const BLOCK: usize = 1024;
     let dim = mean.len();
+    let n = values.len() / dim.max(1);
     let &Layout { projected_dims, refined_dims, stride, refined_stride } = layout;
     let kept = projected_dims + refined_dims;
     let (projected, refined) = out;
@@ -671,8 +663,10 @@ fn project_rows(
     projected.par_chunks_mut(BLOCK * stride).zip(refined_chunks).enumerate().for_each(|(b, (out, out_refined))| {
         let rows = out.len() / stride;
         let start = b * BLOCK;
-        let centred: Vec<f32> =
-            (start..start + rows).flat_map(|i| row(i).into_iter().zip(mean).map(|(x, m)| x - m)).collect();
+        let centred: Vec<f32> = values[start * dim..(start + rows) * dim]
+            .chunks_exact(dim.max(1))
+            .flat_map(|row| row.iter().zip(mean).map(|(x, m)| x - m))
+            .collect();
         let mut coordinates = vec![0f32; rows * kept];
         // SAFETY: `centred` holds rows × dim values (row stride dim); `axes` holds kept × dim
         // values read as a dim × kept matrix (row stride 1, column stride dim); `coordinates`
