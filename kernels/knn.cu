@@ -10,24 +10,9 @@
 // exact distances the host ranks (ties by base position). The sample only decides how many
 // candidates there are (about rank·n/sample_len), never which neighbours are returned.
 #include "common.cuh"
+#include "bitonic.cuh"
 
 #define LEVELS 4
-
-// Bitonic sort of `size` (a power of two) shared-memory entries by the block: `exchange(i, j,
-// ascending)` orders entries i < j (ascending or not) and is called for each pair of a step by one
-// thread; every step ends with __syncthreads, so the block must call this together.
-template <class Exchange>
-__device__ __forceinline__ void bitonic_sort(u32 size, Exchange exchange) {
-    for (u32 width = 2; width <= size; width <<= 1) {
-        for (u32 stride = width >> 1; stride > 0; stride >>= 1) {
-            for (u32 i = threadIdx.x; i < size; i += blockDim.x) {
-                u32 j = i ^ stride;
-                if (j > i) exchange(i, j, (i & width) == 0);
-            }
-            __syncthreads();
-        }
-    }
-}
 
 // A radix selection's step, by one warp: the digit among 256 bins (`bins_of`, counts of the keys
 // that share the digits chosen so far) in which the `target`-th of those keys lies. Each lane sums

@@ -79,9 +79,7 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
         rerank: RERANK * k.max(4),
         refine: if ranks_twice(metric) && index.refined_dims() > 0 { Some(REFINE * k.max(4)) } else { None },
     };
-    // Where the index's f32 copy holds the base exactly, the exact distances read its rows.
-    let exact_rows = index.exact_values();
-    let (gathered, measured) = (AtomicU64::new(0), AtomicU64::new(0));
+    let (gathered, exactly) = (AtomicU64::new(0), AtomicU64::new(0));
     let blocks = queries.len().div_ceil(QUERY_BLOCK);
     sink.start(blocks as u64);
     let mut chunk = ResultChunk::default();
@@ -100,14 +98,8 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
                     rows.map(|q| {
                         search.run(projected.get(q - start), scratch);
                         gathered.fetch_add(scratch.bounded.len() as u64, Ordering::Relaxed);
-                        measured.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
-                        let mut nearest = KSmallest::new(k);
-                        let positions = scratch.best.iter().map(|&(_, p)| p as usize);
-                        match &exact_rows {
-                            Some(row) => offer_exact_rows(queries.row(q), &exact, q, positions, row, &mut nearest),
-                            None => offer_exact(request, &exact, q, positions, &mut nearest),
-                        };
-                        nearest.into_sorted()
+                        exactly.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
+                        measured(request, &exact, &index, q, scratch.best.iter().map(|&(_, p)| p as usize))
                     })
                     .collect()
                 },
@@ -125,7 +117,7 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
         sink.send(chunk)?;
     }
     stats.curve_candidates = gathered.into_inner();
-    stats.candidates = measured.into_inner();
+    stats.candidates = exactly.into_inner();
     stats.probe_time = probe.elapsed();
     Ok(stats)
 }
@@ -245,19 +237,45 @@ impl Search<'_> {
             let p = scratch.best[i].1;
             scratch.best[i].0 = row_score(self.kind, values, index.values(p as usize));
         }
-        if self.k < scratch.best.len() {
-            scratch.best.select_nth_unstable_by(self.k - 1, |a, b| a.0.total_cmp(&b.0));
-            let bar = scratch.best[self.k - 1].0 * (1.0 + F32_SLACK) + f32::MIN_POSITIVE;
-            let mut kept = self.k;
-            for i in self.k..scratch.best.len() {
-                if scratch.best[i].0 <= bar {
-                    scratch.best.swap(kept, i);
-                    kept += 1;
-                }
-            }
-            scratch.best.truncate(kept);
+        within_rounding(&mut scratch.best, self.k);
+    }
+}
+
+/// Keeps of `best` (f32 score, base position) the `k` smallest scores and any within f32 rounding
+/// of the k-th: those go on to the exact measure ([`measured`]), so rounding cannot decide the
+/// answer among them.
+pub(super) fn within_rounding(best: &mut Vec<(f32, u32)>, k: usize) {
+    if k == 0 || k >= best.len() {
+        return;
+    }
+    best.select_nth_unstable_by(k - 1, |a, b| a.0.total_cmp(&b.0));
+    let bar = best[k - 1].0 * (1.0 + F32_SLACK) + f32::MIN_POSITIVE;
+    let mut kept = k;
+    for i in k..best.len() {
+        if best[i].0 <= bar {
+            best.swap(kept, i);
+            kept += 1;
         }
     }
+    best.truncate(kept);
+}
+
+/// The `request.k` nearest of base rows `positions` to query `q` by exact distance, ranked (ties
+/// by base position). Where the index's f32 copy holds the base exactly, the distances are
+/// measured from its rows, which the f32 ranking has just read (bit for bit the same distances).
+pub(super) fn measured(
+    request: &KnnRequest,
+    exact: &ExactCheck,
+    index: &Multicurves,
+    q: usize,
+    positions: impl Iterator<Item = usize>,
+) -> Vec<Neighbour> {
+    let mut nearest = KSmallest::new(request.k.min(index.len()));
+    match index.exact_values() {
+        Some(row) => offer_exact_rows(request.queries.row(q), exact, q, positions, row, &mut nearest),
+        None => offer_exact(request, exact, q, positions, &mut nearest),
+    };
+    nearest.into_sorted()
 }
 
 /// The squared distance over the [`LEAD`] leading coordinates, inlined (one call per candidate),

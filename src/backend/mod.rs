@@ -23,7 +23,7 @@ pub mod text;
 mod tiles;
 mod topk;
 
-pub use auto::{AutoBackend, force_gpu_share};
+pub use auto::{AutoBackend, force_approx_search, force_gpu_share};
 pub use cpu::CpuBackend;
 pub use exact::ExactCheck;
 pub use gpu::GpuBackend;
@@ -388,8 +388,8 @@ pub struct KnownSizes {
 }
 
 /// The backend for `op`: the GPU under `device=gpu`; under `device=auto`, per run, the GPU or the
-/// CPU by estimated time where a GPU may be usable; otherwise (and for text metrics and the
-/// approximate kNN) every CPU core. Under `device=gpu` the device's start-up begins now, on a
+/// CPU by estimated time where a GPU may be usable; otherwise (and for text metrics) every CPU
+/// core. Under `device=gpu` the device's start-up begins now, on a
 /// background thread, while the inputs are read; under `device=auto` when the plan knows the
 /// inputs' sizes ([`Backend::for_inputs`]).
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
@@ -405,7 +405,7 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     }
     let text_on_cpu = op.metric.is_text() && op.device != Device::Gpu;
     let clusters_on_cpu = op.index == IndexChoice::ListOfClusters && op.device != Device::Gpu;
-    if text_on_cpu || op.approx.is_some() || clusters_on_cpu {
+    if text_on_cpu || clusters_on_cpu {
         return Ok(std::sync::Arc::new(CpuBackend));
     }
     let devices = op.devices.clone();
@@ -455,9 +455,6 @@ fn check(op: &SimilarityOp) -> Result<()> {
                 "{function}: option device=gpu is not available with index=list_of_clusters: kNN through the List of Clusters runs on every CPU core (device=auto or cpu; joins and range queries search it on the GPU)"
             )
         }
-        Device::Gpu if op.approx.is_some() => plan_err!(
-            "{function}: option device=gpu is not available with approx=true: the Multicurves index is searched on every CPU core (device=auto or cpu)"
-        ),
         Device::Cpu if op.devices != crate::op::Devices::All => {
             plan_err!("{function}: option devices={} selects GPUs, but device=cpu runs on the CPU", op.devices)
         }

@@ -14,6 +14,7 @@ use cudarc::nvrtc::Ptx;
 use super::buffers::SideBuffers;
 use super::download::ResultBuffers;
 use super::kernels::{Kernel, KernelModule};
+use super::launch::DeviceCurves;
 use super::{Error, Result};
 use super::{GpuInfo, probe_ordinal};
 
@@ -51,6 +52,16 @@ pub struct GpuDevice {
     pipeline: OnceLock<Result<[Arc<CudaStream>; PIPELINE_STREAMS]>>,
     /// Exact rows kept on the device between queries ([`GpuDevice::resident_rows`]).
     resident: Mutex<ResidentRows>,
+    /// The device copy of the Multicurves index searched last, while its host index lives
+    /// ([`GpuDevice::kept_curves`]).
+    curves: Mutex<Option<KeptCurves>>,
+}
+
+/// A device copy of a host index, and the host index it copies (held weakly).
+#[derive(Debug)]
+struct KeptCurves {
+    key: Weak<dyn Any + Send + Sync>,
+    curves: Arc<DeviceCurves>,
 }
 
 /// The key rows stay resident under: the mark of host vectors whose values never change while it
@@ -199,6 +210,7 @@ impl GpuDevice {
             ranked: Mutex::new(None),
             pipeline: OnceLock::new(),
             resident: Mutex::default(),
+            curves: Mutex::new(None),
         })
     }
 
@@ -244,6 +256,29 @@ impl GpuDevice {
             resident.evict(capacity);
         }
         Ok((rows, false))
+    }
+
+    /// The Multicurves index `key` on the device, and whether it was there already: one index is
+    /// kept between queries (the last searched, while its host index lives and it takes at most a
+    /// quarter of the device's memory), so that repeated queries over a kept base upload nothing.
+    /// The caller vouches that `upload` puts the key's index on the device; it is called only
+    /// when that is not there.
+    pub fn kept_curves(
+        &self,
+        key: &ResidentKey,
+        upload: impl FnOnce() -> Result<DeviceCurves>,
+    ) -> Result<(Arc<DeviceCurves>, bool)> {
+        let mut kept = self.curves.lock().map_err(|_| "the GPU's kept index is poisoned".to_string())?;
+        if let Some(entry) = kept.as_ref().filter(|e| std::ptr::addr_eq(e.key.as_ptr(), Arc::as_ptr(key))) {
+            return Ok((entry.curves.clone(), true));
+        }
+        // Free the last index before uploading the next.
+        *kept = None;
+        let curves = Arc::new(upload()?);
+        if curves.bytes() <= self.info.total_memory / RESIDENT_SHARE {
+            *kept = Some(KeptCurves { key: Arc::downgrade(key), curves: curves.clone() });
+        }
+        Ok((curves, false))
     }
 
     /// The side derived from `key`'s kept rows for `metric`, centred on `centre`'s mean where

@@ -29,11 +29,13 @@ pub enum KernelModule {
     Text,
     /// `kernels/clusters.cu`: range searches through the List of Clusters (vectors and strings).
     Clusters,
+    /// `kernels/approx.cu`: approximate kNN from the Multicurves index.
+    Approx,
 }
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 10] = [
+    pub const ALL: [KernelModule; 11] = [
         KernelModule::GridJoin,
         KernelModule::GridJoinWide,
         KernelModule::BruteJoin,
@@ -44,6 +46,7 @@ impl KernelModule {
         KernelModule::Grid,
         KernelModule::Text,
         KernelModule::Clusters,
+        KernelModule::Approx,
     ];
 
     /// The module's position in [`KernelModule::ALL`].
@@ -64,6 +67,7 @@ impl KernelModule {
             KernelModule::Grid => GRID,
             KernelModule::Text => TEXT,
             KernelModule::Clusters => CLUSTERS,
+            KernelModule::Approx => APPROX,
         }
     }
 
@@ -80,6 +84,7 @@ impl KernelModule {
             KernelModule::Grid => "grid.cu",
             KernelModule::Text => "text.cu",
             KernelModule::Clusters => "clusters.cu",
+            KernelModule::Approx => "approx.cu",
         }
     }
 }
@@ -121,11 +126,12 @@ pub enum Kernel {
     TextJoin,
     ClustersRangeVectors,
     ClustersRangeText,
+    ApproxKnn,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 34] = [
+    pub const ALL: [Kernel; 35] = [
         Kernel::GridJoin,
         Kernel::GridJoinWide,
         Kernel::GridJoinWork,
@@ -160,6 +166,7 @@ impl Kernel {
         Kernel::TextJoin,
         Kernel::ClustersRangeVectors,
         Kernel::ClustersRangeText,
+        Kernel::ApproxKnn,
     ];
 
     /// The entry point's name in its source.
@@ -199,6 +206,7 @@ impl Kernel {
             Kernel::TextJoin => "text_join",
             Kernel::ClustersRangeVectors => "clusters_range_vectors",
             Kernel::ClustersRangeText => "clusters_range_text",
+            Kernel::ApproxKnn => "approx_knn",
         }
     }
 
@@ -235,6 +243,7 @@ impl Kernel {
             Kernel::GatherRows => KernelModule::Grid,
             Kernel::TextJoin => KernelModule::Text,
             Kernel::ClustersRangeVectors | Kernel::ClustersRangeText => KernelModule::Clusters,
+            Kernel::ApproxKnn => KernelModule::Approx,
         }
     }
 }

@@ -22,9 +22,11 @@ fn compile_time(module: KernelModule) -> Duration {
         KernelModule::GridJoin | KernelModule::GridJoinWide => Duration::from_millis(1300),
         KernelModule::BruteJoin => Duration::from_millis(1800),
         KernelModule::Knn | KernelModule::TcSampleKeys => Duration::from_millis(1200),
-        KernelModule::Grid | KernelModule::Rows | KernelModule::Text | KernelModule::Clusters => {
-            Duration::from_millis(300)
-        }
+        KernelModule::Grid
+        | KernelModule::Rows
+        | KernelModule::Text
+        | KernelModule::Clusters
+        | KernelModule::Approx => Duration::from_millis(300),
     }
 }
 

@@ -43,7 +43,7 @@ use crate::op::{Metric, dot};
 use crate::vectors::{Row, Vectors};
 
 /// Curves of an index (16 rather than 8: docs/optimisations.md, v142).
-const CURVES: usize = 16;
+pub const CURVES: usize = 16;
 /// Leading principal axes the curves' rotations mix.
 const CURVE_AXES: usize = 16;
 /// Dimensions of each curve (8 coordinates of 8 bits: a 64-bit key).
@@ -59,13 +59,13 @@ const PROJECTED_DIMS: usize = 63;
 const RESIDUAL_WEIGHT: f32 = 0.5;
 /// Principal coordinates kept in all: the proxy's [`PROJECTED_DIMS`], then those of the second
 /// ranking (`Multicurves::refined`).
-const PRINCIPAL_DIMS: usize = 192;
+pub const PRINCIPAL_DIMS: usize = 192;
 /// Keys between two entries of a curve's fence (`Curve::fences`): a query's binary search runs
 /// over the fence (7.5 KB for 60,000 rows, in L1 or L2), then within one block of 64 keys (8 cache
 /// lines), instead of ~16 steps over the whole key list, each a likely cache miss.
 const FENCE: usize = 16;
 /// Rows of the sample the principal axes are estimated from.
-const PCA_SAMPLE: usize = 8192;
+pub const PCA_SAMPLE: usize = 8192;
 /// Rounds of subspace iteration (Golub & Van Loan, orthogonal iteration). The axes need only be
 /// orthonormal for the proxy to be a share of the distance; how well they match the principal ones
 /// decides how large a share.
@@ -325,17 +325,44 @@ impl Multicurves {
     pub fn candidates(&self, projected: &[f32], per_curve: usize, mut visit: impl FnMut(u32, &[f32])) {
         let n = self.len();
         let take = per_curve.min(n);
-        let mut coords = Vec::with_capacity(self.curve_dims);
         for curve in &self.curves {
-            coords.clear();
-            coords.extend(rotate(&projected[..self.curve_axes], &curve.rotation, self.curve_dims));
-            let at = curve.position_of(curve.key(&coords, self.bits));
+            let at = curve.position_of(self.key_on(curve, projected));
             let start = at.saturating_sub(take / 2).min(n - take);
             let leads = curve.leads[start * LEAD..(start + take) * LEAD].chunks_exact(LEAD);
             for (&p, row) in curve.positions[start..start + take].iter().zip(leads) {
                 visit(p, row);
             }
         }
+    }
+
+    /// Curves of the index.
+    pub fn curve_count(&self) -> usize {
+        self.curves.len()
+    }
+
+    /// Curve `c`'s keys, ascending, and the base position of each (the lists the device searches).
+    pub fn curve(&self, c: usize) -> (&[u64], &[u32]) {
+        (&self.curves[c].keys, &self.curves[c].positions)
+    }
+
+    /// Every base vector in f32 (unit vectors under cosine), `dim` values a row.
+    pub fn all_values(&self) -> &[f32] {
+        &self.values[..self.len * self.dim]
+    }
+
+    /// A query's key on each curve, from its principal coordinates as [`Multicurves::queries`]
+    /// projects them, appended to `keys`.
+    pub fn query_keys(&self, projected: &[f32], keys: &mut Vec<u64>) {
+        keys.extend(self.curves.iter().map(|curve| self.key_on(curve, projected)));
+    }
+
+    /// The key on `curve` of principal coordinates `projected`.
+    fn key_on(&self, curve: &Curve, projected: &[f32]) -> u64 {
+        let mut coords = [0f32; CURVE_DIMS];
+        for (out, x) in coords.iter_mut().zip(rotate(&projected[..self.curve_axes], &curve.rotation, self.curve_dims)) {
+            *out = x;
+        }
+        curve.key(&coords[..self.curve_dims], self.bits)
     }
 }
 
@@ -382,6 +409,11 @@ pub struct Query<'a> {
 }
 
 impl QueryBlock {
+    /// The block's f32 rows (unit rows under cosine), the index's `dim` values each.
+    pub fn into_values(self) -> Vec<f32> {
+        self.values
+    }
+
     /// Query `i` of the block.
     pub fn get(&self, i: usize) -> Query<'_> {
         let Layout { stride, refined_stride, .. } = self.layout;

@@ -92,6 +92,8 @@ pub struct Vectors {
     /// [`Vectors::curves`]: the Multicurves index over the vectors as they are, and over their unit
     /// vectors (cosine), each built on first use and kept as long as the vectors are.
     curves: [OnceLock<Arc<Multicurves>>; 2],
+    /// [`Vectors::forgo_curves`]: what runs without the index have cost beyond its search (ns).
+    curves_forgone: std::sync::atomic::AtomicU64,
     /// [`Vectors::unit_rows`], computed on first use.
     unit: OnceLock<Vec<f64>>,
     /// [`Vectors::list_of_clusters`]: the List of Clusters under each metric it serves (L2, L1,
@@ -191,6 +193,20 @@ impl Vectors {
         let slot = &self.curves[geometry as usize];
         let kept = slot.get().is_some();
         (slot.get_or_init(|| Arc::new(Multicurves::build(self, geometry))).clone(), kept)
+    }
+
+    /// Adds `ns` to what runs without the Multicurves index (the exact kNN on the GPU, the index
+    /// not built) have cost beyond the index's estimated search, and returns the sum: the
+    /// scheduler builds the index once that reaches the build's cost (kept vectors only, which
+    /// keep the index for later runs).
+    pub fn forgo_curves(&self, ns: f64) -> f64 {
+        let ns = ns.max(0.0) as u64;
+        (self.curves_forgone.fetch_add(ns, std::sync::atomic::Ordering::Relaxed) + ns) as f64
+    }
+
+    /// Whether the Multicurves index in `geometry` was built already (see `curves`).
+    pub fn curves_kept(&self, geometry: Geometry) -> bool {
+        self.curves[geometry as usize].get().is_some()
     }
 
     /// The List of Clusters over these vectors under `metric` (one of those the index serves),

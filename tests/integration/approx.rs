@@ -139,10 +139,6 @@ async fn options_the_index_cannot_serve_are_errors() {
             "SELECT * FROM knn(t, t, 3, 'approx=true, metric=inner_product')",
             "knn: option approx=true needs a metric the Multicurves index can serve (l2, l2sq, cosine, l1, linf), not inner_product",
         ),
-        (
-            "SELECT * FROM knn(t, t, 3, 'approx=true, device=gpu')",
-            "knn: option device=gpu is not available with approx=true",
-        ),
         ("SELECT * FROM knn(t, t, 3, 'approx=maybe')", "approx must be true or false, got 'maybe'"),
         ("SELECT * FROM knn(t, t, 3, 'approx_effort=0')", "approx_effort must be a number from 0.01 to 1000, got '0'"),
         (

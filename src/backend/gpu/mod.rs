@@ -29,6 +29,7 @@ use crate::gpu::launch::{
 use crate::gpu::memory::{available_memory, upload, zeroed};
 use crate::gpu::{DerivedSide, Error as GpuError, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 use crate::index::JoinStrategy;
+use crate::index::curves::CURVES;
 use crate::on_coords;
 use crate::op::IndexChoice;
 use crate::op::{Metric, row_norm};
@@ -37,6 +38,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBi
 use rayon::prelude::*;
 
 mod appended;
+mod approx;
 mod clusters;
 mod filter;
 mod join;
@@ -171,6 +173,18 @@ impl Backend for GpuBackend {
         let budget = self.memory_budget()?;
         if request.metric.is_text() {
             return self.gpu_text_knn(request, sink, budget).map_err(|e| gpu_error("GPU text kNN", e))?;
+        }
+        if let Some(approx) = request.approx {
+            let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
+                self.gpu_approx_knn(tile, approx, sink, budget).map_err(|e| gpu_error("GPU approximate kNN", e))?
+            };
+            // The index takes half of the budget at most, the queries' tiles a quarter; a larger
+            // base is searched in parts, each with an index of its own, their lists merged.
+            let base_rows = (budget / 2 / approx::index_row_bytes(request.base.dim, CURVES)).max(MIN_TILE_ROWS);
+            if request.base.len() <= base_rows {
+                return run(request, sink);
+            }
+            return tiles::tiled_knn(request, sink, request.queries.len(), base_rows, run);
         }
         let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
             self.gpu_knn(tile, sink, budget).map_err(|e| gpu_error("GPU kNN", e))?

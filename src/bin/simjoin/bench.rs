@@ -268,7 +268,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
     let ctx = super::sql::session(&args.session).await?;
     if args.approx {
-        return super::bench_approx::run(&args, &ctx).await;
+        return super::bench_approx::run(&args, &ctx, args.session.device == simjoin::Device::Gpu).await;
     }
     let mut records = Vec::new();
     let mut table = String::from(

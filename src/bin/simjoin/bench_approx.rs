@@ -1,7 +1,8 @@
 //! `simjoin bench --approx`: the approximate kNN (`approx=true`) against the exact one on the same
 //! in-memory data and queries, in one process: recall@k and queries per second at several efforts,
 //! with the index's build (the first approximate run) timed apart. The exact path runs on the
-//! session's device (`--device gpu` compares with the GPU); the approximate one on the CPU cores.
+//! session's device; the approximate one on the CPU cores and, under `--device gpu`, on the GPU
+//! too (its search of the index, even where the cost model would run the exact kNN instead).
 //! Results go to `approx.json` in `--dir`, which benches/approx.py adds FAISS's indexes to.
 
 use std::collections::HashSet;
@@ -31,7 +32,7 @@ struct Dataset {
     queries_n: usize,
 }
 
-pub async fn run(args: &BenchArgs, ctx: &SessionContext) -> Result<()> {
+pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()> {
     let scale = |n: usize| if args.quick { n / 10 } else { n };
     let mut datasets = Vec::new();
     if args.fashion_mnist.exists() {
@@ -101,6 +102,24 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext) -> Result<()> {
             // in memory): its extra time over a later run is the build.
             let build = (i == 0).then_some(first - seconds);
             row("simjoin multicurves", Some(effort), seconds, hits as f64 / truth.len() as f64, build);
+            if effort == 1.0 {
+                print_metrics(ctx, &d.name, &sql).await?;
+            }
+        }
+        if gpu {
+            simjoin::backend::force_approx_search(true);
+            for effort in EFFORTS {
+                let sql = format!(
+                    "SELECT query_id, base_id FROM knn(base, queries, {K}, 'approx=true, approx_effort={effort}, device=gpu')"
+                );
+                let (seconds, _, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
+                let hits = found.iter().filter(|pair| truth.contains(pair)).count();
+                row("simjoin multicurves (gpu)", Some(effort), seconds, hits as f64 / truth.len() as f64, None);
+                if effort == 1.0 {
+                    print_metrics(ctx, &d.name, &sql).await?;
+                }
+            }
+            simjoin::backend::force_approx_search(false);
         }
         eprintln!("{}: done", d.name);
     }
@@ -108,6 +127,19 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext) -> Result<()> {
         .map_err(|e| DataFusionError::Execution(format!("results as JSON: {e}")))?;
     std::fs::write(args.dir.join("approx.json"), json)?;
     println!("{table}");
+    Ok(())
+}
+
+/// Prints (to stderr) the operator's line of `EXPLAIN ANALYZE` for `sql`: where its time went
+/// (build, probe, transfers, kernels) and the candidates it took and measured.
+async fn print_metrics(ctx: &SessionContext, name: &str, sql: &str) -> Result<()> {
+    let batches = ctx.sql(&format!("EXPLAIN ANALYZE {sql}")).await?.collect().await?;
+    for batch in &batches {
+        let Some(plans) = batch.column(1).as_string_opt::<i32>() else { continue };
+        for line in plans.iter().flatten().flat_map(str::lines).filter(|l| l.contains("SimilarityExec")) {
+            eprintln!("{name}: {}", line.trim());
+        }
+    }
     Ok(())
 }
 

@@ -190,6 +190,56 @@ async fn compare_with(ctx: &SessionContext, sql: &str, data: &str, table: &mut S
     Ok(failed)
 }
 
+/// Runs the approximate kNN of `a`'s rows over `b` under `metric` on the cores and on the GPU and
+/// adds a row to `table`; 1 when the GPU failed, a distance it returned differs from the exact
+/// kNN's for the same pair, its ranks are not 1, 2, … by distance, or it finds fewer of the exact
+/// neighbours than the cores (by more than 1 %), else 0.
+async fn check_approx(ctx: &SessionContext, metric: Metric, data: &str, table: &mut String) -> Result<usize> {
+    let sql = |options: &str| {
+        format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, 10, 'metric={metric}{options}')")
+    };
+    let exact = rows(ctx, &sql(", device=cpu")).await?;
+    let truth: std::collections::HashMap<(i64, i64), u64> = exact.iter().map(|r| ((r.0, r.1), r.2)).collect();
+    let recall =
+        |found: &[Row]| found.iter().filter(|r| truth.contains_key(&(r.0, r.1))).count() as f64 / truth.len() as f64;
+    let started = Instant::now();
+    let cpu = rows(ctx, &sql(", approx=true, device=cpu")).await?;
+    let cpu_ms = started.elapsed().as_secs_f64() * 1e3;
+    let started = Instant::now();
+    let gpu = rows(ctx, &sql(", approx=true, device=gpu")).await;
+    let gpu_ms = started.elapsed().as_secs_f64() * 1e3;
+    let (verdict, failed) = match &gpu {
+        Err(e) => (format!("GPU ERROR: {}", e.strip_backtrace()), 1),
+        Ok(gpu) => {
+            let wrong = gpu.iter().filter(|r| truth.get(&(r.0, r.1)).is_some_and(|&d| d != r.2)).count();
+            let mut ranked = gpu.clone();
+            ranked.sort_unstable_by_key(|r| (r.0, r.3));
+            let misranked = ranked
+                .windows(2)
+                .filter(|w| {
+                    let same = w[0].0 == w[1].0;
+                    (same && (w[1].3 != w[0].3 + 1 || f64::from_bits(w[1].2) < f64::from_bits(w[0].2)))
+                        || (!same && w[1].3 != 1)
+                })
+                .count();
+            let (cpu_recall, gpu_recall) = (recall(&cpu), recall(gpu));
+            let verdict = format!("recall cpu {cpu_recall:.3}, gpu {gpu_recall:.3}");
+            if wrong > 0 || misranked > 0 || gpu.len() != exact.len() || gpu_recall < cpu_recall - 0.01 {
+                (format!("MISMATCH: {verdict}, {} rows, {wrong} wrong distances, {misranked} misranked", gpu.len()), 1)
+            } else {
+                (verdict, 0)
+            }
+        }
+    };
+    let query = format!("knn(a, b, 10, 'metric={metric}, approx=true')");
+    table.push_str(&format!(
+        "| {data} | {query} | {} | {cpu_ms:.1} | {gpu_ms:.1} | {verdict} |
+",
+        exact.len()
+    ));
+    Ok(failed)
+}
+
 /// The joins of table `a` and range queries of `b` run with `options`: a self-join with ordered
 /// pairs, one with unordered pairs and each row with itself, `a` against `b`, and `a`'s rows as
 /// range queries over `b`.
@@ -395,6 +445,16 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     let what = "a kNN divided between the GPU and the CPU";
     failures += check_metric(&ctx, explain, "divided_cpu_rows", what, |rows| rows > 0, "more than 0").await?;
     simjoin::backend::force_gpu_share(None);
+    // The approximate kNN's search of the Multicurves index on the GPU (forced where the exact kNN
+    // would be estimated faster): exact distances and ranks, and the cores' recall or better.
+    simjoin::backend::force_approx_search(true);
+    for (name, values, dim) in [&datasets[2], &datasets[4], &datasets[7], &datasets[8]] {
+        let n = register_pair(&ctx, values, *dim)?;
+        for metric in [Metric::L2, Metric::Cosine, Metric::L1, Metric::LInf] {
+            failures += check_approx(&ctx, metric, &format!("{name} | {n} × {dim}"), &mut table).await?;
+        }
+    }
+    simjoin::backend::force_approx_search(false);
     // Text (metric=levenshtein): joins, range queries and kNN of seeded words (`datagen::words`: mutated
     // copies, non-ASCII characters, strings of up to 8 machine words, empty strings, NULLs) on the
     // GPU against the CPU's segment filter.

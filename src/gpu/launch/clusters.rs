@@ -88,16 +88,6 @@ fn config(rows: usize, shared: usize) -> LaunchConfig {
     }
 }
 
-/// Asks for `shared` bytes of dynamic shared memory where that is more than the default.
-fn allow_shared(function: &CudaFunction, kernel: Kernel, shared: usize) -> Result<()> {
-    if shared > 48 << 10 {
-        function
-            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
-            .map_err(|e| Error::Device(format!("{kernel}: asking for {shared} bytes of shared memory failed: {e}")))?;
-    }
-    Ok(())
-}
-
 /// Runs clusters_range_vectors over left rows `rows`, appending to `out` (its count reset first),
 /// waits, and returns the pairs found (more than `out` holds when it overflowed).
 pub fn clusters_range_vectors(

@@ -12,6 +12,7 @@ use super::buffers::*;
 use super::device::GpuDevice;
 use super::kernels::Kernel;
 
+mod approx;
 mod clusters;
 mod geometry;
 mod join;
@@ -23,6 +24,7 @@ mod text;
 
 use super::memory::zeroed;
 use super::{Error, Result};
+pub use approx::*;
 pub use clusters::*;
 use geometry::*;
 pub use join::*;
@@ -31,3 +33,13 @@ pub use primitives::*;
 pub use rank::*;
 pub use sample::*;
 pub use text::*;
+
+/// Asks for `shared` bytes of dynamic shared memory where that is more than the default.
+fn allow_shared(function: &CudaFunction, kernel: Kernel, shared: usize) -> Result<()> {
+    if shared > 48 << 10 {
+        function
+            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
+            .map_err(|e| Error::Device(format!("{kernel}: asking for {shared} bytes of shared memory failed: {e}")))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,167 @@
+// Approximate kNN from the Multicurves index on the device (src/backend/gpu/approx.rs): Teodoro et
+// al.'s search ("Approximate similarity search for online multimedia services on distributed
+// CPU–GPU platforms"), one block per query. The index is the host's (src/index/curves.rs): each
+// curve's keys ascending and the base position of each, and the base in f32 (unit rows under
+// cosine). A query takes `per_curve` entries around its key on every curve (as many before it as
+// after, fewer only at a list's ends: the host's `Multicurves::candidates`), drops repeats, and
+// ranks the distinct candidates by their whole f32 distance; the best `keep` go back to the host,
+// which measures the k best and any within f32 rounding of them exactly in f64. Where the cores
+// rank the candidates by a proxy over the principal coordinates first (their memory reads are
+// the cost), the device reads every candidate's row: its bandwidth affords it, and no true
+// neighbour among the candidates is lost to the proxy.
+#include "common.cuh"
+#include "bitonic.cuh"
+
+// Threads of a block (8 warps, each measuring candidates with its lanes over dimensions).
+#define APPROX_THREADS 256
+// Most curves of an index (threads of the first warp search one curve each).
+#define APPROX_MAX_CURVES 32
+
+#define NO_POSITION 0xffffffffu
+#define F32_INFINITY __int_as_float(0x7f800000)
+
+// Candidates a warp measures at once: their rows' loads are in flight together (one row at a
+// time left each lane waiting on one load after another).
+#define ROWS_AT_ONCE 4
+
+// One term of the f32 score under FILTER (FILTER_SQUARED_L2, FILTER_L1 or FILTER_LINF).
+template <u32 FILTER>
+__device__ __forceinline__ float add_term(float s, float t) {
+    if (FILTER == FILTER_LINF) return fmaxf(s, fabsf(t));
+    if (FILTER == FILTER_L1) return s + fabsf(t);
+    return s + t * t;
+}
+
+// The f32 scores under FILTER of query `query` against base rows `row[r]` (null: none), summed by
+// one warp (every lane returns them). Rows of a multiple of 4 values are read 16 bytes a lane.
+template <u32 FILTER>
+__device__ __forceinline__ void warp_scores(const float* const (&row)[ROWS_AT_ONCE], const float* query, u32 dim,
+                                            u32 lane, float (&s)[ROWS_AT_ONCE]) {
+#pragma unroll
+    for (u32 r = 0; r < ROWS_AT_ONCE; ++r) s[r] = 0.0f;
+    if ((dim & 3) == 0) {
+        const float4* q4 = (const float4*)query;
+        for (u32 d = lane; d < dim / 4; d += 32) {
+            const float4 q = q4[d];
+            float4 x[ROWS_AT_ONCE];
+#pragma unroll
+            for (u32 r = 0; r < ROWS_AT_ONCE; ++r) x[r] = row[r] ? ((const float4*)row[r])[d] : q;
+#pragma unroll
+            for (u32 r = 0; r < ROWS_AT_ONCE; ++r) {
+                s[r] = add_term<FILTER>(s[r], x[r].x - q.x);
+                s[r] = add_term<FILTER>(s[r], x[r].y - q.y);
+                s[r] = add_term<FILTER>(s[r], x[r].z - q.z);
+                s[r] = add_term<FILTER>(s[r], x[r].w - q.w);
+            }
+        }
+    } else {
+        for (u32 d = lane; d < dim; d += 32) {
+            const float q = query[d];
+            float x[ROWS_AT_ONCE];
+#pragma unroll
+            for (u32 r = 0; r < ROWS_AT_ONCE; ++r) x[r] = row[r] ? row[r][d] : q;
+#pragma unroll
+            for (u32 r = 0; r < ROWS_AT_ONCE; ++r) s[r] = add_term<FILTER>(s[r], x[r] - q);
+        }
+    }
+#pragma unroll
+    for (u32 r = 0; r < ROWS_AT_ONCE; ++r) {
+        for (u32 d = 16; d > 0; d >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, s[r], d);
+            s[r] = FILTER == FILTER_LINF ? fmaxf(s[r], other) : s[r] + other;
+        }
+    }
+}
+
+// Scores every distinct entry of `ids` (ascending, a repeat after its first occurrence; repeats
+// and NO_POSITION get +∞) into `scores`, each warp ROWS_AT_ONCE entries at a time.
+template <u32 FILTER>
+__device__ __forceinline__ void score_entries(const u32* ids, float* scores, u32 capacity, const float* base, u32 dim,
+                                              const float* query) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (u32 first = warp * ROWS_AT_ONCE; first < capacity; first += warps * ROWS_AT_ONCE) {
+        const float* row[ROWS_AT_ONCE];
+#pragma unroll
+        for (u32 r = 0; r < ROWS_AT_ONCE; ++r) {
+            const u32 i = first + r;
+            const u32 id = i < capacity ? ids[i] : NO_POSITION;
+            const bool measured = id != NO_POSITION && (i == 0 || ids[i - 1] != id);
+            row[r] = measured ? base + (u64)id * dim : nullptr;
+        }
+        float s[ROWS_AT_ONCE];
+        warp_scores<FILTER>(row, query, dim, lane, s);
+#pragma unroll
+        for (u32 r = 0; r < ROWS_AT_ONCE; ++r) {
+            if (lane == 0 && first + r < capacity) scores[first + r] = row[r] ? s[r] : F32_INFINITY;
+        }
+    }
+}
+
+// approx_knn: queries [0, query_count) of `queries` (`dim` f32 values each) with their keys on
+// every curve (`query_keys[q·curves + c]`); the index's `curves` lists of `n` keys (`keys[c·n + i]`,
+// ascending) and positions (`positions[c·n + i]`), and the base rows (`base`, `dim` values each).
+// `capacity`, a power of two ≥ curves·min(per_curve, n), is the entries of dynamic shared memory
+// (a position and a score each). Writes each query's `keep` best (score, position), ascending by
+// score then position, to out_scores/out_positions[q·keep ..]; +∞ and NO_POSITION past its
+// distinct candidates.
+extern "C" __global__ void __launch_bounds__(APPROX_THREADS) approx_knn(
+    const u64* keys, const u32* positions, u32 n, u32 curves, u32 per_curve, const float* base, u32 dim, u32 filter,
+    const float* queries, const u64* query_keys, u32 query_count, u32 capacity, u32 keep, u32* out_positions,
+    float* out_scores) {
+    extern __shared__ u32 entries[];
+    u32* ids = entries;
+    float* scores = (float*)(entries + capacity);
+    __shared__ u32 starts[APPROX_MAX_CURVES];
+    const u32 take = min(per_curve, n);
+    for (u32 q = blockIdx.x; q < query_count; q += gridDim.x) {
+        if (threadIdx.x < curves) {
+            const u64* list = keys + (u64)threadIdx.x * n;
+            const u64 key = query_keys[(u64)q * curves + threadIdx.x];
+            // The first entry whose key is not below the query's.
+            u32 low = 0, high = n;
+            while (low < high) {
+                const u32 middle = low + (high - low) / 2;
+                if (list[middle] < key) low = middle + 1;
+                else high = middle;
+            }
+            starts[threadIdx.x] = min(low - min(low, take / 2), n - take);
+        }
+        __syncthreads();
+        for (u32 i = threadIdx.x; i < capacity; i += blockDim.x) {
+            const u32 c = i / take;
+            ids[i] = c < curves ? positions[(u64)c * n + starts[c] + i % take] : NO_POSITION;
+        }
+        __syncthreads();
+        // Positions ascending: a repeat follows its first occurrence.
+        bitonic_sort(capacity, [&](u32 i, u32 j, bool ascending) {
+            const u32 a = ids[i], b = ids[j];
+            if ((a > b) == ascending) {
+                ids[i] = b;
+                ids[j] = a;
+            }
+        });
+        const float* query = queries + (u64)q * dim;
+        if (filter == FILTER_LINF) score_entries<FILTER_LINF>(ids, scores, capacity, base, dim, query);
+        else if (filter == FILTER_L1) score_entries<FILTER_L1>(ids, scores, capacity, base, dim, query);
+        else score_entries<FILTER_SQUARED_L2>(ids, scores, capacity, base, dim, query);
+        __syncthreads();
+        // (score, position) ascending: the host's order of equal f32 scores does not matter, as
+        // every candidate within rounding of the k-th is measured exactly there.
+        bitonic_sort(capacity, [&](u32 i, u32 j, bool ascending) {
+            const float a = scores[i], b = scores[j];
+            const u32 x = ids[i], y = ids[j];
+            if ((a > b || (a == b && x > y)) == ascending) {
+                scores[i] = b;
+                scores[j] = a;
+                ids[i] = y;
+                ids[j] = x;
+            }
+        });
+        for (u32 i = threadIdx.x; i < keep; i += blockDim.x) {
+            const bool found = i < capacity && scores[i] < F32_INFINITY;
+            out_positions[(u64)q * keep + i] = found ? ids[i] : NO_POSITION;
+            out_scores[(u64)q * keep + i] = found ? scores[i] : F32_INFINITY;
+        }
+        __syncthreads();
+    }
+}

@@ -1,0 +1,200 @@
+//! Approximate kNN on the GPU (`knn(…, 'approx=true')` where the cost model sends it to the
+//! device and finds the index's search faster there than the exact one: backend/auto.rs). The
+//! Multicurves index is the one the cores search (built on the host, kept with the vectors:
+//! index/curves.rs); its curves' keys and positions and its f32 rows are uploaded, the queries are
+//! projected and keyed on the host, and kernels/approx.cu gives each query's best candidates by
+//! whole f32 distance. The host measures the k best and any within f32 rounding of them exactly
+//! (as the cores' search does: backend/approx.rs), so each returned row carries its exact distance
+//! and its rank among the returned rows.
+
+use datafusion::common::exec_err;
+
+use super::*;
+use crate::backend::ResultChunk;
+use crate::backend::approx::{measured, within_rounding};
+use crate::backend::topk::push_ranked;
+use crate::gpu::launch::{ApproxBest, ApproxQueries, DeviceCurves, approx_capacity, approx_fits, approx_knn};
+use crate::index::curves::{Geometry, Multicurves};
+use crate::op::Approx;
+
+/// Best candidates a query sends back per neighbour asked for: the k best by f32 distance and
+/// room for those within rounding of the k-th, which the host measures exactly.
+const KEEP_PER_NEIGHBOUR: usize = 2;
+/// Most queries of one launch (their rows, keys and best lists stay on the device meanwhile).
+const QUERY_TILE: usize = 1 << 16;
+
+/// Device bytes a base row takes in the index: its f32 row, and its key and position on each curve.
+pub(super) fn index_row_bytes(dim: usize, curves: usize) -> usize {
+    4 * dim + 12 * curves
+}
+
+impl GpuBackend {
+    /// The approximate kNN of `request` (whose index fits this run's `budget`: `GpuBackend::knn`
+    /// tiles the base otherwise).
+    pub(super) fn gpu_approx_knn(
+        &self,
+        request: &KnnRequest,
+        approx: Approx,
+        sink: &dyn ResultSink,
+        budget: usize,
+    ) -> Result<Result<RunStats>, GpuError> {
+        let KnnRequest { base, queries, metric, .. } = *request;
+        let k = request.k.min(base.len());
+        let mut stats = RunStats { tiles: 1, ..Default::default() };
+        if k == 0 || queries.is_empty() {
+            return Ok(Ok(stats));
+        }
+        // Load the module now (once per process) so that it stays out of the run's times.
+        self.device.function(Kernel::ApproxKnn)?;
+        let start = Instant::now();
+        let geometry = Geometry::of(metric).expect("approx metrics are checked at planning (functions::table)");
+        let (index, kept) = base.curves(geometry);
+        stats.kept_indexes = usize::from(kept);
+        let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
+        stats.build_time = start.elapsed();
+        let (n, curves, dim) = (index.len(), index.curve_count(), base.dim);
+        let per_curve = approx.per_curve(k).min(n);
+        let capacity = approx_capacity(curves, per_curve, n);
+        if !approx_fits(&self.device, capacity) {
+            return Ok(exec_err!(
+                "knn: approx_effort={} with k={k} takes {per_curve} entries on each of {curves} curves, more than a block of this GPU holds ({} bytes of shared memory); lower approx_effort or k, or use device=cpu",
+                approx.effort,
+                self.device.shared_memory_per_block
+            ));
+        }
+        let keep = (KEEP_PER_NEIGHBOUR * k).max(k + 8).min(capacity);
+
+        let uploading = Instant::now();
+        let key: ResidentKey = index.clone();
+        let (device_index, on_device) = self.device.kept_curves(&key, || self.upload_curves(&index))?;
+        stats.resident_inputs += usize::from(on_device);
+        stats.transfer_time += uploading.elapsed();
+        let query_bytes = 4 * dim + 8 * curves + 8 * keep;
+        let tile = (budget / 4 / query_bytes).clamp(1, QUERY_TILE).min(queries.len());
+        let mut tile_queries = ApproxQueries {
+            rows: zeroed::<f32>(&self.device.stream, (tile * dim).max(1))?,
+            keys: zeroed::<u64>(&self.device.stream, tile * curves)?,
+            count: 0,
+        };
+        let mut best = ApproxBest {
+            positions: zeroed::<u32>(&self.device.stream, tile * keep)?,
+            scores: zeroed::<f32>(&self.device.stream, tile * keep)?,
+            keep,
+        };
+        let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("GPU copy failed: {e}"));
+        // The f32 score ordered as the metric (squared under L2, L2² and cosine's unit rows).
+        let filter = match metric {
+            Metric::L1 => FilterCode::L1,
+            Metric::LInf => FilterCode::LInf,
+            _ => FilterCode::SquaredL2,
+        };
+        let mut measured_count = 0u64;
+        let mut chunk = ResultChunk::default();
+        sink.start(queries.len().div_ceil(tile) as u64);
+        let probe = Instant::now();
+        for first in (0..queries.len()).step_by(tile) {
+            let rows = first..(first + tile).min(queries.len());
+            let (values, keys) = query_tile(&index, queries, rows.clone());
+            let uploading = Instant::now();
+            let stream = &self.device.stream;
+            stream.memcpy_htod(&values, &mut tile_queries.rows.slice_mut(0..values.len())).map_err(copy)?;
+            stream.memcpy_htod(&keys, &mut tile_queries.keys.slice_mut(0..keys.len())).map_err(copy)?;
+            tile_queries.count = rows.len();
+            stats.transfer_time += uploading.elapsed();
+            let searching = Instant::now();
+            approx_knn(&self.device, &device_index, &tile_queries, per_curve, filter, &mut best)?;
+            stream.synchronize().map_err(|e| GpuError::Device(format!("approx_knn failed: {e}")))?;
+            stats.kernel_time += searching.elapsed();
+            let downloading = Instant::now();
+            let listed = rows.len() * keep;
+            let positions = stream.clone_dtoh(&best.positions.slice(0..listed)).map_err(copy)?;
+            let scores = stream.clone_dtoh(&best.scores.slice(0..listed)).map_err(copy)?;
+            stats.transfer_time += downloading.elapsed();
+            let lists: Vec<(u64, Vec<Neighbour>)> = rows
+                .clone()
+                .into_par_iter()
+                .map(|q| {
+                    let at = (q - first) * keep;
+                    let mut candidates: Vec<(f32, u32)> = scores[at..at + keep]
+                        .iter()
+                        .zip(&positions[at..at + keep])
+                        .filter(|&(_, &p)| p != u32::MAX)
+                        .map(|(&s, &p)| (s, p))
+                        .collect();
+                    within_rounding(&mut candidates, k);
+                    let list = measured(request, &exact, &index, q, candidates.iter().map(|&(_, p)| p as usize));
+                    (candidates.len() as u64, list)
+                })
+                .collect();
+            for (q, (count, list)) in rows.zip(&lists) {
+                measured_count += count;
+                push_ranked(&mut chunk, q, list);
+            }
+            if chunk.len() >= sink.chunk_rows()
+                && let Err(e) = sink.send(std::mem::take(&mut chunk))
+            {
+                return Ok(Err(e));
+            }
+            sink.advance(1);
+        }
+        if !chunk.is_empty()
+            && let Err(e) = sink.send(chunk)
+        {
+            return Ok(Err(e));
+        }
+        stats.curve_candidates = (queries.len() * curves * per_curve) as u64;
+        stats.candidates = measured_count;
+        stats.probe_time = probe.elapsed();
+        stats.devices =
+            vec![DeviceRun { ordinal: self.ordinal(), rows: queries.len(), base_rows: n, ..Default::default() }];
+        Ok(Ok(stats))
+    }
+
+    /// `index`'s curves and f32 rows on the device.
+    fn upload_curves(&self, index: &Multicurves) -> Result<DeviceCurves, GpuError> {
+        let (n, curves) = (index.len(), index.curve_count());
+        let stream = &self.device.stream;
+        let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("copy to the GPU failed: {e}"));
+        let mut keys = zeroed::<u64>(stream, curves * n)?;
+        let mut positions = zeroed::<u32>(stream, curves * n)?;
+        for c in 0..curves {
+            let (curve_keys, curve_positions) = index.curve(c);
+            stream.memcpy_htod(curve_keys, &mut keys.slice_mut(c * n..(c + 1) * n)).map_err(copy)?;
+            stream.memcpy_htod(curve_positions, &mut positions.slice_mut(c * n..(c + 1) * n)).map_err(copy)?;
+        }
+        let rows = upload(&self.device, index.all_values())?;
+        Ok(DeviceCurves { keys, positions, rows, n, curves, dim: index.all_values().len() / n.max(1) })
+    }
+}
+
+/// Queries projected together, a block per task: small enough that a thousand queries keep
+/// every core busy with their keys (16 Hilbert keys a query; blocks of 1,024 left 1,000 queries on
+/// one core, 10 of the 12 ms their GPU search took on the H100 host).
+const PROJECTED_BLOCK: usize = 32;
+
+/// Queries `rows` in the index's terms: their f32 rows (unit rows under cosine) and their key on
+/// each curve, on every core.
+fn query_tile(index: &Multicurves, queries: &Vectors, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<u64>) {
+    const BLOCK: usize = PROJECTED_BLOCK;
+    let blocks: Vec<(Vec<f32>, Vec<u64>)> = rows
+        .clone()
+        .step_by(BLOCK)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|start| {
+            let block_rows = start..(start + BLOCK).min(rows.end);
+            let block = index.queries(queries, block_rows.clone());
+            let mut keys = Vec::with_capacity(block_rows.len() * index.curve_count());
+            for i in 0..block_rows.len() {
+                index.query_keys(block.get(i).projected, &mut keys);
+            }
+            (block.into_values(), keys)
+        })
+        .collect();
+    let (mut values, mut keys) = (Vec::new(), Vec::new());
+    for (v, k) in blocks {
+        values.extend(v);
+        keys.extend(k);
+    }
+    (values, keys)
+}

@@ -1,0 +1,134 @@
+//! Approximate kNN from the Multicurves index (kernels/approx.cu).
+
+use super::*;
+
+/// Threads per block (`APPROX_THREADS` in kernels/approx.cu): one block per query.
+const APPROX_THREADS: u32 = 256;
+/// Most curves an index may have (`APPROX_MAX_CURVES`).
+const APPROX_MAX_CURVES: usize = 32;
+/// Most blocks of a launch (each loops over further queries).
+const APPROX_BLOCKS: usize = 1 << 16;
+/// Bytes of shared memory a candidate takes: its position and its f32 score.
+const APPROX_ENTRY_BYTES: usize = 8;
+
+/// The Multicurves index on the device: `curves` lists of `n` keys, ascending, and the base
+/// position of each (curve `c`'s at `c·n ..`), and the base's `n` rows of `dim` values in f32.
+#[derive(Debug)]
+pub struct DeviceCurves {
+    pub keys: CudaSlice<u64>,
+    pub positions: CudaSlice<u32>,
+    pub rows: CudaSlice<f32>,
+    pub n: usize,
+    pub curves: usize,
+    pub dim: usize,
+}
+
+impl DeviceCurves {
+    /// Device bytes it takes.
+    pub fn bytes(&self) -> usize {
+        self.keys.len() * 8 + self.positions.len() * 4 + self.rows.len() * 4
+    }
+}
+
+/// A tile of queries on the device: `count` rows of the index's `dim` values in f32 and their key
+/// on each curve (`keys[q·curves + c]`).
+#[derive(Debug)]
+pub struct ApproxQueries {
+    pub rows: CudaSlice<f32>,
+    pub keys: CudaSlice<u64>,
+    pub count: usize,
+}
+
+/// Each query's `keep` best candidates, ascending by f32 score: positions (u32::MAX past its
+/// distinct candidates) and scores (+∞ there).
+#[derive(Debug)]
+pub struct ApproxBest {
+    pub positions: CudaSlice<u32>,
+    pub scores: CudaSlice<f32>,
+    pub keep: usize,
+}
+
+/// The entries of shared memory a query's candidates take in approx_knn: `curves` runs of
+/// `per_curve` entries (at most `n`), rounded up to a power of two for the bitonic sort.
+pub fn approx_capacity(curves: usize, per_curve: usize, n: usize) -> usize {
+    (curves * per_curve.min(n)).max(1).next_power_of_two()
+}
+
+/// Whether this device's blocks hold the candidates of `capacity` entries.
+pub fn approx_fits(device: &GpuDevice, capacity: usize) -> bool {
+    capacity * APPROX_ENTRY_BYTES <= device.shared_memory_per_block
+}
+
+/// Runs approx_knn for `queries` over `index` (`per_curve` entries a curve, f32 scores of
+/// `filter`, a `FilterCode`), writing each query's best into `best`.
+pub fn approx_knn(
+    device: &GpuDevice,
+    index: &DeviceCurves,
+    queries: &ApproxQueries,
+    per_curve: usize,
+    filter: FilterCode,
+    best: &mut ApproxBest,
+) -> Result<()> {
+    let kernel = Kernel::ApproxKnn;
+    let DeviceCurves { n, curves, dim, .. } = *index;
+    let capacity = approx_capacity(curves, per_curve, n);
+    let shared = capacity * APPROX_ENTRY_BYTES;
+    if n == 0
+        || n > u32::MAX as usize
+        || per_curve == 0
+        || curves == 0
+        || curves > APPROX_MAX_CURVES
+        || !approx_fits(device, capacity)
+        || index.keys.len() < curves * n
+        || index.positions.len() < curves * n
+        || index.rows.len() < n * dim
+        || queries.rows.len() < queries.count * dim
+        || queries.keys.len() < queries.count * curves
+        || best.positions.len().min(best.scores.len()) < queries.count * best.keep
+        || queries.count > u32::MAX as usize
+    {
+        return Err(Error::Device(format!(
+            "{kernel}: {curves} curves (at most {APPROX_MAX_CURVES}) of {n} rows, {per_curve} entries a curve ({shared} bytes of shared memory, {} allowed), {} queries keeping {}",
+            device.shared_memory_per_block, queries.count, best.keep
+        )));
+    }
+    if queries.count == 0 || best.keep == 0 {
+        return Ok(());
+    }
+    let function = device.function(kernel)?;
+    allow_shared(&function, kernel, shared)?;
+    let (n32, curves32, per_curve32, dim32) = (n as u32, curves as u32, per_curve as u32, dim as u32);
+    let (filter, count, capacity32, keep) = (filter as u32, queries.count as u32, capacity as u32, best.keep as u32);
+    let mut builder = device.stream.launch_builder(&function);
+    builder
+        .arg(&index.keys)
+        .arg(&index.positions)
+        .arg(&n32)
+        .arg(&curves32)
+        .arg(&per_curve32)
+        .arg(&index.rows)
+        .arg(&dim32)
+        .arg(&filter)
+        .arg(&queries.rows)
+        .arg(&queries.keys)
+        .arg(&count)
+        .arg(&capacity32)
+        .arg(&keep)
+        .arg(&mut best.positions)
+        .arg(&mut best.scores);
+    let config = LaunchConfig {
+        grid_dim: (queries.count.min(APPROX_BLOCKS) as u32, 1, 1),
+        block_dim: (APPROX_THREADS, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    // SAFETY: approx_knn(const u64*, const u32*, u32, u32, u32, const float*, u32, u32, const
+    // float*, const u64*, u32, u32, u32, u32*, float*): each curve's search reads keys c·n ..
+    // (c + 1)·n and entries start ≤ n − take of it, within the `curves·n` keys and positions
+    // (checked); positions are base rows below n, whose `dim` values lie within `rows` (checked);
+    // a block reads query q < count's row and keys (checked) and writes its `keep` outputs at
+    // q·keep, below the outputs' lengths (checked); the shared memory asked for holds `capacity`
+    // entries of a u32 and an f32, at most the device's opt-in limit (checked), and `capacity`
+    // ≥ curves·take (approx_capacity).
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
+    Ok(())
+}
