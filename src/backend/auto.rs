@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::common::{DataFusionError, Result, exec_err};
 
+use super::approx_estimate::{ApproxEstimate, exact_knn_gpu_ns};
 use super::gpu::MultiGpuBackend;
 use super::plan::{FilterSpaces, gemm_form};
 use super::scheduler::{Choice, Scheduler, Ticket, Unit, Work};
@@ -29,7 +30,6 @@ use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{cached_startup, startup_left, warm_up};
 use crate::gpu::{GpuDevice, MAX_DEVICES, ResidentKey};
-use crate::index::curves::{CURVES, Geometry, PCA_SAMPLE, PRINCIPAL_DIMS};
 use crate::index::{CostInputs, JoinStrategy, brute_force_run_ns, estimate_strategy};
 use crate::op::Devices;
 use crate::vectors::Vectors;
@@ -55,7 +55,7 @@ const GPU_RUN: Duration = Duration::from_millis(15);
 const WARM_UP_VALUES: usize = 1 << 24;
 /// Host-to-device copy rate of exact rows (as kept: f64, or f32 widened on the device) through the
 /// page-locked staging buffers.
-const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
+pub(super) const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
 
 /// The kernel modules a join may launch (the grid's when the cost model picks it) and kNN's.
 pub(super) const JOIN_MODULES: [KernelModule; 6] = [
@@ -378,88 +378,6 @@ impl Scheduled {
     }
 }
 
-/// One core's time per entry a query takes from a curve in the cores' Multicurves search (the
-/// entry, its proxy, and its share of the re-ranks): 72 ns on Fashion-MNIST and 90 on the blobs at
-/// effort 1 (2,560 entries a query) on the H100 host's 16 cores (docs/optimisations.md, v143).
-const APPROX_CPU_NS_PER_ENTRY: f64 = 80.0;
-/// The GPU's time per curve entry in approx_knn (kernels/approx.cu): a share of the block's two
-/// sorts, and per dimension its share of reading the candidate's row (repeats are not read, and
-/// rows of near queries meet in the L2 cache). Fitted on the H100: 0.42 ns an entry at 128
-/// dimensions, 0.81 at 784 (v143).
-const APPROX_GPU_NS_PER_ENTRY: f64 = 0.34;
-const APPROX_GPU_NS_PER_ENTRY_DIM: f64 = 0.0006;
-/// One core's time per query around the GPU's search: its projection onto the principal axes, its
-/// keys, and the exact measure of its best; fitted as 32 µs at 128 dimensions and 71 at 784 (v143).
-const APPROX_HOST_NS_PER_QUERY: f64 = 24_000.0;
-const APPROX_HOST_NS_PER_QUERY_DIM: f64 = 60.0;
-/// One core's share of the index's build, per multiply-add of its projections (its sample's
-/// covariance, the base onto up to 192 axes) and per key (the Hilbert key, its share of the sorts):
-/// fitted to the builds of Fashion-MNIST (0.55 s), the blobs (0.35 s) and the Gaussian set (1.41 s)
-/// on 16 cores (v143).
-const APPROX_BUILD_NS_PER_FLOP: f64 = 0.3;
-const APPROX_BUILD_NS_PER_KEY: f64 = 800.0;
-/// The exact kNN's time on the GPU, to weigh the index's search against, per query × base row ×
-/// dimension: 10,000 queries over 1M × 128 took 54 ms on the H100 (BENCHMARKS.md, P1), 1,000 of
-/// them 5.4 ms; and at least the time of its passes (sampled radii, counts, ranking) whatever the
-/// sizes: 1,000 queries over the 200,000 blobs took 10 ms for 1 ms of brute force (v143).
-/// Fashion-MNIST's bytes run faster still (10,000 queries over 60,000 × 784: 6 ms).
-const EXACT_KNN_GPU_NS_PER_PAIR_DIM: f64 = 4.2e-5;
-const EXACT_KNN_GPU_PASSES_NS: f64 = 5e6;
-
-/// [`EXACT_KNN_GPU_NS_PER_PAIR_DIM`]'s estimate of `queries` over `n` rows of `dim` values.
-fn exact_knn_gpu_ns(queries: usize, n: usize, dim: usize) -> f64 {
-    (queries as f64 * n as f64 * dim as f64 * EXACT_KNN_GPU_NS_PER_PAIR_DIM).max(EXACT_KNN_GPU_PASSES_NS)
-}
-
-/// The cost model of an approximate kNN: one core's time of the whole run on the cores (the
-/// index's build included where it is not built yet), the GPU's time of its search of the index
-/// with what the host does around it, and the index's build on every core (0 where it is kept).
-#[derive(Debug, Clone, Copy)]
-struct ApproxEstimate {
-    cpu_ns: f64,
-    search_ns: f64,
-    build_ns: f64,
-}
-
-impl ApproxEstimate {
-    fn of(request: &KnnRequest, approx: crate::op::Approx, cores: usize) -> Self {
-        let n = request.base.len();
-        let kept = Geometry::of(request.metric).is_some_and(|g| request.base.curves_kept(g));
-        let per_curve = approx.per_curve(request.k.min(n)).min(n);
-        Self::for_sizes(n, request.base.dim, request.queries.len(), per_curve, !kept, cores)
-    }
-
-    /// For `queries` over `n` base rows of `dim` values, `per_curve` entries a curve, the index
-    /// to `build` or not, `cores` cores.
-    fn for_sizes(n: usize, dim: usize, queries: usize, per_curve: usize, build: bool, cores: usize) -> Self {
-        let cores = cores.max(1) as f64;
-        let entries = (queries * CURVES * per_curve) as f64;
-        let axes = dim.min(PRINCIPAL_DIMS) as f64;
-        let flops = 2.0 * (PCA_SAMPLE * dim * dim) as f64 + 2.0 * (n * dim) as f64 * axes;
-        let build_one_core =
-            if build { flops * APPROX_BUILD_NS_PER_FLOP + (n * CURVES) as f64 * APPROX_BUILD_NS_PER_KEY } else { 0.0 };
-        let search = entries * (APPROX_GPU_NS_PER_ENTRY + APPROX_GPU_NS_PER_ENTRY_DIM * dim as f64);
-        let host = queries as f64 * (APPROX_HOST_NS_PER_QUERY + APPROX_HOST_NS_PER_QUERY_DIM * dim as f64);
-        let upload = (queries * dim * 4) as f64 / (UPLOAD_BYTES_PER_SECOND * 1e-9);
-        Self {
-            cpu_ns: build_one_core + entries * APPROX_CPU_NS_PER_ENTRY,
-            search_ns: host / cores + search + upload,
-            build_ns: build_one_core / cores,
-        }
-    }
-
-    /// Whether the GPU searches the index rather than run the exact kNN (`exact_ns`), the runs
-    /// over this base without the index having cost `forgone` beyond its search so far. Where the
-    /// index is built, whenever its search is estimated faster. Where it is not, only once what
-    /// the runs without it have cost beyond its search reaches its build (ski rental: at most twice
-    /// the best choice in hindsight, whatever the number of queries to come, where a base read
-    /// for one query would otherwise pay a build it never recovers and a kept base never build one).
-    fn searches_on_gpu(&self, exact_ns: f64, forgone: f64) -> bool {
-        let saving = exact_ns - self.search_ns;
-        saving > 0.0 && (self.build_ns == 0.0 || forgone + saving >= self.build_ns)
-    }
-}
-
 /// A CPU run's time on `cores` cores, `cpu_ns` being the cost model's time of the whole run on one.
 fn on_cores(cpu_ns: f64, cores: usize) -> Duration {
     CPU_RUN + Duration::from_secs_f64(cpu_ns * 1e-9 / cores as f64)
@@ -739,26 +657,6 @@ mod tests {
     /// The cores' bound of [`AutoBackend::for_inputs`] on 16 cores, L2.
     fn on_16_cores(first: usize, second: usize, dim: usize, self_join: bool) -> Duration {
         on_cores(brute_force_run_ns(first, second, dim, true, self_join), 16)
-    }
-
-    #[test]
-    fn an_approximate_knn_searches_the_index_on_the_gpu_only_where_that_beats_the_exact_knn() {
-        // Measured on the H100 (docs/optimisations.md, v143): 1,000 queries over the 200,000 blobs
-        // of 128 dimensions, index kept, effort 1: the index's search at 1.7× the exact kNN's
-        // throughput; 10,000 Fashion-MNIST queries over 60,000 of 784: the exact kNN at 12×.
-        let exact = exact_knn_gpu_ns;
-        let blobs = ApproxEstimate::for_sizes(200_000, 128, 1000, 160, false, 16);
-        assert!(blobs.searches_on_gpu(exact(1000, 200_000, 128), 0.0), "{blobs:?}");
-        let fashion = ApproxEstimate::for_sizes(60_000, 784, 10_000, 160, false, 16);
-        assert!(!fashion.searches_on_gpu(exact(10_000, 60_000, 784), 0.0), "{fashion:?}");
-        // Not built yet: the exact kNN runs until the time it took beyond the index's search
-        // reaches the build's, then the index is built.
-        let unbuilt = ApproxEstimate::for_sizes(200_000, 128, 1000, 160, true, 16);
-        let saving = exact(1000, 200_000, 128) - unbuilt.search_ns;
-        assert!(!unbuilt.searches_on_gpu(exact(1000, 200_000, 128), 0.0), "{unbuilt:?}");
-        let runs = (unbuilt.build_ns / saving).ceil();
-        assert!(unbuilt.searches_on_gpu(exact(1000, 200_000, 128), (runs - 1.0) * saving), "{unbuilt:?}");
-        assert!(unbuilt.cpu_ns > blobs.cpu_ns && blobs.cpu_ns > 0.0);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::op::{Device, IndexChoice, Metric, SimilarityOp};
 use crate::vectors::Vectors;
 
 mod approx;
+mod approx_estimate;
 mod auto;
 mod clusters;
 pub mod cpu;
