@@ -233,6 +233,10 @@ impl SimilarityExec {
             _ => "f32 filter + exact f64 check",
         };
         match (&self.op.operation, self.op.index) {
+            (Operation::Knn { .. }, _) if self.op.approx.is_some() => {
+                "multicurves(f32 ranking, exact f64 distances of the best; the exact kNN where the GPU runs it faster)"
+                    .into()
+            }
             (Operation::Knn { .. }, _) if matches!(self.op.metric, Metric::L1 | Metric::LInf) => match self.op.index {
                 IndexChoice::Auto => "brute_force(exact f64) or list_of_clusters by sampled cost model".into(),
                 _ => "brute_force(exact f64)".into(),

@@ -350,10 +350,43 @@ impl Multicurves {
         &self.values[..self.len * self.dim]
     }
 
-    /// A query's key on each curve, from its principal coordinates as [`Multicurves::queries`]
-    /// projects them, appended to `keys`.
-    pub fn query_keys(&self, projected: &[f32], keys: &mut Vec<u64>) {
-        keys.extend(self.curves.iter().map(|curve| self.key_on(curve, projected)));
+    /// Queries `rows` of `queries` as the device searches them: their f32 rows (unit rows under
+    /// cosine) and their key on each curve (`keys[q·curves + c]`), projected onto the curves' leading
+    /// axes alone (one matrix product), where [`Multicurves::queries`] projects onto every axis the
+    /// cores' rankings use (192 on Fashion-MNIST, 16 of them the curves').
+    pub fn query_keys(&self, queries: &Vectors, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<u64>) {
+        let (dim, axes, n) = (self.dim, self.curve_axes, rows.len());
+        let values: Vec<f32> = rows.flat_map(|i| to_f32(queries.row(i), self.geometry)).collect();
+        let centred: Vec<f32> =
+            values.chunks_exact(dim.max(1)).flat_map(|row| row.iter().zip(&self.mean).map(|(x, m)| x - m)).collect();
+        let mut coordinates = vec![0f32; n * axes];
+        // SAFETY: `centred` holds n × dim values (row stride dim); the first `axes` rows of `axes`
+        // (kept × dim values, row-major) are read as a dim × axes matrix (row stride 1, column
+        // stride dim), within it as axes ≤ kept; `coordinates` holds n × axes values (row stride
+        // axes) and aliases neither input.
+        unsafe {
+            matrixmultiply::sgemm(
+                n,
+                dim,
+                axes,
+                1.0,
+                centred.as_ptr(),
+                dim as isize,
+                1,
+                self.axes.as_ptr(),
+                1,
+                dim as isize,
+                0.0,
+                coordinates.as_mut_ptr(),
+                axes as isize,
+                1,
+            );
+        }
+        let keys = coordinates
+            .chunks_exact(axes.max(1))
+            .flat_map(|row| self.curves.iter().map(|curve| self.key_on(curve, row)))
+            .collect();
+        (values, keys)
     }
 
     /// The key on `curve` of principal coordinates `projected`.
@@ -409,11 +442,6 @@ pub struct Query<'a> {
 }
 
 impl QueryBlock {
-    /// The block's f32 rows (unit rows under cosine), the index's `dim` values each.
-    pub fn into_values(self) -> Vec<f32> {
-        self.values
-    }
-
     /// Query `i` of the block.
     pub fn get(&self, i: usize) -> Query<'_> {
         let Layout { stride, refined_stride, .. } = self.layout;
@@ -874,5 +902,26 @@ mod tests {
             assert_eq!(out.len(), 16 * CURVES);
             assert!(out.contains(&(i as u32)), "row {i}");
         }
+    }
+
+    #[test]
+    fn the_device_search_keys_queries_as_the_cores_do() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+        let (dim, n) = (40, 3000);
+        let base = Vectors::new(dim, (0..n * dim).map(|_| rng.random::<f64>()).collect());
+        let index = Multicurves::build(&base, Geometry::Raw);
+        let (values, keys) = index.query_keys(&base, 100..164);
+        let block = index.queries(&base, 100..164);
+        assert_eq!(values.len(), 64 * dim);
+        assert_eq!(keys.len(), 64 * CURVES);
+        let mut same = 0;
+        for i in 0..64 {
+            assert_eq!(&values[i * dim..(i + 1) * dim], block.get(i).values);
+            for (c, curve) in index.curves.iter().enumerate() {
+                // The two products round differently: a key may move to the next cell, rarely.
+                same += usize::from(keys[i * CURVES + c] == index.key_on(curve, block.get(i).projected));
+            }
+        }
+        assert!(same >= 64 * CURVES * 99 / 100, "{same} of {} keys the same", 64 * CURVES);
     }
 }

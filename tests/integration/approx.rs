@@ -95,6 +95,7 @@ async fn the_index_is_kept_for_an_in_memory_base_and_explain_says_approx() {
     assert!(plan.contains("approx=multicurves(curves=16"), "{plan}");
     assert!(plan.contains("candidates=80 per curve, effort=0.5"), "{plan}");
     assert!(plan.contains("ranked over 24 principal coordinates"), "{plan}");
+    assert!(plan.contains("index=multicurves(f32 ranking, exact f64 distances of the best"), "{plan}");
     let first = operator_metrics(&ctx, sql).await;
     let second = operator_metrics(&ctx, sql).await;
     assert_eq!(first["kept_indexes"], 0, "{first:?}");

@@ -175,21 +175,12 @@ const PROJECTED_BLOCK: usize = 32;
 /// Queries `rows` in the index's terms: their f32 rows (unit rows under cosine) and their key on
 /// each curve, on every core.
 fn query_tile(index: &Multicurves, queries: &Vectors, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<u64>) {
-    const BLOCK: usize = PROJECTED_BLOCK;
     let blocks: Vec<(Vec<f32>, Vec<u64>)> = rows
         .clone()
-        .step_by(BLOCK)
+        .step_by(PROJECTED_BLOCK)
         .collect::<Vec<_>>()
         .into_par_iter()
-        .map(|start| {
-            let block_rows = start..(start + BLOCK).min(rows.end);
-            let block = index.queries(queries, block_rows.clone());
-            let mut keys = Vec::with_capacity(block_rows.len() * index.curve_count());
-            for i in 0..block_rows.len() {
-                index.query_keys(block.get(i).projected, &mut keys);
-            }
-            (block.into_values(), keys)
-        })
+        .map(|start| index.query_keys(queries, start..(start + PROJECTED_BLOCK).min(rows.end)))
         .collect();
     let (mut values, mut keys) = (Vec::new(), Vec::new());
     for (v, k) in blocks {
