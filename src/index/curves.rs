@@ -355,33 +355,9 @@ impl Multicurves {
     /// axes alone (one matrix product), where [`Multicurves::queries`] projects onto every axis the
     /// cores' rankings use (192 on Fashion-MNIST, 16 of them the curves').
     pub fn query_keys(&self, queries: &Vectors, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<u64>) {
-        let (dim, axes, n) = (self.dim, self.curve_axes, rows.len());
         let values: Vec<f32> = rows.flat_map(|i| to_f32(queries.row(i), self.geometry)).collect();
-        let centred: Vec<f32> =
-            values.chunks_exact(dim.max(1)).flat_map(|row| row.iter().zip(&self.mean).map(|(x, m)| x - m)).collect();
-        let mut coordinates = vec![0f32; n * axes];
-        // SAFETY: `centred` holds n × dim values (row stride dim); the first `axes` rows of `axes`
-        // (kept × dim values, row-major) are read as a dim × axes matrix (row stride 1, column
-        // stride dim), within it as axes ≤ kept; `coordinates` holds n × axes values (row stride
-        // axes) and aliases neither input.
-        unsafe {
-            matrixmultiply::sgemm(
-                n,
-                dim,
-                axes,
-                1.0,
-                centred.as_ptr(),
-                dim as isize,
-                1,
-                self.axes.as_ptr(),
-                1,
-                dim as isize,
-                0.0,
-                coordinates.as_mut_ptr(),
-                axes as isize,
-                1,
-            );
-        }
+        let axes = self.curve_axes;
+        let (_, coordinates) = principal_coordinates(&values, &self.mean, &self.axes, axes);
         let keys = coordinates
             .chunks_exact(axes.max(1))
             .flat_map(|row| self.curves.iter().map(|curve| self.key_on(curve, row)))
@@ -723,32 +699,8 @@ fn project_rows(
     projected.par_chunks_mut(BLOCK * stride).zip(refined_chunks).enumerate().for_each(|(b, (out, out_refined))| {
         let rows = out.len() / stride;
         let start = b * BLOCK;
-        let centred: Vec<f32> = values[start * dim..(start + rows) * dim]
-            .chunks_exact(dim.max(1))
-            .flat_map(|row| row.iter().zip(mean).map(|(x, m)| x - m))
-            .collect();
-        let mut coordinates = vec![0f32; rows * kept];
-        // SAFETY: `centred` holds rows × dim values (row stride dim); `axes` holds kept × dim
-        // values read as a dim × kept matrix (row stride 1, column stride dim); `coordinates`
-        // holds rows × kept values (row stride kept) and aliases neither input.
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                dim,
-                kept,
-                1.0,
-                centred.as_ptr(),
-                dim as isize,
-                1,
-                axes.as_ptr(),
-                1,
-                dim as isize,
-                0.0,
-                coordinates.as_mut_ptr(),
-                kept as isize,
-                1,
-            );
-        }
+        let (centred, coordinates) =
+            principal_coordinates(&values[start * dim..(start + rows) * dim], mean, axes, kept);
         for (i, (centred, coordinates)) in
             centred.chunks_exact(dim.max(1)).zip(coordinates.chunks_exact(kept.max(1))).enumerate()
         {
@@ -762,6 +714,40 @@ fn project_rows(
             }
         }
     });
+}
+
+/// The f32 rows `values` (`mean.len()` values a row) less `mean`, and their coordinates on the
+/// first `count` of the principal `axes` (`count` a row): one matrix product.
+fn principal_coordinates(values: &[f32], mean: &[f32], axes: &[f32], count: usize) -> (Vec<f32>, Vec<f32>) {
+    let dim = mean.len();
+    let rows = values.len() / dim.max(1);
+    let centred: Vec<f32> =
+        values.chunks_exact(dim.max(1)).flat_map(|row| row.iter().zip(mean).map(|(x, m)| x - m)).collect();
+    let mut coordinates = vec![0f32; rows * count];
+    assert!(axes.len() >= count * dim, "{count} axes of {dim} values");
+    // SAFETY: `centred` holds rows × dim values (row stride dim); the first `count` axes (row-major,
+    // dim values each: within `axes`, asserted) are read as a dim × count matrix (row stride 1,
+    // column stride dim); `coordinates` holds rows × count values (row stride count) and aliases
+    // neither input.
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            dim,
+            count,
+            1.0,
+            centred.as_ptr(),
+            dim as isize,
+            1,
+            axes.as_ptr(),
+            1,
+            dim as isize,
+            0.0,
+            coordinates.as_mut_ptr(),
+            count as isize,
+            1,
+        );
+    }
+    (centred, coordinates)
 }
 
 /// The norm of what a centred vector has beyond its principal coordinates `leading`: the axes are

@@ -66,7 +66,7 @@ impl GpuBackend {
 
         let uploading = Instant::now();
         let key: ResidentKey = index.clone();
-        let (device_index, on_device) = self.device.kept_curves(&key, || self.upload_curves(&index))?;
+        let (device_index, on_device) = self.device.kept_curves(&key, || self.upload_curves(&index, dim))?;
         stats.resident_inputs += usize::from(on_device);
         stats.transfer_time += uploading.elapsed();
         let query_bytes = 4 * dim + 8 * curves + 8 * keep;
@@ -150,8 +150,8 @@ impl GpuBackend {
         Ok(Ok(stats))
     }
 
-    /// `index`'s curves and f32 rows on the device.
-    fn upload_curves(&self, index: &Multicurves) -> Result<DeviceCurves, GpuError> {
+    /// `index`'s curves and f32 rows (of `dim` values) on the device.
+    fn upload_curves(&self, index: &Multicurves, dim: usize) -> Result<DeviceCurves, GpuError> {
         let (n, curves) = (index.len(), index.curve_count());
         let stream = &self.device.stream;
         let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("copy to the GPU failed: {e}"));
@@ -163,7 +163,7 @@ impl GpuBackend {
             stream.memcpy_htod(curve_positions, &mut positions.slice_mut(c * n..(c + 1) * n)).map_err(copy)?;
         }
         let rows = upload(&self.device, index.all_values())?;
-        Ok(DeviceCurves { keys, positions, rows, n, curves, dim: index.all_values().len() / n.max(1) })
+        Ok(DeviceCurves { keys, positions, rows, n, curves, dim })
     }
 }
 
