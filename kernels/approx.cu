@@ -1,5 +1,5 @@
-// Approximate kNN from the Multicurves index on the device (src/backend/gpu/approx.rs): Teodoro et
-// al.'s search ("Approximate similarity search for online multimedia services on distributed
+// The Multicurves index on the device: its curves' keys (the build's, below the search) and the
+// approximate kNN from it (src/backend/gpu/approx.rs): Teodoro et al.'s search ("Approximate similarity search for online multimedia services on distributed
 // CPU–GPU platforms"), one block per query. The index is the host's (src/index/curves.rs): each
 // curve's keys ascending and the base position of each, and the base in f32 (unit rows under
 // cosine). A query takes `per_curve` entries around its key on every curve (as many before it as
@@ -163,5 +163,122 @@ extern "C" __global__ void __launch_bounds__(APPROX_THREADS) approx_knn(
             out_scores[(u64)q * keep + i] = found ? scores[i] : F32_INFINITY;
         }
         __syncthreads();
+    }
+}
+
+// ---- The build: each curve's keys (src/index/curve_keys.rs; the sort is kernels/grid.cu's radix
+// passes). The arithmetic is the host's, operation for operation: a coordinate sums its products
+// from the first axis on without fused multiply-adds (__fmul_rn, __fadd_rn), and the quantisation
+// subtracts, multiplies, clamps and truncates as the host's does, so every key is the host's.
+
+// Most dimensions of a curve (MAX_CURVE_DIMS).
+#define CURVE_MAX_DIMS 8
+
+// Coordinate j of a curve (`rotation`: axes × dims, row-major) of a row's leading coordinates `lead`.
+__device__ __forceinline__ float curve_coordinate(const float* lead, const float* rotation, u32 axes, u32 dims,
+                                                  u32 j) {
+    float s = -0.0f;
+    for (u32 i = 0; i < axes; ++i) s = __fadd_rn(s, __fmul_rn(lead[i], rotation[i * dims + j]));
+    return s;
+}
+
+// An f32 as a u32 that orders as the f32 does (for atomicMin/atomicMax), and back.
+__device__ __forceinline__ u32 ordered_bits(float x) {
+    const u32 b = __float_as_uint(x);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// curve_bounds: for curve blockIdx.y (`rotations + blockIdx.y·axes·dims`), the lowest and highest
+// coordinate of each of its `dims` dimensions over the `n` rows (`rows`, `axes` leading
+// coordinates each), as ordered_bits, folded into low/high[curve·dims + j] (which the caller sets
+// to +∞ and −∞). NaN coordinates are passed over, as the host's f32::min/max does.
+extern "C" __global__ void __launch_bounds__(256) curve_bounds(const float* rows, u32 n, u32 axes,
+                                                                 u32 dims, const float* rotations, u32* low,
+                                                                 u32* high) {
+    const float* rotation = rotations + (u64)blockIdx.y * axes * dims;
+    float lo[CURVE_MAX_DIMS], hi[CURVE_MAX_DIMS];
+#pragma unroll
+    for (u32 j = 0; j < CURVE_MAX_DIMS; ++j) {
+        lo[j] = F32_INFINITY;
+        hi[j] = -F32_INFINITY;
+    }
+    for (u32 r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += gridDim.x * blockDim.x) {
+        const float* lead = rows + (u64)r * axes;
+#pragma unroll
+        for (u32 j = 0; j < CURVE_MAX_DIMS; ++j) {
+            if (j < dims) {
+                const float x = curve_coordinate(lead, rotation, axes, dims, j);
+                lo[j] = fminf(lo[j], x);
+                hi[j] = fmaxf(hi[j], x);
+            }
+        }
+    }
+#pragma unroll
+    for (u32 j = 0; j < CURVE_MAX_DIMS; ++j) {
+        for (u32 offset = 16; offset > 0; offset /= 2) {
+            lo[j] = fminf(lo[j], __shfl_down_sync(0xffffffffu, lo[j], offset));
+            hi[j] = fmaxf(hi[j], __shfl_down_sync(0xffffffffu, hi[j], offset));
+        }
+    }
+    if ((threadIdx.x & 31) == 0) {
+        for (u32 j = 0; j < dims; ++j) {
+            // A warp that saw no row keeps ±∞, which orders past every coordinate.
+            atomicMin(low + blockIdx.y * dims + j, ordered_bits(lo[j]));
+            atomicMax(high + blockIdx.y * dims + j, ordered_bits(hi[j]));
+        }
+    }
+}
+
+// The position on the `dims`-dimensional Hilbert curve of order `bits` of cell `cells` (Skilling's
+// transpose algorithm, as the host's hilbert_key; `cells` is overwritten).
+__device__ __forceinline__ u64 hilbert_key(u32 (&cells)[CURVE_MAX_DIMS], u32 dims, u32 bits) {
+    if (dims == 0 || bits == 0) return 0;
+    const u32 top = 1u << (bits - 1);
+    for (u32 q = top; q > 1; q >>= 1) {
+        const u32 p = q - 1;
+        for (u32 i = 0; i < dims; ++i) {
+            if (cells[i] & q) {
+                cells[0] ^= p;
+            } else {
+                const u32 t = (cells[0] ^ cells[i]) & p;
+                cells[0] ^= t;
+                cells[i] ^= t;
+            }
+        }
+    }
+    for (u32 i = 1; i < dims; ++i) cells[i] ^= cells[i - 1];
+    u32 t = 0;
+    for (u32 q = top; q > 1; q >>= 1) {
+        if (cells[dims - 1] & q) t ^= q - 1;
+    }
+    for (u32 i = 0; i < dims; ++i) cells[i] ^= t;
+    u64 key = 0;
+    for (u32 bit = bits; bit-- > 0;) {
+        for (u32 i = 0; i < dims; ++i) key = (key << 1) | ((cells[i] >> bit) & 1u);
+    }
+    return key;
+}
+
+// curve_keys: the key of each of the `n` rows (`rows`, `axes` leading coordinates each) on the curve of `rotation` (axes × dims) whose dimensions start at `low` with `scale`
+// cells per unit, quantised to `bits` bits: keys[r].
+extern "C" __global__ void __launch_bounds__(256) curve_keys(const float* rows, u32 n, u32 axes,
+                                                               u32 dims, u32 bits, const float* rotation,
+                                                               const float* low, const float* scale, u64* keys) {
+    const float top = (float)((1ull << bits) - 1);
+    for (u32 r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += gridDim.x * blockDim.x) {
+        const float* lead = rows + (u64)r * axes;
+        u32 cells[CURVE_MAX_DIMS];
+#pragma unroll
+        for (u32 j = 0; j < CURVE_MAX_DIMS; ++j) {
+            if (j < dims) {
+                const float x = curve_coordinate(lead, rotation, axes, dims, j);
+                const float cell = __fmul_rn(__fsub_rn(x, low[j]), scale[j]);
+                // fmaxf passes a NaN over (0), as the host's clamp and cast do.
+                cells[j] = (u32)fminf(fmaxf(cell, 0.0f), top);
+            } else {
+                cells[j] = 0;
+            }
+        }
+        keys[r] = hilbert_key(cells, dims, bits);
     }
 }

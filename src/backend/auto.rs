@@ -68,9 +68,11 @@ pub(super) const JOIN_MODULES: [KernelModule; 6] = [
 ];
 pub(super) const KNN_MODULES: [KernelModule; 5] =
     [KernelModule::BruteJoin, KernelModule::Rows, KernelModule::TcJoin, KernelModule::TcSampleKeys, KernelModule::Knn];
-/// An approximate kNN's: the Multicurves search, and the exact kNN's where that is estimated faster.
-pub(super) const APPROX_MODULES: [KernelModule; 6] = [
+/// An approximate kNN's: the Multicurves index's keys and search (and the radix sort of its
+/// curves), and the exact kNN's where that is estimated faster.
+pub(super) const APPROX_MODULES: [KernelModule; 7] = [
     KernelModule::Approx,
+    KernelModule::Grid,
     KernelModule::BruteJoin,
     KernelModule::Rows,
     KernelModule::TcJoin,

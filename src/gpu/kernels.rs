@@ -29,7 +29,7 @@ pub enum KernelModule {
     Text,
     /// `kernels/clusters.cu`: range searches through the List of Clusters (vectors and strings).
     Clusters,
-    /// `kernels/approx.cu`: approximate kNN from the Multicurves index.
+    /// `kernels/approx.cu`: the Multicurves index's keys, and approximate kNN from it.
     Approx,
 }
 
@@ -127,11 +127,13 @@ pub enum Kernel {
     ClustersRangeVectors,
     ClustersRangeText,
     ApproxKnn,
+    CurveBounds,
+    CurveKeys,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 35] = [
+    pub const ALL: [Kernel; 37] = [
         Kernel::GridJoin,
         Kernel::GridJoinWide,
         Kernel::GridJoinWork,
@@ -167,6 +169,8 @@ impl Kernel {
         Kernel::ClustersRangeVectors,
         Kernel::ClustersRangeText,
         Kernel::ApproxKnn,
+        Kernel::CurveBounds,
+        Kernel::CurveKeys,
     ];
 
     /// The entry point's name in its source.
@@ -207,6 +211,8 @@ impl Kernel {
             Kernel::ClustersRangeVectors => "clusters_range_vectors",
             Kernel::ClustersRangeText => "clusters_range_text",
             Kernel::ApproxKnn => "approx_knn",
+            Kernel::CurveBounds => "curve_bounds",
+            Kernel::CurveKeys => "curve_keys",
         }
     }
 
@@ -243,7 +249,7 @@ impl Kernel {
             Kernel::GatherRows => KernelModule::Grid,
             Kernel::TextJoin => KernelModule::Text,
             Kernel::ClustersRangeVectors | Kernel::ClustersRangeText => KernelModule::Clusters,
-            Kernel::ApproxKnn => KernelModule::Approx,
+            Kernel::ApproxKnn | Kernel::CurveBounds | Kernel::CurveKeys => KernelModule::Approx,
         }
     }
 }

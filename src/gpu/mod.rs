@@ -8,6 +8,7 @@ use cudarc::driver::CudaContext;
 pub mod abi;
 pub mod buffers;
 pub mod compile;
+pub mod curves;
 mod device;
 pub mod download;
 pub mod error;

@@ -35,10 +35,14 @@
 //! among the best 30 over 192 coordinates (docs/optimisations.md, v142), so 30 whole vectors are
 //! read a query instead of 80. Where the vectors have at most [`PRINCIPAL_DIMS`] dimensions the
 //! coordinates are a rotation of the whole vector, and that ranking is the Euclidean one.
+//!
+//! How a curve keys and orders the rows is index/curve_keys.rs; the build orders the curves on the
+//! cores or, for the device's search, on the device (`Multicurves::build_with`), to the same lists.
 
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
+use super::curve_keys::{CurveFrame, CurveOrder, KeyInputs, MAX_CURVE_DIMS, order_on_cores};
 use crate::op::{Metric, dot};
 use crate::vectors::{Row, Vectors};
 
@@ -47,7 +51,7 @@ pub const CURVES: usize = 16;
 /// Leading principal axes the curves' rotations mix.
 const CURVE_AXES: usize = 16;
 /// Dimensions of each curve (8 coordinates of 8 bits: a 64-bit key).
-const CURVE_DIMS: usize = 8;
+const CURVE_DIMS: usize = MAX_CURVE_DIMS;
 /// Leading principal coordinates kept per vector (the ranking proxy), with the norm of what the
 /// rest of the vector adds in the slot after them: 64 floats a row.
 const PROJECTED_DIMS: usize = 63;
@@ -93,15 +97,10 @@ impl Geometry {
     }
 }
 
-/// One curve: a rotation of the leading axes onto its dimensions, their quantisation, and the base
-/// positions sorted by key.
+/// One curve: its frame (rotation and quantisation) and the base positions sorted by key.
 #[derive(Debug)]
 struct Curve {
-    /// `axes × dims`, row-major: coordinate j of the curve is Σᵢ projected[i]·rotation[i·dims + j].
-    rotation: Vec<f32>,
-    /// Per curve dimension: the smallest base coordinate and cells per unit.
-    low: Vec<f32>,
-    scale: Vec<f32>,
+    frame: CurveFrame,
     /// Keys of the base vectors, ascending, and the position of each.
     keys: Vec<u64>,
     /// Every [`FENCE`]th key, from the first.
@@ -146,9 +145,8 @@ pub struct Multicurves {
     /// f32 embeddings are): the exact distances are then measured from these rows, which the f32
     /// pass has just read, instead of the base's own.
     exact_values: bool,
-    /// Leading axes each curve's rotation mixes, and the curve's dimensions.
+    /// Leading axes each curve's rotation mixes.
     curve_axes: usize,
-    curve_dims: usize,
     bits: u32,
     curves: Vec<Curve>,
     len: usize,
@@ -161,6 +159,12 @@ impl Multicurves {
     /// Builds the index of `base` for `geometry`, on every core. Deterministic: the sample, the
     /// starting subspace and the rotations are fixed, so one base always gives one index.
     pub fn build(base: &Vectors, geometry: Geometry) -> Self {
+        Self::build_with(base, geometry, order_on_cores)
+    }
+
+    /// [`Multicurves::build`] with the curves' keys computed and sorted by `order` (on the cores,
+    /// or on the device: index/curve_keys.rs), the rest on every core.
+    pub fn build_with(base: &Vectors, geometry: Geometry, order: impl FnOnce(&KeyInputs) -> Vec<CurveOrder>) -> Self {
         let dim = base.dim;
         let len = base.len();
         let (mean, axes, kept) = principal_axes(base, geometry);
@@ -197,45 +201,19 @@ impl Multicurves {
         let bits = (64 / curve_dims as u32).min(16);
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x6d75_6c74_6963_7576);
         let rotations: Vec<Vec<f32>> = (0..CURVES).map(|_| random_rotation(curve_axes, curve_dims, &mut rng)).collect();
-        let curves = rotations
+        let inputs = KeyInputs { rows, stride, axes: curve_axes, dims: curve_dims, bits, rotations: &rotations };
+        let orders = order(&inputs);
+        assert_eq!(orders.len(), CURVES, "an order for every curve");
+        let curves = orders
             .into_par_iter()
-            .map(|rotation| {
-                let coords: Vec<f32> = rows
-                    .par_chunks(stride)
-                    .flat_map_iter(|row| rotate(&row[..curve_axes], &rotation, curve_dims))
-                    .collect();
-                let (mut low, mut high) = (vec![f32::INFINITY; curve_dims], vec![f32::NEG_INFINITY; curve_dims]);
-                for row in coords.chunks(curve_dims) {
-                    for ((l, h), &x) in low.iter_mut().zip(high.iter_mut()).zip(row) {
-                        *l = l.min(x);
-                        *h = h.max(x);
-                    }
-                }
-                let cells = ((1u64 << bits) - 1) as f32;
-                let scale = low.iter().zip(&high).map(|(l, h)| if h > l { cells / (h - l) } else { 0.0 }).collect();
-                let mut curve = Curve {
-                    rotation,
-                    low,
-                    scale,
-                    keys: Vec::new(),
-                    fences: Vec::new(),
-                    positions: Vec::new(),
-                    leads: Vec::new(),
-                };
-                let mut keyed: Vec<(u64, u32)> = coords
-                    .par_chunks(curve_dims)
-                    .enumerate()
-                    .map(|(i, row)| (curve.key(row, bits), i as u32))
-                    .collect();
-                keyed.par_sort_unstable();
-                (curve.keys, curve.positions) = keyed.into_iter().unzip();
-                curve.fences = curve.keys.iter().step_by(FENCE).copied().collect();
-                curve.leads = curve
-                    .positions
+            .zip(rotations)
+            .map(|(CurveOrder { low, high, keys, positions }, rotation)| {
+                let fences = keys.iter().step_by(FENCE).copied().collect();
+                let leads = positions
                     .par_iter()
                     .flat_map_iter(|&p| rows[p as usize * stride..][..LEAD].iter().copied())
                     .collect();
-                curve
+                Curve { frame: CurveFrame::new(rotation, low, &high, bits), keys, fences, positions, leads }
             })
             .collect();
         Self {
@@ -254,7 +232,6 @@ impl Multicurves {
             values,
             exact_values,
             curve_axes,
-            curve_dims,
             bits,
             curves,
             len,
@@ -367,11 +344,7 @@ impl Multicurves {
 
     /// The key on `curve` of principal coordinates `projected`.
     fn key_on(&self, curve: &Curve, projected: &[f32]) -> u64 {
-        let mut coords = [0f32; CURVE_DIMS];
-        for (out, x) in coords.iter_mut().zip(rotate(&projected[..self.curve_axes], &curve.rotation, self.curve_dims)) {
-            *out = x;
-        }
-        curve.key(&coords[..self.curve_dims], self.bits)
+        curve.frame.key(&projected[..self.curve_axes], self.bits)
     }
 }
 
@@ -456,70 +429,6 @@ impl Curve {
         let end = (block * FENCE).min(self.keys.len());
         start + self.keys[start..end].partition_point(|&k| k < key)
     }
-
-    /// The Hilbert key of curve coordinates `coords` quantised to `bits` bits each.
-    fn key(&self, coords: &[f32], bits: u32) -> u64 {
-        let top = ((1u64 << bits) - 1) as f32;
-        let mut cells = [0u32; CURVE_DIMS];
-        for (j, &x) in coords.iter().enumerate() {
-            cells[j] = ((x - self.low[j]) * self.scale[j]).clamp(0.0, top) as u32;
-        }
-        hilbert_key(&mut cells[..coords.len()], bits)
-    }
-}
-
-/// The position on the `cells.len()`-dimensional Hilbert curve of order `bits` of the cell
-/// `cells` (each coordinate below 2^bits), by Skilling's transpose algorithm ("Programming the
-/// Hilbert curve", AIP Conf. Proc. 707, 2004): the coordinates become the curve position's
-/// "transposed" form, whose bits interleaved most significant first are the key. `cells` is
-/// overwritten.
-pub fn hilbert_key(cells: &mut [u32], bits: u32) -> u64 {
-    let n = cells.len();
-    if n == 0 || bits == 0 {
-        return 0;
-    }
-    let top = 1u32 << (bits - 1);
-    // Inverse undo of the excess work.
-    let mut q = top;
-    while q > 1 {
-        let p = q - 1;
-        for i in 0..n {
-            if cells[i] & q != 0 {
-                cells[0] ^= p;
-            } else {
-                let t = (cells[0] ^ cells[i]) & p;
-                cells[0] ^= t;
-                cells[i] ^= t;
-            }
-        }
-        q >>= 1;
-    }
-    // Gray encode.
-    for i in 1..n {
-        cells[i] ^= cells[i - 1];
-    }
-    let mut t = 0;
-    let mut q = top;
-    while q > 1 {
-        if cells[n - 1] & q != 0 {
-            t ^= q - 1;
-        }
-        q >>= 1;
-    }
-    cells.iter_mut().for_each(|c| *c ^= t);
-    let mut key = 0u64;
-    for bit in (0..bits).rev() {
-        for &c in cells.iter() {
-            key = (key << 1) | u64::from((c >> bit) & 1);
-        }
-    }
-    key
-}
-
-/// `x` (the leading axes' coordinates) times `rotation` (`x.len() × dims`).
-#[inline]
-fn rotate<'a>(x: &'a [f32], rotation: &'a [f32], dims: usize) -> impl Iterator<Item = f32> + 'a {
-    (0..dims).map(move |j| x.iter().enumerate().map(|(i, v)| v * rotation[i * dims + j]).sum())
 }
 
 /// A vector's f32 coordinates in `geometry`.
@@ -774,35 +683,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hilbert_keys_number_every_cell_once_and_neighbours_are_adjacent() {
-        // Order 3 in 3 dimensions: 512 cells; consecutive keys are cells one step apart.
-        let mut by_key = vec![None; 512];
-        for x in 0..8u32 {
-            for y in 0..8u32 {
-                for z in 0..8u32 {
-                    let key = hilbert_key(&mut [x, y, z], 3) as usize;
-                    assert!(by_key[key].is_none(), "key {key} given twice");
-                    by_key[key] = Some([x, y, z]);
-                }
-            }
-        }
-        let cells: Vec<[u32; 3]> = by_key.into_iter().map(|c| c.expect("every key used")).collect();
-        for pair in cells.windows(2) {
-            let step: u32 = pair[0].iter().zip(&pair[1]).map(|(a, b)| a.abs_diff(*b)).sum();
-            assert_eq!(step, 1, "{:?} → {:?}", pair[0], pair[1]);
-        }
-    }
-
-    #[test]
     fn the_fence_finds_what_a_search_over_every_key_finds() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         for n in [1, 63, 64, 65, 1000] {
             let mut keys: Vec<u64> = (0..n).map(|_| rng.random_range(0..5000)).collect();
             keys.sort_unstable();
             let curve = Curve {
-                rotation: Vec::new(),
-                low: Vec::new(),
-                scale: Vec::new(),
+                frame: CurveFrame::new(Vec::new(), Vec::new(), &[], 8),
                 fences: keys.iter().step_by(FENCE).copied().collect(),
                 keys,
                 positions: Vec::new(),

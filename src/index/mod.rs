@@ -2,6 +2,7 @@
 //! List of Clusters over any metric, and the Multicurves index of approximate kNN.
 
 pub mod clusters;
+pub mod curve_keys;
 pub mod curves;
 pub mod grid;
 pub mod segments;

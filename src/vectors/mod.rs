@@ -190,9 +190,14 @@ impl Vectors {
     /// The Multicurves index of these vectors in `geometry`, and whether it was built by an earlier
     /// call (kept vectors keep it across queries). The values must not change after the first call.
     pub fn curves(&self, geometry: Geometry) -> (Arc<Multicurves>, bool) {
+        self.curves_built_by(geometry, || Multicurves::build(self, geometry))
+    }
+
+    /// [`Vectors::curves`], built by `build` where it was not built yet.
+    pub fn curves_built_by(&self, geometry: Geometry, build: impl FnOnce() -> Multicurves) -> (Arc<Multicurves>, bool) {
         let slot = &self.curves[geometry as usize];
         let kept = slot.get().is_some();
-        (slot.get_or_init(|| Arc::new(Multicurves::build(self, geometry))).clone(), kept)
+        (slot.get_or_init(|| Arc::new(build())).clone(), kept)
     }
 
     /// Adds `ns` to what runs without the Multicurves index (the exact kNN on the GPU, the index

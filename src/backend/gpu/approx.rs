@@ -1,11 +1,12 @@
 //! Approximate kNN on the GPU (`knn(…, 'approx=true')` where the cost model sends it to the
 //! device and finds the index's search faster there than the exact one: backend/auto.rs). The
-//! Multicurves index is the one the cores search (built on the host, kept with the vectors:
-//! index/curves.rs); its curves' keys and positions and its f32 rows are uploaded, the queries are
-//! projected and keyed on the host, and kernels/approx.cu gives each query's best candidates by
-//! whole f32 distance. The host measures the k best and any within f32 rounding of them exactly
-//! (as the cores' search does: backend/approx.rs), so each returned row carries its exact distance
-//! and its rank among the returned rows.
+//! Multicurves index is the one the cores search (kept with the vectors: index/curves.rs; its
+//! curves ordered on the device where this run builds it: approx_build.rs). Its curves' keys and
+//! positions and its f32 rows are on the device (uploaded where the cores ordered the curves), the
+//! queries are projected and keyed on the host, and kernels/approx.cu gives each query's best
+//! candidates by whole f32 distance. The host measures the k best and any within f32 rounding of
+//! them exactly (as the cores' search does: backend/approx.rs), so each returned row carries its
+//! exact distance and its rank among the returned rows.
 
 use datafusion::common::exec_err;
 
@@ -48,7 +49,7 @@ impl GpuBackend {
         self.device.function(Kernel::ApproxKnn)?;
         let start = Instant::now();
         let geometry = Geometry::of(metric).expect("approx metrics are checked at planning (functions::table)");
-        let (index, kept) = base.curves(geometry);
+        let (index, kept, lists) = self.curves_ordered_here(base, geometry)?;
         stats.kept_indexes = usize::from(kept);
         let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
         stats.build_time = start.elapsed();
@@ -66,7 +67,18 @@ impl GpuBackend {
 
         let uploading = Instant::now();
         let key: ResidentKey = index.clone();
-        let (device_index, on_device) = self.device.kept_curves(&key, || self.upload_curves(&index, dim))?;
+        let (device_index, on_device) = self.device.kept_curves(&key, || match lists {
+            // The lists this run's build left on the device: only the rows go up.
+            Some(lists) => Ok(DeviceCurves {
+                keys: lists.keys,
+                positions: lists.positions,
+                rows: upload(&self.device, index.all_values())?,
+                n,
+                curves,
+                dim,
+            }),
+            None => self.upload_curves(&index, dim),
+        })?;
         stats.resident_inputs += usize::from(on_device);
         stats.transfer_time += uploading.elapsed();
         let query_bytes = 4 * dim + 8 * curves + 8 * keep;

@@ -39,6 +39,7 @@ use rayon::prelude::*;
 
 mod appended;
 mod approx;
+mod approx_build;
 mod clusters;
 mod filter;
 mod join;
@@ -49,6 +50,7 @@ mod multi;
 mod sides;
 mod text;
 
+pub use approx_build::order_on_device;
 pub use multi::MultiGpuBackend;
 
 use filter::*;

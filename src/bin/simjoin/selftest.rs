@@ -240,6 +240,53 @@ async fn check_approx(ctx: &SessionContext, metric: Metric, data: &str, table: &
     Ok(failed)
 }
 
+/// The Multicurves index with its curves ordered on the device (`order_on_device`) against the
+/// one ordered on the cores: every curve's keys and positions the same, and the queries keyed the
+/// same (the bounds the same); with the time each build took. Returns the failures.
+fn check_device_curves(device: &Arc<simjoin::gpu::GpuDevice>, datasets: &[(&str, Vec<f64>, usize)]) -> usize {
+    use simjoin::index::curves::{Geometry, Multicurves};
+    let large = ("blobs", datagen::generate(Distribution::Blobs, 200_000, 128, 21), 128);
+    let cases = [(&datasets[2], Geometry::Raw), (&datasets[8], Geometry::Unit), (&large, Geometry::Raw)];
+    let mut failures = 0;
+    for ((name, values, dim), geometry) in cases {
+        let base = simjoin::vectors::Vectors::new(*dim, values.clone());
+        let started = Instant::now();
+        let cores = Multicurves::build(&base, geometry);
+        let cores_ms = started.elapsed().as_secs_f64() * 1e3;
+        let mut failure = None;
+        let started = Instant::now();
+        let on_device =
+            Multicurves::build_with(&base, geometry, |inputs| {
+                match simjoin::backend::gpu::order_on_device(device, inputs) {
+                    Ok((orders, _)) => orders,
+                    Err(e) => {
+                        failure = Some(e);
+                        simjoin::index::curve_keys::order_on_cores(inputs)
+                    }
+                }
+            });
+        let device_ms = started.elapsed().as_secs_f64() * 1e3;
+        let what = format!("{name} {} × {dim} ({geometry:?}): the curves ordered on the GPU", base.len());
+        let same_lists = (0..cores.curve_count()).all(|c| cores.curve(c) == on_device.curve(c));
+        let rows = 0..base.len().min(64);
+        let same_keys = cores.query_keys(&base, rows.clone()).1 == on_device.query_keys(&base, rows).1;
+        match failure {
+            Some(e) => {
+                failures += 1;
+                println!("selftest: GPU ERROR: {what}: {e}");
+            }
+            None if same_lists && same_keys => {
+                println!("selftest: {what} are the cores' (build {device_ms:.0} ms, on the cores {cores_ms:.0} ms)")
+            }
+            None => {
+                failures += 1;
+                println!("selftest: MISMATCH: {what}: lists the same {same_lists}, query keys the same {same_keys}");
+            }
+        }
+    }
+    failures
+}
+
 /// The joins of table `a` and range queries of `b` run with `options`: a self-join with ordered
 /// pairs, one with unordered pairs and each row with itself, `a` against `b`, and `a`'s rows as
 /// range queries over `b`.
@@ -455,6 +502,9 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         }
     }
     simjoin::backend::force_approx_search(false);
+    if let Ok(device) = &gpu {
+        failures += check_device_curves(device, &datasets);
+    }
     // Text (metric=levenshtein): joins, range queries and kNN of seeded words (`datagen::words`: mutated
     // copies, non-ASCII characters, strings of up to 8 machine words, empty strings, NULLs) on the
     // GPU against the CPU's segment filter.

@@ -132,3 +132,134 @@ pub fn approx_knn(
     unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
     Ok(())
 }
+
+/// The rows the index's keys are computed from: `n` rows of `axes` leading principal coordinates
+/// (`leads`, packed), and each of `curves` rotations onto `dims` dimensions (`rotations`, `axes ×
+/// dims` row-major each, one after the other).
+#[derive(Debug)]
+pub struct CurveInputs {
+    pub leads: CudaSlice<f32>,
+    pub n: usize,
+    pub axes: usize,
+    pub dims: usize,
+    pub rotations: CudaSlice<f32>,
+    pub curves: usize,
+}
+
+/// Most dimensions of a curve (`CURVE_MAX_DIMS` in kernels/approx.cu).
+const CURVE_MAX_DIMS: usize = 8;
+
+impl CurveInputs {
+    /// Whether the buffers hold what the sizes say, within the kernels' limits.
+    fn check(&self, kernel: Kernel) -> Result<()> {
+        let CurveInputs { n, axes, dims, curves, .. } = *self;
+        if self.leads.len() < n * axes
+            || self.rotations.len() < curves * axes * dims
+            || dims == 0
+            || dims > CURVE_MAX_DIMS
+            || n > u32::MAX as usize
+            || curves > u16::MAX as usize
+        {
+            return Err(Error::Device(format!(
+                "{kernel}: {n} rows of {axes} coordinates in {} values, {curves} rotations onto {dims} dimensions (at most {CURVE_MAX_DIMS}) in {}",
+                self.leads.len(),
+                self.rotations.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Each curve's lowest and highest coordinate per dimension over the rows (curve_bounds),
+/// `curves × dims` each.
+pub fn curve_bounds(device: &GpuDevice, inputs: &CurveInputs) -> Result<(Vec<f32>, Vec<f32>)> {
+    let kernel = Kernel::CurveBounds;
+    inputs.check(kernel)?;
+    let CurveInputs { n, axes, dims, curves, .. } = *inputs;
+    let stream = &device.stream;
+    // +∞ and −∞ as ordered bits (the host's starting bounds, which a curve of no rows keeps).
+    let mut low = crate::gpu::memory::upload(device, &vec![0xff80_0000u32; curves * dims])?;
+    let mut high = crate::gpu::memory::upload(device, &vec![0x007f_ffffu32; curves * dims])?;
+    if n > 0 {
+        let function = device.function(kernel)?;
+        let (n32, axes32, dims32) = (n as u32, axes as u32, dims as u32);
+        let mut builder = stream.launch_builder(&function);
+        builder
+            .arg(&inputs.leads)
+            .arg(&n32)
+            .arg(&axes32)
+            .arg(&dims32)
+            .arg(&inputs.rotations)
+            .arg(&mut low)
+            .arg(&mut high);
+        let blocks = n.div_ceil(GRID_BUILD_BLOCK as usize).min(1024) as u32;
+        let config = LaunchConfig {
+            grid_dim: (blocks, curves as u32, 1),
+            block_dim: (GRID_BUILD_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: curve_bounds(const float*, u32, u32, u32, const float*, u32*, u32*): a thread
+        // reads rows below n of `axes` values (n·axes ≤ the leads' length, checked), block row
+        // y < curves reads rotation y's axes·dims values (checked), and folds into
+        // low/high[y·dims + j], j < dims: within their curves·dims values.
+        unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
+    }
+    let decode = |bits: Vec<u32>| -> Vec<f32> {
+        // ordered_bits's inverse: a set top bit marks a non-negative value.
+        bits.into_iter().map(|b| f32::from_bits(if b & 0x8000_0000 != 0 { b & 0x7fff_ffff } else { !b })).collect()
+    };
+    let copy = |e: cudarc::driver::DriverError| Error::Device(format!("{kernel}: copy from the GPU failed: {e}"));
+    Ok((decode(stream.clone_dtoh(&low).map_err(copy)?), decode(stream.clone_dtoh(&high).map_err(copy)?)))
+}
+
+/// Curve `curve`'s key of every row (curve_keys): its coordinates from `low` on (`dims` values)
+/// at `scale` cells per unit, quantised to `bits` bits, into `keys` (`n` values).
+pub fn curve_keys(
+    device: &GpuDevice,
+    inputs: &CurveInputs,
+    curve: usize,
+    bits: u32,
+    (low, scale): (&CudaSlice<f32>, &CudaSlice<f32>),
+    keys: &mut CudaSlice<u64>,
+) -> Result<()> {
+    let kernel = Kernel::CurveKeys;
+    inputs.check(kernel)?;
+    let CurveInputs { n, axes, dims, curves, .. } = *inputs;
+    if curve >= curves
+        || low.len() < dims
+        || scale.len() < dims
+        || keys.len() < n
+        || bits == 0
+        || bits * dims as u32 > 64
+    {
+        return Err(Error::Device(format!(
+            "{kernel}: curve {curve} of {curves}, {dims} dimensions of {bits} bits, bounds of {} and {} values, {} keys for {n} rows",
+            low.len(),
+            scale.len(),
+            keys.len()
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let function = device.function(kernel)?;
+    let rotation = inputs.rotations.slice(curve * axes * dims..(curve + 1) * axes * dims);
+    let (n32, axes32, dims32) = (n as u32, axes as u32, dims as u32);
+    let mut builder = device.stream.launch_builder(&function);
+    builder
+        .arg(&inputs.leads)
+        .arg(&n32)
+        .arg(&axes32)
+        .arg(&dims32)
+        .arg(&bits)
+        .arg(&rotation)
+        .arg(low)
+        .arg(scale)
+        .arg(keys);
+    // SAFETY: curve_keys(const float*, u32, u32, u32, u32, const float*, const float*, const float*,
+    // u64*): threads read rows below n of `axes` values (within the leads, checked), the
+    // curve's axes·dims rotation values (a view of exactly that many), dims ≤ 8 values of low and
+    // scale (checked), and write keys[r], r < n ≤ its length (checked); bits·dims ≤ 64.
+    unsafe { builder.launch(strided(n as u64)) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! The Multicurves index built for the device's search with its curves ordered on the device
+//! (gpu/curves.rs): the cores compute the principal axes and every row's principal coordinates
+//! (index/curves.rs); the device computes each curve's bounds, keys and sorted lists, which come
+//! back for the host's index (the one kept with the vectors, which the cores search too) and stay
+//! on the device for the search, so that only the rows are uploaded after. The device's lists are
+//! the cores' entry for entry (index/curve_keys.rs says why), so an index is the same wherever its
+//! curves were ordered.
+
+use super::*;
+use crate::gpu::curves::{DeviceCurveLists, order_curves};
+use crate::gpu::launch::{CurveInputs, curve_bounds};
+use crate::index::curve_keys::{CurveFrame, CurveOrder, KeyInputs, order_on_cores};
+use crate::index::curves::{Geometry, Multicurves};
+
+/// Fewest base rows whose curves the device orders: below, the cores' sorts take less than the
+/// device's launches (8 radix passes of 3 kernels a curve) and copies.
+const DEVICE_ORDER_ROWS: usize = 1 << 15;
+
+impl GpuBackend {
+    /// The index of `base` in `geometry` (kept with it), whether an earlier run built it, and, where
+    /// this run built it with its curves ordered on the device, the lists it left there.
+    pub(super) fn curves_ordered_here(
+        &self,
+        base: &Vectors,
+        geometry: Geometry,
+    ) -> Result<(Arc<Multicurves>, bool, Option<DeviceCurveLists>), GpuError> {
+        if base.len() < DEVICE_ORDER_ROWS {
+            let (index, kept) = base.curves(geometry);
+            return Ok((index, kept, None));
+        }
+        let (mut lists, mut failure) = (None, None);
+        let (index, kept) = base.curves_built_by(geometry, || {
+            Multicurves::build_with(base, geometry, |inputs| match order_on_device(&self.device, inputs) {
+                Ok((orders, on_device)) => {
+                    lists = Some(on_device);
+                    orders
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    order_on_cores(inputs)
+                }
+            })
+        });
+        match failure {
+            Some(e) => Err(e),
+            None => Ok((index, kept, lists)),
+        }
+    }
+}
+
+/// Every curve's order of `inputs`' rows, computed on `device`: the host's copies, and the lists
+/// left on the device.
+pub fn order_on_device(
+    device: &GpuDevice,
+    inputs: &KeyInputs,
+) -> Result<(Vec<CurveOrder>, DeviceCurveLists), GpuError> {
+    let KeyInputs { rows, stride, axes, dims, bits, rotations } = *inputs;
+    let (n, curves) = (inputs.len(), rotations.len());
+    let leads: Vec<f32> = rows.par_chunks(stride).flat_map_iter(|row| row[..axes].iter().copied()).collect();
+    let on_device = CurveInputs {
+        leads: upload(device, &leads)?,
+        n,
+        axes,
+        dims,
+        rotations: upload(device, &rotations.concat())?,
+        curves,
+    };
+    let (low, high) = curve_bounds(device, &on_device)?;
+    // The cells per unit as the host's frame computes them from the same bounds.
+    let scale: Vec<f32> = low
+        .chunks(dims)
+        .zip(high.chunks(dims))
+        .flat_map(|(l, h)| CurveFrame::new(Vec::new(), l.to_vec(), h, bits).scale)
+        .collect();
+    let lists = order_curves(device, &on_device, bits, &low, &scale)?;
+    let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("copy from the GPU failed: {e}"));
+    let orders = (0..curves)
+        .map(|c| {
+            Ok(CurveOrder {
+                low: low[c * dims..(c + 1) * dims].to_vec(),
+                high: high[c * dims..(c + 1) * dims].to_vec(),
+                keys: device.stream.clone_dtoh(&lists.keys.slice(c * n..(c + 1) * n)).map_err(copy)?,
+                positions: device.stream.clone_dtoh(&lists.positions.slice(c * n..(c + 1) * n)).map_err(copy)?,
+            })
+        })
+        .collect::<Result<Vec<_>, GpuError>>()?;
+    Ok((orders, lists))
+}
