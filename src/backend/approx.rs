@@ -161,13 +161,15 @@ impl Search<'_> {
         let Query { values, projected, refined } = query;
         scratch.bounded.clear();
         let (seen, bounded) = (&mut scratch.seen, &mut scratch.bounded);
-        index.candidates(projected, self.per_curve, |p, lead| {
-            let (word, bit) = (p as usize / 64, 1u64 << (p % 64));
-            if seen[word] & bit == 0 {
-                seen[word] |= bit;
-                bounded.push((squared_lead(&projected[..LEAD], lead), p));
+        for (positions, leads) in index.candidate_runs(projected, self.per_curve) {
+            for (&p, lead) in positions.iter().zip(leads.chunks_exact(LEAD)) {
+                let (word, bit) = (p as usize / 64, 1u64 << (p % 64));
+                if seen[word] & bit == 0 {
+                    seen[word] |= bit;
+                    bounded.push((squared_lead(&projected[..LEAD], lead), p));
+                }
             }
-        });
+        }
         for &(_, p) in &scratch.bounded {
             scratch.seen[p as usize / 64] = 0;
         }

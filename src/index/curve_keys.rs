@@ -134,18 +134,17 @@ pub fn hilbert_key(cells: &mut [u32], bits: u32) -> u64 {
         return 0;
     }
     let top = 1u32 << (bits - 1);
-    // Inverse undo of the excess work.
+    // Inverse undo of the excess work: where bit q of cells[i] is set, cells[0] ^= p; else the
+    // bits below q that cells[0] and cells[i] differ in are swapped. Without branches (as masks):
+    // the bits are data, and their branches were mispredicted about half the time.
     let mut q = top;
     while q > 1 {
         let p = q - 1;
         for i in 0..n {
-            if cells[i] & q != 0 {
-                cells[0] ^= p;
-            } else {
-                let t = (cells[0] ^ cells[i]) & p;
-                cells[0] ^= t;
-                cells[i] ^= t;
-            }
+            let set = 0u32.wrapping_sub(u32::from(cells[i] & q != 0));
+            let t = (cells[0] ^ cells[i]) & p & !set;
+            cells[0] ^= (p & set) | t;
+            cells[i] ^= t;
         }
         q >>= 1;
     }

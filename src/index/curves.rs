@@ -296,20 +296,20 @@ impl Multicurves {
         QueryBlock { dim: self.dim, layout, values, projected, refined }
     }
 
-    /// Visits each curve's `per_curve` entries around the query's key (as many before it as after,
-    /// fewer only at a list's ends): `visit(position, leading coordinates)`, the [`LEAD`] leading
-    /// principal coordinates read from the curve's own copy, in key order; a position may repeat.
-    pub fn candidates(&self, projected: &[f32], per_curve: usize, mut visit: impl FnMut(u32, &[f32])) {
+    /// Each curve's `per_curve` entries around the query's key (as many before it as after, fewer
+    /// only at a list's ends): their base positions and the [`LEAD`] leading principal coordinates
+    /// of each, read from the curve's own copy, in key order; a position may repeat across curves.
+    /// Every curve's key is searched before any entry is read (the searches are independent, so
+    /// their cache misses overlap).
+    pub fn candidate_runs(&self, projected: &[f32], per_curve: usize) -> [(&[u32], &[f32]); CURVES] {
         let n = self.len();
         let take = per_curve.min(n);
-        for curve in &self.curves {
+        std::array::from_fn(|c| {
+            let curve = &self.curves[c];
             let at = curve.position_of(self.key_on(curve, projected));
             let start = at.saturating_sub(take / 2).min(n - take);
-            let leads = curve.leads[start * LEAD..(start + take) * LEAD].chunks_exact(LEAD);
-            for (&p, row) in curve.positions[start..start + take].iter().zip(leads) {
-                visit(p, row);
-            }
-        }
+            (&curve.positions[start..start + take], &curve.leads[start * LEAD..(start + take) * LEAD])
+        })
     }
 
     /// Curves of the index.
@@ -768,10 +768,12 @@ mod tests {
         let queries = index.queries(&base, 0..5000);
         for i in (0..5000).step_by(50) {
             out.clear();
-            index.candidates(queries.get(i).projected, 16, |p, lead| {
-                assert_eq!(lead, &index.projected(p as usize)[..LEAD]);
-                out.push(p);
-            });
+            for (positions, leads) in index.candidate_runs(queries.get(i).projected, 16) {
+                for (&p, lead) in positions.iter().zip(leads.chunks_exact(LEAD)) {
+                    assert_eq!(lead, &index.projected(p as usize)[..LEAD]);
+                    out.push(p);
+                }
+            }
             assert_eq!(out.len(), 16 * CURVES);
             assert!(out.contains(&(i as u32)), "row {i}");
         }
