@@ -62,11 +62,9 @@ pub struct CurveFrame {
 }
 
 impl CurveFrame {
-    /// The frame of a curve whose base coordinates span `low ..= high` (cells per unit: the
-    /// `2^bits − 1` cells over the span; none where the span is empty).
+    /// The frame of a curve whose base coordinates span `low ..= high` ([`cell_scale`]).
     pub fn new(rotation: Vec<f32>, low: Vec<f32>, high: &[f32], bits: u32) -> Self {
-        let cells = ((1u64 << bits) - 1) as f32;
-        let scale = low.iter().zip(high).map(|(l, h)| if h > l { cells / (h - l) } else { 0.0 }).collect();
+        let scale = cell_scale(&low, high, bits);
         Self { rotation, low, scale }
     }
 
@@ -77,18 +75,26 @@ impl CurveFrame {
         for (out, x) in coords.iter_mut().zip(rotate(lead, &self.rotation, dims)) {
             *out = x;
         }
-        self.cell_key(&coords[..dims], bits)
+        cell_key(&coords[..dims], &self.low, &self.scale, bits)
     }
+}
 
-    /// The Hilbert key of curve coordinates `coords` quantised to `bits` bits each.
-    fn cell_key(&self, coords: &[f32], bits: u32) -> u64 {
-        let top = ((1u64 << bits) - 1) as f32;
-        let mut cells = [0u32; MAX_CURVE_DIMS];
-        for (j, &x) in coords.iter().enumerate() {
-            cells[j] = ((x - self.low[j]) * self.scale[j]).clamp(0.0, top) as u32;
-        }
-        hilbert_key(&mut cells[..coords.len()], bits)
+/// Cells per unit of each curve dimension whose base coordinates span `low ..= high`: the
+/// `2^bits − 1` cells over the span, none where the span is empty.
+pub fn cell_scale(low: &[f32], high: &[f32], bits: u32) -> Vec<f32> {
+    let cells = ((1u64 << bits) - 1) as f32;
+    low.iter().zip(high).map(|(l, h)| if h > l { cells / (h - l) } else { 0.0 }).collect()
+}
+
+/// The Hilbert key of curve coordinates `coords`, from `low` at `scale` cells per unit, quantised
+/// to `bits` bits each.
+fn cell_key(coords: &[f32], low: &[f32], scale: &[f32], bits: u32) -> u64 {
+    let top = ((1u64 << bits) - 1) as f32;
+    let mut cells = [0u32; MAX_CURVE_DIMS];
+    for (j, &x) in coords.iter().enumerate() {
+        cells[j] = ((x - low[j]) * scale[j]).clamp(0.0, top) as u32;
     }
+    hilbert_key(&mut cells[..coords.len()], bits)
 }
 
 /// Every curve's order of the rows of `inputs`, computed and sorted on every core.
@@ -106,12 +112,15 @@ pub fn order_on_cores(inputs: &KeyInputs) -> Vec<CurveOrder> {
                     *h = h.max(x);
                 }
             }
-            let frame = CurveFrame::new(Vec::new(), low, &high, bits);
-            let mut keyed: Vec<(u64, u32)> =
-                coords.par_chunks(dims).enumerate().map(|(i, row)| (frame.cell_key(row, bits), i as u32)).collect();
+            let scale = cell_scale(&low, &high, bits);
+            let mut keyed: Vec<(u64, u32)> = coords
+                .par_chunks(dims)
+                .enumerate()
+                .map(|(i, row)| (cell_key(row, &low, &scale, bits), i as u32))
+                .collect();
             keyed.par_sort_unstable();
             let (keys, positions) = keyed.into_iter().unzip();
-            CurveOrder { low: frame.low, high, keys, positions }
+            CurveOrder { low, high, keys, positions }
         })
         .collect()
 }

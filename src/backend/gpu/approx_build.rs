@@ -9,7 +9,7 @@
 use super::*;
 use crate::gpu::curves::{DeviceCurveLists, order_curves};
 use crate::gpu::launch::{CurveInputs, curve_bounds};
-use crate::index::curve_keys::{CurveFrame, CurveOrder, KeyInputs, order_on_cores};
+use crate::index::curve_keys::{CurveOrder, KeyInputs, cell_scale, order_on_cores};
 use crate::index::curves::{Geometry, Multicurves};
 
 /// Fewest base rows whose curves the device orders: below, the cores' sorts take less than the
@@ -28,32 +28,43 @@ impl GpuBackend {
             let (index, kept) = base.curves(geometry);
             return Ok((index, kept, None));
         }
-        let (mut lists, mut failure) = (None, None);
+        let mut outcome = None;
         let (index, kept) = base.curves_built_by(geometry, || {
-            Multicurves::build_with(base, geometry, |inputs| match order_on_device(&self.device, inputs) {
-                Ok((orders, on_device)) => {
-                    lists = Some(on_device);
-                    orders
-                }
-                Err(e) => {
-                    failure = Some(e);
-                    order_on_cores(inputs)
-                }
-            })
+            let (index, lists) = build_on_device(&self.device, base, geometry);
+            outcome = Some(lists);
+            index
         });
-        match failure {
-            Some(e) => Err(e),
-            None => Ok((index, kept, lists)),
-        }
+        // On the device's error the index (its curves ordered on the cores instead) is kept, and
+        // under device=auto the run goes to the cores, which search it.
+        outcome.transpose().map(|lists| (index, kept, lists))
     }
+}
+
+/// The index of `base` in `geometry` with its curves ordered on `device`, and the lists left
+/// there; where the device fails, the index with its curves ordered on the cores (the same
+/// index), and the device's error.
+pub fn build_on_device(
+    device: &GpuDevice,
+    base: &Vectors,
+    geometry: Geometry,
+) -> (Multicurves, Result<DeviceCurveLists, GpuError>) {
+    let mut lists = None;
+    let index = Multicurves::build_with(base, geometry, |inputs| match order_on_device(device, inputs) {
+        Ok((orders, on_device)) => {
+            lists = Some(Ok(on_device));
+            orders
+        }
+        Err(e) => {
+            lists = Some(Err(e));
+            order_on_cores(inputs)
+        }
+    });
+    (index, lists.expect("the build orders its curves"))
 }
 
 /// Every curve's order of `inputs`' rows, computed on `device`: the host's copies, and the lists
 /// left on the device.
-pub fn order_on_device(
-    device: &GpuDevice,
-    inputs: &KeyInputs,
-) -> Result<(Vec<CurveOrder>, DeviceCurveLists), GpuError> {
+fn order_on_device(device: &GpuDevice, inputs: &KeyInputs) -> Result<(Vec<CurveOrder>, DeviceCurveLists), GpuError> {
     let KeyInputs { rows, stride, axes, dims, bits, rotations } = *inputs;
     let (n, curves) = (inputs.len(), rotations.len());
     let leads: Vec<f32> = rows.par_chunks(stride).flat_map_iter(|row| row[..axes].iter().copied()).collect();
@@ -67,11 +78,7 @@ pub fn order_on_device(
     };
     let (low, high) = curve_bounds(device, &on_device)?;
     // The cells per unit as the host's frame computes them from the same bounds.
-    let scale: Vec<f32> = low
-        .chunks(dims)
-        .zip(high.chunks(dims))
-        .flat_map(|(l, h)| CurveFrame::new(Vec::new(), l.to_vec(), h, bits).scale)
-        .collect();
+    let scale = cell_scale(&low, &high, bits);
     let lists = order_curves(device, &on_device, bits, &low, &scale)?;
     let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("copy from the GPU failed: {e}"));
     let orders = (0..curves)

@@ -50,7 +50,7 @@ mod multi;
 mod sides;
 mod text;
 
-pub use approx_build::order_on_device;
+pub use approx_build::build_on_device;
 pub use multi::MultiGpuBackend;
 
 use filter::*;

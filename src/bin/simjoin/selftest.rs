@@ -240,7 +240,7 @@ async fn check_approx(ctx: &SessionContext, metric: Metric, data: &str, table: &
     Ok(failed)
 }
 
-/// The Multicurves index with its curves ordered on the device (`order_on_device`) against the
+/// The Multicurves index with its curves ordered on the device (`build_on_device`) against the
 /// one ordered on the cores: every curve's keys and positions the same, and the queries keyed the
 /// same (the bounds the same); with the time each build took. Returns the failures.
 fn check_device_curves(device: &Arc<simjoin::gpu::GpuDevice>, datasets: &[(&str, Vec<f64>, usize)]) -> usize {
@@ -253,32 +253,22 @@ fn check_device_curves(device: &Arc<simjoin::gpu::GpuDevice>, datasets: &[(&str,
         let started = Instant::now();
         let cores = Multicurves::build(&base, geometry);
         let cores_ms = started.elapsed().as_secs_f64() * 1e3;
-        let mut failure = None;
         let started = Instant::now();
-        let on_device =
-            Multicurves::build_with(&base, geometry, |inputs| {
-                match simjoin::backend::gpu::order_on_device(device, inputs) {
-                    Ok((orders, _)) => orders,
-                    Err(e) => {
-                        failure = Some(e);
-                        simjoin::index::curve_keys::order_on_cores(inputs)
-                    }
-                }
-            });
+        let (on_device, lists) = simjoin::backend::gpu::build_on_device(device, &base, geometry);
         let device_ms = started.elapsed().as_secs_f64() * 1e3;
         let what = format!("{name} {} × {dim} ({geometry:?}): the curves ordered on the GPU", base.len());
         let same_lists = (0..cores.curve_count()).all(|c| cores.curve(c) == on_device.curve(c));
         let rows = 0..base.len().min(64);
         let same_keys = cores.query_keys(&base, rows.clone()).1 == on_device.query_keys(&base, rows).1;
-        match failure {
-            Some(e) => {
+        match lists {
+            Err(e) => {
                 failures += 1;
                 println!("selftest: GPU ERROR: {what}: {e}");
             }
-            None if same_lists && same_keys => {
+            Ok(_) if same_lists && same_keys => {
                 println!("selftest: {what} are the cores' (build {device_ms:.0} ms, on the cores {cores_ms:.0} ms)")
             }
-            None => {
+            Ok(_) => {
                 failures += 1;
                 println!("selftest: MISMATCH: {what}: lists the same {same_lists}, query keys the same {same_keys}");
             }
