@@ -68,6 +68,8 @@ def main():
     parser.add_argument("--dir", default="bench-out/approx")
     parser.add_argument("--plot")
     parser.add_argument("--replot", action="store_true", help="only plot the last run's approx-all.json")
+    parser.add_argument("--peers-max-rows", type=int,
+                        help="run FAISS only on bases of at most this many rows (its HNSW build of 10^6 rows takes ~10 min on 2 cores)")
     args = parser.parse_args()
     if args.replot:
         plot(json.load(open(os.path.join(args.dir, "approx-all.json"))), args.plot)
@@ -85,6 +87,8 @@ def main():
             setting = "exact" if r["effort"] is None else f"approx_effort={r['effort']}"
             build = "–" if r["build_s"] is None else f"{r['build_s']:.2f}"
             print(f"| {data} | {r['method']} | {setting} | {r['recall']:.4f} | {r['queries_per_s']:.0f} | {build} |")
+        if args.peers_max_rows is not None and len(base) > args.peers_max_rows:
+            continue
         for method, setting, rec, seconds, build in peers(base, queries):
             qps = len(queries) / seconds
             print(f"| {data} | {method} | {setting or 'exact'} | {rec:.4f} | {qps:.0f} | {'–' if build is None else f'{build:.2f}'} |")

@@ -20,7 +20,7 @@ python3 -m venv "$dir/venv"
 # Approximate kNN against the exact path and FAISS's indexes (BENCHMARKS.md, "Approximate kNN";
 # printed, pasted by hand).
 ./target/release/simjoin bench --approx --dir "$dir/approx"
-"$dir/venv/bin/python" benches/approx.py --dir "$dir/approx" --plot benches/plots/approx.png
+"$dir/venv/bin/python" benches/approx.py --dir "$dir/approx" --peers-max-rows 500000 --plot benches/plots/approx.png
 # The List of Clusters against the default plans (BENCHMARKS.md, "List of Clusters"; printed,
 # pasted by hand).
 benches/clusters.sh ./target/release/simjoin "$dir/clusters"

@@ -246,7 +246,8 @@ impl FromStr for Devices {
 /// returned row carries its exact distance and its rank among the returned rows.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Approx {
-    /// Higher is slower and more accurate: the candidates taken from each curve scale with it.
+    /// Higher is slower and more accurate: the candidates taken from each curve scale with it, and
+    /// on the cores the graph search's seeds and pool.
     pub effort: f64,
 }
 
@@ -257,12 +258,27 @@ pub const MAX_APPROX_EFFORT: f64 = 1000.0;
 /// Candidates taken from each curve at effort 1 (measured: recall@10 near 0.95 on Fashion-MNIST
 /// with 16 curves).
 const CANDIDATES_PER_CURVE: f64 = 160.0;
+/// Entries taken from each curve at effort 1 as the starting points of the cores' graph search.
+const SEEDS_PER_CURVE: f64 = 16.0;
+/// Rows the cores' graph search keeps at effort 1 (measured on Fashion-MNIST: recall@10 0.978,
+/// 0.938 at effort 0.5; docs/optimisations.md, v146).
+const POOL: f64 = 32.0;
 
 impl Approx {
     /// Candidates taken from each curve for `k` neighbours: at least 2k, so that one curve alone
     /// could hold the answer.
     pub fn per_curve(self, k: usize) -> usize {
         ((CANDIDATES_PER_CURVE * self.effort).round() as usize).max(2 * k).max(2)
+    }
+
+    /// Entries taken from each curve as the cores' graph search's starting points: at least k.
+    pub fn seeds_per_curve(self, k: usize) -> usize {
+        ((SEEDS_PER_CURVE * self.effort).round() as usize).max(k).max(2)
+    }
+
+    /// Rows the cores' graph search keeps for `k` neighbours: at least k.
+    pub fn pool(self, k: usize) -> usize {
+        ((POOL * self.effort).round() as usize).max(k).max(1)
     }
 }
 

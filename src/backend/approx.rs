@@ -1,25 +1,36 @@
 //! Approximate kNN (`knn(base, query, k, 'approx=true')`) from the Multicurves index
-//! (index/curves.rs), on every CPU core.
+//! (index/curves.rs), on every CPU core, by one of two searches.
 //!
-//! Each query takes `per_curve` candidates around its key on every curve (Teodoro et al.'s
-//! retrieval step) and drops repeats. The candidates are then ranked by their distance over the
-//! leading principal coordinates plus an estimate of what the other directions add from the two
-//! residual norms (a proxy of the Euclidean distance that reads 256 bytes of a candidate rather
-//! than all of it; index/curves.rs), skipping each candidate whose first 16 coordinates — one
-//! cache line — already place it beyond the best `rerank` found. Under a Euclidean order (L2,
-//! L2², cosine) those best `rerank` (8k, at least 32) are ranked again over up to 192 principal
-//! coordinates and their residual (`index.refined`), and the best `refine` of that (3k, at least
-//! 12) are re-ranked by their whole distance in f32 (under L1 and L∞ all `rerank` are), and the
+//! *With the kNN graph* (index/graph.rs), where the base is kept across queries or the queries are
+//! as many as half its rows, so that the graph's build is repaid: each query takes `seeds` entries
+//! around its key on every curve, starts from the `pool` of them nearest over the 16 leading
+//! principal coordinates, and walks the graph best first (each step follows the edges of the
+//! nearest row whose edges are not followed yet, until that row is farther than every row of the
+//! pool), ranking each row reached by its distance over up to 192 principal coordinates and their
+//! residual (`principal_distance`).
+//!
+//! *By the curves alone*, elsewhere: each query takes `per_curve` candidates around its key on
+//! every curve (Teodoro et al.'s retrieval step) and drops repeats. The candidates are then ranked
+//! by their distance over the leading principal coordinates plus an estimate of what the other
+//! directions add from the two residual norms (a proxy of the Euclidean distance that reads 256
+//! bytes of a candidate rather than all of it; index/curves.rs), skipping each candidate whose
+//! first 16 coordinates — one cache line — already place it beyond the best `rerank` found. Under a
+//! Euclidean order those best `rerank` (8k, at least 32) are ranked again by `principal_distance`.
+//!
+//! Either way, under a Euclidean order (L2, L2², cosine) the best `refine` (3k, at least 12) are
+//! re-ranked by their whole distance in f32 (under L1 and L∞ all the candidates left are), and the
 //! k best of that, with any within f32 rounding of the k-th, are measured exactly in f64: the
 //! answer is the k nearest of those by exact distance (ties by base position), each returned row
 //! carrying its exact distance and its rank. Where the index's f32 copy holds the base exactly,
 //! the exact distances are measured from its rows, which the f32 pass has just read.
-//! Nothing else is guaranteed: a true neighbour that no curve placed near the query, or that the
-//! proxy ranked below `rerank`, is missed; the recall is measured (`simjoin bench --approx`), not
-//! assumed. Where the vectors have at most 63 dimensions the proxy is the whole Euclidean
-//! distance (up to f32 rounding), as the second ranking is at most 192.
+//! Nothing else is guaranteed: a true neighbour that the search never reached, or ranked below
+//! the cut, is missed; the recall is measured (`simjoin bench --approx`), not assumed. Where the
+//! vectors have at most 63 dimensions the proxy is the whole Euclidean distance (up to f32
+//! rounding), as `principal_distance` is at most 192.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use datafusion::common::Result;
@@ -31,14 +42,16 @@ use super::plan::filter_kind;
 use super::simd::{FilterKind, prefetch, row_score};
 use super::topk::{KSmallest, Neighbour, push_ranked};
 use super::{KnnRequest, ResultChunk, ResultSink, RunStats};
-use crate::index::curves::{Geometry, LEAD, Multicurves, Query, ranks_twice};
+use crate::index::curves::{CURVES, Geometry, LEAD, Multicurves, Query, ranks_twice};
+use crate::index::graph::NeighbourGraph;
 use crate::op::Approx;
 
-/// Candidates ranked again per neighbour asked for: the best by proxy distance.
+/// Candidates ranked again per neighbour asked for by the curves' search: the best by proxy
+/// distance.
 const RERANK: usize = 8;
 /// Candidates whose whole vectors are read per neighbour asked for, under a Euclidean order: the
-/// best of the second ranking. On Fashion-MNIST the best 30 over 192 principal coordinates hold
-/// 99.8 % of the true 10 nearest among the proxy's best 80 (docs/optimisations.md, v142).
+/// best by [`principal_distance`]. On Fashion-MNIST the best 30 over 192 principal coordinates
+/// hold 99.8 % of the true 10 nearest among the proxy's best 80 (docs/optimisations.md, v142).
 const REFINE: usize = 3;
 /// Relative rounding allowance of the f32 re-rank: a candidate within it of the k-th best is
 /// measured exactly too, so rounding cannot decide the answer among the re-ranked.
@@ -49,6 +62,9 @@ const PROXY_AHEAD: usize = 8;
 /// Every how many cache lines of the next re-ranked row a prefetch is issued (the hardware's
 /// stream prefetcher fetches the lines between).
 const PREFETCH_LINES: usize = 1;
+/// How many candidates ahead of its distance a candidate's coordinates are fetched in the graph's
+/// build.
+const GRAPH_AHEAD: usize = 4;
 /// Queries answered between two hand-offs to the sink.
 const QUERY_BLOCK: usize = 2048;
 /// Queries projected onto the principal axes together (one matrix product; 32 of Fashion-MNIST's
@@ -57,6 +73,32 @@ const PROJECTED_BLOCK: usize = 32;
 /// Relative slack on the leading coordinates' share before a candidate is skipped: it and the
 /// proxy are both rounded f32 sums, so the share may exceed the proxy by a few ulps.
 const BOUND_SLACK: f32 = 1e-4;
+/// Queries per base row from which the graph is built for a base that is not kept: its build
+/// costs about what the curves' search of half as many queries as rows costs more than the
+/// graph's (Fashion-MNIST: 2 core-seconds, against ~85 µs saved a query at recall 0.95;
+/// docs/optimisations.md, v146).
+const GRAPH_QUERIES_PER_ROW: f64 = 0.5;
+
+/// Whether every approximate kNN on the cores searches by the curves alone (`simjoin selftest`
+/// compares the GPU's search, which ranks the same candidates by their whole distance, with it).
+static CURVES_ALONE: AtomicBool = AtomicBool::new(false);
+
+/// Makes the cores' approximate kNN search by the curves alone whatever the base (`false`: as
+/// [`walks_graph`] decides again). For tests.
+pub fn force_curves_search(forced: bool) {
+    CURVES_ALONE.store(forced, Ordering::Relaxed);
+}
+
+/// Whether the cores search `base` with the kNN graph (built first where it is not): where the
+/// base is kept (later queries reuse the graph) or the queries are many enough to repay its
+/// build, and the base has more rows than the curves' search takes entries (otherwise that search
+/// reads about every row, and answers exactly where it does).
+pub(super) fn walks_graph(request: &KnnRequest, approx: Approx, k: usize) -> bool {
+    let n = request.base.len();
+    !CURVES_ALONE.load(Ordering::Relaxed)
+        && n > CURVES * approx.per_curve(k)
+        && (request.base.resident().is_some() || request.queries.len() as f64 >= GRAPH_QUERIES_PER_ROW * n as f64)
+}
 
 /// The approximate `k` nearest base vectors of each query (`k` at most the base's size, and
 /// neither side empty: `CpuBackend::knn` answers those cases).
@@ -66,7 +108,9 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
     let mut stats = RunStats::default();
     let geometry = Geometry::of(metric).expect("approx metrics are checked at planning (functions::table)");
     let (index, kept) = base.curves(geometry);
-    stats.kept_indexes = usize::from(kept);
+    let graph = walks_graph(request, approx, k).then(|| index.graph(build_graph));
+    stats.kept_indexes = usize::from(kept && graph.is_none_or(|(_, graph_kept)| graph_kept));
+    let walk = graph.map(|(graph, _)| Walk { graph, seeds_per_curve: approx.seeds_per_curve(k), pool: approx.pool(k) });
     let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
     stats.build_time = start.elapsed();
 
@@ -75,11 +119,12 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
         index: &index,
         kind: filter_kind(metric),
         k,
+        walk,
         per_curve: approx.per_curve(k),
         rerank: RERANK * k.max(4),
-        refine: if ranks_twice(metric) && index.refined_dims() > 0 { Some(REFINE * k.max(4)) } else { None },
+        refine: ranks_twice(metric).then_some(REFINE * k.max(4)),
     };
-    let (gathered, exactly) = (AtomicU64::new(0), AtomicU64::new(0));
+    let (gathered, walked, exactly) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let blocks = queries.len().div_ceil(QUERY_BLOCK);
     sink.start(blocks as u64);
     let mut chunk = ResultChunk::default();
@@ -96,8 +141,9 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
                     let rows = start..(start + PROJECTED_BLOCK).min(end);
                     let projected = index.queries(queries, rows.clone());
                     rows.map(|q| {
-                        search.run(projected.get(q - start), scratch);
-                        gathered.fetch_add(scratch.bounded.len() as u64, Ordering::Relaxed);
+                        let (curves, graph) = search.run(projected.get(q - start), scratch);
+                        gathered.fetch_add(curves as u64, Ordering::Relaxed);
+                        walked.fetch_add(graph as u64, Ordering::Relaxed);
                         exactly.fetch_add(scratch.best.len() as u64, Ordering::Relaxed);
                         measured(request, &exact, &index, q, scratch.best.iter().map(|&(_, p)| p as usize))
                     })
@@ -117,9 +163,49 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
         sink.send(chunk)?;
     }
     stats.curve_candidates = gathered.into_inner();
+    stats.graph_rows = walked.into_inner();
     stats.candidates = exactly.into_inner();
     stats.probe_time = probe.elapsed();
     Ok(stats)
+}
+
+/// The kNN graph of `index`'s rows by [`principal_distance`], on every core.
+fn build_graph(index: &Multicurves) -> NeighbourGraph {
+    NeighbourGraph::build(index, |i, rows, out| {
+        let terms = index.row_terms(i);
+        for (r, &j) in rows.iter().enumerate() {
+            if let Some(&ahead) = rows.get(r + GRAPH_AHEAD) {
+                fetch_terms(index, ahead);
+            }
+            out.push((principal_distance(index, terms, j as usize), j));
+        }
+    })
+}
+
+/// The squared distance over the principal coordinates between a row in the index's terms
+/// (`terms`: a query's, or a base row's from [`Multicurves::row_terms`]) and base row `p`: over
+/// the proxy's coordinates and, where the index keeps more, over those and the residual after
+/// them (the second ranking of docs/optimisations.md v142; the Euclidean distance itself where the
+/// vectors have at most 192 dimensions).
+#[inline]
+fn principal_distance(index: &Multicurves, (projected, refined): (&[f32], &[f32]), p: usize) -> f32 {
+    let proxy = row_score(FilterKind::SquaredL2, projected, index.projected(p));
+    if index.refined_dims() == 0 {
+        return proxy;
+    }
+    // The proxy's residual term gives way to the coordinates it estimated and the residual after.
+    let slot = index.projected_dims();
+    let residual = index.projected(p)[slot] - projected[slot];
+    proxy - residual * residual + row_score(FilterKind::SquaredL2, refined, index.refined(p))
+}
+
+/// Prefetches base row `p`'s principal coordinates (what [`principal_distance`] reads).
+#[inline]
+fn fetch_terms(index: &Multicurves, p: u32) {
+    let (projected, refined) = index.row_terms(p as usize);
+    for row in [projected, refined] {
+        (0..row.len()).step_by(16).for_each(|d| prefetch(&row[d..]));
+    }
 }
 
 /// One query's search, shared by the threads.
@@ -128,48 +214,183 @@ struct Search<'a> {
     /// The f32 score ordered as the metric (squared under L2, L2² and cosine).
     kind: FilterKind,
     k: usize,
+    /// The graph search's terms; `None` to search by the curves alone.
+    walk: Option<Walk<'a>>,
+    /// Entries the curves' search takes around the query's key on every curve.
     per_curve: usize,
-    /// Candidates ranked again: the best by the proxy distance.
+    /// Candidates the curves' search ranks again: the best by the proxy distance.
     rerank: usize,
-    /// Candidates whose whole vectors are read: the best of the second ranking; `None` to read
-    /// all `rerank` (an order other than the Euclidean, or no coordinates beyond the proxy's).
+    /// Candidates whose whole vectors are read: the best by [`principal_distance`]; `None` to
+    /// read all the candidates left (an order other than the Euclidean).
     refine: Option<usize>,
+}
+
+/// The graph search's terms.
+struct Walk<'a> {
+    graph: &'a NeighbourGraph,
+    /// Entries taken around the query's key on every curve: the starting points.
+    seeds_per_curve: usize,
+    /// Rows kept: the nearest found so far by [`principal_distance`].
+    pool: usize,
 }
 
 /// A thread's working memory, reused across its queries.
 struct Scratch {
-    /// One bit per base vector: taken as a candidate of the current query (cleared after each).
+    /// One bit per base vector: reached by the current query's search (cleared after each).
     seen: Vec<u64>,
-    /// Distinct candidates with the squared distance over their first [`LEAD`] coordinates.
+    /// The curves' distinct candidates with the squared distance over their first [`LEAD`]
+    /// coordinates.
     bounded: Vec<(f32, u32)>,
-    /// The best `rerank` by proxy distance, unordered.
+    /// Rows reached through the graph.
+    visited: Vec<u32>,
+    /// A row's edges not reached before.
+    fresh: Vec<u32>,
+    /// The graph search's pool: the nearest rows found, farthest on top.
+    pool: BinaryHeap<(Score, u32)>,
+    /// Rows whose edges are still to follow, nearest on top.
+    frontier: BinaryHeap<Reverse<(Score, u32)>>,
+    /// The candidates to measure.
     best: Vec<(f32, u32)>,
 }
 
 impl Scratch {
     fn new(len: usize) -> Self {
-        Self { seen: vec![0; len.div_ceil(64)], bounded: Vec::new(), best: Vec::new() }
+        Self {
+            seen: vec![0; len.div_ceil(64)],
+            bounded: Vec::new(),
+            visited: Vec::new(),
+            fresh: Vec::new(),
+            pool: BinaryHeap::new(),
+            frontier: BinaryHeap::new(),
+            best: Vec::new(),
+        }
+    }
+
+    /// Marks row `p` reached, and returns whether it was not before.
+    #[inline]
+    fn reach(&mut self, p: u32) -> bool {
+        let (word, bit) = (p as usize / 64, 1u64 << (p % 64));
+        let fresh = self.seen[word] & bit == 0;
+        self.seen[word] |= bit;
+        fresh
+    }
+
+    /// Takes each curve's run of candidates: every distinct one into `bounded` with its leading
+    /// coordinates' squared distance to `projected`'s.
+    fn gather(&mut self, runs: [(&[u32], &[f32]); CURVES], projected: &[f32]) {
+        self.bounded.clear();
+        for (positions, leads) in runs {
+            for (&p, lead) in positions.iter().zip(leads.chunks_exact(LEAD)) {
+                if self.reach(p) {
+                    self.bounded.push((squared_lead(&projected[..LEAD], lead), p));
+                }
+            }
+        }
     }
 }
 
 impl Search<'_> {
     /// Leaves in `scratch.best` the candidates of `query` to measure exactly: the k nearest by f32
-    /// distance among those the proxy (and the second ranking) kept, and any within rounding of
-    /// the k-th.
-    fn run(&self, query: Query, scratch: &mut Scratch) {
+    /// distance among those the search kept, and any within rounding of the k-th. Returns the
+    /// distinct candidates the curves gave and the rows reached through the graph.
+    fn run(&self, query: Query, scratch: &mut Scratch) -> (usize, usize) {
+        let counts = match &self.walk {
+            Some(walk) => self.walk(walk, query, scratch),
+            None => (self.by_curves(query, scratch), 0),
+        };
+        if let Some(refine) = self.refine.filter(|&r| r < scratch.best.len()) {
+            scratch.best.select_nth_unstable_by(refine - 1, |a, b| a.0.total_cmp(&b.0));
+            scratch.best.truncate(refine);
+        }
+        // The re-rank's first pass: the whole distance in f32; those within rounding of the k-th
+        // best of it go on to the exact f64 measure.
         let index = self.index;
-        let Query { values, projected, refined } = query;
-        scratch.bounded.clear();
-        let (seen, bounded) = (&mut scratch.seen, &mut scratch.bounded);
-        for (positions, leads) in index.candidate_runs(projected, self.per_curve) {
-            for (&p, lead) in positions.iter().zip(leads.chunks_exact(LEAD)) {
-                let (word, bit) = (p as usize / 64, 1u64 << (p % 64));
-                if seen[word] & bit == 0 {
-                    seen[word] |= bit;
-                    bounded.push((squared_lead(&projected[..LEAD], lead), p));
+        for i in 0..scratch.best.len() {
+            if let Some(&(_, ahead)) = scratch.best.get(i + 1) {
+                let row = index.values(ahead as usize);
+                (0..row.len()).step_by(16 * PREFETCH_LINES).for_each(|d| prefetch(&row[d..]));
+            }
+            let p = scratch.best[i].1;
+            scratch.best[i].0 = row_score(self.kind, query.values, index.values(p as usize));
+        }
+        within_rounding(&mut scratch.best, self.k);
+        counts
+    }
+
+    /// The graph search: leaves the pool in `scratch.best`, scored by [`principal_distance`].
+    /// Returns the distinct candidates the curves gave and the rows reached through the graph.
+    fn walk(&self, walk: &Walk, query: Query, scratch: &mut Scratch) -> (usize, usize) {
+        let index = self.index;
+        let terms = (query.projected, query.refined);
+        let distance = |p: u32| principal_distance(index, terms, p as usize);
+        scratch.visited.clear();
+        scratch.gather(index.candidate_runs(query.projected, walk.seeds_per_curve), query.projected);
+        let gathered = scratch.bounded.len();
+        // The search starts from the `pool` seeds nearest over the leading coordinates; the
+        // others may still be reached through the graph.
+        let starts = walk.pool.min(scratch.bounded.len());
+        if starts < scratch.bounded.len() {
+            scratch.bounded.select_nth_unstable_by(starts, |a, b| a.0.total_cmp(&b.0));
+            for &(_, p) in &scratch.bounded[starts..] {
+                scratch.seen[p as usize / 64] &= !(1u64 << (p % 64));
+            }
+            scratch.bounded.truncate(starts);
+        }
+        scratch.pool.clear();
+        scratch.frontier.clear();
+        for i in 0..starts {
+            if let Some(&(_, ahead)) = scratch.bounded.get(i + 1) {
+                fetch_terms(index, ahead);
+            }
+            let p = scratch.bounded[i].1;
+            let d = Score(distance(p));
+            scratch.pool.push((d, p));
+            scratch.frontier.push(Reverse((d, p)));
+        }
+        // Best first (as in the lowest layer of Malkov and Yashunin's HNSW): follow the edges of
+        // the nearest row not yet followed, until it is farther than every row of the full pool.
+        while let Some(Reverse((d, c))) = scratch.frontier.pop() {
+            let full = scratch.pool.len() >= walk.pool;
+            if full && scratch.pool.peek().is_some_and(|worst| d > worst.0) {
+                break;
+            }
+            scratch.fresh.clear();
+            for j in walk.graph.neighbours(c as usize) {
+                if scratch.reach(j) {
+                    fetch_terms(index, j);
+                    scratch.fresh.push(j);
                 }
             }
+            scratch.visited.extend_from_slice(&scratch.fresh);
+            for &j in &scratch.fresh {
+                let d = Score(distance(j));
+                if scratch.pool.len() < walk.pool {
+                    scratch.pool.push((d, j));
+                } else if scratch.pool.peek().is_some_and(|worst| d < worst.0) {
+                    scratch.pool.pop();
+                    scratch.pool.push((d, j));
+                } else {
+                    continue;
+                }
+                scratch.frontier.push(Reverse((d, j)));
+            }
         }
+        for &p in scratch.bounded.iter().map(|(_, p)| p).chain(&scratch.visited) {
+            scratch.seen[p as usize / 64] = 0;
+        }
+        scratch.best.clear();
+        scratch.best.extend(scratch.pool.drain().map(|(d, p)| (d.0, p)));
+        (gathered, scratch.visited.len())
+    }
+
+    /// The curves' search: leaves the proxy's best `rerank` in `scratch.best`, scored again by
+    /// [`principal_distance`] where the candidates are to be cut to `refine`. Returns the distinct
+    /// candidates the curves gave.
+    fn by_curves(&self, query: Query, scratch: &mut Scratch) -> usize {
+        let index = self.index;
+        let Query { projected, refined, .. } = query;
+        scratch.gather(index.candidate_runs(projected, self.per_curve), projected);
+        let gathered = scratch.bounded.len();
         for &(_, p) in &scratch.bounded {
             scratch.seen[p as usize / 64] = 0;
         }
@@ -181,8 +402,8 @@ impl Search<'_> {
         let proxy = |lead: f32, p: u32| {
             lead + row_score(FilterKind::SquaredL2, &projected[LEAD..], &index.projected(p as usize)[LEAD..])
         };
-        let mut best: std::collections::BinaryHeap<(Proxy, u32)> =
-            scratch.bounded[..rerank].iter().map(|&(lead, p)| (Proxy(proxy(lead, p)), p)).collect();
+        let mut best: BinaryHeap<(Score, u32)> =
+            scratch.bounded[..rerank].iter().map(|&(lead, p)| (Score(proxy(lead, p)), p)).collect();
         // Only candidates whose leading share is within the bar so far can enter (it only falls):
         // those are listed first, so that their rows can be fetched ahead of their turn.
         let bar = best.peek().map_or(f32::INFINITY, |b| b.0.0) * (1.0 + BOUND_SLACK);
@@ -207,39 +428,22 @@ impl Search<'_> {
             let d = proxy(lead, p);
             if d < bar {
                 best.pop();
-                best.push((Proxy(d), p));
+                best.push((Score(d), p));
             }
         }
         scratch.best.clear();
         scratch.best.extend(best.into_iter().map(|(d, p)| (d.0, p)));
-        if let Some(refine) = self.refine.filter(|&r| r < scratch.best.len()) {
-            // The second ranking: the proxy's own residual term gives way to the coordinates it
-            // estimated (up to 192 principal ones) and the residual after them.
-            let slot = index.projected_dims();
+        if self.refine.is_some_and(|r| r < scratch.best.len()) && index.refined_dims() > 0 {
+            // The second ranking: over up to 192 principal coordinates and the residual after.
             for i in 0..scratch.best.len() {
                 if let Some(&(_, ahead)) = scratch.best.get(i + 1) {
-                    let row = index.refined(ahead as usize);
-                    (0..row.len()).step_by(16).for_each(|d| prefetch(&row[d..]));
+                    fetch_terms(index, ahead);
                 }
-                let (proxy, p) = scratch.best[i];
-                let residual = index.projected(p as usize)[slot] - projected[slot];
-                scratch.best[i].0 =
-                    proxy - residual * residual + row_score(FilterKind::SquaredL2, refined, index.refined(p as usize));
+                let p = scratch.best[i].1;
+                scratch.best[i].0 = principal_distance(index, (projected, refined), p as usize);
             }
-            scratch.best.select_nth_unstable_by(refine - 1, |a, b| a.0.total_cmp(&b.0));
-            scratch.best.truncate(refine);
         }
-        // The re-rank's first pass: the whole distance in f32; those within rounding of the k-th
-        // best of it go on to the exact f64 measure.
-        for i in 0..scratch.best.len() {
-            if let Some(&(_, ahead)) = scratch.best.get(i + 1) {
-                let row = index.values(ahead as usize);
-                (0..row.len()).step_by(16 * PREFETCH_LINES).for_each(|d| prefetch(&row[d..]));
-            }
-            let p = scratch.best[i].1;
-            scratch.best[i].0 = row_score(self.kind, values, index.values(p as usize));
-        }
-        within_rounding(&mut scratch.best, self.k);
+        gathered
     }
 }
 
@@ -295,19 +499,19 @@ fn squared_lead(a: &[f32], b: &[f32]) -> f32 {
     (acc[0] + acc[2]) + (acc[1] + acc[3])
 }
 
-/// A proxy distance ordered for the heap (never NaN: the coordinates are finite).
+/// A distance ordered for the heaps (never NaN: the coordinates are finite).
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Proxy(f32);
+struct Score(f32);
 
-impl Eq for Proxy {}
+impl Eq for Score {}
 
-impl PartialOrd for Proxy {
+impl PartialOrd for Score {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for Proxy {
+impl Ord for Score {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&other.0)
     }

@@ -1,9 +1,10 @@
 //! The cost model of an approximate kNN (`approx=true`): the cores' search of the Multicurves
-//! index, the GPU's search of it, and the exact kNN on the GPU, which `device=auto` weighs
+//! index (by its curves alone or with its kNN graph), the GPU's search of it, and the exact kNN on the GPU, which `device=auto` weighs
 //! (backend/auto.rs). Its constants were fitted on the H100 host (docs/optimisations.md, v143); as
 //! the other estimates, it only has to be right where the choices are far apart.
 
 use super::KnnRequest;
+use super::approx::walks_graph;
 use super::auto::UPLOAD_BYTES_PER_SECOND;
 use crate::index::curves::{CURVES, Geometry, PCA_SAMPLE, PRINCIPAL_DIMS};
 
@@ -11,6 +12,13 @@ use crate::index::curves::{CURVES, Geometry, PCA_SAMPLE, PRINCIPAL_DIMS};
 /// entry, its proxy, and its share of the re-ranks): 72 ns on Fashion-MNIST and 90 on the blobs at
 /// effort 1 (2,560 entries a query) on the H100 host's 16 cores (docs/optimisations.md, v143).
 const APPROX_CPU_NS_PER_ENTRY: f64 = 80.0;
+/// One core's time per row of the pool in the cores' graph search (its share of the seeds, the
+/// rows reached through its edges, and the re-ranks): 3.8 µs on Fashion-MNIST and 3.9 on the blobs
+/// at effort 1 (a pool of 32) on the 2-core build machine (docs/optimisations.md, v146).
+const GRAPH_NS_PER_POOL_ROW: f64 = 3_800.0;
+/// One core's time per row of the kNN graph's build: 43 µs on Fashion-MNIST, 50 on the blobs on
+/// the 2-core build machine (v146).
+const GRAPH_BUILD_NS_PER_ROW: f64 = 45_000.0;
 /// The GPU's time per curve entry in approx_knn (kernels/approx.cu): a share of the block's two
 /// sorts, and per dimension its share of reading the candidate's row (repeats are not read, and
 /// rows of near queries meet in the L2 cache). Fitted on the H100: 0.42 ns an entry at 128
@@ -53,13 +61,23 @@ pub(super) struct ApproxEstimate {
 impl ApproxEstimate {
     pub fn of(request: &KnnRequest, approx: crate::op::Approx, cores: usize) -> Self {
         let n = request.base.len();
-        let kept = Geometry::of(request.metric).is_some_and(|g| request.base.curves_kept(g));
-        let per_curve = approx.per_curve(request.k.min(n)).min(n);
-        Self::for_sizes(n, request.base.dim, request.queries.len(), per_curve, !kept, cores)
+        let geometry = Geometry::of(request.metric);
+        let kept = geometry.is_some_and(|g| request.base.curves_kept(g));
+        let k = request.k.min(n);
+        let per_curve = approx.per_curve(k).min(n);
+        let walk = walks_graph(request, approx, k)
+            .then(|| (approx.pool(k), !geometry.is_some_and(|g| request.base.curves_graph_built(g))));
+        let mut estimate = Self::for_sizes(n, request.base.dim, request.queries.len(), per_curve, !kept, cores);
+        if let Some((pool, build)) = walk {
+            estimate.cpu_ns = estimate.build_ns * cores.max(1) as f64
+                + if build { n as f64 * GRAPH_BUILD_NS_PER_ROW } else { 0.0 }
+                + (request.queries.len() * pool) as f64 * GRAPH_NS_PER_POOL_ROW;
+        }
+        estimate
     }
 
     /// For `queries` over `n` base rows of `dim` values, `per_curve` entries a curve, the index
-    /// to `build` or not, `cores` cores.
+    /// to `build` or not, `cores` cores, the cores searching by the curves alone.
     fn for_sizes(n: usize, dim: usize, queries: usize, per_curve: usize, build: bool, cores: usize) -> Self {
         let cores = cores.max(1) as f64;
         let entries = (queries * CURVES * per_curve) as f64;

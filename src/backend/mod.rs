@@ -24,6 +24,7 @@ pub mod text;
 mod tiles;
 mod topk;
 
+pub use approx::force_curves_search;
 pub use auto::{AutoBackend, force_approx_search, force_gpu_share};
 pub use cpu::CpuBackend;
 pub use exact::ExactCheck;
@@ -282,6 +283,8 @@ pub struct RunStats {
     pub devices: Vec<DeviceRun>,
     /// Approximate kNN: distinct candidates the curves gave (`candidates` counts those compared).
     pub curve_candidates: u64,
+    /// Approximate kNN on the cores: rows the search reached through the kNN graph.
+    pub graph_rows: u64,
     /// Approximate kNN: indexes kept from an earlier query rather than built (0 or 1 a run).
     pub kept_indexes: usize,
     /// The List of Clusters: distance computations a scan would have made and the index did not.
@@ -340,6 +343,7 @@ impl RunStats {
         self.emit_time += other.emit_time;
         self.devices.extend(other.devices.iter().cloned());
         self.curve_candidates += other.curve_candidates;
+        self.graph_rows += other.graph_rows;
         self.kept_indexes += other.kept_indexes;
         self.saved_distances += other.saved_distances;
         self.predicted_time += other.predicted_time;

@@ -273,10 +273,15 @@ impl DisplayAs for SimilarityExec {
         if let (Some(approx), Operation::Knn { k }) = (op.approx, &op.operation) {
             write!(
                 f,
-                ", approx=multicurves({}, candidates={} per curve, effort={})",
+                ", approx=multicurves({}, candidates={} per curve, effort={}; on the cores where the base is kept \
+                 or the queries are at least half its rows, and it has more rows than the curves' candidates: a kNN graph of {} nearest a row and reverse edges, \
+                 searched from {} seeds a curve with a pool of {})",
                 crate::index::curves::describe_for(self.right.source.static_dim().unwrap_or(usize::MAX), op.metric),
                 approx.per_curve(*k),
-                approx.effort
+                approx.effort,
+                crate::index::graph::DEGREE,
+                approx.seeds_per_curve(*k),
+                approx.pool(*k),
             )?;
         }
         write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())?;

@@ -40,6 +40,8 @@ pub(super) struct SimilarityMetrics {
     candidate_pairs: Count,
     /// Approximate kNN: distinct candidates the Multicurves index gave.
     curve_candidates: Count,
+    /// Approximate kNN on the cores: rows reached through the kNN graph.
+    graph_rows: Count,
     /// Approximate kNN and the List of Clusters: indexes kept from an earlier query.
     kept_indexes: Count,
     /// The List of Clusters: distance computations it saved against a scan.
@@ -76,6 +78,7 @@ impl SimilarityMetrics {
             skipped_rows: MetricBuilder::new(set).counter("skipped_rows", 0),
             candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
             curve_candidates: MetricBuilder::new(set).counter("curve_candidates", 0),
+            graph_rows: MetricBuilder::new(set).counter("graph_rows", 0),
             kept_indexes: MetricBuilder::new(set).counter("kept_indexes", 0),
             saved_distances: MetricBuilder::new(set).counter("saved_distances", 0),
             predicted_time: MetricBuilder::new(set).subset_time("predicted_time", 0),
@@ -106,6 +109,7 @@ impl SimilarityMetrics {
     pub(super) fn record_run(&self, stats: &RunStats) {
         self.candidate_pairs.add(stats.candidates as usize);
         self.curve_candidates.add(stats.curve_candidates as usize);
+        self.graph_rows.add(stats.graph_rows as usize);
         self.kept_indexes.add(stats.kept_indexes);
         self.saved_distances.add(stats.saved_distances as usize);
         self.predicted_time.add_duration(stats.predicted_time);

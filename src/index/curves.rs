@@ -43,6 +43,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
 use super::curve_keys::{CurveFrame, CurveOrder, KeyInputs, MAX_CURVE_DIMS, order_on_cores};
+use super::graph::NeighbourGraph;
 use crate::op::{Metric, dot};
 use crate::vectors::{Row, Vectors};
 
@@ -150,6 +151,9 @@ pub struct Multicurves {
     bits: u32,
     curves: Vec<Curve>,
     len: usize,
+    /// The kNN graph the cores' search walks (index/graph.rs), built on their first search: the
+    /// device's search does not use it.
+    graph: std::sync::OnceLock<NeighbourGraph>,
 }
 
 /// Principal coordinates in a row's first cache line.
@@ -235,7 +239,19 @@ impl Multicurves {
             bits,
             curves,
             len,
+            graph: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Whether the kNN graph over the rows is built.
+    pub fn graph_built(&self) -> bool {
+        self.graph.get().is_some()
+    }
+
+    /// The kNN graph over the rows, built by `build` where it is not built yet, and whether it was.
+    pub fn graph(&self, build: impl FnOnce(&Self) -> NeighbourGraph) -> (&NeighbourGraph, bool) {
+        let kept = self.graph.get().is_some();
+        (self.graph.get_or_init(|| build(self)), kept)
     }
 
     /// Base vectors indexed.
@@ -271,6 +287,13 @@ impl Multicurves {
     pub fn refined(&self, i: usize) -> &[f32] {
         let start = self.refined_first + i * self.refined_stride;
         &self.refined[start..start + self.refined_stride]
+    }
+
+    /// Base vector `i` in the terms a query is searched in: its leading principal coordinates and
+    /// those after them (the residual slots holding its whole residual norms).
+    #[inline]
+    pub fn row_terms(&self, i: usize) -> (&[f32], &[f32]) {
+        (self.projected(i), self.refined(i))
     }
 
     /// Base vector `i` in f32 (its unit vector under cosine).

@@ -209,6 +209,11 @@ impl Vectors {
         (self.curves_forgone.fetch_add(ns, std::sync::atomic::Ordering::Relaxed) + ns) as f64
     }
 
+    /// Whether the Multicurves index in `geometry` was built already with its kNN graph.
+    pub fn curves_graph_built(&self, geometry: Geometry) -> bool {
+        self.curves[geometry as usize].get().is_some_and(|index| index.graph_built())
+    }
+
     /// Whether the Multicurves index in `geometry` was built already (see `curves`).
     pub fn curves_kept(&self, geometry: Geometry) -> bool {
         self.curves[geometry as usize].get().is_some()

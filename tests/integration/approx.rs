@@ -1,6 +1,7 @@
 //! Approximate kNN (`approx=true`): exact distances and ranks on every returned row, recall
-//! against the oracle on clustered data, the small-base case where every row is a candidate, the
-//! kept index, EXPLAIN, and the errors of options the index cannot serve.
+//! against the oracle on clustered data, through the kNN graph and by the curves alone, the
+//! small-base case where every row is a candidate, the kept index, EXPLAIN, and the errors of
+//! options the index cannot serve.
 
 use crate::common::{
     Row, Shape, check, ctx, distance, error, explain, operator_metrics, oracle_knn, random, register, rows,
@@ -69,6 +70,37 @@ async fn approximate_answers_carry_exact_distances_and_find_most_neighbours() {
     assert!(high >= low && high >= 0.99, "effort 0.05: {low}, effort 4: {high}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_base_is_searched_through_its_graph_and_a_base_read_for_a_few_queries_by_the_curves() {
+    let (base, queries) = (clustered(8000, 40, 61), clustered(200, 40, 62));
+    let sql = |table: &str| {
+        format!(
+            "SELECT query_id, base_id, distance, rank FROM knn({table}, queries, 10, 'approx=true, approx_effort=0.5')"
+        )
+    };
+    // In memory: the base is kept, and so is the graph built for it.
+    let ctx = ctx();
+    register(&ctx, "base", &base, 40, Shape::FixedF32);
+    register(&ctx, "queries", &queries, 40, Shape::FixedF32);
+    let walked = operator_metrics(&ctx, &sql("base")).await;
+    assert!(walked["graph_rows"] > 0, "{walked:?}");
+    let found = recall("l2", &rows(&ctx, &sql("base")).await, &base, &queries, 10);
+    assert!(found >= 0.9, "through the graph: recall@10 {found}");
+    // From a file, 200 queries over 8,000 rows: the graph would not repay its build.
+    let dir = std::env::temp_dir().join(format!("simjoin-approx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("base.parquet");
+    let flat: Vec<f64> = base.iter().flat_map(|v| v.clone().unwrap()).collect();
+    simjoin::datagen::write(&flat, 40, &file).unwrap();
+    let from_file = format!("'{}'", file.display());
+    let curves = operator_metrics(&ctx, &sql(&from_file)).await;
+    assert_eq!(curves["graph_rows"], 0, "{curves:?}");
+    assert!(curves["curve_candidates"] > walked["curve_candidates"], "{curves:?} against {walked:?}");
+    let found = recall("l2", &rows(&ctx, &sql(&from_file)).await, &base, &queries, 10);
+    assert!(found >= 0.9, "by the curves alone: recall@10 {found}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test]
 async fn a_base_within_one_curve_window_gives_the_exact_answer() {
     // 400 rows, fewer than the candidates a curve gives: every row is a candidate, and with 16
@@ -94,6 +126,12 @@ async fn the_index_is_kept_for_an_in_memory_base_and_explain_says_approx() {
     let plan = explain(&ctx, &format!("EXPLAIN {sql}")).await;
     assert!(plan.contains("approx=multicurves(curves=16"), "{plan}");
     assert!(plan.contains("candidates=80 per curve, effort=0.5"), "{plan}");
+    assert!(
+        plan.contains(
+            "a kNN graph of 16 nearest a row and reverse edges, searched from 8 seeds a curve with a pool of 16"
+        ),
+        "{plan}"
+    );
     assert!(plan.contains("ranked over 24 principal coordinates"), "{plan}");
     assert!(plan.contains("index=multicurves(f32 ranking, exact f64 distances of the best"), "{plan}");
     let first = operator_metrics(&ctx, sql).await;

@@ -193,7 +193,7 @@ async fn compare_with(ctx: &SessionContext, sql: &str, data: &str, table: &mut S
 /// Runs the approximate kNN of `a`'s rows over `b` under `metric` on the cores and on the GPU and
 /// adds a row to `table`; 1 when the GPU failed, a distance it returned differs from the exact
 /// kNN's for the same pair, its ranks are not 1, 2, … by distance, or it finds fewer of the exact
-/// neighbours than the cores (by more than 1 %), else 0.
+/// neighbours than the cores searching by the curves alone (by more than 1 %), else 0.
 async fn check_approx(ctx: &SessionContext, metric: Metric, data: &str, table: &mut String) -> Result<usize> {
     let sql = |options: &str| {
         format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, 10, 'metric={metric}{options}')")
@@ -483,8 +483,10 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
     failures += check_metric(&ctx, explain, "divided_cpu_rows", what, |rows| rows > 0, "more than 0").await?;
     simjoin::backend::force_gpu_share(None);
     // The approximate kNN's search of the Multicurves index on the GPU (forced where the exact kNN
-    // would be estimated faster): exact distances and ranks, and the cores' recall or better.
+    // would be estimated faster): exact distances and ranks, and the recall of the cores' search
+    // of the same candidates (by the curves alone, without the graph) or better.
     simjoin::backend::force_approx_search(true);
+    simjoin::backend::force_curves_search(true);
     for (name, values, dim) in [&datasets[2], &datasets[4], &datasets[7], &datasets[8]] {
         let n = register_pair(&ctx, values, *dim)?;
         for metric in [Metric::L2, Metric::Cosine, Metric::L1, Metric::LInf] {
@@ -492,6 +494,7 @@ pub async fn run(allow_cpu_only: bool) -> Result<()> {
         }
     }
     simjoin::backend::force_approx_search(false);
+    simjoin::backend::force_curves_search(false);
     if let Ok(device) = &gpu {
         failures += check_device_curves(device, &datasets);
     }

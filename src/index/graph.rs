@@ -1,0 +1,272 @@
+//! The k-nearest-neighbour graph over a Multicurves index's rows, which the cores' approximate
+//! search walks from the curves' candidates (the design of EFANNA: Fu and Cai, "EFANNA: An
+//! Extremely Fast Approximate Nearest Neighbor Search Algorithm Based on kNN Graph", whose seeds
+//! come from trees where ours come from the curves).
+//!
+//! Why a graph. The curves alone find a query's neighbours only where one of their few dimensions
+//! keeps them near it: on Fashion-MNIST 2,560 entries a query reach recall@10 0.95, and within a
+//! cluster of isotropic noise (the blobs) no curve orders the points. A row's nearest rows are
+//! near the query too wherever the row is, so once the curves have led a search to the query's
+//! neighbourhood, following the graph's edges from the nearest found reaches the rest in a few
+//! hundred distances (docs/optimisations.md, v146).
+//!
+//! How it is built: NN-descent (Dong, Charikar and Li, "Efficient k-nearest neighbor graph
+//! construction for generic similarity measures") started from the curves. Each row's first
+//! candidates are its [`WINDOW`] neighbours on either side along every curve (rows adjacent on
+//! a curve are near in its dimensions); each round then offers every row its neighbours'
+//! neighbours ("a neighbour of a neighbour is likely a neighbour") and keeps the nearest
+//! [`DEGREE`]. Each round reads the previous round's lists and writes new ones, so the rows are
+//! processed in parallel without locks, and the graph is the same on any number of cores.
+//! Every row finally also lists up to [`DEGREE`] of the rows that list it (the reverse edges),
+//! which connect the graph where nearest-neighbour relations are one-sided.
+
+use rayon::prelude::*;
+
+use super::curves::Multicurves;
+
+/// Nearest rows each row keeps.
+pub const DEGREE: usize = 16;
+/// Edges a row has in the searched graph: its [`DEGREE`] nearest and up to as many rows that
+/// list it.
+pub const WIDTH: usize = 2 * DEGREE;
+/// Neighbours on either side along each curve a row starts from.
+const WINDOW: usize = 2;
+/// Rounds of NN-descent.
+const ROUNDS: usize = 1;
+/// An empty slot of a row's edges.
+const NONE: u32 = u32::MAX;
+
+/// The graph: every row's edges, [`WIDTH`] slots a row, the unused ones [`NONE`] at the end.
+#[derive(Debug)]
+pub struct NeighbourGraph {
+    edges: Vec<u32>,
+}
+
+impl NeighbourGraph {
+    /// Builds the graph of `index`'s rows on every core, `distances(i, rows, out)` appending to
+    /// `out` the distance from row `i` to each of `rows` by the measure the search ranks by
+    /// (symmetric). Deterministic: the same index gives the same graph.
+    pub fn build(index: &Multicurves, distances: impl Fn(usize, &[u32], &mut Vec<(f32, u32)>) + Sync) -> Self {
+        let n = index.len();
+        let ranks: Vec<Vec<u32>> = (0..index.curve_count())
+            .into_par_iter()
+            .map(|c| {
+                let mut rank = vec![0u32; n];
+                for (r, &p) in index.curve(c).1.iter().enumerate() {
+                    rank[p as usize] = r as u32;
+                }
+                rank
+            })
+            .collect();
+        let mut nearest = nearest_of(n, &distances, |i, candidates| {
+            for (c, rank) in ranks.iter().enumerate() {
+                let r = rank[i] as usize;
+                let window = r.saturating_sub(WINDOW)..(r + WINDOW + 1).min(n);
+                candidates.extend(index.curve(c).1[window].iter().copied());
+            }
+        });
+        drop(ranks);
+        for _ in 0..ROUNDS {
+            let reverse = Reverse::of(&nearest, n);
+            nearest = nearest_of(n, &distances, |i, candidates| {
+                let near = listed(&nearest[i * DEGREE..][..DEGREE]).chain(reverse.of_row(i).iter().copied());
+                for j in near {
+                    candidates.push(j);
+                    candidates.extend(listed(&nearest[j as usize * DEGREE..][..DEGREE]));
+                }
+            });
+        }
+        let reverse = Reverse::of(&nearest, n);
+        let mut edges = vec![NONE; n * WIDTH];
+        edges.par_chunks_mut(WIDTH).enumerate().for_each(|(i, out)| {
+            let own = &nearest[i * DEGREE..][..DEGREE];
+            let mut slots = out.iter_mut();
+            for (slot, j) in slots.by_ref().zip(listed(own)) {
+                *slot = j;
+            }
+            let added = reverse.of_row(i).iter().filter(|&j| !own.contains(j));
+            for (slot, &j) in slots.zip(added) {
+                *slot = j;
+            }
+        });
+        Self { edges }
+    }
+
+    /// Row `i`'s edges: its nearest rows, then rows that list it.
+    #[inline]
+    pub fn neighbours(&self, i: usize) -> impl Iterator<Item = u32> + '_ {
+        listed(&self.edges[i * WIDTH..][..WIDTH])
+    }
+
+    /// Bytes the graph holds.
+    pub fn bytes(&self) -> usize {
+        self.edges.len() * std::mem::size_of::<u32>()
+    }
+}
+
+/// The rows of a list, up to its first empty slot.
+#[inline]
+fn listed(list: &[u32]) -> impl Iterator<Item = u32> + '_ {
+    list.iter().copied().take_while(|&j| j != NONE)
+}
+
+/// Every row's [`DEGREE`] nearest (`DEGREE` slots a row) among the candidates `offer(i, out)`
+/// appends for row `i`, on every core.
+fn nearest_of(
+    n: usize,
+    distances: &(impl Fn(usize, &[u32], &mut Vec<(f32, u32)>) + Sync),
+    offer: impl Fn(usize, &mut Vec<u32>) + Sync,
+) -> Vec<u32> {
+    let mut nearest = vec![NONE; n * DEGREE];
+    nearest.par_chunks_mut(DEGREE).enumerate().with_min_len(256).for_each_init(
+        Scratch::default,
+        |scratch, (i, out)| {
+            scratch.candidates.clear();
+            offer(i, &mut scratch.candidates);
+            keep_nearest(i, scratch, distances, out);
+        },
+    );
+    nearest
+}
+
+/// A thread's working memory of the build.
+#[derive(Default)]
+struct Scratch {
+    candidates: Vec<u32>,
+    scored: Vec<(f32, u32)>,
+}
+
+/// Writes to `out` the [`DEGREE`] nearest of the candidates to row `i` (repeats and `i` itself
+/// dropped; ties by row), nearest first, padded with [`NONE`].
+fn keep_nearest(
+    i: usize,
+    scratch: &mut Scratch,
+    distances: &impl Fn(usize, &[u32], &mut Vec<(f32, u32)>),
+    out: &mut [u32],
+) {
+    let Scratch { candidates, scored } = scratch;
+    candidates.sort_unstable();
+    candidates.dedup();
+    candidates.retain(|&j| j as usize != i);
+    scored.clear();
+    distances(i, candidates, scored);
+    let by_distance = |a: &(f32, u32), b: &(f32, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+    if scored.len() > DEGREE {
+        scored.select_nth_unstable_by(DEGREE - 1, by_distance);
+        scored.truncate(DEGREE);
+    }
+    scored.sort_unstable_by(by_distance);
+    out.fill(NONE);
+    for (slot, &(_, j)) in out.iter_mut().zip(scored.iter()) {
+        *slot = j;
+    }
+}
+
+/// Up to [`DEGREE`] rows listing each row (those of the lowest rows, so the result does not depend
+/// on the order the lists are read in).
+struct Reverse {
+    starts: Vec<u32>,
+    rows: Vec<u32>,
+}
+
+impl Reverse {
+    fn of(nearest: &[u32], n: usize) -> Self {
+        let mut counts = vec![0u32; n + 1];
+        for &j in nearest.iter().filter(|&&j| j != NONE) {
+            let count = &mut counts[j as usize + 1];
+            *count = (*count + 1).min(DEGREE as u32);
+        }
+        for i in 0..n {
+            counts[i + 1] += counts[i];
+        }
+        let starts = counts;
+        let mut filled = vec![0u32; n];
+        let mut rows = vec![0u32; starts[n] as usize];
+        for (i, list) in nearest.chunks_exact(DEGREE).enumerate() {
+            for j in listed(list) {
+                let j = j as usize;
+                if (filled[j] as usize) < DEGREE {
+                    rows[(starts[j] + filled[j]) as usize] = i as u32;
+                    filled[j] += 1;
+                }
+            }
+        }
+        Self { starts, rows }
+    }
+
+    fn of_row(&self, i: usize) -> &[u32] {
+        &self.rows[self.starts[i] as usize..self.starts[i + 1] as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::index::curves::Geometry;
+    use crate::vectors::Vectors;
+
+    /// Points of 12 dimensions in 20 tight clusters: nearest neighbours are well defined.
+    fn clustered(n: usize) -> Vectors {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let centres: Vec<f64> = (0..20 * 12).map(|_| rng.random::<f64>()).collect();
+        let values = (0..n).flat_map(|i| (0..12).map(move |d| (i % 20, d))).map(|(c, d)| centres[c * 12 + d]);
+        let noise: Vec<f64> = (0..n * 12).map(|_| 0.05 * rng.random::<f64>()).collect();
+        Vectors::new(12, values.zip(noise).map(|(x, e)| x + e).collect())
+    }
+
+    fn squared(index: &Multicurves, i: usize, j: usize) -> f32 {
+        index.values(i).iter().zip(index.values(j)).map(|(a, b)| (a - b) * (a - b)).sum()
+    }
+
+    fn build(index: &Multicurves) -> NeighbourGraph {
+        NeighbourGraph::build(index, |i, rows, out| {
+            out.extend(rows.iter().map(|&j| (squared(index, i, j as usize), j)))
+        })
+    }
+
+    #[test]
+    fn every_row_lists_distinct_other_rows_most_of_them_its_true_nearest() {
+        let n = 4000;
+        let index = Multicurves::build(&clustered(n), Geometry::Raw);
+        let graph = build(&index);
+        let mut found = 0;
+        for i in 0..n {
+            let mut edges: Vec<u32> = graph.neighbours(i).collect();
+            assert!(edges.len() >= DEGREE && edges.len() <= WIDTH, "row {i}: {} edges", edges.len());
+            assert!(!edges.contains(&(i as u32)), "row {i} lists itself");
+            // Its own nearest come first, nearest first.
+            let own = &edges[..DEGREE];
+            assert!(own.windows(2).all(|w| squared(&index, i, w[0] as usize) <= squared(&index, i, w[1] as usize)));
+            if i % 40 == 0 {
+                let mut all: Vec<(f32, usize)> =
+                    (0..n).filter(|&j| j != i).map(|j| (squared(&index, i, j), j)).collect();
+                all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                found += all[..DEGREE].iter().filter(|(_, j)| own.contains(&(*j as u32))).count();
+            }
+            edges.sort_unstable();
+            edges.dedup();
+            assert!(edges.len() >= DEGREE, "row {i}: repeated edges");
+        }
+        let recall = found as f64 / (n / 40 * DEGREE) as f64;
+        assert!(recall >= 0.8, "the graph's recall of the true {DEGREE} nearest: {recall}");
+    }
+
+    #[test]
+    fn one_index_gives_one_graph() {
+        let index = Multicurves::build(&clustered(3000), Geometry::Raw);
+        assert_eq!(build(&index).edges, build(&index).edges);
+    }
+
+    #[test]
+    fn a_base_smaller_than_a_row_of_edges_links_every_row_to_every_other() {
+        let index = Multicurves::build(&clustered(9), Geometry::Raw);
+        let graph = build(&index);
+        for i in 0..9 {
+            let mut edges: Vec<u32> = graph.neighbours(i).collect();
+            edges.sort_unstable();
+            assert_eq!(edges, (0..9).filter(|&j| j != i as u32).collect::<Vec<_>>());
+        }
+    }
+}
