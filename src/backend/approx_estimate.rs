@@ -13,10 +13,10 @@ use crate::index::curves::{CURVES, Geometry, PCA_SAMPLE, PRINCIPAL_DIMS};
 /// effort 1 (2,560 entries a query) on the H100 host's 16 cores (docs/optimisations.md, v143).
 const APPROX_CPU_NS_PER_ENTRY: f64 = 80.0;
 /// One core's time per row of the pool in the cores' graph search (its share of the seeds, the
-/// rows reached through its edges, and the re-ranks): 3.8 µs on Fashion-MNIST and 3.9 on the blobs
+/// rows reached through its edges, and the re-ranks): 3.5 µs on Fashion-MNIST and 4.1 on the blobs
 /// at effort 1 (a pool of 32) on the 2-core build machine (docs/optimisations.md, v146).
 const GRAPH_NS_PER_POOL_ROW: f64 = 3_800.0;
-/// One core's time per row of the kNN graph's build: 43 µs on Fashion-MNIST, 50 on the blobs on
+/// One core's time per row of the kNN graph's build: 33 µs on Fashion-MNIST, 54 on the blobs on
 /// the 2-core build machine (v146).
 const GRAPH_BUILD_NS_PER_ROW: f64 = 45_000.0;
 /// The GPU's time per curve entry in approx_knn (kernels/approx.cu): a share of the block's two
@@ -48,6 +48,15 @@ pub(super) fn exact_knn_gpu_ns(queries: usize, n: usize, dim: usize) -> f64 {
     (queries as f64 * n as f64 * dim as f64 * EXACT_KNN_GPU_NS_PER_PAIR_DIM).max(EXACT_KNN_GPU_PASSES_NS)
 }
 
+/// How the cores search the index (backend/approx.rs).
+#[derive(Debug, Clone, Copy)]
+enum CoresSearch {
+    /// By the curves alone.
+    Curves,
+    /// Through the kNN graph, with a pool of `pool` rows, the graph to `build` first or not.
+    Graph { pool: usize, build: bool },
+}
+
 /// The cost model of an approximate kNN: one core's time of the whole run on the cores (the
 /// index's build included where it is not built yet), the GPU's time of its search of the index
 /// with what the host does around it, and the index's build on every core (0 where it is kept).
@@ -65,20 +74,26 @@ impl ApproxEstimate {
         let kept = geometry.is_some_and(|g| request.base.curves_kept(g));
         let k = request.k.min(n);
         let per_curve = approx.per_curve(k).min(n);
-        let walk = walks_graph(request, approx, k)
-            .then(|| (approx.pool(k), !geometry.is_some_and(|g| request.base.curves_graph_built(g))));
-        let mut estimate = Self::for_sizes(n, request.base.dim, request.queries.len(), per_curve, !kept, cores);
-        if let Some((pool, build)) = walk {
-            estimate.cpu_ns = estimate.build_ns * cores.max(1) as f64
-                + if build { n as f64 * GRAPH_BUILD_NS_PER_ROW } else { 0.0 }
-                + (request.queries.len() * pool) as f64 * GRAPH_NS_PER_POOL_ROW;
-        }
-        estimate
+        let cores_search = if walks_graph(request, approx, k) {
+            let build = !geometry.is_some_and(|g| request.base.curves_graph_built(g));
+            CoresSearch::Graph { pool: approx.pool(k), build }
+        } else {
+            CoresSearch::Curves
+        };
+        Self::for_sizes(n, request.base.dim, request.queries.len(), per_curve, !kept, cores_search, cores)
     }
 
     /// For `queries` over `n` base rows of `dim` values, `per_curve` entries a curve, the index
-    /// to `build` or not, `cores` cores, the cores searching by the curves alone.
-    fn for_sizes(n: usize, dim: usize, queries: usize, per_curve: usize, build: bool, cores: usize) -> Self {
+    /// to `build` or not, the cores searching as `cores_search` says, `cores` cores.
+    fn for_sizes(
+        n: usize,
+        dim: usize,
+        queries: usize,
+        per_curve: usize,
+        build: bool,
+        cores_search: CoresSearch,
+        cores: usize,
+    ) -> Self {
         let cores = cores.max(1) as f64;
         let entries = (queries * CURVES * per_curve) as f64;
         let axes = dim.min(PRINCIPAL_DIMS) as f64;
@@ -88,8 +103,15 @@ impl ApproxEstimate {
         let search = entries * (APPROX_GPU_NS_PER_ENTRY + APPROX_GPU_NS_PER_ENTRY_DIM * dim as f64);
         let host = queries as f64 * (APPROX_HOST_NS_PER_QUERY + APPROX_HOST_NS_PER_QUERY_DIM * dim as f64);
         let upload = (queries * dim * 4) as f64 / (UPLOAD_BYTES_PER_SECOND * 1e-9);
+        let cores_search_ns = match cores_search {
+            CoresSearch::Curves => entries * APPROX_CPU_NS_PER_ENTRY,
+            CoresSearch::Graph { pool, build } => {
+                (if build { n as f64 * GRAPH_BUILD_NS_PER_ROW } else { 0.0 })
+                    + (queries * pool) as f64 * GRAPH_NS_PER_POOL_ROW
+            }
+        };
         Self {
-            cpu_ns: build_one_core + entries * APPROX_CPU_NS_PER_ENTRY,
+            cpu_ns: build_one_core + cores_search_ns,
             search_ns: host / cores + search + upload,
             build_ns: build_one_core / cores,
         }
@@ -117,17 +139,31 @@ mod tests {
         // of 128 dimensions, index kept, effort 1: the index's search at 2.3× the exact kNN's
         // throughput; 10,000 Fashion-MNIST queries over 60,000 of 784: the exact kNN at 11×.
         let exact = exact_knn_gpu_ns;
-        let blobs = ApproxEstimate::for_sizes(200_000, 128, 1000, 160, false, 16);
+        let blobs = ApproxEstimate::for_sizes(200_000, 128, 1000, 160, false, CoresSearch::Curves, 16);
         assert!(blobs.searches_on_gpu(exact(1000, 200_000, 128), 0.0), "{blobs:?}");
-        let fashion = ApproxEstimate::for_sizes(60_000, 784, 10_000, 160, false, 16);
+        let fashion = ApproxEstimate::for_sizes(60_000, 784, 10_000, 160, false, CoresSearch::Curves, 16);
         assert!(!fashion.searches_on_gpu(exact(10_000, 60_000, 784), 0.0), "{fashion:?}");
         // Not built yet: the exact kNN runs until the time it took beyond the index's search
         // reaches the build's, then the index is built.
-        let unbuilt = ApproxEstimate::for_sizes(200_000, 128, 1000, 160, true, 16);
+        let unbuilt = ApproxEstimate::for_sizes(200_000, 128, 1000, 160, true, CoresSearch::Curves, 16);
         let saving = exact(1000, 200_000, 128) - unbuilt.search_ns;
         assert!(!unbuilt.searches_on_gpu(exact(1000, 200_000, 128), 0.0), "{unbuilt:?}");
         let runs = (unbuilt.build_ns / saving).ceil();
         assert!(unbuilt.searches_on_gpu(exact(1000, 200_000, 128), (runs - 1.0) * saving), "{unbuilt:?}");
         assert!(unbuilt.cpu_ns > blobs.cpu_ns && blobs.cpu_ns > 0.0);
+    }
+
+    #[test]
+    fn the_graph_search_is_priced_below_the_curves_once_its_graph_is_built() {
+        // Fashion-MNIST's 10,000 queries at effort 1 (v146): the walk with a pool of 32 against
+        // 160 entries a curve; its graph's build (60,000 rows) costs more than it saves in one run.
+        let fashion = |cores_search| ApproxEstimate::for_sizes(60_000, 784, 10_000, 160, false, cores_search, 2);
+        let curves = fashion(CoresSearch::Curves);
+        let built = fashion(CoresSearch::Graph { pool: 32, build: false });
+        let unbuilt = fashion(CoresSearch::Graph { pool: 32, build: true });
+        assert!(built.cpu_ns < curves.cpu_ns, "{built:?} against {curves:?}");
+        assert!(unbuilt.cpu_ns > curves.cpu_ns, "{unbuilt:?} against {curves:?}");
+        // The GPU's side does not change with the cores' search.
+        assert_eq!(built.search_ns, curves.search_ns);
     }
 }
