@@ -275,6 +275,12 @@ impl Scratch {
         fresh
     }
 
+    /// Marks row `p` not reached.
+    #[inline]
+    fn forget(&mut self, p: u32) {
+        self.seen[p as usize / 64] &= !(1u64 << (p % 64));
+    }
+
     /// Takes each curve's run of candidates: every distinct one into `bounded` with its leading
     /// coordinates' squared distance to `projected`'s.
     fn gather(&mut self, runs: [(&[u32], &[f32]); CURVES], projected: &[f32]) {
@@ -331,8 +337,8 @@ impl Search<'_> {
         let starts = walk.pool.min(scratch.bounded.len());
         if starts < scratch.bounded.len() {
             scratch.bounded.select_nth_unstable_by(starts, |a, b| a.0.total_cmp(&b.0));
-            for &(_, p) in &scratch.bounded[starts..] {
-                scratch.seen[p as usize / 64] &= !(1u64 << (p % 64));
+            for i in starts..scratch.bounded.len() {
+                scratch.forget(scratch.bounded[i].1);
             }
             scratch.bounded.truncate(starts);
         }

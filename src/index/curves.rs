@@ -250,7 +250,7 @@ impl Multicurves {
 
     /// The kNN graph over the rows, built by `build` where it is not built yet, and whether it was.
     pub fn graph(&self, build: impl FnOnce(&Self) -> NeighbourGraph) -> (&NeighbourGraph, bool) {
-        let kept = self.graph.get().is_some();
+        let kept = self.graph_built();
         (self.graph.get_or_init(|| build(self)), kept)
     }
 

@@ -67,7 +67,7 @@ impl NeighbourGraph {
         });
         drop(ranks);
         for _ in 0..ROUNDS {
-            let reverse = Reverse::of(&nearest, n);
+            let reverse = ReverseEdges::of(&nearest, n);
             nearest = nearest_of(n, &distances, |i, candidates| {
                 let near = listed(&nearest[i * DEGREE..][..DEGREE]).chain(reverse.of_row(i).iter().copied());
                 for j in near {
@@ -76,7 +76,7 @@ impl NeighbourGraph {
                 }
             });
         }
-        let reverse = Reverse::of(&nearest, n);
+        let reverse = ReverseEdges::of(&nearest, n);
         let mut edges = vec![NONE; n * WIDTH];
         edges.par_chunks_mut(WIDTH).enumerate().for_each(|(i, out)| {
             let own = &nearest[i * DEGREE..][..DEGREE];
@@ -96,11 +96,6 @@ impl NeighbourGraph {
     #[inline]
     pub fn neighbours(&self, i: usize) -> impl Iterator<Item = u32> + '_ {
         listed(&self.edges[i * WIDTH..][..WIDTH])
-    }
-
-    /// Bytes the graph holds.
-    pub fn bytes(&self) -> usize {
-        self.edges.len() * std::mem::size_of::<u32>()
     }
 }
 
@@ -164,12 +159,12 @@ fn keep_nearest(
 
 /// Up to [`DEGREE`] rows listing each row (those of the lowest rows, so the result does not depend
 /// on the order the lists are read in).
-struct Reverse {
+struct ReverseEdges {
     starts: Vec<u32>,
     rows: Vec<u32>,
 }
 
-impl Reverse {
+impl ReverseEdges {
     fn of(nearest: &[u32], n: usize) -> Self {
         let mut counts = vec![0u32; n + 1];
         for &j in nearest.iter().filter(|&&j| j != NONE) {
