@@ -1,4 +1,4 @@
-//! Embeds the CUDA kernels: each `kernels/*.cu` with its local `#include "x.cuh"` inlined (once
+//! With the `gpu` feature, embeds the CUDA kernels: each `kernels/*.cu` with its local `#include "x.cuh"` inlined (once
 //! each, with `#line` markers so NVRTC errors point at the real file) becomes a string constant in
 //! `OUT_DIR/kernel_sources.rs`. No CUDA toolkit is needed here: kernels are compiled at run time by
 //! NVRTC on the GPU machine.
@@ -24,6 +24,11 @@ include!("src/gpu/nvrtc_options.rs");
 const EMBEDDED_ARCHS: &[&str] = &["sm_80", "sm_86", "sm_87", "sm_89", "sm_90a", "sm_100", "sm_103", "sm_120"];
 
 fn main() {
+    // Without the `gpu` feature no module includes the kernels.
+    if std::env::var_os("CARGO_FEATURE_GPU").is_none() {
+        println!("cargo::rerun-if-changed=build.rs");
+        return;
+    }
     println!("cargo::rerun-if-changed=kernels");
     println!("cargo::rerun-if-changed=src/gpu/nvrtc_options.rs");
     println!("cargo::rerun-if-env-changed=SIMJOIN_NVRTC");

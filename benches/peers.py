@@ -104,7 +104,7 @@ def duckdb_knn(base_path, query_path, k, dim):
 
 def plain_sql_self_join(eps):
     """The one SQL text both engines run: a plain join on DuckDB's and DataFusion's `array_distance`
-    over a table `pts` (simjoin plans it as its ε-join, README "Plain SQL")."""
+    over a table `pts` (simjoin plans it as its ε-join, docs/sql.md "Plain SQL")."""
     return f"SELECT count(*) FROM pts a JOIN pts b ON array_distance(a.vector, b.vector) <= {eps!r} AND a.id < b.id"
 
 

@@ -17,45 +17,98 @@
 //! # }
 //! ```
 //!
-//! Dependencies point one way: `functions → table → exec → backend → gpu`; `cluster` (Ballista's
-//! processes and the codecs carrying the table and the operator) sits above them.
+//! The API:
+//! - [`register`] adds everything to a session; [`session_context`] and its variants make one.
+//! - [`SimJoinOptions`] holds the `simjoin.*` options as typed values ([`Metric`], [`Device`],
+//!   [`Devices`], [`IndexChoice`], [`PairOrder`]), to put in a `SessionConfig` or `SET` in SQL.
+//! - [`SimilarityExec`] is the one physical operator (EXPLAIN's `SimilarityExec`); a
+//!   [`Progress`] extension of the session hears how far a long run is ([`ProgressListener`]).
+//! - [`datagen`] writes the seeded datasets the benchmarks and examples use.
+//! - With the `gpu` feature, [`selftest`] checks the GPU's answers against the cores'; with
+//!   `server`, `server` serves a session over Arrow Flight SQL; with `cluster`, `cluster` runs
+//!   and connects to Apache DataFusion Ballista processes; with `cloud`, `stores` reaches
+//!   `s3://`, `gs://`, `az://` and `http(s)://` paths.
+//!
+//! Cargo features (all on by default): `gpu`, `server`, `cluster`, `cloud`, and `cli` (the `simjoin`
+//! binary, which brings the others). A program that only embeds the engine takes
+//! `default-features = false, features = ["gpu"]`; without `gpu`, `device=gpu` is an error that
+//! says so and `device=auto` runs on the cores.
+//!
+//! Inside, dependencies point one way: `functions → table → exec → backend → gpu`; `cluster`
+//! (Ballista's processes and the codecs carrying the table and the operator) and `server` sit
+//! above them.
 
-pub mod backend;
-pub mod cluster;
+mod backend;
 pub mod datagen;
-pub mod exec;
-pub mod functions;
-pub mod gpu;
-pub mod index;
-pub mod op;
-pub mod options;
-pub mod results;
+mod exec;
+mod functions;
+#[cfg(feature = "gpu")]
+mod gpu;
+mod index;
+mod op;
+mod options;
+mod results;
+#[cfg(feature = "gpu")]
+pub mod selftest;
+mod table;
+mod vectors;
+
+#[cfg(feature = "cluster")]
+pub mod cluster;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "cloud")]
 pub mod stores;
-pub mod table;
-pub mod vectors;
 
 use std::sync::Arc;
 
 use datafusion::execution::context::SessionContext;
 use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::optimizer::OptimizerRule;
 use datafusion::prelude::SessionConfig;
 
 pub use exec::{Progress, ProgressListener, SimilarityExec};
-pub use op::{Device, Metric, PairOrder};
+pub use op::{Device, Devices, IndexChoice, Metric, PairOrder};
 pub use options::SimJoinOptions;
 
-/// Adds the simjoin functions (`sim_join`, `range_query`, `knn` and their upper-case spellings; the
-/// scalar distance functions `l2_distance`, `cosine_distance`, `inner_product`, …), the
-/// `simjoin.*` options, the optimizer rule that plans joins on a distance bound as `sim_join`
-/// (functions/rewrite.rs) and the physical rule that computes `count(*)`, `min(distance)` and
-/// `max(distance)` over a join in the operator (exec/summary.rs) to `ctx`.
+/// Hooks of the `simjoin` binary's benchmarks and process exit; not part of the API.
+#[doc(hidden)]
+pub mod internal {
+    #[cfg(feature = "gpu")]
+    pub use crate::backend::force_approx_search;
+    #[cfg(feature = "gpu")]
+    pub use crate::gpu::probe as gpu_probe;
+    #[cfg(feature = "gpu")]
+    pub use crate::gpu::startup::in_flight as gpu_startup_in_flight;
+}
+
+/// Adds simjoin to `ctx`, keeping what the session already holds (its id, configuration,
+/// tables, functions, runtime and Parquet settings). It adds:
+/// - the table functions `sim_join`, `range_query` and `knn` (and `SIM_JOIN`, `RANGE_QUERY`, `KNN`);
+/// - the scalar distance functions `l2_distance`, `l2sq_distance`, `cosine_distance`,
+///   `array_cosine_distance`, `l1_distance`, `linf_distance`, `inner_product`,
+///   `array_inner_product` and `array_negative_inner_product`, replacing functions of the same
+///   names (DataFusion's `inner_product` among them);
+/// - the `simjoin.*` options ([`SimJoinOptions`], a `ConfigExtension`), unless the session has
+///   them already (options set before stay as they are);
+/// - the session's cache of converted vectors kept across its queries (`simjoin.cache_size`; with
+///   the indexes built over them and, on a GPU, their rows left on the device);
+/// - the logical optimizer rule that plans a join on a distance bound as `sim_join` (and, under
+///   `simjoin.rewrite_scans`, a filter or `ORDER BY … LIMIT` on the distance to a constant as
+///   `range_query` or `knn`);
+/// - the physical optimizer rule that computes `count(*)`, `min(distance)` and `max(distance)`
+///   over a join in the operator. DataFusion adds a physical rule to an existing session only by
+///   building its state anew from the old one, which keeps everything above, the session id too.
+///
+/// Calling it again adds nothing twice.
 pub fn register(ctx: &SessionContext) {
-    // First: rebuilding the state registers DataFusion's own functions again, over ours of the
-    // same name (`inner_product`).
+    // First: rebuilding the state registers each function again under its name and aliases, in
+    // no set order, which may put DataFusion's own `inner_product` over ours; ours go in after.
     let state = ctx.state();
     if !state.physical_optimizers().iter().any(|rule| rule.name() == exec::SummariseAggregates::NAME) {
+        let session_id = state.session_id().to_string();
         let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
+            .with_session_id(session_id)
             .with_physical_optimizer_rule(Arc::new(exec::SummariseAggregates))
             .build();
         *ctx.state_ref().write() = state;
@@ -63,9 +116,14 @@ pub fn register(ctx: &SessionContext) {
     {
         let state = ctx.state_ref();
         let mut state = state.write();
-        let options = state.config_mut().options_mut();
-        if options.extensions.get::<SimJoinOptions>().is_none() {
-            options.extensions.insert(SimJoinOptions::default());
+        let config = state.config_mut();
+        if config.options().extensions.get::<SimJoinOptions>().is_none() {
+            config.options_mut().extensions.insert(SimJoinOptions::default());
+        }
+        // The session's own kept vectors: each query's configuration is a copy of the session's,
+        // so its tasks share this one cache, and another session has its own.
+        if config.get_extension::<exec::VectorCache>().is_none() {
+            config.set_extension(Arc::new(exec::VectorCache::default()));
         }
     }
     for (name, function) in functions::all() {
@@ -74,10 +132,14 @@ pub fn register(ctx: &SessionContext) {
     for function in functions::distance::all() {
         ctx.register_udf(function);
     }
-    ctx.add_optimizer_rule(Arc::new(functions::rewrite::SimilarityJoinRewrite));
+    let rewrite = functions::rewrite::SimilarityJoinRewrite;
+    if !ctx.state().optimizers().iter().any(|rule| rule.name() == rewrite.name()) {
+        ctx.add_optimizer_rule(Arc::new(rewrite));
+    }
 }
 
-/// A new session with the simjoin functions and options registered.
+/// A new session with simjoin [`register`]ed. As [`session_context_with_config`], it encodes a
+/// single Parquet file's row groups on every core.
 pub fn session_context() -> SessionContext {
     session_context_with_config(SessionConfig::new())
 }
@@ -97,7 +159,8 @@ pub fn session_context_with_config_rt(mut config: SessionConfig, runtime: Arc<Ru
     if parquet.maximum_parallel_row_group_writers == 1 {
         parquet.maximum_parallel_row_group_writers = std::thread::available_parallelism().map_or(1, |n| n.get());
     }
-    let ctx = SessionContext::new_with_config_rt(config.with_option_extension(SimJoinOptions::default()), runtime);
+    // `register` adds the default options where `config` has none of its own.
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
     register(&ctx);
     ctx
 }

@@ -2,6 +2,7 @@
 
 #[path = "integration/approx.rs"]
 mod approx;
+#[cfg(feature = "cluster")]
 #[path = "integration/cluster.rs"]
 mod cluster;
 #[path = "integration/common.rs"]
@@ -10,16 +11,22 @@ mod common;
 mod distance_functions;
 #[path = "integration/edge_cases.rs"]
 mod edge_cases;
+#[path = "integration/embedding.rs"]
+mod embedding;
 #[path = "integration/errors.rs"]
 mod errors;
 #[path = "integration/explain.rs"]
 mod explain;
 #[path = "integration/files.rs"]
 mod files;
+#[cfg(feature = "server")]
 #[path = "integration/flight.rs"]
 mod flight;
+#[cfg(feature = "server")]
 #[path = "integration/flight_access.rs"]
 mod flight_access;
+#[path = "integration/gpu_selftest.rs"]
+mod gpu_selftest;
 #[path = "integration/oracle.rs"]
 mod oracle;
 #[path = "integration/pushdown.rs"]

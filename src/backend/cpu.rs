@@ -54,8 +54,9 @@ impl Backend for CpuBackend {
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        if request.index == IndexChoice::ListOfClusters && super::clusters::usable(request.left, request.right) {
-            return super::clusters::join(request, sink);
+        if request.index == IndexChoice::ListOfClusters && super::list_of_clusters::usable(request.left, request.right)
+        {
+            return super::list_of_clusters::join(request, sink);
         }
         if request.metric.is_text() {
             return super::text::join(request, sink);
@@ -108,11 +109,11 @@ impl Backend for CpuBackend {
         }
         let clusters = match request.index {
             IndexChoice::ListOfClusters => true,
-            IndexChoice::Auto => super::clusters::pays(request, k),
+            IndexChoice::Auto => super::list_of_clusters::pays(request, k),
             _ => false,
         };
-        if clusters && super::clusters::usable(queries, base) {
-            return super::clusters::knn(request, k, sink);
+        if clusters && super::list_of_clusters::usable(queries, base) {
+            return super::list_of_clusters::knn(request, k, sink);
         }
         if request.metric.is_text() {
             return super::text::knn(request, sink);

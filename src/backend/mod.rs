@@ -11,13 +11,17 @@ use crate::op::{Device, IndexChoice, Metric, SimilarityOp};
 use crate::vectors::Vectors;
 
 mod approx;
+#[cfg(feature = "gpu")]
 mod approx_estimate;
+#[cfg(feature = "gpu")]
 mod auto;
-mod clusters;
 pub mod cpu;
 mod exact;
+#[cfg(feature = "gpu")]
 pub mod gpu;
+mod list_of_clusters;
 mod plan;
+#[cfg(feature = "gpu")]
 mod scheduler;
 mod simd;
 pub mod text;
@@ -25,9 +29,10 @@ mod tiles;
 mod topk;
 
 pub use approx::force_curves_search;
+#[cfg(feature = "gpu")]
 pub use auto::{AutoBackend, force_approx_search, force_gpu_share};
 pub use cpu::CpuBackend;
-pub use exact::ExactCheck;
+#[cfg(feature = "gpu")]
 pub use gpu::GpuBackend;
 pub(crate) use tiles::Collector;
 pub(crate) use topk::{Neighbour, Ranked, k_smallest, send_ranked};
@@ -397,6 +402,7 @@ pub struct KnownSizes {
 /// core. Under `device=gpu` the device's start-up begins now, on a
 /// background thread, while the inputs are read; under `device=auto` when the plan knows the
 /// inputs' sizes ([`Backend::for_inputs`]).
+#[cfg(feature = "gpu")]
 pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     check(op)?;
     let function = op.function_name();
@@ -430,11 +436,26 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     }
 }
 
+/// The backend for `op` in a build without the `gpu` feature: every CPU core; `device=gpu` is an
+/// error that says why.
+#[cfg(not(feature = "gpu"))]
+pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
+    check(op)?;
+    match op.device {
+        Device::Gpu => plan_err!(
+            "{}: option device=gpu, but this build of simjoin has no GPU backend (built without its `gpu` feature)",
+            op.function_name()
+        ),
+        Device::Auto | Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
+    }
+}
+
 /// Starts opening GPU 0 and loading the vector joins' and kNN's kernel modules on a background
 /// thread, where CUDA's libraries are present: for a long-lived process such as `simjoin serve`,
 /// which pays the start-up once for all its queries. A one-shot process leaves it to each plan
 /// ([`Backend::for_inputs`]), which under `device=auto` starts nothing for a run the cores finish
 /// before the start-up would.
+#[cfg(feature = "gpu")]
 pub fn start_gpu() {
     let mut modules = auto::JOIN_MODULES.to_vec();
     modules.extend(auto::KNN_MODULES.iter().filter(|m| !auto::JOIN_MODULES.contains(m)));

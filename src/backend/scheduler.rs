@@ -147,7 +147,8 @@ pub struct Ticket<'a> {
 }
 
 impl Scheduler {
-    /// The process's scheduler.
+    /// The process's scheduler. One for every session: it owns the hardware (the cores and the
+    /// GPU each compute one large run at a time), which sessions of one process share.
     pub fn global() -> &'static Scheduler {
         static GLOBAL: OnceLock<Scheduler> = OnceLock::new();
         GLOBAL.get_or_init(Scheduler::default)

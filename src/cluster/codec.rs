@@ -428,7 +428,7 @@ mod tests {
             exec_after.properties().partitioning.partition_count(),
             exec.properties().partitioning.partition_count()
         );
-        assert_eq!(exec_after.backend().name(), "cpu");
+        assert_eq!(exec_after.backend_name(), "cpu");
 
         // Each input, read whole by every task, travels as a marker over its own child.
         let mut bytes = Vec::new();

@@ -47,7 +47,6 @@ pub use codec::{LogicalCodec, PhysicalCodec, Role};
 
 use crate::op::Device;
 use crate::options::SimJoinOptions;
-use crate::stores::RemoteStoreRegistry;
 
 /// The configuration every process of a cluster starts from: Ballista's, simjoin's options and
 /// the codecs of a process in `role`.
@@ -68,9 +67,13 @@ pub fn session_config(role: Role) -> SessionConfig {
 }
 
 /// A runtime reaching `s3://`, `gs://`, `az://` and `http(s)://` paths with credentials from the
-/// environment (see `stores`), spilling under `temp` when given.
+/// environment (see `stores`; with the `cloud` feature), spilling under `temp` when given.
 fn runtime(temp: Option<&PathBuf>) -> Result<Arc<RuntimeEnv>> {
-    let mut builder = RuntimeEnvBuilder::new().with_object_store_registry(Arc::new(RemoteStoreRegistry::new()));
+    let mut builder = RuntimeEnvBuilder::new();
+    #[cfg(feature = "cloud")]
+    {
+        builder = builder.with_object_store_registry(Arc::new(crate::stores::RemoteStoreRegistry::new()));
+    }
     if let Some(temp) = temp {
         builder = builder.with_temp_file_path(temp);
     }

@@ -2,8 +2,11 @@
 //! query — an in-memory table's (`MemTable`, `CREATE TABLE … AS`) — is converted to f64 once; its
 //! later queries start from the same vectors, and on the GPU from the same rows still on the
 //! device (reference/perf.md §1b: copying a 1M × 128 base over the bus takes longer than the
-//! tensor cores' whole kNN, so resident vectors are a requirement). The cache is the process's:
-//! the GPU's resident rows, which it governs, are too.
+//! tensor cores' whole kNN, so resident vectors are a requirement). The cache is the session's
+//! ([`VectorCache`], added by `simjoin::register`): its `cache_size` bounds its own entries, and a
+//! table of one session is never found through another. Its entries carry the indexes built over
+//! them (grid, List of Clusters, Multicurves) and keep their rows resident on the GPU, whose
+//! memory the device governs for the whole process (gpu/device.rs).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -41,14 +44,27 @@ struct Cache {
     clock: u64,
 }
 
-static CACHE: Mutex<Cache> = Mutex::new(Cache { entries: Vec::new(), clock: 0 });
+/// One session's converted vectors kept across its queries, shared by the copies of its
+/// configuration that each query's tasks get (a `SessionConfig` extension).
+#[derive(Default)]
+pub struct VectorCache {
+    cache: Mutex<Cache>,
+}
+
+impl std::fmt::Debug for VectorCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("VectorCache").field("entries", &cache.entries.len()).finish()
+    }
+}
 
 /// The vectors of one input's collected `batches` (see [`Vectors::from_batches`]) and whether they
 /// came from the cache. Inputs whose buffers nothing outside this query holds (a file's, decoded
 /// for this query alone) are converted and not kept: no later query could present the same
-/// arrays. Kept vectors take at most `capacity` bytes in all, the least recently used going first;
-/// 0 keeps none.
+/// arrays. Kept vectors take at most `capacity` bytes of the session's `cache` in all, the least
+/// recently used going first; 0 (or no cache) keeps none.
 pub(super) fn vectors(
+    cache: Option<&VectorCache>,
     schema: &SchemaRef,
     batches: &[RecordBatch],
     source: &VectorSource,
@@ -57,13 +73,16 @@ pub(super) fn vectors(
     capacity: usize,
 ) -> Result<(Arc<Vectors>, bool)> {
     let columns = source_columns(batches, source);
-    if capacity == 0 || columns.is_empty() || !columns.iter().all(|c| held_elsewhere(c)) {
+    let Some(VectorCache { cache }) = cache.filter(|_| capacity > 0) else {
+        return Ok((Arc::new(Vectors::from_batches(schema, batches, source, reject_zero, describe)?), false));
+    };
+    if columns.is_empty() || !columns.iter().all(|c| held_elsewhere(c)) {
         return Ok((Arc::new(Vectors::from_batches(schema, batches, source, reject_zero, describe)?), false));
     }
     let arrays: Vec<ArrayRef> = columns.into_iter().cloned().collect();
     let identity = input_identity(&arrays, source, reject_zero);
     {
-        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.clock += 1;
         let now = cache.clock;
         if let Some(entry) = cache.entries.iter_mut().find(|e| e.identity == identity) {
@@ -84,7 +103,7 @@ pub(super) fn vectors(
     }
     vectors.mark_resident();
     let vectors = Arc::new(vectors);
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
     if !cache.entries.iter().any(|e| e.identity == identity) {
         let last_used = cache.clock;
         cache.entries.push(Entry { identity, _arrays: arrays, vectors: vectors.clone(), bytes, last_used });

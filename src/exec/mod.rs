@@ -45,6 +45,7 @@ mod streamed;
 mod summary;
 mod whole;
 
+pub use cache::VectorCache;
 pub use merge::KnnMergeExec;
 pub use progress::{Progress, ProgressListener};
 pub use summary::SummariseAggregates;
@@ -195,9 +196,10 @@ impl SimilarityExec {
         &self.op
     }
 
-    /// The backend that computes it.
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
+    /// Where it runs, as EXPLAIN's `backend=` names it: `cpu`, `gpu(sm_90a)`, `2 × gpu(sm_90a)`; under
+    /// `device=auto`, once it has run, where its last run went.
+    pub fn backend_name(&self) -> String {
+        self.backend.name()
     }
 
     /// How the answer will be found, as EXPLAIN shows it.

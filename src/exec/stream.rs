@@ -20,7 +20,7 @@ use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStre
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
-use super::cache;
+use super::cache::{self, VectorCache};
 use super::progress::{Progress, ProgressListener};
 use super::share::{Share, divided_child, self_join_pairs_only, share_partitions, take_share};
 use super::{InputSide, SimilarityExec, WholeInputExec};
@@ -165,6 +165,8 @@ pub(super) struct Run {
     pub(super) builder: BatchBuilder,
     pub(super) metrics: SimilarityMetrics,
     pub(super) progress: Option<Arc<dyn ProgressListener>>,
+    /// The session's converted vectors kept across queries (exec/cache.rs).
+    pub(super) cache: Option<Arc<VectorCache>>,
     /// The base is read and searched part by part (exec/streamed.rs).
     streamed: bool,
 }
@@ -224,6 +226,7 @@ pub(super) fn execute(
         },
         metrics,
         progress: context.session_config().get_extension::<Progress>().map(|p| p.0.clone()),
+        cache: context.session_config().get_extension::<VectorCache>(),
         streamed: share.is_none() && super::streamed::streams_base(exec),
     };
     let stream = futures::stream::once(run.start(inputs, share, reservation)).try_flatten();
@@ -304,12 +307,13 @@ impl Run {
         let (left_side, right_side) = (self.left.clone(), self.right.clone());
         let output_columns = self.builder.columns.clone();
         let converting = Instant::now();
+        let cache = self.cache.clone();
         let ((mut left, left_cached, left_odd), (mut right, right_cached, right_odd)) =
             tokio::task::spawn_blocking(move || -> Result<(ConvertedSide, ConvertedSide)> {
                 let side = |input: &InputSide| {
                     let (schema, parts) = &collected[input.child];
                     let projected = projected_columns(&output_columns, &left_side, &right_side, input, schema);
-                    convert_side(&op, schema, parts, input, &projected)
+                    convert_side(&op, cache.as_deref(), schema, parts, input, &projected)
                 };
                 let left = side(&left_side)?;
                 let right = if right_side.child == left_side.child {
@@ -485,11 +489,12 @@ pub(super) fn projected_columns(
         .collect()
 }
 
-/// One input's collected batches converted: its vectors (from the conversion cache where they
+/// One input's collected batches converted: its vectors (from the session's `cache` where they
 /// are kept), the columns the output projects (`projected`), each in one array, and the rows the
 /// conversion skipped that SQL's semantics still compare.
 pub(super) fn convert_side(
     op: &SimilarityOp,
+    cache: Option<&VectorCache>,
     schema: &SchemaRef,
     parts: &[RecordBatch],
     input: &InputSide,
@@ -497,7 +502,7 @@ pub(super) fn convert_side(
 ) -> Result<ConvertedSide> {
     let reject_zero = op.metric == Metric::Cosine;
     let describe = format!("{}: {}", op.function_name(), input.describe);
-    let (vectors, cached) = cache::vectors(schema, parts, &input.source, reject_zero, &describe, op.cache_size)?;
+    let (vectors, cached) = cache::vectors(cache, schema, parts, &input.source, reject_zero, &describe, op.cache_size)?;
     let column = |i: usize| -> Result<Option<ArrayRef>> {
         Ok(match parts {
             _ if !projected[i] => None,
@@ -531,7 +536,8 @@ async fn share_number(mut numbers: SendableRecordBatchStream) -> Result<usize> {
 
 /// Worker pools of finished runs, kept for the next: starting a pool's threads took 0.3–0.5 ms of a
 /// 19-ms GPU kNN on a 16-core host (docs/optimisations.md, v54). At most [`IDLE_POOLS`] wait; a run whose
-/// backend panicked does not return its pool.
+/// backend panicked does not return its pool. The process's, not a session's: threads on the same
+/// cores, which a run of any session uses whole.
 static IDLE_WORKERS: Mutex<Vec<rayon::ThreadPool>> = Mutex::new(Vec::new());
 const IDLE_POOLS: usize = 4;
 

@@ -138,7 +138,7 @@ pub(super) async fn start(
     inputs: Vec<(SchemaRef, Vec<SendableRecordBatchStream>)>,
     reservation: MemoryReservation,
 ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
-    let Run { op, left: query_side, right: base_side, backend, builder, metrics, progress, .. } = run;
+    let Run { op, left: query_side, right: base_side, backend, builder, metrics, progress, cache, .. } = run;
     let function = op.function_name();
     let mut inputs: Vec<Option<_>> = inputs.into_iter().map(Some).collect();
     let mut take = |child: usize| {
@@ -167,7 +167,7 @@ pub(super) async fn start(
     let projected = projected_columns(&builder.columns, &query_side, &base_side, &query_side, &query_schema);
     let (op_for_queries, side) = (op.clone(), query_side.clone());
     let (queries, cached, _odd): ConvertedSide = tokio::task::spawn_blocking(move || {
-        convert_side(&op_for_queries, &query_schema, &query_batches, &side, &projected)
+        convert_side(&op_for_queries, cache.as_deref(), &query_schema, &query_batches, &side, &projected)
     })
     .await
     .map_err(|e| exec_datafusion_err!("{function}: building vectors failed: {e}"))??;
@@ -305,7 +305,9 @@ impl Search {
         mut found: PartitionLists,
     ) -> Result<PartitionLists> {
         let converting = Instant::now();
-        let (part, _, odd) = convert_side(&self.op, &self.base_schema, &batches, &self.base_side, &self.projected)?;
+        // A part decoded for this query alone: never kept.
+        let (part, _, odd) =
+            convert_side(&self.op, None, &self.base_schema, &batches, &self.base_side, &self.projected)?;
         drop(batches);
         let kept: usize = part.columns.iter().flatten().map(|c| c.get_array_memory_size()).sum();
         let vector_bytes = part.vectors.values.bytes();

@@ -146,6 +146,8 @@ pub const PIPELINE_STREAMS: usize = 3;
 /// The most devices one process opens (`devices=` names ordinals below this).
 pub const MAX_DEVICES: usize = 16;
 
+/// The process's devices, opened once for every session: a CUDA context, its loaded modules and
+/// its memory belong to the process, and the resident rows' budget governs the whole device.
 static SHARED: [OnceLock<Result<Arc<GpuDevice>>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
 
 impl GpuDevice {

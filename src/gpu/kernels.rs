@@ -132,7 +132,8 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// Every kernel.
+    /// Every kernel (the test that each is defined in its module's source).
+    #[cfg(test)]
     pub const ALL: [Kernel; 37] = [
         Kernel::GridJoin,
         Kernel::GridJoinWide,

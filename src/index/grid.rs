@@ -429,6 +429,7 @@ impl GridIndex {
     }
 
     /// The linear id → cell table, when the grid is dense enough to have one.
+    #[cfg(test)]
     pub fn dense_table(&self) -> Option<&[u32]> {
         self.dense.as_deref()
     }

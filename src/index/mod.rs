@@ -1,11 +1,11 @@
 //! Indexes shared by the backends: the ε-grid over vectors, the segment filter over strings, the
 //! List of Clusters over any metric, and the Multicurves index of approximate kNN with its kNN graph.
 
-pub mod clusters;
 pub mod curve_keys;
 pub mod curves;
 pub mod graph;
 pub mod grid;
+pub mod list_of_clusters;
 pub mod segments;
 
 pub use grid::{

@@ -185,9 +185,12 @@ impl FlightSqlServer {
         let state = self.ctx.state();
         // A server pays the GPU's start-up once, now, rather than leave `device=auto` to weigh it
         // against each of its first queries (and keep them all on the cores).
-        let options = crate::options::SimJoinOptions::of(state.config_options());
-        if options.device != crate::op::Device::Cpu && !options.cluster {
-            crate::backend::start_gpu();
+        #[cfg(feature = "gpu")]
+        {
+            let options = crate::options::SimJoinOptions::of(state.config_options());
+            if options.device != crate::op::Device::Cpu && !options.cluster {
+                crate::backend::start_gpu();
+            }
         }
         let roots = Arc::new(roots);
         let registry = ConfinedRegistry::new(state.runtime_env().object_store_registry.clone(), roots.clone())?;

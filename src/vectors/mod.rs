@@ -23,8 +23,8 @@ use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Fl
 use datafusion::common::{Result, exec_err};
 use rayon::prelude::*;
 
-use crate::index::clusters::ListOfClusters;
 use crate::index::curves::{Geometry, Multicurves};
+use crate::index::list_of_clusters::ListOfClusters;
 use crate::op::Metric;
 
 mod source;

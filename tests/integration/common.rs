@@ -1,5 +1,5 @@
 //! Shared helpers: sessions, seeded tables in every accepted shape, and the brute-force f64 oracle
-//! (written independently of the library from the definitions in the README).
+//! (written independently of the library from the definitions in docs/sql.md).
 
 use std::sync::Arc;
 
@@ -107,7 +107,7 @@ pub fn vectors(n: usize, dim: usize, seed: u64) -> Vec<Option<Vec<f64>>> {
     random(n * dim, seed).chunks(dim).map(|c| Some(c.to_vec())).collect()
 }
 
-/// The distance of the README, written out: sums in order, one term at a time.
+/// The distance of docs/sql.md, written out: sums in order, one term at a time.
 pub fn distance(metric: &str, a: &[f64], b: &[f64]) -> f64 {
     let mut acc = 0.0;
     match metric {

@@ -1,4 +1,4 @@
-//! The scalar distance functions: the README's formulas bit for bit (the oracle of common.rs), the
+//! The scalar distance functions: docs/sql.md's formulas bit for bit (the oracle of common.rs), the
 //! same distances as the table functions, NULLs, literals in both spellings, and clear errors.
 
 use crate::common::{Shape, ctx, distance, error, register, rows, vectors};

@@ -153,9 +153,10 @@ async fn set_rejects_bad_option_values() {
     assert!(err.contains("unknown option 'colour'"), "{err}");
 }
 
+#[cfg(feature = "gpu")]
 #[tokio::test(flavor = "multi_thread")]
 async fn gpu_requests_without_a_gpu_say_why() {
-    if simjoin::gpu::probe().is_ok() {
+    if simjoin::internal::gpu_probe().is_ok() {
         return; // a GPU machine: covered by `simjoin selftest`
     }
     let ctx = ctx();

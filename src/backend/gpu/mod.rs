@@ -40,12 +40,12 @@ use rayon::prelude::*;
 mod appended;
 mod approx;
 mod approx_build;
-mod clusters;
 mod filter;
 mod join;
 mod knn;
 mod knn_plan;
 mod knn_write;
+mod list_of_clusters;
 mod multi;
 mod sides;
 mod text;
@@ -155,7 +155,8 @@ impl Backend for GpuBackend {
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let budget = self.memory_budget()?;
-        if request.index == IndexChoice::ListOfClusters && crate::backend::clusters::usable(request.left, request.right)
+        if request.index == IndexChoice::ListOfClusters
+            && crate::backend::list_of_clusters::usable(request.left, request.right)
         {
             return self.gpu_clusters_join(request, sink, budget).map_err(|e| gpu_error("GPU List of Clusters", e))?;
         }

@@ -153,7 +153,8 @@ impl Pattern {
     }
 }
 
-/// The edit distance of `a` and `b` (Unicode scalar values).
+/// The edit distance of `a` and `b` (Unicode scalar values): the tests' oracle.
+#[cfg(test)]
 pub fn levenshtein(a: &[u32], b: &[u32]) -> u32 {
     Pattern::new(a).distance(b)
 }

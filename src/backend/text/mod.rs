@@ -23,7 +23,9 @@ use crate::vectors::Vectors;
 
 mod levenshtein;
 
-pub use levenshtein::{Pattern, levenshtein};
+pub use levenshtein::Pattern;
+#[cfg(test)]
+pub use levenshtein::levenshtein;
 
 /// Left strings per unit of parallel work.
 const BLOCK: usize = 256;

@@ -328,7 +328,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             _ => format!("SELECT count(*) FROM knn(base, queries, {})", w.k),
         };
         // The first run converts the in-memory inputs (and uploads them to a GPU); later runs find
-        // them kept (README: vectors kept across queries), as a service's repeated queries would.
+        // them kept (docs/sql.md: vectors kept across queries), as a service's repeated queries would.
         let (mut times, mut rows) = (Vec::new(), 0);
         for _ in 0..args.repeat.max(1) {
             let started = Instant::now();

@@ -101,7 +101,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     workloads.retain(|w| args.only.as_ref().is_none_or(|o| w.name.contains(o.as_str())));
 
-    let gpu = simjoin::gpu::probe().is_ok();
+    let gpu = simjoin::internal::gpu_probe().is_ok();
     let repeat = args.repeat.max(1);
     // Each row is printed as soon as it is measured: a whole run takes minutes.
     println!(

@@ -13,7 +13,6 @@ mod cluster;
 mod demo;
 mod e2e;
 mod progress;
-mod selftest;
 mod serve;
 mod serve_load;
 mod sql;
@@ -56,6 +55,9 @@ enum Command {
         /// Run even without a usable GPU (the GPU cases then report errors).
         #[arg(long)]
         allow_cpu_only: bool,
+        /// Run only the cases whose name (data and query, as the table prints them) contains this.
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -140,7 +142,7 @@ async fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args).await,
         Command::Scheduler(args) => cluster::scheduler(args).await,
         Command::Executor(args) => cluster::executor(args).await,
-        Command::Selftest { allow_cpu_only } => selftest::run(allow_cpu_only).await,
+        Command::Selftest { allow_cpu_only, only } => simjoin::selftest::run(allow_cpu_only, only.as_deref()).await,
     };
     let code = match outcome {
         Ok(()) => 0,
@@ -150,8 +152,8 @@ async fn main() -> ExitCode {
         }
     };
     // A query that ran on the CPU leaves the GPU's start-up running on its thread; exiting
-    // normally would tear the driver down under it (see `simjoin::gpu::startup::in_flight`).
-    if simjoin::gpu::startup::in_flight() {
+    // normally would tear the driver down under it (see `gpu::startup::in_flight`).
+    if simjoin::internal::gpu_startup_in_flight() {
         use std::io::Write;
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();

@@ -9,7 +9,7 @@
 use super::appended::appended_pairs;
 use super::text::{alphabet_of, coded, pattern_words};
 use super::*;
-use crate::backend::clusters::{index_of, radius};
+use crate::backend::list_of_clusters::{index_of, radius};
 use crate::gpu::launch::{
     ClusterTextInputs, ClusterVectorInputs, DeviceClusterList, DeviceStrings, clusters_range_text,
     clusters_range_vectors,

@@ -7,7 +7,7 @@ const CLUSTERS_BLOCK: u32 = 128;
 /// Most blocks of a launch (each loops over further left rows).
 const CLUSTERS_BLOCKS: u32 = 1 << 16;
 
-/// The List of Clusters over the right input on the device (`index::clusters::ListOfClusters`):
+/// The List of Clusters over the right input on the device (`index::list_of_clusters::ListOfClusters`):
 /// cluster `c`'s centre `centres[c]` and covering radius `radii[c]`, its members
 /// `members[starts[c]..starts[c + 1]]` with their distances to the centre (`offsets`), and the
 /// rounding slack of its bounds.

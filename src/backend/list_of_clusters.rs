@@ -25,7 +25,7 @@ use super::exact::{ExactCheck, write_self_pairs};
 use super::text::Pattern;
 use super::topk::{KSmallest, Neighbour, rank_in_waves};
 use super::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
-use crate::index::clusters::{ListOfClusters, MetricSpace, Probe, Rounding};
+use crate::index::list_of_clusters::{ListOfClusters, MetricSpace, Probe, Rounding};
 use crate::op::{Metric, squared_l2};
 use crate::vectors::{Row, Values, Vectors};
 
