@@ -87,16 +87,19 @@ impl SimilarityTable {
     }
 
     /// This table as a cluster's scheduler plans it: its work divided among tasks.
+    #[cfg(feature = "cluster")]
     pub fn on_cluster(self) -> Self {
         Self { on_cluster: true, ..self }
     }
 
     /// What is computed.
+    #[cfg(feature = "cluster")]
     pub fn op(&self) -> &SimilarityOp {
         &self.op
     }
 
     /// The input whose columns come first, and the second (`None`: a self-join).
+    #[cfg(feature = "cluster")]
     pub fn inputs(&self) -> (&TableInput, Option<&TableInput>) {
         (&self.left, self.right.as_ref())
     }

@@ -84,7 +84,8 @@ const GRAPH_QUERIES_PER_ROW: f64 = 0.5;
 static CURVES_ALONE: AtomicBool = AtomicBool::new(false);
 
 /// Makes the cores' approximate kNN search by the curves alone whatever the base (`false`: as
-/// [`walks_graph`] decides again). For tests.
+/// [`walks_graph`] decides again). For the self-test.
+#[cfg(feature = "gpu")]
 pub fn force_curves_search(forced: bool) {
     CURVES_ALONE.store(forced, Ordering::Relaxed);
 }

@@ -25,17 +25,18 @@ mod plan;
 mod scheduler;
 mod simd;
 pub mod text;
+#[cfg(feature = "gpu")]
 mod tiles;
 mod topk;
 
+#[cfg(feature = "gpu")]
 pub use approx::force_curves_search;
 #[cfg(feature = "gpu")]
 pub use auto::{AutoBackend, force_approx_search, force_gpu_share};
 pub use cpu::CpuBackend;
 #[cfg(feature = "gpu")]
 pub use gpu::GpuBackend;
-pub(crate) use tiles::Collector;
-pub(crate) use topk::{Neighbour, Ranked, k_smallest, send_ranked};
+pub(crate) use topk::{Collector, Neighbour, Ranked, k_smallest, send_ranked};
 
 /// A join-shaped request: every (left, right) pair within `threshold` (ε-join and range query).
 #[derive(Debug)]
@@ -175,6 +176,7 @@ pub trait ResultSink: Sync {
 
 /// `backend`'s join of left rows `rows` of `request` with its whole right input (a part of a run
 /// divided among devices), its results at the whole input's positions.
+#[cfg(feature = "gpu")]
 pub(crate) fn join_rows(
     backend: &dyn Backend,
     request: &JoinRequest,
@@ -186,6 +188,7 @@ pub(crate) fn join_rows(
 }
 
 /// `backend`'s kNN of queries `rows` of `request` over its whole base, as [`join_rows`].
+#[cfg(feature = "gpu")]
 pub(crate) fn knn_rows(
     backend: &dyn Backend,
     request: &KnnRequest,
@@ -197,11 +200,13 @@ pub(crate) fn knn_rows(
 }
 
 /// A part's results with its left (query) positions shifted to the whole input's.
+#[cfg(feature = "gpu")]
 struct ShiftedSink<'a> {
     inner: &'a dyn ResultSink,
     left: u32,
 }
 
+#[cfg(feature = "gpu")]
 impl ResultSink for ShiftedSink<'_> {
     fn send(&self, mut chunk: ResultChunk) -> Result<()> {
         chunk.left.iter_mut().for_each(|p| *p += self.left);
@@ -455,7 +460,7 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
 /// which pays the start-up once for all its queries. A one-shot process leaves it to each plan
 /// ([`Backend::for_inputs`]), which under `device=auto` starts nothing for a run the cores finish
 /// before the start-up would.
-#[cfg(feature = "gpu")]
+#[cfg(all(feature = "gpu", feature = "server"))]
 pub fn start_gpu() {
     let mut modules = auto::JOIN_MODULES.to_vec();
     modules.extend(auto::KNN_MODULES.iter().filter(|m| !auto::JOIN_MODULES.contains(m)));

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use datafusion::common::{Result, exec_err};
 use rayon::prelude::*;
 
-use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
+use super::topk::{Collector, Neighbour, Ranked, k_smallest, send_ranked};
 use super::{JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, Wanted};
 
 /// `0..len` in consecutive ranges of at most `tile_rows` positions.
@@ -181,23 +181,6 @@ impl ResultSink for OffsetSink<'_> {
 
     fn wants(&self) -> Wanted {
         self.inner.wants()
-    }
-}
-
-/// Keeps the chunks of a kNN over a part of the base for merging.
-pub(crate) struct Collector {
-    pub(crate) chunks: Mutex<Vec<ResultChunk>>,
-    pub(crate) chunk_rows: usize,
-}
-
-impl ResultSink for Collector {
-    fn send(&self, chunk: ResultChunk) -> Result<()> {
-        self.chunks.lock().unwrap_or_else(|e| e.into_inner()).push(chunk);
-        Ok(())
-    }
-
-    fn chunk_rows(&self) -> usize {
-        self.chunk_rows
     }
 }
 

@@ -1,8 +1,29 @@
 //! Bounded selection of the k smallest (distance, position) pairs, ties by position.
 
 use std::cmp::Ordering;
+use std::sync::Mutex;
 
+use datafusion::common::Result;
 use rayon::prelude::*;
+
+use super::{ResultChunk, ResultSink};
+
+/// Keeps the chunks of a kNN over a part of the base for merging.
+pub(crate) struct Collector {
+    pub(crate) chunks: Mutex<Vec<ResultChunk>>,
+    pub(crate) chunk_rows: usize,
+}
+
+impl ResultSink for Collector {
+    fn send(&self, chunk: ResultChunk) -> Result<()> {
+        self.chunks.lock().unwrap_or_else(|e| e.into_inner()).push(chunk);
+        Ok(())
+    }
+
+    fn chunk_rows(&self) -> usize {
+        self.chunk_rows
+    }
+}
 
 /// A neighbour candidate ordered by distance, then by position (base row order breaks ties).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,6 +119,7 @@ pub(crate) enum Ranked<'a> {
     List(Vec<Neighbour>),
     /// Entries of arrays that hold many queries' lists (the GPU's, ranked on the device: without a
     /// list per query, P1's 10⁴ lists of 10 took 0.6–2.5 ms to build, docs/optimisations.md, v54).
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
     Arrays { distances: &'a [f64], positions: &'a [u32] },
 }
 

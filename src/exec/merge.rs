@@ -77,11 +77,13 @@ impl KnnMergeExec {
     }
 
     /// Neighbours kept per query.
+    #[cfg(feature = "cluster")]
     pub fn k(&self) -> usize {
         self.k
     }
 
     /// The output column renumbered as the rank.
+    #[cfg(feature = "cluster")]
     pub fn rank(&self) -> Option<usize> {
         self.rank
     }

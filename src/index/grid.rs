@@ -103,6 +103,7 @@ impl GridGeometry {
     }
 
     /// Each point's linear cell id and, when `windowed`, its sort-dimension value, in input order.
+    #[cfg(feature = "gpu")]
     pub fn keys(&self, points: Coords, dim: usize, windowed: bool) -> (Vec<u64>, Option<Vec<f64>>) {
         on_coords!(points, |points| {
             let cells = points.par_chunks(dim).map(|p| self.cell_id(p)).collect();
@@ -112,6 +113,7 @@ impl GridGeometry {
     }
 
     /// Bits of the largest linear id.
+    #[cfg(feature = "gpu")]
     pub fn id_bits(&self) -> u32 {
         let possible: u128 = self.cells.iter().map(|&c| c as u128).product();
         128 - (possible - 1).leading_zeros()
@@ -200,6 +202,7 @@ pub fn brute_force_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: bool
 
 /// [`brute_force_ns`] as the absolute time of a whole run on one CPU core (nanoseconds), what the
 /// scheduler compares with the GPU's.
+#[cfg(feature = "gpu")]
 pub fn brute_force_run_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: bool, self_join: bool) -> f64 {
     brute_force_ns(n_left, n_right, dim, gemm_form, self_join) * BRUTE_RUN_FACTOR
 }

@@ -8,6 +8,6 @@ pub mod grid;
 pub mod list_of_clusters;
 pub mod segments;
 
-pub use grid::{
-    CostInputs, GridGeometry, GridIndex, JoinStrategy, brute_force_run_ns, choose_strategy, estimate_strategy, extent,
-};
+pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy, extent};
+#[cfg(feature = "gpu")]
+pub use grid::{brute_force_run_ns, estimate_strategy};
