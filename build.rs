@@ -1,6 +1,6 @@
-//! With the `gpu` feature, embeds the CUDA kernels: each `kernels/*.cu` with its local `#include "x.cuh"` inlined (once
-//! each, with `#line` markers so NVRTC errors point at the real file) becomes a string constant in
-//! `OUT_DIR/kernel_sources.rs`. No CUDA toolkit is needed here: kernels are compiled at run time by
+//! With the `gpu` feature, embeds the CUDA kernels: each `kernels/*.cu` with its local
+//! `#include "x.cuh"` inlined (once each, with `#line` markers so NVRTC errors point at the real
+//! file) becomes a string constant in `OUT_DIR/kernel_sources.rs`. No CUDA toolkit is needed here: kernels are compiled at run time by
 //! NVRTC on the GPU machine.
 //!
 //! A release build for GPU machines can also embed their machine code: with `SIMJOIN_NVRTC` naming

@@ -6,8 +6,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::Metric;
-use crate::datagen::{self, Distribution};
 use datafusion::arrow::array::{
     ArrayRef, AsArray, FixedSizeListArray, Float32Array, Float64Array, Int64Array, RecordBatch,
 };
@@ -16,6 +14,9 @@ use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type};
 use datafusion::catalog::MemTable;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
+
+use crate::Metric;
+use crate::datagen::{self, Distribution};
 
 /// (left or query id, right or base id, distance bits, kNN rank or 0).
 type Row = (i64, i64, u64, i64);
@@ -171,16 +172,16 @@ impl Cases {
     }
 }
 
-/// Runs `sql` (its options string last) on the CPU and on the GPU and adds a row to `table`;
+/// Runs `sql` (its options string last) on the CPU and on the GPU and adds a row to `cases`;
 /// 1 when the answers differ or the GPU failed, else 0.
-async fn compare(ctx: &SessionContext, sql: &str, data: &str, table: &mut Cases) -> Result<usize> {
-    compare_with(ctx, sql, data, table, "gpu").await
+async fn compare(ctx: &SessionContext, sql: &str, data: &str, cases: &mut Cases) -> Result<usize> {
+    compare_with(ctx, sql, data, cases, "gpu").await
 }
 
 /// [`compare`] with `device` (gpu, or auto) for the second run.
-async fn compare_with(ctx: &SessionContext, sql: &str, data: &str, table: &mut Cases, device: &str) -> Result<usize> {
+async fn compare_with(ctx: &SessionContext, sql: &str, data: &str, cases: &mut Cases, device: &str) -> Result<usize> {
     let query = sql.split(" FROM ").nth(1).unwrap_or_default();
-    if !table.runs(&format!("{data} | {query}")) {
+    if !cases.runs(&format!("{data} | {query}")) {
         return Ok(0);
     }
     let started = Instant::now();
@@ -212,17 +213,17 @@ async fn compare_with(ctx: &SessionContext, sql: &str, data: &str, table: &mut C
         }
         Err(e) => (format!("GPU ERROR: {}", e.strip_backtrace()), 1),
     };
-    table.table.push_str(&format!("| {data} | {query} | {} | {cpu_ms:.1} | {gpu_ms:.1} | {verdict} |\n", cpu.len()));
+    cases.table.push_str(&format!("| {data} | {query} | {} | {cpu_ms:.1} | {gpu_ms:.1} | {verdict} |\n", cpu.len()));
     Ok(failed)
 }
 
 /// Runs the approximate kNN of `a`'s rows over `b` under `metric` on the cores and on the GPU and
-/// adds a row to `table`; 1 when the GPU failed, a distance it returned differs from the exact
+/// adds a row to `cases`; 1 when the GPU failed, a distance it returned differs from the exact
 /// kNN's for the same pair, its ranks are not 1, 2, … by distance, or it finds fewer of the exact
 /// neighbours than the cores searching by the curves alone (by more than 1 %), else 0.
-async fn check_approx(ctx: &SessionContext, metric: Metric, data: &str, table: &mut Cases) -> Result<usize> {
+async fn check_approx(ctx: &SessionContext, metric: Metric, data: &str, cases: &mut Cases) -> Result<usize> {
     let query = format!("knn(a, b, 10, 'metric={metric}, approx=true')");
-    if !table.runs(&format!("{data} | {query}")) {
+    if !cases.runs(&format!("{data} | {query}")) {
         return Ok(0);
     }
     let sql = |options: &str| {
@@ -261,7 +262,7 @@ async fn check_approx(ctx: &SessionContext, metric: Metric, data: &str, table: &
             }
         }
     };
-    table.table.push_str(&format!(
+    cases.table.push_str(&format!(
         "| {data} | {query} | {} | {cpu_ms:.1} | {gpu_ms:.1} | {verdict} |
 ",
         exact.len()
@@ -387,7 +388,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     }
     let ctx = crate::session_context();
     let mut failures = 0;
-    let mut table = Cases::new(only);
+    let mut cases = Cases::new(only);
     let datasets: Vec<(&str, Vec<f64>, usize)> = vec![
         ("uniform", datagen::generate(Distribution::Uniform, 3000, 2, 1), 2),
         ("exponential", datagen::generate(Distribution::Exponential, 4000, 3, 2), 3),
@@ -466,7 +467,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
                 };
                 let all = queries.into_iter().chain(counted).chain(summarised).chain(wide);
                 for sql in all.chain(knn.into_iter().flatten()) {
-                    failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim}"), &mut table).await?;
+                    failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim}"), &mut cases).await?;
                 }
             }
         }
@@ -486,7 +487,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
                     let knn = format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, 10, '{options}')");
                     for sql in join_queries(eps, &options).into_iter().chain([knn]) {
                         let data = format!("{name} | {n} × {dim} on GPUs {devices}");
-                        failures += compare(&ctx, &sql, &data, &mut table).await?;
+                        failures += compare(&ctx, &sql, &data, &mut cases).await?;
                     }
                 }
             }
@@ -496,7 +497,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
         // EXPLAIN ANALYZE gives each GPU's part (the 9000 × 16 pair is registered last).
         let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu, devices=0,1')";
         let what = "a kNN divided between GPUs 0 and 1";
-        failures += check_metric(&ctx, &mut table, explain, "gpu1_rows", what, |rows| rows > 0, "more than 0").await?;
+        failures += check_metric(&ctx, &mut cases, explain, "gpu1_rows", what, |rows| rows > 0, "more than 0").await?;
     }
     // Runs divided between the GPU and the CPU cores (device=auto with a forced share of the
     // left rows for the GPU): the same answers as the CPU alone.
@@ -510,14 +511,14 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
             let knn = format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, 10, '{options}')");
             for sql in [join, range, knn] {
                 failures +=
-                    compare_with(&ctx, &sql, &format!("{name} | {n} × {dim} divided"), &mut table, "auto").await?;
+                    compare_with(&ctx, &sql, &format!("{name} | {n} × {dim} divided"), &mut cases, "auto").await?;
             }
         }
     }
     let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=auto')";
     let what = "a kNN divided between the GPU and the CPU";
     failures +=
-        check_metric(&ctx, &mut table, explain, "divided_cpu_rows", what, |rows| rows > 0, "more than 0").await?;
+        check_metric(&ctx, &mut cases, explain, "divided_cpu_rows", what, |rows| rows > 0, "more than 0").await?;
     crate::backend::force_gpu_share(None);
     // The approximate kNN's search of the Multicurves index on the GPU (forced where the exact kNN
     // would be estimated faster): exact distances and ranks, and the recall of the cores' search
@@ -527,13 +528,13 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     for (name, values, dim) in [&datasets[2], &datasets[4], &datasets[7], &datasets[8]] {
         let n = register_pair(&ctx, values, *dim)?;
         for metric in [Metric::L2, Metric::Cosine, Metric::L1, Metric::LInf] {
-            failures += check_approx(&ctx, metric, &format!("{name} | {n} × {dim}"), &mut table).await?;
+            failures += check_approx(&ctx, metric, &format!("{name} | {n} × {dim}"), &mut cases).await?;
         }
     }
     crate::backend::force_approx_search(false);
     crate::backend::force_curves_search(false);
     if let Ok(device) = &gpu
-        && table.runs("Multicurves ordered on the device")
+        && cases.runs("Multicurves ordered on the device")
     {
         failures += check_device_curves(device, &datasets);
     }
@@ -546,7 +547,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     for tau in [0, 1, 2, 3, 6] {
         for options in ["metric=levenshtein", "metric=levenshtein, index=list_of_clusters"] {
             for sql in join_queries(tau as f64, options) {
-                failures += compare(&ctx, &sql, "words | 3000 and 1500", &mut table).await?;
+                failures += compare(&ctx, &sql, "words | 3000 and 1500", &mut cases).await?;
             }
         }
     }
@@ -554,7 +555,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     // characters), ties by base position; k = 2,000 asks for more than the 1,500 base strings.
     for k in [1, 5, 50, 2000] {
         let sql = format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric=levenshtein')");
-        failures += compare(&ctx, &sql, "words | 3000 and 1500", &mut table).await?;
+        failures += compare(&ctx, &sql, "words | 3000 and 1500", &mut cases).await?;
     }
     // More collected pairs (~5·10⁶) than one download batch (2²²): the batches alternate between
     // the two halves of the host buffers, each copied while the one before is emitted.
@@ -562,12 +563,12 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     register(&ctx, "a", &values, 2)?;
     let eps = datagen::calibrate_threshold(&values, 2, 200.0, Metric::L2, 9);
     let sql = format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, 'pairs=unordered')");
-    failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut table).await?;
+    failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut cases).await?;
     // More pairs (~1.5·10⁷) than the count pass collects (256 per row): write passes in batches of
     // 2²², more batches than pipeline streams, so each stream's buffers are used again.
     let eps = datagen::calibrate_threshold(&values, 2, 600.0, Metric::L2, 9);
     let sql = format!("SELECT left_id, right_id, distance FROM sim_join(a, {eps:?}, 'pairs=unordered')");
-    failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut table).await?;
+    failures += compare(&ctx, &sql, "uniform | 50000 × 2", &mut cases).await?;
     // kNN lists ranked on the device after write passes (knn_rank_lists), ties included: under a
     // limit that leaves the first count pass no candidate slots (a quarter of 1 MB holds 21,845
     // values; the lattice's 700 queries at k = 10 want ~82,000), every query's candidates come
@@ -580,7 +581,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
                 let sql = format!(
                     "SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, 'metric={metric}, gpu_memory_limit=1M')"
                 );
-                failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} write passes"), &mut table).await?;
+                failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} write passes"), &mut cases).await?;
             }
         }
         // On one GPU: divided among several, each part's candidates may fit the limit.
@@ -588,7 +589,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
             "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'gpu_memory_limit=1M, device=gpu, devices=0')";
         let what = format!("{name} {n} × {dim} kNN under gpu_memory_limit=1M");
         failures +=
-            check_metric(&ctx, &mut table, explain, "write_passes", &what, |passes| passes > 0, "at least 1").await?;
+            check_metric(&ctx, &mut cases, explain, "write_passes", &what, |passes| passes > 0, "at least 1").await?;
     }
     // NULL vectors and NULL coordinates, in both layouts: such rows never match (docs/sql.md), and the
     // GPU must leave out exactly the rows the CPU leaves out, on either side, for every function.
@@ -608,14 +609,14 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
             let knn = [1, 10, n, n + 7]
                 .map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
             for sql in join_queries(eps, &options).into_iter().chain(knn) {
-                failures += compare(&ctx, &sql, &format!("NULLs, {layout} | {n} × {dim}"), &mut table).await?;
+                failures += compare(&ctx, &sql, &format!("NULLs, {layout} | {n} × {dim}"), &mut cases).await?;
             }
         }
         let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
         let what = format!("kNN with NULLs in the {layout}");
         failures += check_metric(
             &ctx,
-            &mut table,
+            &mut cases,
             explain,
             "skipped_rows",
             &what,
@@ -637,14 +638,14 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
             let knn = [10, 1500]
                 .map(|k| format!("SELECT query_id, base_id, distance, rank FROM knn(a, b, {k}, '{options}')"));
             for sql in join_queries(eps, &options).into_iter().chain(knn) {
-                failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} tiled"), &mut table).await?;
+                failures += compare(&ctx, &sql, &format!("{name} | {n} × {dim} tiled"), &mut cases).await?;
             }
         }
         // The limit did split the inputs: EXPLAIN ANALYZE counts the tiles run.
         let explain =
             format!("EXPLAIN ANALYZE SELECT count(*) FROM sim_join(a, 1.0, 'gpu_memory_limit={limit}, device=gpu')");
         let what = format!("{name} {n} × {dim} self-join under gpu_memory_limit={limit}");
-        failures += check_metric(&ctx, &mut table, &explain, "tiles", &what, |tiles| tiles >= 3, "at least 3").await?;
+        failures += check_metric(&ctx, &mut cases, &explain, "tiles", &what, |tiles| tiles >= 3, "at least 3").await?;
         // On several GPUs the kNN's base, too large for each beside its share of the queries, was
         // divided among them.
         if crate::gpu::device_count().unwrap_or(0) > 1 {
@@ -653,7 +654,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
             );
             let what = format!("{name} {n} × {dim} kNN under gpu_memory_limit={limit} on GPUs 0 and 1");
             failures +=
-                check_metric(&ctx, &mut table, &explain, "gpu1_base_rows", &what, |rows| rows > 0, "more than 0")
+                check_metric(&ctx, &mut cases, &explain, "gpu1_base_rows", &what, |rows| rows > 0, "more than 0")
                     .await?;
         }
     }
@@ -664,7 +665,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
             let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'device=gpu')";
             let what = format!("{name} {n} × {dim} kNN");
             failures +=
-                check_metric(&ctx, &mut table, explain, "byte_row_tiles", &what, |tiles| tiles > 0, "at least 1")
+                check_metric(&ctx, &mut cases, explain, "byte_row_tiles", &what, |tiles| tiles > 0, "at least 1")
                     .await?;
         }
     }
@@ -675,7 +676,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     explained_metric(&ctx, explain, "resident_inputs").await?;
     failures += check_metric(
         &ctx,
-        &mut table,
+        &mut cases,
         explain,
         "resident_inputs",
         "a repeated kNN over in-memory tables",
@@ -683,9 +684,9 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
         "2 (both sides on the GPU)",
     )
     .await?;
-    println!("{}", table.table);
+    println!("{}", cases.table);
     if let Ok(device) = &gpu
-        && table.runs("a 100 MB upload through the staging buffers")
+        && cases.runs("a 100 MB upload through the staging buffers")
     {
         // Inputs of 64 MB and more pass through the pinned staging buffers, which the small sets
         // above never reach: a round trip of 100 MB that must come back bit for bit.
@@ -712,9 +713,9 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     if failures > 0 {
         return Err(DataFusionError::Execution(format!("selftest: {failures} case(s) differ between GPU and CPU")));
     }
-    if let (0, Some(only)) = (table.ran, &table.only) {
+    if let (0, Some(only)) = (cases.ran, &cases.only) {
         return Err(DataFusionError::Execution(format!("selftest: no case's name contains '{only}'")));
     }
-    println!("selftest: every GPU answer equals the CPU answer ({} cases)", table.ran);
+    println!("selftest: every GPU answer equals the CPU answer ({} cases)", cases.ran);
     Ok(())
 }

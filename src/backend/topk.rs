@@ -1,4 +1,5 @@
-//! Bounded selection of the k smallest (distance, position) pairs, ties by position.
+//! Bounded selection of the k smallest (distance, position) pairs, ties by position, and the sink
+//! that keeps a part's chunks for such a merge.
 
 use std::cmp::Ordering;
 use std::sync::Mutex;

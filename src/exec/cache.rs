@@ -1,8 +1,8 @@
 //! Converted vectors kept across queries (`simjoin.cache_size`). An input whose arrays outlive the
-//! query — an in-memory table's (`MemTable`, `CREATE TABLE … AS`) — is converted to f64 once; its
-//! later queries start from the same vectors, and on the GPU from the same rows still on the
-//! device (reference/perf.md §1b: copying a 1M × 128 base over the bus takes longer than the
-//! tensor cores' whole kNN, so resident vectors are a requirement). The cache is the session's
+//! query — an in-memory table's (`MemTable`, `CREATE TABLE … AS`) — is converted once (to f32 where
+//! its type fits f32 exactly, else f64); its later queries start from the same vectors, and on the
+//! GPU from the same rows still on the device (copying a 1M × 128 base over the bus takes longer
+//! than the tensor cores' whole kNN, so resident vectors are a requirement). The cache is the session's
 //! ([`VectorCache`], added by `simjoin::register`): its `cache_size` bounds its own entries, and a
 //! table of one session is never found through another. Its entries carry the indexes built over
 //! them (grid, List of Clusters, Multicurves) and keep their rows resident on the GPU, whose
@@ -73,12 +73,10 @@ pub(super) fn vectors(
     capacity: usize,
 ) -> Result<(Arc<Vectors>, bool)> {
     let columns = source_columns(batches, source);
-    let Some(VectorCache { cache }) = cache.filter(|_| capacity > 0) else {
+    let keepable = capacity > 0 && !columns.is_empty() && columns.iter().all(|c| held_elsewhere(c));
+    let Some(VectorCache { cache }) = cache.filter(|_| keepable) else {
         return Ok((Arc::new(Vectors::from_batches(schema, batches, source, reject_zero, describe)?), false));
     };
-    if columns.is_empty() || !columns.iter().all(|c| held_elsewhere(c)) {
-        return Ok((Arc::new(Vectors::from_batches(schema, batches, source, reject_zero, describe)?), false));
-    }
     let arrays: Vec<ArrayRef> = columns.into_iter().cloned().collect();
     let identity = input_identity(&arrays, source, reject_zero);
     {
