@@ -18,7 +18,9 @@
 //! ```
 //!
 //! The API:
-//! - [`register`] adds everything to a session; [`session_context`] and its variants make one.
+//! - [`register`] adds everything to a session; [`session_context`] and its variants make one;
+//!   [`table_functions`] and [`distance_functions`] are the functions alone, for a host that
+//!   registers them itself.
 //! - [`SimJoinOptions`] holds the `simjoin.*` options as typed values ([`Metric`], [`Device`],
 //!   [`Devices`], [`IndexChoice`], [`PairOrder`]), to put in a `SessionConfig` or `SET` in SQL.
 //! - [`SimilarityExec`] is the one physical operator (EXPLAIN's `SimilarityExec`); a
@@ -136,6 +138,19 @@ pub fn register(ctx: &SessionContext) {
     if !ctx.state().optimizers().iter().any(|rule| rule.name() == rewrite.name()) {
         ctx.add_optimizer_rule(Arc::new(rewrite));
     }
+}
+
+/// The table functions `sim_join`, `range_query` and `knn`, each under every name [`register`] gives
+/// it (lower and upper case), for a host that registers functions itself: a datafusion-python
+/// session through DataFusion's FFI, for one. The plain-SQL join rewrite and the aggregate rule are
+/// [`register`]'s alone.
+pub fn table_functions() -> Vec<(&'static str, Arc<dyn datafusion::catalog::TableFunctionImpl>)> {
+    functions::all()
+}
+
+/// The scalar distance functions [`register`] adds (`l2_distance`, `cosine_distance`, …).
+pub fn distance_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
+    functions::distance::all()
 }
 
 /// A new session with simjoin [`register`]ed. As [`session_context_with_config`], it encodes a

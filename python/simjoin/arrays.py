@@ -1,0 +1,247 @@
+"""``knn``, ``range_query`` and ``sim_join`` over numpy arrays, Arrow arrays or lists of strings.
+
+Each call registers its inputs in a session (without copying them), runs the table function of the
+same name and reads its result into numpy arrays. Row numbers are positions in the inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from .session import SessionContext, _sql_text, as_arrow_stream, vector_table
+
+
+class Neighbours(NamedTuple):
+    """kNN's answer, as faiss gives it: ``distances`` and ``ids`` are ``(n_queries, k)`` matrices,
+    each row ranked nearest first (ties by base row); a query with fewer than ``k`` base rows has
+    ``inf`` and ``-1`` in the rest."""
+
+    distances: np.ndarray
+    ids: np.ndarray
+
+
+class Pairs(NamedTuple):
+    """A range query's or a join's answer: one entry per pair, in no set order (as the engine's
+    threads find them), or with ``sort=True`` ordered by left (query) row, then right (base) row.
+    Unsorted, the arrays are read-only views of the engine's result (``.copy()`` to change them)."""
+
+    left: np.ndarray
+    right: np.ndarray
+    distances: np.ndarray
+
+
+_DEFAULT: SessionContext | None = None
+_DEFAULT_LOCK = threading.Lock()
+_NAMES = itertools.count()
+
+
+def _session(session: SessionContext | None) -> SessionContext:
+    """``session``, or the process's default one (made on first use)."""
+    global _DEFAULT
+    if session is not None:
+        return session
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = SessionContext()
+        return _DEFAULT
+
+
+def _input(data: Any, function: str, argument: str, text: bool) -> Any:
+    """One input as Arrow data the engine reads: vectors or (for ``metric='levenshtein'``) strings."""
+    if text:
+        if isinstance(data, (list, tuple, np.ndarray)) and not all(isinstance(s, str) for s in data):
+            raise ValueError(f"{function}: argument '{argument}': metric=levenshtein needs strings")
+        return as_arrow_stream(list(data) if isinstance(data, np.ndarray) else data, function, argument)
+    if isinstance(data, (list, tuple)):
+        try:
+            data = np.asarray(data)
+        except ValueError as error:
+            raise ValueError(f"{function}: argument '{argument}': rows of different lengths ({error})") from None
+        if data.dtype == object:
+            raise ValueError(f"{function}: argument '{argument}': rows of different lengths or types")
+    if isinstance(data, np.ndarray):
+        return vector_table(data, function, argument)
+    return as_arrow_stream(data, function, argument)
+
+
+def _rows(table: Any) -> int:
+    return table.num_rows if hasattr(table, "num_rows") else len(table)
+
+
+def _options(function: str, options: dict[str, Any]) -> str:
+    """The options string of a table function call (``'metric=l2, device=auto'``)."""
+    parts = []
+    for key, value in options.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        text = str(value)
+        if "," in text or "=" in text:
+            raise ValueError(f"{function}: option '{key}': value {text!r} may not contain ',' or '='")
+        parts.append(f"{key}={text}")
+    return _sql_text(", ".join(parts))
+
+
+def _run(session: SessionContext, inputs: list[Any], sql: str) -> pa.Table:
+    """Registers ``inputs`` under fresh names, runs ``sql`` (``{0}``, ``{1}``: their names), and
+    removes them again."""
+    names = [f"__simjoin_input_{next(_NAMES)}" for _ in inputs]
+    try:
+        for name, data in zip(names, inputs):
+            session._session.register_stream(name, data)
+        # One buffer per column, so that numpy views each without a copy.
+        return session._session.sql_contiguous(sql.format(*names)).read_all()
+    finally:
+        for name in names:
+            session.deregister(name)
+
+
+def _base_and_queries(function: str, base: Any, queries: Any, metric: str) -> tuple[Any, Any]:
+    text = metric == "levenshtein"
+    return _input(base, function, "base", text), _input(queries, function, "queries", text)
+
+
+def _check_count(function: str, argument: str, value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{function}: argument '{argument}': expected an integer ≥ 1, got {value!r}")
+    return int(value)
+
+
+def _check_threshold(function: str, argument: str, value: Any) -> float:
+    try:
+        threshold = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{function}: argument '{argument}': expected a number, got {value!r}") from None
+    if np.isnan(threshold):
+        raise ValueError(f"{function}: argument '{argument}': expected a number, got NaN")
+    return threshold
+
+
+def knn(
+    base: Any,
+    queries: Any,
+    k: int,
+    *,
+    metric: str = "l2",
+    device: str = "auto",
+    approx: bool = False,
+    output: str = "numpy",
+    session: SessionContext | None = None,
+    **options: Any,
+) -> Neighbours | pa.Table:
+    """The ``k`` nearest rows of ``base`` to each row of ``queries``.
+
+    ``base`` and ``queries`` are numpy 2-D arrays (any float or integer dtype), pyarrow list arrays,
+    Arrow tables with one vector column, or with ``metric="levenshtein"`` lists of strings.
+    ``metric`` is l2 (not squared; ``l2sq`` is), l2sq, cosine, inner_product, l1, linf or
+    levenshtein; ``device`` auto, cpu or gpu; ``approx=True`` searches the Multicurves index
+    (``approx_effort=…``). Further ``simjoin.*`` options are keyword arguments.
+
+    Returns :class:`Neighbours` ``(distances, ids)`` as ``(n_queries, k)`` matrices, or with
+    ``output="arrow"`` the table ``query_id, base_id, distance, rank``.
+    """
+    k = _check_count("knn", "k", k)
+    base_data, query_data = _base_and_queries("knn", base, queries, metric)
+    settings = _options("knn", {"metric": metric, "device": device, "approx": approx or None, **options})
+    table = _run(
+        _session(session),
+        [base_data, query_data],
+        f"SELECT query_id, base_id, distance, rank FROM knn({{0}}, {{1}}, {k}, '{settings}')",
+    )
+    if output == "arrow":
+        return table
+    count = _rows(query_data)
+    distances = np.full((count, k), np.inf)
+    ids = np.full((count, k), -1, dtype=np.int64)
+    rows = _column(table, "query_id")
+    ranks = _column(table, "rank") - 1
+    distances[rows, ranks] = _column(table, "distance")
+    ids[rows, ranks] = _column(table, "base_id")
+    return Neighbours(distances, ids)
+
+
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    """A result column as numpy: a read-only view of the engine's buffer (one chunk, no NULLs)."""
+    column = table.column(name)
+    if column.num_chunks == 1:
+        return column.chunk(0).to_numpy()
+    return column.to_numpy()
+
+
+def _pairs(table: pa.Table, left: str, right: str, output: str, sort: bool) -> Pairs | pa.Table:
+    if output == "arrow":
+        return table
+    pairs = Pairs(_column(table, left), _column(table, right), _column(table, "distance"))
+    if not sort:
+        return pairs
+    order = np.lexsort((pairs.right, pairs.left))
+    return Pairs(pairs.left[order], pairs.right[order], pairs.distances[order])
+
+
+def range_query(
+    base: Any,
+    queries: Any,
+    r: float,
+    *,
+    metric: str = "l2",
+    device: str = "auto",
+    sort: bool = False,
+    output: str = "numpy",
+    session: SessionContext | None = None,
+    **options: Any,
+) -> Pairs | pa.Table:
+    """Every (query row, base row) pair within distance ``r`` (inclusive). Arguments as
+    :func:`knn`; ``sort=True`` orders the pairs. Returns :class:`Pairs` ``(left=query rows,
+    right=base rows, distances)``, or with ``output="arrow"`` the table ``query_id, base_id,
+    distance``."""
+    r = _check_threshold("range_query", "r", r)
+    base_data, query_data = _base_and_queries("range_query", base, queries, metric)
+    settings = _options("range_query", {"metric": metric, "device": device, **options})
+    table = _run(
+        _session(session),
+        [base_data, query_data],
+        f"SELECT query_id, base_id, distance FROM range_query({{0}}, {{1}}, {r!r}, '{settings}')",
+    )
+    return _pairs(table, "query_id", "base_id", output, sort)
+
+
+def sim_join(
+    a: Any,
+    eps: float,
+    b: Any = None,
+    *,
+    metric: str = "l2",
+    device: str = "auto",
+    pairs: str = "ordered",
+    sort: bool = False,
+    output: str = "numpy",
+    session: SessionContext | None = None,
+    **options: Any,
+) -> Pairs | pa.Table:
+    """Every pair of rows within distance ``eps`` (inclusive): of ``a`` with itself, or of ``a``
+    with ``b``. A self-join gives both (i, j) and (j, i) with ``pairs="ordered"``, each pair once
+    (i < j) with ``pairs="unordered"``; a row with itself only with ``include_self=True``.
+    Arguments as :func:`knn`; ``sort=True`` orders the pairs. Returns :class:`Pairs`
+    ``(left, right, distances)``, or with
+    ``output="arrow"`` the table ``left_id, right_id, distance``."""
+    eps = _check_threshold("sim_join", "eps", eps)
+    text = metric == "levenshtein"
+    inputs = [_input(a, "sim_join", "a", text)]
+    if b is not None:
+        inputs.append(_input(b, "sim_join", "b", text))
+    settings = {"metric": metric, "device": device, **options}
+    if b is None:
+        settings["pairs"] = pairs
+    tables = "{0}, {1}" if b is not None else "{0}"
+    table = _run(
+        _session(session),
+        inputs,
+        f"SELECT left_id, right_id, distance FROM sim_join({tables}, {eps!r}, '{_options('sim_join', settings)}')",
+    )
+    return _pairs(table, "left_id", "right_id", output, sort)
