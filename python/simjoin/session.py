@@ -99,9 +99,14 @@ def vector_table(array: np.ndarray, function: str, argument: str) -> pa.Table:
                 raise ValueError(f"{function}: argument '{argument}': row {row} contains NaN")
     # C order and native byte order are what an Arrow list of values is; other layouts copy once.
     array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
-    values = pa.array(array.reshape(-1))
-    vectors = pa.FixedSizeListArray.from_arrays(values, dims)
-    return pa.table({"id": pa.array(np.arange(rows, dtype=np.int64)), "vector": vectors})
+    vectors = pa.FixedSizeListArray.from_arrays(_numpy_view(array.reshape(-1)), dims)
+    return pa.table({"id": _numpy_view(np.arange(rows, dtype=np.int64)), "vector": vectors})
+
+
+def _numpy_view(values: np.ndarray) -> pa.Array:
+    """A contiguous 1-D numeric array as an Arrow array over the same buffer. (``pa.array`` would
+    do the same but imports pandas on its first call, a quarter of a second of a short process.)"""
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 
 def text_table(strings: Any, function: str, argument: str) -> pa.Table:
@@ -109,7 +114,7 @@ def text_table(strings: Any, function: str, argument: str) -> pa.Table:
     text = pa.array(strings, type=pa.large_string()) if not isinstance(strings, pa.Array) else strings
     if not pa.types.is_string(text.type) and not pa.types.is_large_string(text.type) and not pa.types.is_string_view(text.type):
         raise ValueError(f"{function}: argument '{argument}': expected strings, got {text.type}")
-    return pa.table({"id": pa.array(np.arange(len(text), dtype=np.int64)), "text": text})
+    return pa.table({"id": _numpy_view(np.arange(len(text), dtype=np.int64)), "text": text})
 
 
 def as_arrow_stream(data: Any, function: str, argument: str) -> Any:
@@ -129,7 +134,7 @@ def as_arrow_stream(data: Any, function: str, argument: str) -> Any:
     if isinstance(data, (pa.Array, pa.ChunkedArray)):
         if pa.types.is_string(data.type) or pa.types.is_large_string(data.type):
             return text_table(data, function, argument)
-        return pa.table({"id": pa.array(np.arange(len(data), dtype=np.int64)), "vector": data})
+        return pa.table({"id": _numpy_view(np.arange(len(data), dtype=np.int64)), "vector": data})
     if hasattr(data, "__arrow_c_array__"):
         return pa.table(data)
     try:
