@@ -38,7 +38,7 @@ pub struct BenchArgs {
     /// A few thousand points per workload (the tooling's own test).
     #[arg(long)]
     tiny: bool,
-    /// The GPU workloads of reference/perf.md (P1–P2: kNN of 10k queries over 1M×128 and over
+    /// The GPU workloads of BENCHMARKS.md's GPU section (P1–P2: kNN of 10k queries over 1M×128 and over
     /// Fashion-MNIST; P3–P6: 1M points in 2, 8 and 32 dimensions, 10k range queries over 1M×128)
     /// instead of the CPU set.
     #[arg(long)]
@@ -240,7 +240,7 @@ fn uniform_self_join(name: &'static str, dim: usize, n: usize, neighbours: f64) 
     }
 }
 
-/// kNN of 10,000 Gaussian queries over `n` 128-D Gaussian points (reference/perf.md's P1).
+/// kNN of 10,000 Gaussian queries over `n` 128-D Gaussian points (P1 of BENCHMARKS.md's GPU section).
 fn gpu_knn(n: usize, k: usize) -> Workload {
     Workload { name: "", queries: 10_000, k, ..workload_knn(n) }
 }
@@ -314,7 +314,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         };
         let threshold = match w.kind {
             "knn" => 0.0,
-            // The SQL-join workloads use the fixed eps of reference/perf.md's DuckDB measurement.
+            // The SQL-join workloads use a fixed eps, as DuckDB's plain SQL join is measured at one.
             _ if w.neighbours == 0.0 => 0.1,
             _ => datagen::calibrate_threshold(&base, w.dim, w.neighbours, Metric::L2, 3),
         };

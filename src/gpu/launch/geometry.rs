@@ -46,7 +46,7 @@ pub(super) fn tc_run(
 /// Pairs brute_join_tc's queue holds for a run of `run` right tiles (`p.tc_queue`): 16 a tile, at
 /// least 256, or where more are expected (`per_tile`, twice the pairs expected a tile) those of
 /// the run, at most `queue_most`. A pair beyond the queue is decided by its thread at once, which
-/// holds up the block (docs/optimisations.md, v35): P1 at k = 10 queues ~7 pairs a tile and block on average
+/// holds up the block (docs/optimisations.md, v35-2): P1 at k = 10 queues ~7 pairs a tile and block on average
 /// (4.5 M in 617,000 tiles), and its runs of 32 with a queue of 256 ran 8.9–9.1 ms against 8.2–8.3
 /// with 512 (v73). Shared memory spent on a longer queue is not spent on stages: 60,000 × 784
 /// (runs of 8) took 4.0 → 4.7 ms with a queue of 512, whose 2 KB more left two stages instead of
