@@ -20,8 +20,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, new_empty_array};
-use datafusion::arrow::compute::concat;
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, new_empty_array};
+use datafusion::arrow::compute::{concat, take};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::common::runtime::SpawnedTask;
@@ -43,7 +43,7 @@ use crate::backend::{
     Backend, Collector, Neighbour, Ranked, ResultChunk, ResultSink, RunStats, Wanted, k_smallest, send_ranked,
 };
 use crate::op::{IndexChoice, Operation, SimilarityOp};
-use crate::results::{BatchBuilder, SideData};
+use crate::results::{BatchBuilder, OutputColumn, SideData};
 use crate::vectors::Vectors;
 
 /// A part is searched once its batches hold this many rows or bytes (the whole partition when it
@@ -127,8 +127,66 @@ struct PartitionLists {
     lists: Vec<Vec<Neighbour>>,
     /// A SQL-rewritten kNN's skipped rows of the partition (candidates of the sort above it).
     skipped: Vec<u32>,
-    /// The projected columns of each part, in order.
-    columns: Vec<Vec<Option<ArrayRef>>>,
+    /// The projected columns of each part, in order, cut down to the rows the lists named.
+    parts: Vec<KeptPart>,
+}
+
+/// The projected columns of one part of a partition, of the rows that can still be output.
+///
+/// Only a row some query's list (or `skipped`) names can ever be output, and lists only lose rows
+/// to later parts; so a part whose named rows are a small share of it keeps those rows alone. A
+/// SQL-rewritten kNN projects the vector column for the sort above it, and keeping every part's
+/// vectors whole cost as much as the search (page faults and copies of the whole base).
+struct KeptPart {
+    /// The partition row of the part's first row.
+    first: u32,
+    /// Rows of the part.
+    len: u32,
+    /// The partition rows kept, ascending; `None`: every row of the part.
+    rows: Option<Vec<u32>>,
+    columns: Vec<Option<ArrayRef>>,
+}
+
+impl KeptPart {
+    /// The part's rows that `lists` or `skipped` name, or all of them where that is at least half
+    /// (the copy would cost more than it saves), or where the output numbers base rows by their
+    /// scan order (a cluster task's `ScanOrder`, which reads rows at their positions).
+    fn new(
+        columns: &[Option<ArrayRef>],
+        (first, len): (u32, u32),
+        lists: &[Vec<Neighbour>],
+        skipped: &[u32],
+        keep_all: bool,
+    ) -> Result<Self> {
+        let whole = || KeptPart { first, len, rows: None, columns: columns.to_vec() };
+        if keep_all {
+            return Ok(whole());
+        }
+        let in_part = |row: &u32| (first..first + len).contains(row);
+        let mut named: Vec<u32> =
+            lists.iter().flatten().map(|n| n.position).chain(skipped.iter().copied()).filter(in_part).collect();
+        named.sort_unstable();
+        named.dedup();
+        if named.len() * 2 >= len as usize {
+            return Ok(whole());
+        }
+        let at = UInt32Array::from_iter_values(named.iter().map(|row| row - first));
+        let columns =
+            columns.iter().map(|c| c.as_ref().map(|c| take(c, &at, None)).transpose()).collect::<Result<_, _>>()?;
+        Ok(KeptPart { first, len, rows: Some(named), columns })
+    }
+
+    /// Where partition row `row` of this part lies among its kept rows.
+    fn index(&self, row: u32) -> Option<usize> {
+        match &self.rows {
+            None => Some((row - self.first) as usize),
+            Some(rows) => rows.binary_search(&row).ok(),
+        }
+    }
+
+    fn kept(&self) -> usize {
+        self.rows.as_ref().map_or(self.len as usize, Vec::len)
+    }
 }
 
 /// Collects and converts the queries, then searches the base's partitions; the output streams
@@ -338,7 +396,12 @@ impl Search {
                         .for_each(|l| *l = k_smallest(std::mem::take(l), k))
                 });
                 found.skipped.extend(odd.iter().map(|(row, _)| offset + row));
-                found.columns.push(part.columns.clone());
+                let keep_all = self.builder.columns.contains(&OutputColumn::ScanOrder);
+                let span = (offset, part.num_rows as u32);
+                let kept_part = KeptPart::new(&part.columns, span, &found.lists, &found.skipped, keep_all)?;
+                let kept_bytes: usize = kept_part.columns.iter().flatten().map(|c| c.get_array_memory_size()).sum();
+                self.reservation.shrink(kept.saturating_sub(kept_bytes));
+                found.parts.push(kept_part);
                 self.reservation.shrink(vector_bytes);
                 stats
             }
@@ -384,27 +447,63 @@ fn send_merged(search: &Search, partitions: Vec<PartitionLists>, k: usize) -> Re
         skipped.extend(partition.skipped.iter().map(|&row| row + offset));
         offset += partition.rows as u32;
     }
+    // Ranked by (distance, scan position); then each position becomes its row among the kept rows
+    // of every part, in scan order, which are the base the output takes rows from.
+    let parts: Vec<(u32, &KeptPart)> = {
+        let mut offset = 0u32;
+        let mut parts = Vec::new();
+        for partition in &partitions {
+            parts.extend(partition.parts.iter().map(|part| (offset, part)));
+            offset += partition.rows as u32;
+        }
+        parts
+    };
+    let mut starts = Vec::with_capacity(parts.len());
+    let mut kept_rows = 0usize;
+    for (_, part) in &parts {
+        starts.push(kept_rows);
+        kept_rows += part.kept();
+    }
+    let kept_index = |position: u32| -> Result<u32> {
+        let i = parts.partition_point(|(offset, part)| offset + part.first <= position).saturating_sub(1);
+        let (offset, part) =
+            parts.get(i).ok_or_else(|| internal_datafusion_err!("no part holds base row {position}"))?;
+        let index = part
+            .index(position - offset)
+            .ok_or_else(|| internal_datafusion_err!("base row {position} was not kept for the output"))?;
+        Ok((starts[i] + index) as u32)
+    };
     let lists: Vec<(usize, Ranked)> = lists
         .into_iter()
-        .map(|list| k_smallest(list, k))
+        .map(|list| {
+            k_smallest(list, k)
+                .into_iter()
+                .map(|n| Ok(Neighbour { distance: n.distance, position: kept_index(n.position)? }))
+                .collect::<Result<Vec<_>>>()
+        })
         .enumerate()
-        .map(|(q, list)| (q, Ranked::List(list)))
-        .collect();
-    // The base's projected columns over all parts in scan order; positions are its rows.
+        .map(|(q, list)| Ok((q, Ranked::List(list?))))
+        .collect::<Result<_>>()?;
+    let skipped = skipped.into_iter().map(kept_index).collect::<Result<Vec<u32>>>()?;
+    // The base's projected columns over the kept rows of all parts in scan order.
     let column = |i: usize| -> Result<Option<ArrayRef>> {
         if !search.projected[i] {
             return Ok(None);
         }
-        let parts: Vec<&dyn datafusion::arrow::array::Array> =
-            partitions.iter().flat_map(|p| &p.columns).filter_map(|c| c[i].as_deref()).collect();
-        Ok(Some(match parts.as_slice() {
+        let columns: Vec<&dyn datafusion::arrow::array::Array> =
+            parts.iter().filter_map(|(_, part)| part.columns[i].as_deref()).collect();
+        Ok(Some(match columns.as_slice() {
             [] => new_empty_array(search.base_schema.field(i).data_type()),
-            parts => concat(parts)?,
+            columns => concat(columns)?,
         }))
     };
     let columns = (0..search.base_schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
-    let base =
-        SideData { columns, num_rows: total, vectors: Arc::new(Vectors::numbering((0..total as u32).collect())) };
+    let base = SideData {
+        columns,
+        num_rows: kept_rows,
+        vectors: Arc::new(Vectors::numbering((0..kept_rows as u32).collect())),
+    };
+    drop(parts);
     drop(partitions);
     let sink = BatchSender { search, base: &base };
     send_ranked(&sink, lists)?;
