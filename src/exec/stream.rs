@@ -571,7 +571,7 @@ pub(super) type ConvertedSide = (SideData, bool, OddRows);
 /// scalar formula (the distance functions' own), kept when SQL's `<=` keeps the value, which
 /// orders floats totally (a NaN with its sign bit set precedes every number). An odd row's
 /// position is its side's vector count plus its index among the odd rows.
-fn scalar_pairs(
+pub(super) fn scalar_pairs(
     metric: Metric,
     threshold: f64,
     [(left, left_odd), (right, right_odd)]: [(&Vectors, &OddRows); 2],

@@ -15,7 +15,8 @@
 //! (a GPU run wants the base on the device in one piece, and the CPU's per-part searches are
 //! independent), the base's vectors would not be kept for a later query (read from files, not an
 //! in-memory table: exec/cache.rs), and no index over the whole base is asked for (`approx`, the
-//! List of Clusters). Edit distances and SQL-rewritten range queries keep the whole path.
+//! List of Clusters). Edit distances keep the whole path. A range query planned from SQL also
+//! pairs the rows the operator skips by the scalar formula, part by part (stream.rs, `scalar_pairs`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -35,8 +36,8 @@ use futures::stream::BoxStream;
 use tokio::sync::mpsc;
 
 use super::stream::{
-    ConvertedSide, Run, SimilarityMetrics, check_dimensions, collect_partition, compute, convert_side,
-    projected_columns, return_worker_pool, skipped_candidates, worker_pool,
+    ConvertedSide, OddRows, Run, SimilarityMetrics, check_dimensions, collect_partition, compute, convert_side,
+    projected_columns, return_worker_pool, scalar_pairs, skipped_candidates, worker_pool,
 };
 use super::{InputSide, SimilarityExec};
 use crate::backend::{
@@ -67,7 +68,7 @@ pub(super) fn streams_base(exec: &SimilarityExec) -> bool {
             let queries = statistics.ok().and_then(|s| s.num_rows.get_value().copied());
             queries.is_some_and(|queries| queries.saturating_mul(k) <= LIST_ENTRIES)
         }
-        Operation::RangeQuery { .. } => !op.scalar_semantics,
+        Operation::RangeQuery { .. } => true,
         Operation::SimJoin { .. } => false,
     };
     function
@@ -103,6 +104,10 @@ struct Search {
     builder: BatchBuilder,
     metrics: SimilarityMetrics,
     queries: SideData,
+    /// The queries as the output numbers them: their vectors' rows, then their odd rows'.
+    query_rows: SideData,
+    /// The queries' rows a SQL-planned range query pairs by the scalar formula.
+    query_odd: OddRows,
     base_side: InputSide,
     query_side: InputSide,
     base_schema: SchemaRef,
@@ -224,7 +229,7 @@ pub(super) async fn start(
     let converting = Instant::now();
     let projected = projected_columns(&builder.columns, &query_side, &base_side, &query_side, &query_schema);
     let (op_for_queries, side) = (op.clone(), query_side.clone());
-    let (queries, cached, _odd): ConvertedSide = tokio::task::spawn_blocking(move || {
+    let (queries, cached, query_odd): ConvertedSide = tokio::task::spawn_blocking(move || {
         convert_side(&op_for_queries, cache.as_deref(), &query_schema, &query_batches, &side, &projected)
     })
     .await
@@ -246,12 +251,15 @@ pub(super) async fn start(
     let (sender, receiver) = mpsc::channel::<Result<RecordBatch>>(4);
     let chunk_rows = (8 * builder.batch_size).max(1024);
     let projected = projected_columns(&builder.columns, &query_side, &base_side, &base_side, &base_schema);
+    let query_rows = numbered_with_odd_rows(&queries, &query_odd);
     let search = Arc::new(Search {
         op,
         backend,
         builder,
         metrics: metrics.clone(),
         queries,
+        query_rows,
+        query_odd,
         base_side,
         base_schema,
         projected,
@@ -406,8 +414,15 @@ impl Search {
                 stats
             }
             _ => {
-                let sink = BatchSender { search: self, base: &part };
+                let numbered = numbered_with_odd_rows(&part, &odd);
+                let sink = BatchSender { search: self, base: &numbered };
                 let stats = self.run(&part, &sink)?;
+                if let Some(threshold) = self.op.threshold().filter(|_| self.op.scalar_semantics)
+                    && (!self.query_odd.is_empty() || !odd.is_empty())
+                {
+                    let sides = [(self.queries.vectors.as_ref(), &self.query_odd), (vectors.as_ref(), &odd)];
+                    scalar_pairs(self.op.metric, threshold, sides, &sink)?;
+                }
                 self.reservation.shrink(kept + vector_bytes);
                 stats
             }
@@ -510,6 +525,17 @@ fn send_merged(search: &Search, partitions: Vec<PartitionLists>, k: usize) -> Re
     skipped_candidates(queries, skipped.iter().copied(), &sink)
 }
 
+/// `side` as the output numbers it when its odd rows are paired too: a position past its vectors
+/// is an odd row (in `odd`'s order), as `scalar_pairs` numbers them.
+fn numbered_with_odd_rows(side: &SideData, odd: &OddRows) -> SideData {
+    let mut numbered = side.clone();
+    if !odd.is_empty() {
+        let rows = side.vectors.rows.iter().copied().chain(odd.iter().map(|(row, _)| *row)).collect();
+        numbered.vectors = Arc::new(Vectors::numbering(rows));
+    }
+    numbered
+}
+
 /// Builds output batches from chunks against the queries and one base (a part, or kNN's merged
 /// base) and sends them, blocking while the consumer is behind.
 struct BatchSender<'a> {
@@ -519,7 +545,7 @@ struct BatchSender<'a> {
 
 impl ResultSink for BatchSender<'_> {
     fn send(&self, chunk: ResultChunk) -> Result<()> {
-        for batch in self.search.builder.build(&chunk, &self.search.queries, self.base)? {
+        for batch in self.search.builder.build(&chunk, &self.search.query_rows, self.base)? {
             self.search.output.blocking_send(Ok(batch)).map_err(|_| {
                 DataFusionError::Execution(format!("{}: query cancelled", self.search.op.function_name()))
             })?;

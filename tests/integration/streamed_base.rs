@@ -112,6 +112,20 @@ async fn a_base_searched_part_by_part_answers_as_one_held_whole() {
     assert_eq!(distances(&streamed), distances(&whole));
     assert_eq!(decided(&streamed), decided(&whole));
 
+    // The plain SQL of a range query over a file: the rows the operator skips are compared by the
+    // scalar formula part by part, and the answer is the table's held whole, distance bits included.
+    let within = |from: &str| {
+        format!(
+            "SELECT id, l2_distance(vector, [0.5, 0.5, 0.5]) AS d FROM {from} \
+             WHERE l2_distance(vector, [0.5, 0.5, 0.5]) <= 0.3 ORDER BY id"
+        )
+    };
+    let from_files = within("filed");
+    assert!(explain(&ctx, &format!("EXPLAIN {from_files}")).await.contains(PARTS), "{from_files}");
+    let (streamed, whole) = (answer(from_files).await, answer(within("whole")).await);
+    assert!(streamed.len() >= 50, "{} rows", streamed.len());
+    assert_eq!(streamed, whole);
+
     // Vectors of another dimension fail as they do held whole.
     register(&ctx, "flat", &[Some(vec![0.5, 0.5])], 2, Shape::FixedF32);
     let mismatch = error(&ctx, &format!("SELECT * FROM knn('{path}', flat, 3)")).await;
