@@ -57,13 +57,6 @@ def _input(data: Any, function: str, argument: str, text: bool) -> Any:
         if isinstance(data, (list, tuple, np.ndarray)) and not all(isinstance(s, str) for s in data):
             raise ValueError(f"{function}: argument '{argument}': metric=levenshtein needs strings")
         return as_arrow_stream(list(data) if isinstance(data, np.ndarray) else data, function, argument)
-    if isinstance(data, (list, tuple)):
-        try:
-            data = np.asarray(data)
-        except ValueError as error:
-            raise ValueError(f"{function}: argument '{argument}': rows of different lengths ({error})") from None
-        if data.dtype == object:
-            raise ValueError(f"{function}: argument '{argument}': rows of different lengths or types")
     if isinstance(data, np.ndarray):
         return vector_table(data, function, argument)
     return as_arrow_stream(data, function, argument)

@@ -126,7 +126,13 @@ def as_arrow_stream(data: Any, function: str, argument: str) -> Any:
     if isinstance(data, (list, tuple)):
         if all(isinstance(item, str) for item in data):
             return text_table(list(data), function, argument)
-        return vector_table(np.asarray(data), function, argument)
+        try:
+            rows = np.asarray(data)
+        except ValueError as error:
+            raise ValueError(f"{function}: argument '{argument}': rows of different lengths ({error})") from None
+        if rows.dtype == object:
+            raise ValueError(f"{function}: argument '{argument}': rows of different lengths or types")
+        return vector_table(rows, function, argument)
     if hasattr(data, "__arrow_c_stream__"):
         return data
     if isinstance(data, pa.RecordBatch):

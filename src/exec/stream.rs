@@ -308,7 +308,7 @@ impl Run {
         let output_columns = self.builder.columns.clone();
         let converting = Instant::now();
         let cache = self.cache.clone();
-        let ((mut left, left_cached, left_odd), (mut right, right_cached, right_odd)) =
+        let ((left, left_cached, left_odd), (right, right_cached, right_odd)) =
             tokio::task::spawn_blocking(move || -> Result<(ConvertedSide, ConvertedSide)> {
                 let side = |input: &InputSide| {
                     let (schema, parts) = &collected[input.child];
@@ -362,12 +362,7 @@ impl Run {
         let wants = builder.wants();
         let (lv, rv) = (lv.clone(), rv.clone());
         // The output numbers each side's skipped-but-compared rows after its vectors.
-        for (side, odd) in [(&mut left, &left_odd), (&mut right, &right_odd)] {
-            if !odd.is_empty() {
-                let rows = side.vectors.rows.iter().copied().chain(odd.iter().map(|(row, _)| *row)).collect();
-                side.vectors = Arc::new(Vectors::numbering(rows));
-            }
-        }
+        let (left, right) = (numbered_with_odd_rows(&left, &left_odd), numbered_with_odd_rows(&right, &right_odd));
         tokio::task::spawn_blocking(move || {
             let sink =
                 ChannelSink { sender, chunk_rows, wants, progress: progress.clone(), function: op.function_name() };
@@ -562,6 +557,17 @@ pub(super) fn return_worker_pool(pool: rayon::ThreadPool) {
 /// Rows skipped by the conversion but compared under `SimilarityOp::scalar_semantics`: (input
 /// row, values).
 pub(super) type OddRows = Vec<(u32, Vec<f64>)>;
+
+/// `side` as the output numbers it when its odd rows are paired too: a position past its vectors
+/// is an odd row (in `odd`'s order), as [`scalar_pairs`] numbers them.
+pub(super) fn numbered_with_odd_rows(side: &SideData, odd: &OddRows) -> SideData {
+    let mut numbered = side.clone();
+    if !odd.is_empty() {
+        let rows = side.vectors.rows.iter().copied().chain(odd.iter().map(|(row, _)| *row)).collect();
+        numbered.vectors = Arc::new(Vectors::numbering(rows));
+    }
+    numbered
+}
 
 /// One converted input: its data, whether its vectors came from the cache, and its odd rows.
 pub(super) type ConvertedSide = (SideData, bool, OddRows);

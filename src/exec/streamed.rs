@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 
 use super::stream::{
     ConvertedSide, OddRows, Run, SimilarityMetrics, check_dimensions, collect_partition, compute, convert_side,
-    projected_columns, return_worker_pool, scalar_pairs, skipped_candidates, worker_pool,
+    numbered_with_odd_rows, projected_columns, return_worker_pool, scalar_pairs, skipped_candidates, worker_pool,
 };
 use super::{InputSide, SimilarityExec};
 use crate::backend::{
@@ -523,17 +523,6 @@ fn send_merged(search: &Search, partitions: Vec<PartitionLists>, k: usize) -> Re
     let sink = BatchSender { search, base: &base };
     send_ranked(&sink, lists)?;
     skipped_candidates(queries, skipped.iter().copied(), &sink)
-}
-
-/// `side` as the output numbers it when its odd rows are paired too: a position past its vectors
-/// is an odd row (in `odd`'s order), as `scalar_pairs` numbers them.
-fn numbered_with_odd_rows(side: &SideData, odd: &OddRows) -> SideData {
-    let mut numbered = side.clone();
-    if !odd.is_empty() {
-        let rows = side.vectors.rows.iter().copied().chain(odd.iter().map(|(row, _)| *row)).collect();
-        numbered.vectors = Arc::new(Vectors::numbering(rows));
-    }
-    numbered
 }
 
 /// Builds output batches from chunks against the queries and one base (a part, or kNN's merged
