@@ -408,6 +408,10 @@ pub struct SimilarityOp {
     /// kNN only: answer approximately from the Multicurves index (`approx=true`).
     #[serde(default)]
     pub approx: Option<Approx>,
+    /// Columns both inputs hold (by name) whose values a pair must share — the operation runs
+    /// within each group of equal keys (exec/keyed.rs); NULL keys match nothing.
+    #[serde(default)]
+    pub keys: Vec<String>,
 }
 
 impl SimilarityOp {

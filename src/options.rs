@@ -20,6 +20,9 @@ pub struct SimJoinOptions {
     /// The vector column, or numeric columns separated by spaces (`x y z`); empty means: the only
     /// list column, else every floating-point column.
     pub column: String,
+    /// Columns (separated by spaces) both inputs hold, whose values a pair must share (`keys=zip`:
+    /// pairs within each zip code; kNN: the nearest base rows with the query's keys); empty: none.
+    pub keys: String,
     /// auto (cost model), grid, brute_force (joins and range queries), or list_of_clusters (every
     /// function, metrics only).
     pub index: IndexChoice,
@@ -84,6 +87,7 @@ impl Default for SimJoinOptions {
             include_self: false,
             pairs: PairOrder::default(),
             column: String::new(),
+            keys: String::new(),
             index: IndexChoice::default(),
             grid_dims: 0,
             gpu_memory_limit: 0,
@@ -99,7 +103,7 @@ impl Default for SimJoinOptions {
     }
 }
 
-const KEYS: [(&str, &str); 15] = [
+const KEYS: [(&str, &str); 16] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
     ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -107,6 +111,10 @@ const KEYS: [(&str, &str); 15] = [
     (
         "column",
         "Vector column, or numeric columns separated by spaces (x y z); empty: the only list column, else every floating-point column",
+    ),
+    (
+        "keys",
+        "Columns of both inputs (separated by spaces) whose values a pair must share, such as zip (pairs within each zip code; kNN: the nearest base rows with the query's keys); empty: none",
     ),
     (
         "index",
@@ -186,6 +194,7 @@ impl SimJoinOptions {
             }
             "pairs" => self.pairs = value.parse()?,
             "column" => self.column = value.trim().to_string(),
+            "keys" => self.keys = value.trim().to_string(),
             "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size("gpu_memory_limit", value, "no limit")?,
             "cache_size" => self.cache_size = parse_memory_size("cache_size", value, "none")?,
             "index" => self.index = value.parse()?,
@@ -219,6 +228,7 @@ impl SimJoinOptions {
             "tasks" => self.tasks.to_string(),
             "approx" => self.approx.to_string(),
             "approx_effort" => self.approx_effort.to_string(),
+            "keys" => self.keys.clone(),
             _ => self.column.clone(),
         }
     }
@@ -254,6 +264,11 @@ impl SimJoinOptions {
             }
         }
         Ok(options)
+    }
+
+    /// The key columns named by the options (`keys`), in order.
+    pub fn keys(&self) -> Vec<String> {
+        self.keys.split_whitespace().map(str::to_string).collect()
     }
 
     /// The vector column named by the options, if any.
@@ -352,7 +367,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_effort)"
+             (expected one of metric, device, include_self, pairs, column, keys, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_effort)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

@@ -260,11 +260,14 @@ impl TableProvider for SimilarityTable {
             Some(p) => p.clone(),
             None => (0..self.columns.len()).collect(),
         };
-        let mut left_needed: BTreeSet<usize> = self.left.source.columns().into_iter().collect();
-        let mut right_needed: BTreeSet<usize> = match &self.right {
-            Some(r) => r.source.columns().into_iter().collect(),
-            None => BTreeSet::new(),
+        // The vector columns and the key columns (a join within equal keys), read by the operator.
+        let operator_reads = |input: &TableInput| -> BTreeSet<usize> {
+            let schema = input.provider.schema();
+            let keys = self.op.keys.iter().filter_map(|k| schema.index_of(k).ok());
+            input.source.columns().into_iter().chain(keys).collect()
         };
+        let mut left_needed = operator_reads(&self.left);
+        let mut right_needed = self.right.as_ref().map(operator_reads).unwrap_or_default();
         for &p in &projected {
             match self.columns[p] {
                 OutputColumn::Left(i) => {

@@ -184,7 +184,8 @@ pub(crate) fn join_rows(
     sink: &dyn ResultSink,
 ) -> Result<RunStats> {
     let left = request.left.slice(rows.clone());
-    backend.join(&JoinRequest { left: &left, ..*request }, &ShiftedSink { inner: sink, left: rows.start as u32 })
+    backend
+        .join(&JoinRequest { left: &left, ..*request }, &ShiftedSink { inner: sink, left: rows.start as u32, right: 0 })
 }
 
 /// `backend`'s kNN of queries `rows` of `request` over its whole base, as [`join_rows`].
@@ -196,20 +197,26 @@ pub(crate) fn knn_rows(
     sink: &dyn ResultSink,
 ) -> Result<RunStats> {
     let queries = request.queries.slice(rows.clone());
-    backend.knn(&KnnRequest { queries: &queries, ..*request }, &ShiftedSink { inner: sink, left: rows.start as u32 })
+    backend.knn(
+        &KnnRequest { queries: &queries, ..*request },
+        &ShiftedSink { inner: sink, left: rows.start as u32, right: 0 },
+    )
 }
 
-/// A part's results with its left (query) positions shifted to the whole input's.
-#[cfg(feature = "gpu")]
-struct ShiftedSink<'a> {
-    inner: &'a dyn ResultSink,
-    left: u32,
+/// A part's results with its positions shifted to the whole inputs': left (query) positions by
+/// `left`, right (base) positions by `right`.
+pub(crate) struct ShiftedSink<'a> {
+    pub inner: &'a dyn ResultSink,
+    pub left: u32,
+    pub right: u32,
 }
 
-#[cfg(feature = "gpu")]
 impl ResultSink for ShiftedSink<'_> {
     fn send(&self, mut chunk: ResultChunk) -> Result<()> {
         chunk.left.iter_mut().for_each(|p| *p += self.left);
+        if self.right != 0 {
+            chunk.right.iter_mut().for_each(|p| *p += self.right);
+        }
         self.inner.send(chunk)
     }
 

@@ -37,6 +37,7 @@ use crate::results::{OutputColumn, SummaryColumn};
 use crate::vectors::VectorSource;
 
 mod cache;
+mod keyed;
 mod merge;
 mod progress;
 mod share;
@@ -271,6 +272,9 @@ impl DisplayAs for SimilarityExec {
             }
             Operation::RangeQuery { radius } => write!(f, ", r={radius}, metric={}", op.metric)?,
             Operation::Knn { k } => write!(f, ", k={k}, metric={}", op.metric)?,
+        }
+        if !op.keys.is_empty() {
+            write!(f, ", keys=[{}]", op.keys.join(", "))?;
         }
         if let (Some(approx), Operation::Knn { k }) = (op.approx, &op.operation) {
             write!(

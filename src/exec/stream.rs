@@ -21,6 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
 use super::cache::{self, VectorCache};
+use super::keyed::{KeyGroups, compute_by_keys, odd_candidates_by_keys, order_by_keys, scalar_pairs_by_keys};
 use super::progress::{Progress, ProgressListener};
 use super::share::{Share, divided_child, self_join_pairs_only, share_partitions, take_share};
 use super::{InputSide, SimilarityExec, WholeInputExec};
@@ -308,20 +309,27 @@ impl Run {
         let output_columns = self.builder.columns.clone();
         let converting = Instant::now();
         let cache = self.cache.clone();
-        let ((left, left_cached, left_odd), (right, right_cached, right_odd)) =
-            tokio::task::spawn_blocking(move || -> Result<(ConvertedSide, ConvertedSide)> {
+        let ((left, left_cached, left_odd), (right, right_cached, right_odd), groups) =
+            tokio::task::spawn_blocking(move || -> Result<(ConvertedSide, ConvertedSide, Option<KeyGroups>)> {
                 let side = |input: &InputSide| {
                     let (schema, parts) = &collected[input.child];
                     let projected = projected_columns(&output_columns, &left_side, &right_side, input, schema);
                     convert_side(&op, cache.as_deref(), schema, parts, input, &projected)
                 };
-                let left = side(&left_side)?;
-                let right = if right_side.child == left_side.child {
-                    (left.0.clone(), false, left.2.clone())
-                } else {
-                    side(&right_side)?
+                let mut left = side(&left_side)?;
+                let same_child = right_side.child == left_side.child;
+                let mut right = if same_child { None } else { Some(side(&right_side)?) };
+                // A join within equal keys: both inputs in key order (keyed.rs).
+                let groups = match op.keys.is_empty() {
+                    true => None,
+                    false => {
+                        let input = |side: &InputSide| (&collected[side.child].0, collected[side.child].1.as_slice());
+                        let inputs = [input(&left_side), input(&right_side)];
+                        Some(order_by_keys(&op, inputs, &mut left, right.as_mut())?)
+                    }
                 };
-                Ok((left, right))
+                let right = right.unwrap_or_else(|| (left.0.clone(), false, left.2.clone()));
+                Ok((left, right, groups))
             })
             .await
             .map_err(|e| exec_datafusion_err!("{}: building vectors failed: {e}", self.op.function_name()))??;
@@ -378,9 +386,12 @@ impl Run {
                     ))
                 })?;
                 let result = pool.install(|| {
-                    let stats = match self_join_pairs {
-                        None => compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?,
-                        Some(pairs) => {
+                    let stats = match (self_join_pairs, &groups) {
+                        (None, None) => compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?,
+                        (None, Some(groups)) => {
+                            compute_by_keys(&op, backend.as_ref(), (&lv, &rv), same, groups, &sink)?
+                        }
+                        (Some(pairs), _) => {
                             let map = self_join_pairs_only(pairs, &lv.rows, &rv.rows);
                             // The share's map drops pairs by their rows: they must be listed.
                             let sink = MapSink { inner: &sink, map, passes_counts: false };
@@ -390,13 +401,20 @@ impl Run {
                     match op.threshold() {
                         Some(threshold) if !left_odd.is_empty() || !right_odd.is_empty() => {
                             let sides = [(lv.as_ref(), &left_odd), (rv.as_ref(), &right_odd)];
-                            scalar_pairs(op.metric, threshold, sides, &sink)?;
+                            match &groups {
+                                None => scalar_pairs(op.metric, threshold, sides, &sink)?,
+                                Some(groups) => scalar_pairs_by_keys(&op, threshold, sides, groups, &sink)?,
+                            }
                         }
-                        None if !right_odd.is_empty() => skipped_candidates(
-                            lv.len(),
-                            (0..right_odd.len() as u32).map(|j| rv.len() as u32 + j),
-                            &sink,
-                        )?,
+                        None if !left_odd.is_empty() || !right_odd.is_empty() => match &groups {
+                            None => odd_candidates(
+                                (lv.len(), left_odd.len()),
+                                (0..right_odd.len() as u32).map(|j| rv.len() as u32 + j),
+                                rv.len() + right_odd.len(),
+                                &sink,
+                            )?,
+                            Some(groups) => odd_candidates_by_keys((lv.len(), &left_odd), rv.len(), groups, &sink)?,
+                        },
                         _ => {}
                     }
                     Ok(stats)
@@ -584,17 +602,7 @@ pub(super) fn scalar_pairs(
     sink: &dyn ResultSink,
 ) -> Result<()> {
     let mut writer = crate::backend::PairWriter::new(sink, false);
-    let mut pair = |a: Row, b: Row, pa: usize, pb: usize| -> Result<()> {
-        if a.len() != b.len() {
-            return exec_err!(
-                "sim_join: dimension mismatch: {}-dimensional and {}-dimensional vectors",
-                a.len(),
-                b.len()
-            );
-        }
-        let distance = metric.row_distance(a, b);
-        if distance.total_cmp(&threshold).is_le() { writer.push(pa as u32, pb as u32, distance) } else { Ok(()) }
-    };
+    let mut pair = |a: Row, b: Row, pa: usize, pb: usize| scalar_pair(metric, threshold, &mut writer, (a, b), (pa, pb));
     let right_rows = (0..right.len()).map(|j| (right.row(j), j));
     let right_all: Vec<(Row, usize)> =
         right_rows.chain(right_odd.iter().enumerate().map(|(j, (_, b))| (Row::F64(b), right.len() + j))).collect();
@@ -611,24 +619,43 @@ pub(super) fn scalar_pairs(
     writer.flush()
 }
 
-/// A rewritten kNN's skipped base rows (at base positions `skipped`), each paired with every query
-/// with a NaN distance and rank 0: candidates for the sort above, which computes their distances
-/// itself (functions/rewrite.rs).
-pub(super) fn skipped_candidates(
-    queries: usize,
+/// One pair of [`scalar_pairs`]: rows `a` and `b` at output positions `pa` and `pb`, written when
+/// SQL's `<=` keeps their distance.
+pub(super) fn scalar_pair(
+    metric: Metric,
+    threshold: f64,
+    writer: &mut crate::backend::PairWriter,
+    (a, b): (Row, Row),
+    (pa, pb): (usize, usize),
+) -> Result<()> {
+    if a.len() != b.len() {
+        return exec_err!("sim_join: dimension mismatch: {}-dimensional and {}-dimensional vectors", a.len(), b.len());
+    }
+    let distance = metric.row_distance(a, b);
+    if distance.total_cmp(&threshold).is_le() { writer.push(pa as u32, pb as u32, distance) } else { Ok(()) }
+}
+
+/// A rewritten kNN's candidates beyond its lists, each with a NaN distance and rank 0 (the sort or
+/// window above computes their distances itself, functions/rewrite.rs and knn_join.rs): each of
+/// the `queries` queries with the skipped base rows at positions `skipped`, and each skipped query
+/// (positions `queries..queries + odd_queries`, as [`numbered_with_odd_rows`] numbers them) with
+/// every one of the `base` base positions — their distances are NULL or NaN, which SQL still orders.
+pub(super) fn odd_candidates(
+    (queries, odd_queries): (usize, usize),
     skipped: impl Iterator<Item = u32> + Clone,
+    base: usize,
     sink: &dyn ResultSink,
 ) -> Result<()> {
     let mut chunk = ResultChunk::default();
-    for q in 0..queries as u32 {
-        for position in skipped.clone() {
-            chunk.left.push(q);
-            chunk.right.push(position);
-            chunk.distance.push(f64::NAN);
-            chunk.rank.push(0);
-            if chunk.len() >= sink.chunk_rows() {
-                sink.send(std::mem::take(&mut chunk))?;
-            }
+    let normal = (0..queries as u32).flat_map(|q| skipped.clone().map(move |b| (q, b)));
+    let odd = (queries as u32..(queries + odd_queries) as u32).flat_map(|q| (0..base as u32).map(move |b| (q, b)));
+    for (q, position) in normal.chain(odd) {
+        chunk.left.push(q);
+        chunk.right.push(position);
+        chunk.distance.push(f64::NAN);
+        chunk.rank.push(0);
+        if chunk.len() >= sink.chunk_rows() {
+            sink.send(std::mem::take(&mut chunk))?;
         }
     }
     if chunk.is_empty() { Ok(()) } else { sink.send(chunk) }

@@ -15,7 +15,8 @@
 //! (a GPU run wants the base on the device in one piece, and the CPU's per-part searches are
 //! independent), the base's vectors would not be kept for a later query (read from files, not an
 //! in-memory table: exec/cache.rs), and no index over the whole base is asked for (`approx`, the
-//! List of Clusters). Edit distances keep the whole path. A range query planned from SQL also
+//! List of Clusters) and no keys group the rows (exec/keyed.rs). Edit distances keep the whole
+//! path. A range query planned from SQL also
 //! pairs the rows the operator skips by the scalar formula, part by part (stream.rs, `scalar_pairs`).
 
 use std::sync::{Arc, Mutex};
@@ -37,7 +38,7 @@ use tokio::sync::mpsc;
 
 use super::stream::{
     ConvertedSide, OddRows, Run, SimilarityMetrics, check_dimensions, collect_partition, compute, convert_side,
-    numbered_with_odd_rows, projected_columns, return_worker_pool, scalar_pairs, skipped_candidates, worker_pool,
+    numbered_with_odd_rows, odd_candidates, projected_columns, return_worker_pool, scalar_pairs, worker_pool,
 };
 use super::{InputSide, SimilarityExec};
 use crate::backend::{
@@ -75,6 +76,7 @@ pub(super) fn streams_base(exec: &SimilarityExec) -> bool {
         && exec.left.child != exec.right.child
         && exec.backend.searches_parts_on_cpu()
         && op.approx.is_none()
+        && op.keys.is_empty()
         && op.index != IndexChoice::ListOfClusters
         && !op.metric.is_text()
         && !reads_memory(&inputs[exec.right.child])
@@ -106,7 +108,8 @@ struct Search {
     queries: SideData,
     /// The queries as the output numbers them: their vectors' rows, then their odd rows'.
     query_rows: SideData,
-    /// The queries' rows a SQL-planned range query pairs by the scalar formula.
+    /// The queries' rows a SQL-planned range query pairs by the scalar formula, and a SQL-planned
+    /// kNN with every base row.
     query_odd: OddRows,
     base_side: InputSide,
     query_side: InputSide,
@@ -404,7 +407,8 @@ impl Search {
                         .for_each(|l| *l = k_smallest(std::mem::take(l), k))
                 });
                 found.skipped.extend(odd.iter().map(|(row, _)| offset + row));
-                let keep_all = self.builder.columns.contains(&OutputColumn::ScanOrder);
+                // A skipped query is a candidate with every base row (stream.rs, `odd_candidates`).
+                let keep_all = self.builder.columns.contains(&OutputColumn::ScanOrder) || !self.query_odd.is_empty();
                 let span = (offset, part.num_rows as u32);
                 let kept_part = KeptPart::new(&part.columns, span, &found.lists, &found.skipped, keep_all)?;
                 let kept_bytes: usize = kept_part.columns.iter().flatten().map(|c| c.get_array_memory_size()).sum();
@@ -440,8 +444,9 @@ impl Search {
 }
 
 /// kNN: each query's k nearest over all partitions, by (distance, scan order), sent ranked in
-/// query order; then a SQL-rewritten kNN's skipped base rows, each with every query, NaN and rank 0
-/// (candidates of the sort above it, as in the whole path).
+/// query order; then a SQL-rewritten kNN's skipped base rows, each with every query, and its
+/// skipped queries, each with every base row (then kept whole), NaN and rank 0 (candidates of the
+/// sort or window above it, as in the whole path).
 fn send_merged(search: &Search, partitions: Vec<PartitionLists>, k: usize) -> Result<()> {
     let total: usize = partitions.iter().map(|p| p.rows).sum();
     if total > u32::MAX as usize {
@@ -522,7 +527,7 @@ fn send_merged(search: &Search, partitions: Vec<PartitionLists>, k: usize) -> Re
     drop(partitions);
     let sink = BatchSender { search, base: &base };
     send_ranked(&sink, lists)?;
-    skipped_candidates(queries, skipped.iter().copied(), &sink)
+    odd_candidates((queries, search.query_odd.len()), skipped.iter().copied(), kept_rows, &sink)
 }
 
 /// Builds output batches from chunks against the queries and one base (a part, or kNN's merged

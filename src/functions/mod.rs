@@ -16,6 +16,7 @@ use crate::vectors::VectorSource;
 mod args;
 pub mod distance;
 mod knn;
+mod knn_join;
 mod range_query;
 pub mod rewrite;
 mod sim_join;
@@ -78,6 +79,7 @@ fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp
         tasks,
         scalar_semantics: false,
         approx,
+        keys: options.keys(),
     }
 }
 
@@ -133,8 +135,58 @@ fn table(
             op.metric
         );
     }
+    let mut op = op;
+    if !op.keys.is_empty() {
+        check_keys(&op, &first, second.as_ref(), names, cluster)?;
+        // Each group is a run of its own: on the GPU a launch each, which many small groups
+        // do not repay; `device=gpu` still runs them there.
+        if op.device == crate::op::Device::Auto {
+            op.device = crate::op::Device::Cpu;
+        }
+    }
     let backend = if cluster { backend::on_executor(&op)? } else { backend::choose(&op)? };
     Ok(Arc::new(SimilarityTable::new(op, first, second, backend)))
+}
+
+/// Option `keys`: not on a cluster, every key a column of both inputs whose types SQL's `=` can
+/// compare (the second's cast to the first's).
+fn check_keys(
+    op: &SimilarityOp,
+    first: &TableInput,
+    second: Option<&TableInput>,
+    names: [&str; 2],
+    cluster: bool,
+) -> Result<()> {
+    let function = op.function_name();
+    let keys = op.keys.join(" ");
+    if cluster {
+        return plan_err!("{function}: option keys={keys}: joins within equal keys do not run on a cluster");
+    }
+    let inputs = [(first, names[0]), (second.unwrap_or(first), names[1])];
+    for key in &op.keys {
+        let mut types = Vec::new();
+        for (input, name) in inputs {
+            let schema = input.provider.schema();
+            let Ok(field) = schema.field_with_name(key) else {
+                let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                return plan_err!(
+                    "{function}: option keys={keys}: argument '{name}' has no column '{key}' (its columns: {})",
+                    columns.join(", ")
+                );
+            };
+            types.push(field.data_type().clone());
+        }
+        if !datafusion::arrow::compute::can_cast_types(&types[1], &types[0]) {
+            return plan_err!(
+                "{function}: option keys={keys}: column '{key}' is {} in argument '{}' and {} in argument '{}', which do not compare",
+                types[0],
+                names[0],
+                types[1],
+                names[1]
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The base table and the query table (or constant vector) of `range_query` / `knn`.

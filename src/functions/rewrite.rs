@@ -3,8 +3,12 @@
 //!
 //! ```sql
 //! SELECT … FROM a JOIN b ON l2_distance(a.v, b.v) <= 0.5 [AND …]    -- sim_join(a, b, 0.5)
+//! SELECT … FROM a JOIN b ON a.zip = b.zip AND levenshtein(a.n, b.n) <= 2
+//!                                      -- sim_join(a, b, 2, 'metric=levenshtein, keys=…'), per zip
 //! SELECT … FROM t WHERE l2_distance(v, [0.1, 0.2]) <= 0.5 [AND …]   -- range_query(t, [0.1, 0.2], 0.5)
 //! SELECT … FROM t ORDER BY l2_distance(v, [0.1, 0.2]) LIMIT 10      -- knn(t, [0.1, 0.2], 10) candidates
+//! SELECT … FROM q, b QUALIFY ROW_NUMBER() OVER (PARTITION BY q.id
+//!     ORDER BY l2_distance(q.v, b.v)) <= 10                           -- knn(q, b, 10) candidates
 //! ```
 //!
 //! — the distance functions of `distance.rs`, DataFusion's `array_distance` (`list_distance`) and
@@ -21,11 +25,12 @@
 //! cosine. Their scalar distances can be NaN, and SQL's `<=` orders floats totally, so a NaN with
 //! its sign bit set (what `0/0` and `∞ − ∞` give on x86) passes any bound; L∞'s maximum ignores a
 //! NaN coordinate. So the rewritten operator runs with `SimilarityOp::scalar_semantics`: those
-//! rows too are compared, by the scalar formula, and kept as SQL keeps them. Joins with equality
-//! keys, outer joins, disjunctions, a distance bounded from below, a narrowing cast of an
-//! argument, a threshold of -0.0, and any join whose inputs the operator
-//! would reject (no list column, a text column under a vector metric): a rewrite never turns a
-//! valid query into an error.
+//! rows too are compared, by the scalar formula, and kept as SQL keeps them — within their key's
+//! group where the join has equality keys (exec/keyed.rs). Left as planned: outer joins,
+//! disjunctions, a distance bounded from below, a narrowing cast of an argument, a threshold of
+//! -0.0, keys compared with `IS NOT DISTINCT FROM`, and any join whose inputs the operator would
+//! reject (no list column, a text column under a vector metric): a rewrite never turns a valid
+//! query into an error.
 
 use std::sync::Arc;
 
@@ -33,7 +38,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::TableProvider;
 use datafusion::catalog::view::ViewTable;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, DFSchemaRef, Result, ScalarValue};
+use datafusion::common::{Column, DFSchemaRef, NullEquality, Result, ScalarValue};
 use datafusion::datasource::provider_as_source;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
@@ -54,7 +59,7 @@ const SCAN: &str = "simjoin_join";
 /// The qualifier of a rewritten ORDER BY … LIMIT's candidate scan.
 const NEAREST: &str = "simjoin_nearest";
 
-/// The rule; see the module docs.
+/// The rule; see the module docs (and `knn_join.rs` for kNN joins).
 #[derive(Debug, Default)]
 pub struct SimilarityJoinRewrite;
 
@@ -80,7 +85,11 @@ impl OptimizerRule for SimilarityJoinRewrite {
         let options = SimJoinOptions::of(&config.options());
         let rewritten = match &plan {
             LogicalPlan::Join(join) if options.rewrite_joins => rewrite_join(join, &options),
-            LogicalPlan::Filter(filter) if options.rewrite_scans => rewrite_range(filter, &options),
+            LogicalPlan::Filter(filter) => options
+                .rewrite_joins
+                .then(|| super::knn_join::rewrite_knn_join(filter, &options))
+                .flatten()
+                .or_else(|| options.rewrite_scans.then(|| rewrite_range(filter, &options)).flatten()),
             LogicalPlan::Sort(sort) if options.rewrite_scans => rewrite_nearest(sort, &options),
             _ => None,
         };
@@ -103,14 +112,20 @@ struct DistanceBound {
 /// The join as a scan of `sim_join` under a projection back to the join's columns, or `None`
 /// when the join is not of the shape or the operator would not take its inputs.
 fn rewrite_join(join: &Join, options: &SimJoinOptions) -> Option<LogicalPlan> {
-    if join.join_type != JoinType::Inner || !join.on.is_empty() {
+    if join.join_type != JoinType::Inner || join.null_equality != NullEquality::NullEqualsNothing {
+        return None;
+    }
+    // Equality keys (`ON a.zip = b.zip AND …`) make it a join within equal keys; not on a
+    // cluster, where the operator does not take them.
+    if !join.on.is_empty() && options.cluster {
         return None;
     }
     let (bound, rest) = take_conjunct(join.filter.as_ref()?, |c| distance_bound(c, join))?;
 
-    let options = SimJoinOptions { metric: bound.metric, ..options.clone() };
-    let left = view_input(&join.left, &bound.left, bound.metric, "left")?;
-    let right = view_input(&join.right, &bound.right, bound.metric, "right")?;
+    let (keys, [left_plan, right_plan]) = keyed_inputs(join)?;
+    let options = SimJoinOptions { metric: bound.metric, keys: keys.join(" "), ..options.clone() };
+    let left = view_input(&left_plan, &bound.left, bound.metric, "left")?;
+    let right = view_input(&right_plan, &bound.right, bound.metric, "right")?;
     let eps = checked_threshold(bound.threshold, bound.metric)?;
     let operation = Operation::SimJoin { eps, self_join: false, include_self: false, pairs: PairOrder::Ordered };
     let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(operation, &options) };
@@ -124,6 +139,24 @@ fn rewrite_join(join: &Join, options: &SimJoinOptions) -> Option<LogicalPlan> {
         builder = builder.filter(filter).ok()?;
     }
     builder.build().ok()
+}
+
+/// The join's equality keys as columns of its inputs: each input under a projection that adds its
+/// side's key expressions as `simjoin_key_0`, `simjoin_key_1`, … (DataFusion has cast both sides
+/// of each `=` to one type). No keys: the inputs as they are.
+pub(super) fn keyed_inputs(join: &Join) -> Option<(Vec<String>, [LogicalPlan; 2])> {
+    let keys: Vec<String> = (0..join.on.len()).map(|i| format!("simjoin_key_{i}")).collect();
+    let with_keys = |input: &Arc<LogicalPlan>, side: fn(&(Expr, Expr)) -> &Expr| -> Option<LogicalPlan> {
+        if keys.is_empty() {
+            return Some(input.as_ref().clone());
+        }
+        let columns = input.schema().columns().into_iter().map(Expr::Column);
+        let computed = join.on.iter().zip(&keys).map(|(pair, key)| side(pair).clone().alias(key));
+        LogicalPlanBuilder::from(input.clone()).project(columns.chain(computed)).ok()?.build().ok()
+    };
+    let left = with_keys(&join.left, |(l, _)| l)?;
+    let right = with_keys(&join.right, |(_, r)| r)?;
+    Some((keys, [left, right]))
 }
 
 /// `conjunct` as a distance bound between the join's two sides.
@@ -171,7 +204,7 @@ fn bounded_call(conjunct: &Expr) -> Option<(&ScalarFunction, Metric, f64)> {
 /// What `function` computes, for the functions the rule knows: simjoin's distance functions and
 /// DataFusion's `array_distance` (`list_distance`) and `levenshtein`. A metric's distance orders
 /// neighbours nearest first ascending, a dot product descending.
-fn formula(function: &str) -> Option<Formula> {
+pub(super) fn formula(function: &str) -> Option<Formula> {
     match function {
         "array_distance" | "list_distance" => Some(Formula::Metric(Metric::L2)),
         "levenshtein" => Some(Formula::Metric(Metric::Levenshtein)),
@@ -188,7 +221,7 @@ fn rewrite_range(filter: &Filter, options: &SimJoinOptions) -> Option<LogicalPla
         let (column, constant) = column_and_constant(call, filter.input.schema())?;
         Some((column, constant, metric, threshold))
     })?;
-    let options = SimJoinOptions { metric, ..options.clone() };
+    let options = SimJoinOptions { metric, keys: String::new(), ..options.clone() };
     let base = view_input(&filter.input, &column, metric, "base")?;
     let query = query_input(constant, metric)?;
     let radius = checked_threshold(threshold, metric)?;
@@ -233,7 +266,7 @@ fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan>
         return None;
     }
     let (column, constant) = column_and_constant(call, input.schema())?;
-    let options = SimJoinOptions { metric, ..options.clone() };
+    let options = SimJoinOptions { metric, keys: String::new(), ..options.clone() };
     let base = view_input(input, &column, metric, "base")?;
     let query = query_input(constant, metric)?;
     let op = SimilarityOp {
@@ -252,7 +285,7 @@ fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan>
 
 /// The function call a sort key orders by: the call itself, under an alias, or widened to Float64
 /// (`CAST(levenshtein(w, 'x') AS DOUBLE)`: exact and order-preserving, so the same rows come first).
-fn sort_call(expr: &Expr) -> Option<&ScalarFunction> {
+pub(super) fn sort_call(expr: &Expr) -> Option<&ScalarFunction> {
     match expr {
         Expr::Alias(alias) => sort_call(&alias.expr),
         Expr::Cast(cast) if *cast.field.data_type() == DataType::Float64 => sort_call(&cast.expr),
@@ -271,7 +304,7 @@ fn take_conjunct<'a, T>(predicate: &'a Expr, parse: impl Fn(&'a Expr) -> Option<
 
 /// A scan of the operator's table named `name` under a projection to `schema`: its column `i`
 /// is the table's `prefix(i)` + its name (`left_v`, `base_id`), under its own qualified name.
-fn scan_as(
+pub(super) fn scan_as(
     table: Arc<crate::table::SimilarityTable>,
     name: &str,
     schema: &DFSchemaRef,
@@ -326,7 +359,7 @@ fn query_input(constant: &Expr, metric: Metric) -> Option<TableInput> {
 
 /// `plan` as an input read by the operator, its vector (or text) column `column`; `None` when the
 /// operator would not take it.
-fn view_input(plan: &LogicalPlan, column: &Column, metric: Metric, argument: &str) -> Option<TableInput> {
+pub(super) fn view_input(plan: &LogicalPlan, column: &Column, metric: Metric, argument: &str) -> Option<TableInput> {
     let provider = Arc::new(ViewTable::new(plan.clone(), None));
     let index = plan.schema().index_of_column(column).ok()?;
     let name = plan.schema().field(index).name();
@@ -349,7 +382,7 @@ fn checked_threshold(threshold: f64, metric: Metric) -> Option<f64> {
 /// list of Float64 or to another string type (the coercions DataFusion adds, such as a
 /// FixedSizeList of Float32 to a List of Float64, which change no value, as the operator's own
 /// widening does not). A narrowing cast (to Float32 elements) would change the values: not taken.
-fn operand(expr: &Expr) -> Option<Column> {
+pub(super) fn operand(expr: &Expr) -> Option<Column> {
     match expr {
         Expr::Column(column) => Some(column.clone()),
         Expr::Cast(cast) => match cast.field.data_type() {
@@ -366,12 +399,12 @@ fn operand(expr: &Expr) -> Option<Column> {
 }
 
 #[derive(PartialEq)]
-enum Side {
+pub(super) enum Side {
     Left,
     Right,
 }
 
-fn side(join: &Join, column: &Column) -> Option<Side> {
+pub(super) fn side(join: &Join, column: &Column) -> Option<Side> {
     match (join.left.schema().has_column(column), join.right.schema().has_column(column)) {
         (true, false) => Some(Side::Left),
         (false, true) => Some(Side::Right),

@@ -58,6 +58,20 @@ impl Strings {
         self.offsets.push(self.chars.len());
     }
 
+    /// The strings at `positions`, in that order.
+    fn select(&self, positions: &[u32]) -> Strings {
+        if self.offsets.is_empty() {
+            return Strings::default();
+        }
+        let mut out = Strings { offsets: Vec::with_capacity(positions.len() + 1), chars: Vec::new() };
+        out.offsets.push(0);
+        for &p in positions {
+            out.chars.extend_from_slice(self.get(p as usize));
+            out.offsets.push(out.chars.len());
+        }
+        out
+    }
+
     /// The strings at `positions`.
     fn slice(&self, positions: std::ops::Range<usize>) -> Strings {
         let mut out = Strings::default();
@@ -150,6 +164,18 @@ impl Vectors {
             strings: self.strings.slice(positions.clone()),
             rows: self.rows[positions].to_vec(),
             skipped: 0,
+            ..Default::default()
+        }
+    }
+
+    /// A copy of the vectors at `positions`, in that order (its position i is `positions[i]` here).
+    pub fn select(&self, positions: &[u32]) -> Vectors {
+        Vectors {
+            dim: self.dim,
+            values: self.values.select(self.dim, positions),
+            strings: self.strings.select(positions),
+            rows: positions.iter().map(|&p| self.rows[p as usize]).collect(),
+            skipped: self.skipped,
             ..Default::default()
         }
     }

@@ -57,6 +57,17 @@ impl Values {
         }
     }
 
+    /// The rows of `dim` values at `positions`, in that order, as kept.
+    pub(super) fn select(&self, dim: usize, positions: &[u32]) -> Values {
+        fn gather<T: Copy>(v: &[T], dim: usize, positions: &[u32]) -> Vec<T> {
+            positions.iter().flat_map(|&p| &v[p as usize * dim..(p as usize + 1) * dim]).copied().collect()
+        }
+        match self {
+            Values::F64(v) => Values::F64(gather(v, dim, positions)),
+            Values::F32(v) => Values::F32(gather(v, dim, positions)),
+        }
+    }
+
     /// The values in `range`, as kept.
     pub(super) fn slice(&self, range: std::ops::Range<usize>) -> Values {
         match self {

@@ -146,8 +146,8 @@ async fn shapes_the_rule_cannot_prove_equal_stay_as_planned() {
     register(&ctx, "a", &a, 3, Shape::FixedF32);
     register(&ctx, "b", &b, 3, Shape::ListF64);
     for sql in [
-        // An equality key: a hash join with a filter.
-        "SELECT a.id, b.id, l2_distance(a.vector, b.vector) FROM a JOIN b ON a.id = b.id AND l2_distance(a.vector, b.vector) <= 0.5",
+        // Keys compared as NULL-safe equality.
+        "SELECT a.id, b.id, l2_distance(a.vector, b.vector) FROM a JOIN b ON (a.id IS NOT DISTINCT FROM b.id) AND l2_distance(a.vector, b.vector) <= 0.5",
         // A dot product bounded from above (a distance from below).
         "SELECT a.id, b.id, inner_product(a.vector, b.vector) FROM a JOIN b ON inner_product(a.vector, b.vector) <= 0.9",
         // A disjunction, a bound from below, an outer join, a narrowing cast.
@@ -232,4 +232,230 @@ async fn text_filters_and_orders_on_levenshtein() {
     let (want, plan) = same_with_and_without_rule(&ctx, sql).await;
     assert_eq!(want.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2, 3]);
     assert!(plan.contains("op=knn"), "{plan}");
+}
+
+/// The kNN join `SELECT … FROM q, b` ranked per query: as the window above it, `QUALIFY`, or a
+/// subquery with `WHERE rn …`. Rows are (query id, row number, distance): rows tied at the k-th
+/// distance (every base row of a NULL query) are SQL's to choose, their numbers and distances not.
+fn knn_join(distance: &str, order: &str, partition: &str, bound: &str, filter: &str) -> [String; 2] {
+    let window = format!("ROW_NUMBER() OVER (PARTITION BY {partition} ORDER BY {distance} {order})");
+    [
+        format!(
+            "SELECT q.id, CAST({window} AS BIGINT), coalesce({distance}, -1.0) FROM q, b {filter} QUALIFY {window} {bound}"
+        ),
+        format!(
+            "SELECT qid, CAST(rn AS BIGINT), coalesce(d, -1.0) FROM (SELECT q.id AS qid, {distance} AS d, {window} AS rn \
+             FROM b CROSS JOIN q {filter}) WHERE rn {bound}"
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn row_number_per_query_is_a_knn_join() {
+    let ctx = ctx();
+    register(&ctx, "q", &awkward(30, 4, 11), 4, Shape::ListF64);
+    register(&ctx, "b", &awkward(400, 4, 12), 4, Shape::FixedF32);
+    for (distance, order, partition, bound, filter) in [
+        ("l2_distance(q.vector, b.vector)", "", "q.id", "<= 3", ""),
+        ("array_distance(b.vector, q.vector)", "ASC", "q.id", "< 6", ""),
+        ("l1_distance(q.vector, b.vector)", "", "q.id", "= 1", ""),
+        ("linf_distance(q.vector, b.vector)", "", "q.id", "BETWEEN 2 AND 5", ""),
+        // The zero query's cosine distances are NaNs with the sign bit set, which come first.
+        ("cosine_distance(q.vector, b.vector)", "", "q.id", "<= 4", ""),
+        ("inner_product(q.vector, b.vector)", "DESC", "q.id", "<= 4", ""),
+        // The k nearest among the base rows a filter keeps, fewer than k for some.
+        ("l2_distance(q.vector, b.vector)", "", "q.id", "<= 7", "WHERE b.id % 3 = 0 AND q.id < 20"),
+        ("l2_distance(q.vector, b.vector)", "", "q.id", "<= 9", "WHERE b.id < 5"),
+        // Partitions of several queries (k nearest pairs of each), and one of all.
+        ("l2sq_distance(q.vector, b.vector)", "", "q.id % 4", "<= 5", ""),
+        ("l2_distance(q.vector, b.vector)", "", "q.id % 4, q.id % 3", "<= 2", ""),
+    ] {
+        for sql in knn_join(distance, order, partition, bound, filter) {
+            let (want, plan) = same_with_and_without_rule(&ctx, &sql).await;
+            assert!(plan.contains("SimilarityExec: op=knn"), "{sql}\n{plan}");
+            assert!(!want.is_empty(), "{sql}");
+        }
+    }
+    // No partition: the k nearest pairs of the whole cross join.
+    let sql = "SELECT q.id, b.id, l2_distance(q.vector, b.vector) AS d FROM q, b \
+               QUALIFY ROW_NUMBER() OVER (ORDER BY l2_distance(q.vector, b.vector)) <= 8";
+    let (want, plan) = same_with_and_without_rule(&ctx, sql).await;
+    assert!(plan.contains("SimilarityExec: op=knn, k=8"), "{plan}");
+    assert_eq!(want.len(), 8);
+    // Without ties the base rows themselves are the same.
+    register(&ctx, "q", &vectors(25, 5, 13), 5, Shape::FixedF32);
+    register(&ctx, "b", &vectors(300, 5, 14), 5, Shape::ListF64);
+    let sql = "SELECT q.id, b.id, l2_distance(q.vector, b.vector) FROM q JOIN b ON true \
+               QUALIFY ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY l2_distance(q.vector, b.vector)) <= 4";
+    assert_eq!(same_with_and_without_rule(&ctx, sql).await.0.len(), 100);
+}
+
+#[tokio::test]
+async fn ranks_and_other_windows_stay_as_planned() {
+    let ctx = ctx();
+    register(&ctx, "q", &vectors(20, 3, 15), 3, Shape::FixedF32);
+    register(&ctx, "b", &vectors(60, 3, 16), 3, Shape::FixedF32);
+    let d = "l2_distance(q.vector, b.vector)";
+    for window in [
+        // RANK keeps every row tied at the k-th distance.
+        format!("RANK() OVER (PARTITION BY q.id ORDER BY {d})"),
+        // A tie-break the lists do not follow; a partition key of the base side.
+        format!("ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d}, b.id DESC)"),
+        format!("ROW_NUMBER() OVER (PARTITION BY q.id, b.id % 2 ORDER BY {d})"),
+        // Farthest first.
+        format!("ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d} DESC)"),
+    ] {
+        let sql = format!("SELECT q.id, b.id, {d} FROM q, b QUALIFY {window} <= 3");
+        let plan = explain(&ctx, &format!("EXPLAIN {sql}")).await;
+        assert!(!plan.contains("SimilarityExec"), "{sql}\n{plan}");
+    }
+    // A condition between the two inputs; a bound from below only.
+    for sql in [
+        format!(
+            "SELECT q.id, b.id, {d} FROM q, b WHERE q.id <> b.id QUALIFY ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d}) <= 3"
+        ),
+        format!("SELECT q.id, b.id, {d} FROM q, b QUALIFY ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d}) > 3"),
+    ] {
+        let plan = explain(&ctx, &format!("EXPLAIN {sql}")).await;
+        assert!(!plan.contains("SimilarityExec"), "{sql}\n{plan}");
+    }
+}
+
+/// Tables `ak` and `bk`: `a` and `b` with keys `k` (Int64 in `ak`, Int32 in `bk`; NULL for some
+/// rows) and `k2` (text).
+async fn register_keyed(ctx: &datafusion::prelude::SessionContext) {
+    for sql in [
+        "CREATE OR REPLACE TABLE ak AS SELECT id, vector, CASE WHEN id % 17 = 0 THEN NULL ELSE id % 7 END AS k, \
+         CAST(id % 3 AS VARCHAR) AS k2 FROM a",
+        "CREATE OR REPLACE TABLE bk AS SELECT id, vector, CAST(CASE WHEN id % 13 = 0 THEN NULL ELSE id % 5 END AS INT) AS k, \
+         CAST(id % 2 AS VARCHAR) AS k2 FROM b",
+    ] {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn equality_keys_and_a_distance_bound_are_a_join_within_keys() {
+    let ctx = ctx();
+    let (a, b) = (awkward(300, 4, 21), awkward(250, 4, 22));
+    register(&ctx, "a", &a, 4, Shape::FixedF32);
+    register(&ctx, "b", &b, 4, Shape::ListF64);
+    register_keyed(&ctx).await;
+    for (function, metric) in [("l2_distance", "l2"), ("cosine_distance", "cosine"), ("linf_distance", "linf")] {
+        let t = threshold(metric, &a, 0.2);
+        for sql in [
+            format!(
+                "SELECT a.id, b.id, {function}(a.vector, b.vector) FROM ak a JOIN bk b ON a.k = b.k AND {function}(a.vector, b.vector) <= {t}"
+            ),
+            // Either order, two keys, another condition kept as a filter, a self-join.
+            format!(
+                "SELECT a.id, b.id, {function}(b.vector, a.vector) FROM bk b JOIN ak a ON b.k2 = a.k2 AND a.k = b.k AND {function}(b.vector, a.vector) < {t} AND a.id < b.id"
+            ),
+            format!(
+                "SELECT a.id, b.id, {function}(a.vector, b.vector) FROM ak a, ak b WHERE a.k = b.k AND {function}(a.vector, b.vector) <= {t}"
+            ),
+            // A key computed from the rows.
+            format!(
+                "SELECT a.id, b.id, {function}(a.vector, b.vector) FROM ak a JOIN bk b ON a.id % 4 = b.id % 4 AND {function}(a.vector, b.vector) <= {t}"
+            ),
+        ] {
+            let (want, plan) = same_with_and_without_rule(&ctx, &sql).await;
+            assert!(plan.contains("op=sim_join") && plan.contains("keys=["), "{sql}\n{plan}");
+            assert!(want.len() >= 20, "{sql}: {} rows", want.len());
+        }
+    }
+    // Text within keys, a NULL string and the empty string among them.
+    register_words(&ctx, true);
+    ctx.sql("CREATE TABLE wk AS SELECT id, w, id % 3 AS g FROM words").await.unwrap().collect().await.unwrap();
+    let sql = "SELECT a.id, b.id, CAST(levenshtein(a.w, b.w) AS DOUBLE) FROM wk a JOIN wk b ON a.g = b.g AND levenshtein(a.w, b.w) <= 2";
+    let (want, plan) = same_with_and_without_rule(&ctx, sql).await;
+    assert!(plan.contains("metric=levenshtein") && plan.contains("keys=[simjoin_key_0]"), "{plan}");
+    assert!(want.len() > 10, "{} rows", want.len());
+}
+
+#[tokio::test]
+async fn the_keys_option_joins_within_equal_keys() {
+    let ctx = ctx();
+    let (a, b) = (vectors(400, 3, 23), vectors(300, 3, 24));
+    register(&ctx, "a", &a, 3, Shape::FixedF32);
+    register(&ctx, "b", &b, 3, Shape::FixedF32);
+    register_keyed(&ctx).await;
+    let t = threshold("l2", &a, 0.1);
+    ctx.sql("SET simjoin.rewrite_joins = false").await.unwrap();
+    for (call, plain) in [
+        (
+            format!("SELECT left_id, right_id, distance FROM sim_join(ak, bk, {t}, 'keys=k')"),
+            format!(
+                "SELECT a.id, b.id, l2_distance(a.vector, b.vector) FROM ak a JOIN bk b ON a.k = b.k AND l2_distance(a.vector, b.vector) <= {t}"
+            ),
+        ),
+        (
+            format!(
+                "SELECT left_id, right_id, distance FROM sim_join(ak, {t}, 'keys=k k2, pairs=unordered, device=cpu')"
+            ),
+            format!(
+                "SELECT a.id, b.id, l2_distance(a.vector, b.vector) FROM ak a JOIN ak b ON a.k = b.k AND a.k2 = b.k2 AND a.id < b.id AND l2_distance(a.vector, b.vector) <= {t}"
+            ),
+        ),
+    ] {
+        let want = rows(&ctx, &plain).await;
+        assert!(want.len() >= 20, "{plain}: {} rows", want.len());
+        check(&ctx, &call, &want).await;
+        let plan = explain(&ctx, &format!("EXPLAIN {call}")).await;
+        assert!(plan.contains("keys=[k"), "{plan}");
+    }
+    let got = crate::common::error(&ctx, &format!("SELECT * FROM sim_join(ak, bk, {t}, 'keys=zip')")).await;
+    assert!(got.contains("sim_join: option keys=zip: argument 'left' has no column 'zip'"), "{got}");
+}
+
+#[tokio::test]
+async fn knn_joins_and_range_queries_within_equal_keys() {
+    let ctx = ctx();
+    register(&ctx, "a", &awkward(40, 4, 31), 4, Shape::ListF64);
+    register(&ctx, "b", &awkward(300, 4, 32), 4, Shape::FixedF32);
+    register_keyed(&ctx).await;
+    let d = "l2_distance(q.vector, b.vector)";
+    let window = format!("ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d})");
+    for sql in [
+        format!(
+            "SELECT q.id, CAST({window} AS BIGINT), coalesce({d}, -1.0) FROM ak q JOIN bk b ON q.k = b.k QUALIFY {window} <= 4"
+        ),
+        // More than some groups hold; two keys; the keys written in WHERE.
+        format!(
+            "SELECT q.id, CAST({window} AS BIGINT), coalesce({d}, -1.0) FROM ak q JOIN bk b ON q.k = b.k AND q.k2 = b.k2 QUALIFY {window} <= 30"
+        ),
+        format!(
+            "SELECT qid, CAST(rn AS BIGINT), coalesce(dist, -1.0) FROM (SELECT q.id AS qid, {d} AS dist, {window} AS rn \
+             FROM bk b, ak q WHERE b.k = q.k) WHERE rn <= 3"
+        ),
+    ] {
+        let (want, plan) = same_with_and_without_rule(&ctx, &sql).await;
+        assert!(plan.contains("op=knn") && plan.contains("keys=[simjoin_key_0"), "{sql}\n{plan}");
+        assert!(!want.is_empty(), "{sql}");
+    }
+
+    // The table functions' option, against the same SQL as DataFusion plans it (no ties here).
+    register(&ctx, "a", &vectors(60, 3, 33), 3, Shape::FixedF32);
+    register(&ctx, "b", &vectors(400, 3, 34), 3, Shape::ListF64);
+    register_keyed(&ctx).await;
+    let r = threshold("l2", &vectors(400, 3, 34), 0.1);
+    ctx.sql("SET simjoin.rewrite_joins = false").await.unwrap();
+    for (call, plain) in [
+        (
+            "SELECT query_id, base_id, distance, rank FROM knn(bk, ak, 3, 'keys=k')".to_string(),
+            format!(
+                "SELECT q.id, b.id, {d}, CAST({window} AS BIGINT) FROM ak q JOIN bk b ON q.k = b.k QUALIFY {window} <= 3"
+            ),
+        ),
+        (
+            format!("SELECT query_id, base_id, distance FROM range_query(bk, ak, {r}, 'keys=k k2')"),
+            format!("SELECT q.id, b.id, {d} FROM ak q JOIN bk b ON q.k = b.k AND q.k2 = b.k2 AND {d} <= {r}"),
+        ),
+    ] {
+        let want = rows(&ctx, &plain).await;
+        assert!(want.len() >= 20, "{plain}: {} rows", want.len());
+        check(&ctx, &call, &want).await;
+    }
+    let got = crate::common::error(&ctx, "SELECT * FROM knn(bk, [0.5, 0.5, 0.5], 3, 'keys=k')").await;
+    assert!(got.contains("knn: option keys=k: argument 'query' has no column 'k'"), "{got}");
 }

@@ -126,6 +126,27 @@ async fn a_base_searched_part_by_part_answers_as_one_held_whole() {
     assert!(streamed.len() >= 50, "{} rows", streamed.len());
     assert_eq!(streamed, whole);
 
+    // A kNN join written with a window, its queries holding a NULL vector and a NaN: each such
+    // query is a candidate with every row of the file (its distances are NULL or NaN, which SQL
+    // still ranks), and the row numbers and distances are the table's held whole.
+    let mut odd_queries: Vec<Option<Vec<f64>>> = random(4 * 3, 47).chunks(3).map(|c| Some(c.to_vec())).collect();
+    odd_queries[1] = None;
+    odd_queries[2].as_mut().unwrap()[0] = f64::NAN;
+    register(&ctx, "odd_queries", &odd_queries, 3, Shape::ListF64);
+    let ranked = |from: &str| {
+        let d = "l2_distance(q.vector, b.vector)";
+        format!(
+            "SELECT q.id * 100 + CAST(ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d}) AS BIGINT), {d} \
+             FROM odd_queries q, {from} b QUALIFY ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d}) <= 6 ORDER BY 1"
+        )
+    };
+    let from_files = ranked("filed");
+    let plan = explain(&ctx, &format!("EXPLAIN {from_files}")).await;
+    assert!(plan.contains("op=knn") && plan.contains(PARTS), "{from_files}\n{plan}");
+    let (streamed, whole) = (answer(from_files).await, answer(ranked("whole")).await);
+    assert_eq!(streamed.len(), 24);
+    assert_eq!(streamed, whole);
+
     // Vectors of another dimension fail as they do held whole.
     register(&ctx, "flat", &[Some(vec![0.5, 0.5])], 2, Shape::FixedF32);
     let mismatch = error(&ctx, &format!("SELECT * FROM knn('{path}', flat, 3)")).await;
