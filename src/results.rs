@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
+    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
 };
-use datafusion::arrow::compute::take;
+use datafusion::arrow::compute::{concat, interleave, take};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{Result, internal_err};
 
@@ -86,12 +86,75 @@ pub enum OutputColumn {
     ScanOrder,
 }
 
+/// One column of an input that the output takes rows from: one array, or the arrays of the
+/// input's batches as they came (rows numbered across them), taken from with Arrow's `interleave`.
+/// Concatenating the batches first copied the whole column to output a few of its rows: a kNN join
+/// written in SQL projects the base's vector column (a 1M × 128 f32 base: 512 MB) for the window
+/// above the operator (docs/optimisations.md, v151).
+#[derive(Debug, Clone)]
+pub enum InputColumn {
+    Whole(ArrayRef),
+    /// The batches' arrays, and the input row each starts at.
+    Parts(Vec<ArrayRef>, Vec<usize>),
+}
+
+impl InputColumn {
+    /// The column of `arrays`, one batch's each, in order (at least one).
+    pub fn of(mut arrays: Vec<ArrayRef>) -> InputColumn {
+        if arrays.len() == 1 {
+            return InputColumn::Whole(arrays.remove(0));
+        }
+        let starts = arrays
+            .iter()
+            .scan(0, |row, a| {
+                let start = *row;
+                *row += a.len();
+                Some(start)
+            })
+            .collect();
+        InputColumn::Parts(arrays, starts)
+    }
+
+    /// The rows `rows`, in that order.
+    pub fn take(&self, rows: &UInt32Array) -> Result<ArrayRef> {
+        match self {
+            InputColumn::Whole(array) => Ok(take(array, rows, None)?),
+            InputColumn::Parts(arrays, starts) => {
+                let at: Vec<(usize, usize)> = (rows.values().iter())
+                    .map(|&row| {
+                        let part = starts.partition_point(|&s| s <= row as usize) - 1;
+                        (part, row as usize - starts[part])
+                    })
+                    .collect();
+                let arrays: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+                Ok(interleave(&arrays, &at)?)
+            }
+        }
+    }
+
+    /// All rows in one array.
+    pub fn whole(&self) -> Result<ArrayRef> {
+        match self {
+            InputColumn::Whole(array) => Ok(array.clone()),
+            InputColumn::Parts(arrays, _) => Ok(concat(&arrays.iter().map(|a| a.as_ref()).collect::<Vec<_>>())?),
+        }
+    }
+
+    /// Bytes its arrays take.
+    pub fn memory_size(&self) -> usize {
+        match self {
+            InputColumn::Whole(array) => array.get_array_memory_size(),
+            InputColumn::Parts(arrays, _) => arrays.iter().map(|a| a.get_array_memory_size()).sum(),
+        }
+    }
+}
+
 /// One side of the output: the input's columns the output takes rows from and its vectors
 /// (positions → rows).
 #[derive(Debug, Clone)]
 pub struct SideData {
-    /// Column `i` of the input, all rows in one array, where the output projects it; else `None`.
-    pub columns: Vec<Option<ArrayRef>>,
+    /// Column `i` of the input where the output projects it; else `None`.
+    pub columns: Vec<Option<InputColumn>>,
     /// Rows of the input.
     pub num_rows: usize,
     /// The usable vectors of the input.
@@ -99,7 +162,7 @@ pub struct SideData {
 }
 
 impl SideData {
-    fn column(&self, i: usize) -> Result<&ArrayRef> {
+    fn column(&self, i: usize) -> Result<&InputColumn> {
         match self.columns.get(i) {
             Some(Some(column)) => Ok(column),
             _ => internal_err!("output column {i} was not collected from its input"),
@@ -177,11 +240,11 @@ impl BatchBuilder {
             arrays.push(match *column {
                 OutputColumn::Left(i) => {
                     let idx = left_rows.get_or_insert_with(|| rows(&chunk.left[range.clone()], left));
-                    take(left.column(i)?, idx, None)?
+                    left.column(i)?.take(idx)?
                 }
                 OutputColumn::Right(i) => {
                     let idx = right_rows.get_or_insert_with(|| rows(&chunk.right[range.clone()], right));
-                    take(right.column(i)?, idx, None)?
+                    right.column(i)?.take(idx)?
                 }
                 OutputColumn::Distance => Arc::new(Float64Array::from(chunk.distance[range.clone()].to_vec())),
                 OutputColumn::Rank => {

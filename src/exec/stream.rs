@@ -7,8 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, new_empty_array};
-use datafusion::arrow::compute::concat;
+use datafusion::arrow::array::{RecordBatch, UInt32Array, new_empty_array};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, exec_err};
@@ -27,7 +26,7 @@ use super::share::{Share, divided_child, self_join_pairs_only, share_partitions,
 use super::{InputSide, SimilarityExec, WholeInputExec};
 use crate::backend::{Backend, JoinRequest, KnnRequest, MapSink, ResultChunk, ResultSink, RunStats, SelfJoin, Wanted};
 use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
-use crate::results::{BatchBuilder, OutputColumn, SideData};
+use crate::results::{BatchBuilder, InputColumn, OutputColumn, SideData};
 use crate::vectors::{Row, Vectors, skipped_values};
 
 /// The operator's metrics (EXPLAIN ANALYZE).
@@ -340,7 +339,7 @@ impl Run {
         let kept: usize = [&left, &right][..if same_input { 1 } else { 2 }]
             .iter()
             .flat_map(|side| side.columns.iter().flatten())
-            .map(|c| c.get_array_memory_size())
+            .map(InputColumn::memory_size)
             .sum();
         reservation.shrink(collected_bytes);
         reservation.try_grow(kept)?;
@@ -516,12 +515,11 @@ pub(super) fn convert_side(
     let reject_zero = op.metric == Metric::Cosine;
     let describe = format!("{}: {}", op.function_name(), input.describe);
     let (vectors, cached) = cache::vectors(cache, schema, parts, &input.source, reject_zero, &describe, op.cache_size)?;
-    let column = |i: usize| -> Result<Option<ArrayRef>> {
+    let column = |i: usize| -> Result<Option<InputColumn>> {
         Ok(match parts {
             _ if !projected[i] => None,
-            [] => Some(new_empty_array(schema.field(i).data_type())),
-            [only] => Some(only.column(i).clone()),
-            _ => Some(concat(&parts.iter().map(|b| b.column(i).as_ref()).collect::<Vec<_>>())?),
+            [] => Some(InputColumn::Whole(new_empty_array(schema.field(i).data_type()))),
+            _ => Some(InputColumn::of(parts.iter().map(|b| b.column(i).clone()).collect())),
         })
     };
     let columns = (0..schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;

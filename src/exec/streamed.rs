@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, new_empty_array};
-use datafusion::arrow::compute::{concat, take};
+use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::common::runtime::SpawnedTask;
@@ -45,7 +45,7 @@ use crate::backend::{
     Backend, Collector, Neighbour, Ranked, ResultChunk, ResultSink, RunStats, Wanted, k_smallest, send_ranked,
 };
 use crate::op::{IndexChoice, Operation, SimilarityOp};
-use crate::results::{BatchBuilder, OutputColumn, SideData};
+use crate::results::{BatchBuilder, InputColumn, OutputColumn, SideData};
 use crate::vectors::Vectors;
 
 /// A part is searched once its batches hold this many rows or bytes (the whole partition when it
@@ -160,15 +160,19 @@ impl KeptPart {
     /// (the copy would cost more than it saves), or where the output numbers base rows by their
     /// scan order (a cluster task's `ScanOrder`, which reads rows at their positions).
     fn new(
-        columns: &[Option<ArrayRef>],
+        columns: &[Option<InputColumn>],
         (first, len): (u32, u32),
         lists: &[Vec<Neighbour>],
         skipped: &[u32],
         keep_all: bool,
     ) -> Result<Self> {
-        let whole = || KeptPart { first, len, rows: None, columns: columns.to_vec() };
+        let whole = || -> Result<Self> {
+            let columns =
+                columns.iter().map(|c| c.as_ref().map(InputColumn::whole).transpose()).collect::<Result<_>>()?;
+            Ok(KeptPart { first, len, rows: None, columns })
+        };
         if keep_all {
-            return Ok(whole());
+            return whole();
         }
         let in_part = |row: &u32| (first..first + len).contains(row);
         let mut named: Vec<u32> =
@@ -176,11 +180,10 @@ impl KeptPart {
         named.sort_unstable();
         named.dedup();
         if named.len() * 2 >= len as usize {
-            return Ok(whole());
+            return whole();
         }
         let at = UInt32Array::from_iter_values(named.iter().map(|row| row - first));
-        let columns =
-            columns.iter().map(|c| c.as_ref().map(|c| take(c, &at, None)).transpose()).collect::<Result<_, _>>()?;
+        let columns = columns.iter().map(|c| c.as_ref().map(|c| c.take(&at)).transpose()).collect::<Result<_>>()?;
         Ok(KeptPart { first, len, rows: Some(named), columns })
     }
 
@@ -242,7 +245,7 @@ pub(super) async fn start(
     metrics.input_rows.add(queries.num_rows);
     metrics.skipped_rows.add(queries.vectors.skipped);
     reservation.shrink(collected_bytes);
-    let kept: usize = queries.columns.iter().flatten().map(|c| c.get_array_memory_size()).sum();
+    let kept: usize = queries.columns.iter().flatten().map(InputColumn::memory_size).sum();
     reservation.try_grow(kept + queries.vectors.values.bytes())?;
 
     // kNN's lists, held until the merge: every partition's and the merged.
@@ -378,7 +381,7 @@ impl Search {
         let (part, _, odd) =
             convert_side(&self.op, None, &self.base_schema, &batches, &self.base_side, &self.projected)?;
         drop(batches);
-        let kept: usize = part.columns.iter().flatten().map(|c| c.get_array_memory_size()).sum();
+        let kept: usize = part.columns.iter().flatten().map(InputColumn::memory_size).sum();
         let vector_bytes = part.vectors.values.bytes();
         self.reservation.shrink(bytes);
         self.reservation.try_grow(kept + vector_bytes)?;
@@ -517,7 +520,9 @@ fn send_merged(search: &Search, partitions: Vec<PartitionLists>, k: usize) -> Re
             columns => concat(columns)?,
         }))
     };
-    let columns = (0..search.base_schema.fields().len()).map(column).collect::<Result<Vec<_>>>()?;
+    let columns = (0..search.base_schema.fields().len())
+        .map(|i| Ok(column(i)?.map(InputColumn::Whole)))
+        .collect::<Result<Vec<_>>>()?;
     let base = SideData {
         columns,
         num_rows: kept_rows,

@@ -13,14 +13,17 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Float64Builder, LargeListArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float64Array, Float64Builder, LargeListArray,
+};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, Float64Type};
+use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type};
 use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
 use super::args::parse_vector_text;
 use crate::op::{Metric, dot};
+use crate::vectors::Row;
 
 /// What a function computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,10 +72,12 @@ impl DistanceFunction {
         Self { name, formula, signature: Signature::any(2, Volatility::Immutable) }
     }
 
-    fn compute(&self, a: &[f64], b: &[f64]) -> f64 {
+    /// The formula over two rows, each value widened to f64 as it is read (exact: the same bits
+    /// as over rows widened beforehand).
+    fn compute(&self, a: Row, b: Row) -> f64 {
         match self.formula {
-            Formula::Metric(metric) => metric.distance(a, b),
-            Formula::Dot => dot(a, b),
+            Formula::Metric(metric) => metric.row_distance(a, b),
+            Formula::Dot => crate::on_rows!(a, b, |x, y| dot(x, y)),
         }
     }
 }
@@ -139,6 +144,10 @@ impl ScalarUDFImpl for DistanceFunction {
 
 /// One argument's vectors: a column of them, or one constant vector for every row.
 enum Vectors {
+    /// A column of fixed-size Float32 lists (what Parquet writers give embeddings), read in place:
+    /// widening every value into a new f64 list column first took more time than the distances
+    /// (docs/optimisations.md, v151).
+    FixedF32(FixedSizeListArray),
     Column(LargeListArray),
     Constant(Option<Vec<f64>>),
 }
@@ -155,6 +164,9 @@ impl Vectors {
                     return exec_err!(
                         "{function}: argument {position} is a text column; vectors as text are accepted as constants ('[0.1, 0.2]')"
                     );
+                }
+                DataType::FixedSizeList(item, _) if *item.data_type() == DataType::Float32 => {
+                    Vectors::FixedF32(array.as_fixed_size_list().clone())
                 }
                 _ => Vectors::Column(as_f64_lists(array)?),
             },
@@ -177,10 +189,21 @@ impl Vectors {
     }
 
     /// Row `i`'s vector, or `None` when it is NULL or holds a NULL.
-    fn row(&self, i: usize) -> Option<&[f64]> {
+    fn row(&self, i: usize) -> Option<Row<'_>> {
         match self {
-            Vectors::Column(lists) => row_of(lists, i),
-            Vectors::Constant(values) => values.as_deref(),
+            Vectors::FixedF32(lists) => {
+                if lists.is_null(i) {
+                    return None;
+                }
+                let (start, dim) = (lists.value_offset(i) as usize, lists.value_length() as usize);
+                let values = lists.values().as_primitive::<Float32Type>();
+                if values.nulls().is_some_and(|nulls| (start..start + dim).any(|j| nulls.is_null(j))) {
+                    return None;
+                }
+                Some(Row::F32(&values.values()[start..start + dim]))
+            }
+            Vectors::Column(lists) => row_of(lists, i).map(Row::F64),
+            Vectors::Constant(values) => values.as_deref().map(Row::F64),
         }
     }
 }
