@@ -77,11 +77,10 @@ pub use options::SimJoinOptions;
 #[doc(hidden)]
 pub mod internal {
     #[cfg(feature = "gpu")]
-    pub use crate::backend::force_approx_search;
-    #[cfg(feature = "gpu")]
     pub use crate::gpu::probe as gpu_probe;
     #[cfg(feature = "gpu")]
     pub use crate::gpu::startup::in_flight as gpu_startup_in_flight;
+    pub use crate::op::Checks;
 }
 
 /// Adds simjoin to `ctx`, keeping what the session already holds (its id, configuration,

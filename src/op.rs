@@ -249,6 +249,9 @@ pub struct Approx {
     /// Higher is slower and more accurate: the candidates taken from each curve scale with it, and
     /// on the cores the graph search's seeds and pool.
     pub effort: f64,
+    /// [`Checks::curves_alone`].
+    #[serde(default)]
+    pub curves_alone: bool,
 }
 
 /// `approx_effort`'s default.
@@ -412,6 +415,24 @@ pub struct SimilarityOp {
     /// within each group of equal keys (exec/keyed.rs); NULL keys match nothing.
     #[serde(default)]
     pub keys: Vec<String>,
+    /// The self-test's and benchmarks' switches ([`Checks`]).
+    #[serde(default)]
+    pub checks: Checks,
+}
+
+/// Switches of the self-test and the benchmarks, set on a session from Rust
+/// ([`crate::options::SimJoinOptions::set_checks`]), never by `SET`: they choose how a run is
+/// divided or which search runs, which the answers must not depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Checks {
+    /// `device=auto`: this share of every divisible run's left rows (queries) goes to the GPU and
+    /// the rest to the cores, whatever the estimates say.
+    pub gpu_share: Option<f64>,
+    /// Approximate kNN on the GPU: the Multicurves index is searched there even where the exact
+    /// kNN is estimated faster.
+    pub approx_search_on_gpu: bool,
+    /// Approximate kNN on the cores: the search goes by the curves alone, without the kNN graph.
+    pub curves_alone: bool,
 }
 
 impl SimilarityOp {

@@ -53,6 +53,8 @@ pub struct SimJoinOptions {
     /// configuration carries Ballista's): each executor then chooses the device of its part, and
     /// the client and the scheduler open no GPU.
     pub cluster: bool,
+    /// Set, not by `SET`, by the self-test and the benchmarks ([`SimJoinOptions::set_checks`]).
+    pub checks: crate::op::Checks,
 }
 
 /// The most shares a call's work may be divided into on a cluster (each is a task).
@@ -99,6 +101,7 @@ impl Default for SimJoinOptions {
             approx: false,
             approx_effort: crate::op::DEFAULT_APPROX_EFFORT,
             cluster: false,
+            checks: crate::op::Checks::default(),
         }
     }
 }
@@ -158,6 +161,17 @@ impl SimJoinOptions {
         #[cfg(not(feature = "cluster"))]
         let cluster = false;
         Self { cluster, ..config.extensions.get::<SimJoinOptions>().cloned().unwrap_or_default() }
+    }
+
+    /// Sets the self-test's and benchmarks' switches on `ctx`'s session (its later queries).
+    pub fn set_checks(ctx: &datafusion::prelude::SessionContext, checks: crate::op::Checks) {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        let extensions = &mut state.config_mut().options_mut().extensions;
+        match extensions.get_mut::<SimJoinOptions>() {
+            Some(options) => options.checks = checks,
+            None => extensions.insert(SimJoinOptions { checks, ..Default::default() }),
+        }
     }
 
     /// Sets one option by name, with the messages the SQL `SET` and the options string share.

@@ -17,6 +17,8 @@ use datafusion::prelude::SessionContext;
 
 use crate::Metric;
 use crate::datagen::{self, Distribution};
+use crate::op::Checks;
+use crate::options::SimJoinOptions;
 
 /// (left or query id, right or base id, distance bits, kNN rank or 0).
 type Row = (i64, i64, u64, i64);
@@ -501,7 +503,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     }
     // Runs divided between the GPU and the CPU cores (device=auto with a forced share of the
     // left rows for the GPU): the same answers as the CPU alone.
-    crate::backend::force_gpu_share(Some(0.37));
+    SimJoinOptions::set_checks(&ctx, Checks { gpu_share: Some(0.37), ..Checks::default() });
     for (name, values, dim) in [&datasets[1], &datasets[5], &datasets[7]] {
         let n = register_pair(&ctx, values, *dim)?;
         for metric in [Metric::L2, Metric::L1, Metric::Cosine] {
@@ -519,20 +521,18 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     let what = "a kNN divided between the GPU and the CPU";
     failures +=
         check_metric(&ctx, &mut cases, explain, "divided_cpu_rows", what, |rows| rows > 0, "more than 0").await?;
-    crate::backend::force_gpu_share(None);
+    SimJoinOptions::set_checks(&ctx, Checks::default());
     // The approximate kNN's search of the Multicurves index on the GPU (forced where the exact kNN
     // would be estimated faster): exact distances and ranks, and the recall of the cores' search
     // of the same candidates (by the curves alone, without the graph) or better.
-    crate::backend::force_approx_search(true);
-    crate::backend::force_curves_search(true);
+    SimJoinOptions::set_checks(&ctx, Checks { approx_search_on_gpu: true, curves_alone: true, ..Checks::default() });
     for (name, values, dim) in [&datasets[2], &datasets[4], &datasets[7], &datasets[8]] {
         let n = register_pair(&ctx, values, *dim)?;
         for metric in [Metric::L2, Metric::Cosine, Metric::L1, Metric::LInf] {
             failures += check_approx(&ctx, metric, &format!("{name} | {n} × {dim}"), &mut cases).await?;
         }
     }
-    crate::backend::force_approx_search(false);
-    crate::backend::force_curves_search(false);
+    SimJoinOptions::set_checks(&ctx, Checks::default());
     if let Ok(device) = &gpu
         && cases.runs("Multicurves ordered on the device")
     {

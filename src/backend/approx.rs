@@ -30,7 +30,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datafusion::common::Result;
@@ -79,24 +79,15 @@ const BOUND_SLACK: f32 = 1e-4;
 /// docs/optimisations.md, v146).
 const GRAPH_QUERIES_PER_ROW: f64 = 0.5;
 
-/// Whether every approximate kNN on the cores searches by the curves alone (`simjoin selftest`
-/// compares the GPU's search, which ranks the same candidates by their whole distance, with it).
-static CURVES_ALONE: AtomicBool = AtomicBool::new(false);
-
-/// Makes the cores' approximate kNN search by the curves alone whatever the base (`false`: as
-/// [`walks_graph`] decides again). For the self-test.
-#[cfg(feature = "gpu")]
-pub fn force_curves_search(forced: bool) {
-    CURVES_ALONE.store(forced, Ordering::Relaxed);
-}
-
 /// Whether the cores search `base` with the kNN graph (built first where it is not): where the
 /// base is kept (later queries reuse the graph) or the queries are many enough to repay its
 /// build, and the base has more rows than the curves' search takes entries (otherwise that search
 /// reads about every row, and answers exactly where it does).
 pub(super) fn walks_graph(request: &KnnRequest, approx: Approx, k: usize) -> bool {
     let n = request.base.len();
-    !CURVES_ALONE.load(Ordering::Relaxed)
+    // The self-test compares the GPU's search, which ranks the same candidates by their whole
+    // distance, with the curves' alone (`Checks::curves_alone`).
+    !approx.curves_alone
         && n > CURVES * approx.per_curve(k)
         && (request.base.resident().is_some() || request.queries.len() as f64 >= GRAPH_QUERIES_PER_ROW * n as f64)
 }

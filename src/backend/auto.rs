@@ -31,7 +31,7 @@ use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{cached_startup, startup_left, warm_up};
 use crate::gpu::{GpuDevice, MAX_DEVICES, ResidentKey};
 use crate::index::{CostInputs, JoinStrategy, brute_force_run_ns, estimate_strategy};
-use crate::op::Devices;
+use crate::op::{Checks, Devices};
 use crate::vectors::Vectors;
 
 /// One GPU against one CPU core on a brute-force run (kNN, or a join without the grid). On the H100
@@ -108,19 +108,21 @@ pub struct AutoBackend {
     modules: &'static [KernelModule],
     /// What the last run chose, for EXPLAIN ANALYZE.
     last_choice: Mutex<Option<String>>,
+    /// The self-test's and benchmarks' switches (a forced share for the GPU, a forced search).
+    checks: Checks,
 }
 
 impl AutoBackend {
     /// The backend that decides per run between the GPU (launching `modules`) and the CPU. The
     /// GPU's start-up begins when the plan is made ([`Backend::for_inputs`]), where it can pay.
-    pub fn new(memory_limit: usize, devices: Devices, modules: &'static [KernelModule]) -> Self {
-        Self { memory_limit, devices, gpu_only: false, modules, last_choice: Mutex::new(None) }
+    pub fn new(memory_limit: usize, devices: Devices, modules: &'static [KernelModule], checks: Checks) -> Self {
+        Self { memory_limit, devices, gpu_only: false, modules, last_choice: Mutex::new(None), checks }
     }
 
     /// Edit-distance joins under `device=auto`: opens nothing (a one-query process would pay the
     /// GPU's start-up, which these joins do not recover); see [`AutoBackend::text_join`].
     pub fn text_joins(memory_limit: usize, devices: Devices) -> Self {
-        Self { memory_limit, devices, gpu_only: false, modules: &TEXT_MODULES, last_choice: Mutex::new(None) }
+        Self::new(memory_limit, devices, &TEXT_MODULES, Checks::default())
     }
 
     /// An edit-distance join under `device=auto`: on the GPU when an earlier query left it open
@@ -158,9 +160,9 @@ impl AutoBackend {
     /// As [`AutoBackend::new`], for `device=gpu`: every run on the GPU, or the error saying why
     /// it cannot be used.
     /// Its start-up begins at once, on a background thread, while the inputs are read.
-    pub fn gpu_only(memory_limit: usize, devices: Devices, modules: &'static [KernelModule]) -> Self {
+    pub fn gpu_only(memory_limit: usize, devices: Devices, modules: &'static [KernelModule], checks: Checks) -> Self {
         warm_up(modules);
-        Self { gpu_only: true, ..Self::new(memory_limit, devices, modules) }
+        Self { gpu_only: true, ..Self::new(memory_limit, devices, modules, checks) }
     }
 
     /// The GPU backend over the selected devices (several opened at once, each on a thread of
@@ -241,7 +243,9 @@ impl AutoBackend {
         if let (Some(rows), Some(raw_gpu), Some(fixed), Some(corrected)) = (rows, gpu, gpu_fixed, choice.gpu) {
             // The fixed part corrected as the whole GPU estimate is.
             let fixed = fixed.mul_f64(corrected.as_secs_f64() / raw_gpu.as_secs_f64().max(1e-12));
-            let share = forced_gpu_share().or_else(|| choice.gpu_share(fixed));
+            // The self-test's forced share (answers must not depend on the division).
+            let forced = self.checks.gpu_share.map(|s| s.clamp(0.0, 1.0));
+            let share = forced.or_else(|| choice.gpu_share(fixed));
             if let Some(share) = share.filter(|_| rows >= 2)
                 && let Ok(gpu_backend) = self.gpu()
             {
@@ -457,31 +461,6 @@ struct Divided {
     fixed: Duration,
 }
 
-/// A share of every divisible run's left rows forced onto the GPU (`simjoin selftest`'s check that
-/// divided runs answer as whole ones), instead of the scheduler's.
-static FORCED_GPU_SHARE: Mutex<Option<f64>> = Mutex::new(None);
-
-/// Sends `share` of the left rows (queries) of every `device=auto` run that can be divided to the
-/// GPU and the rest to the CPU cores, whatever the estimates say (`None`: the scheduler decides
-/// again). For tests: answers must not depend on the division.
-pub fn force_gpu_share(share: Option<f64>) {
-    *FORCED_GPU_SHARE.lock().unwrap_or_else(|e| e.into_inner()) = share.map(|s| s.clamp(0.0, 1.0));
-}
-
-/// Whether every approximate kNN that runs on the GPU searches the index there, whatever the
-/// estimates say (`simjoin bench --approx`, which measures that search beside the exact one).
-static FORCED_APPROX_SEARCH: AtomicBool = AtomicBool::new(false);
-
-/// Makes every approximate kNN that runs on the GPU search the Multicurves index there, even where
-/// the exact kNN is estimated faster (`false`: the estimates decide again). For benchmarks.
-pub fn force_approx_search(forced: bool) {
-    FORCED_APPROX_SEARCH.store(forced, Ordering::Relaxed);
-}
-
-fn forced_gpu_share() -> Option<f64> {
-    *FORCED_GPU_SHARE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The sink of a scheduled run: its first chunk hands the run's device to the next run (the
 /// consumer sets the pace from then on), and `sent` records that anything went through.
 fn hand_off<'a>(
@@ -627,7 +606,7 @@ impl Backend for AutoBackend {
         let exact_ns = exact_knn_gpu_ns(request.queries.len(), request.base.len(), request.base.dim);
         // Only kept vectors keep an index for later runs: a base read for this run forgoes nothing.
         let forgone = if request.base.resident().is_some() { request.base.forgo_curves(0.0) } else { 0.0 };
-        let search = FORCED_APPROX_SEARCH.load(Ordering::Relaxed) || estimate.searches_on_gpu(exact_ns, forgone);
+        let search = self.checks.approx_search_on_gpu || estimate.searches_on_gpu(exact_ns, forgone);
         if !search && request.base.resident().is_some() {
             request.base.forgo_curves(exact_ns - estimate.search_ns);
         }

@@ -30,9 +30,8 @@ mod tiles;
 mod topk;
 
 #[cfg(feature = "gpu")]
-pub use approx::force_curves_search;
 #[cfg(feature = "gpu")]
-pub use auto::{AutoBackend, force_approx_search, force_gpu_share};
+pub use auto::AutoBackend;
 pub use cpu::CpuBackend;
 #[cfg(feature = "gpu")]
 pub use gpu::GpuBackend;
@@ -435,11 +434,11 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     match op.device {
         Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
         Device::Auto if crate::gpu::startup::libraries_present() => {
-            Ok(std::sync::Arc::new(AutoBackend::new(op.gpu_memory_limit, devices, modules)))
+            Ok(std::sync::Arc::new(AutoBackend::new(op.gpu_memory_limit, devices, modules, op.checks)))
         }
         Device::Auto => Ok(std::sync::Arc::new(CpuBackend)),
         Device::Gpu if crate::gpu::startup::libraries_present() => {
-            Ok(std::sync::Arc::new(AutoBackend::gpu_only(op.gpu_memory_limit, devices, modules)))
+            Ok(std::sync::Arc::new(AutoBackend::gpu_only(op.gpu_memory_limit, devices, modules, op.checks)))
         }
         Device::Gpu => match crate::gpu::probe() {
             Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),

@@ -64,7 +64,7 @@ fn input(
 /// other functions always answer exactly (a call that asks otherwise fails in `options`).
 fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp {
     let approx = (options.approx && matches!(operation, Operation::Knn { .. }))
-        .then_some(crate::op::Approx { effort: options.approx_effort });
+        .then_some(crate::op::Approx { effort: options.approx_effort, curves_alone: options.checks.curves_alone });
     let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, cache_size, tasks, .. } = *options;
     let devices = options.devices.clone();
     SimilarityOp {
@@ -80,6 +80,7 @@ fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp
         scalar_semantics: false,
         approx,
         keys: options.keys(),
+        checks: options.checks,
     }
 }
 

@@ -110,7 +110,8 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
             // The base loaded again, without the cores' index: the GPU's first run builds its own,
             // with the curves ordered on the device.
             load(ctx, "base", &d.base).await?;
-            simjoin::internal::force_approx_search(true);
+            let forced = simjoin::internal::Checks { approx_search_on_gpu: true, ..Default::default() };
+            simjoin::SimJoinOptions::set_checks(ctx, forced);
             for (i, effort) in EFFORTS.into_iter().enumerate() {
                 let sql = format!(
                     "SELECT query_id, base_id FROM knn(base, queries, {K}, 'approx=true, approx_effort={effort}, device=gpu')"
@@ -123,7 +124,7 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
                     print_metrics(ctx, &d.name, &sql).await?;
                 }
             }
-            simjoin::internal::force_approx_search(false);
+            simjoin::SimJoinOptions::set_checks(ctx, Default::default());
         }
         eprintln!("{}: done", d.name);
     }
