@@ -19,9 +19,9 @@ use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{HashMap, Result, exec_err};
 use rayon::prelude::*;
 
-use super::stream::{ConvertedSide, OddRows, compute, scalar_pair};
+use super::stream::{ConvertedSide, OddRows, compute, scalar_pair, send_candidates};
 use crate::backend::text::Pattern;
-use crate::backend::{Backend, PairWriter, ResultChunk, ResultSink, RunStats, ShiftedSink};
+use crate::backend::{Backend, PairWriter, ResultSink, RunStats, ShiftedSink};
 use crate::op::{Operation, PairOrder, SimilarityOp};
 use crate::vectors::{Row, Vectors};
 
@@ -193,8 +193,8 @@ pub(super) fn compute_by_keys(
     let compare = |chunk: &[usize]| -> Result<RunStats> {
         let mut stats = RunStats::default();
         let mut writer = PairWriter::new(sink, same && ordered);
+        let self_join = same.then_some(include_self);
         for &group in chunk {
-            let self_join = same.then_some(include_self);
             stats.candidates += compare_pairs(op, (left, right), self_join, groups.ranges(group), &mut writer)?;
         }
         writer.flush()?;
@@ -288,7 +288,7 @@ pub(super) fn scalar_pairs_by_keys(
 /// group, and each skipped query with every base row of its group; the skipped base rows are
 /// numbered from `base` on, as the output numbers them.
 pub(super) fn odd_candidates_by_keys(
-    (queries, query_odd): (usize, &OddRows),
+    queries: usize,
     base: usize,
     groups: &KeyGroups,
     sink: &dyn ResultSink,
@@ -297,27 +297,12 @@ pub(super) fn odd_candidates_by_keys(
     for (j, &group) in groups.right_odd.iter().enumerate() {
         skipped_in[group].push((base + j) as u32);
     }
-    let mut chunk = ResultChunk::default();
-    let mut candidate = |q: usize, b: u32| -> Result<()> {
-        chunk.left.push(q as u32);
-        chunk.right.push(b);
-        chunk.distance.push(f64::NAN);
-        chunk.rank.push(0);
-        if chunk.len() >= sink.chunk_rows() {
-            sink.send(std::mem::take(&mut chunk))?;
-        }
-        Ok(())
-    };
-    for (group, skipped) in skipped_in.iter().enumerate() {
-        for q in groups.left_range(group) {
-            skipped.iter().try_for_each(|&b| candidate(q, b))?;
-        }
-    }
-    for (i, &group) in groups.left_odd.iter().enumerate().take(query_odd.len()) {
-        for b in groups.right_range(group) {
-            candidate(queries + i, b as u32)?;
-        }
-        skipped_in[group].iter().try_for_each(|&b| candidate(queries + i, b))?;
-    }
-    if chunk.is_empty() { Ok(()) } else { sink.send(chunk) }
+    let skipped_in = &skipped_in;
+    let normal = (0..groups.len())
+        .flat_map(|g| groups.left_range(g).flat_map(move |q| skipped_in[g].iter().map(move |&b| (q as u32, b))));
+    let odd = groups.left_odd.iter().enumerate().flat_map(|(i, &g)| {
+        let base_rows = groups.right_range(g).map(|b| b as u32).chain(skipped_in[g].iter().copied());
+        base_rows.map(move |b| ((queries + i) as u32, b))
+    });
+    send_candidates(normal.chain(odd), sink)
 }

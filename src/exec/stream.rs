@@ -412,7 +412,7 @@ impl Run {
                                 rv.len() + right_odd.len(),
                                 &sink,
                             )?,
-                            Some(groups) => odd_candidates_by_keys((lv.len(), &left_odd), rv.len(), groups, &sink)?,
+                            Some(groups) => odd_candidates_by_keys(lv.len(), rv.len(), groups, &sink)?,
                         },
                         _ => {}
                     }
@@ -644,10 +644,16 @@ pub(super) fn odd_candidates(
     base: usize,
     sink: &dyn ResultSink,
 ) -> Result<()> {
-    let mut chunk = ResultChunk::default();
     let normal = (0..queries as u32).flat_map(|q| skipped.clone().map(move |b| (q, b)));
     let odd = (queries as u32..(queries + odd_queries) as u32).flat_map(|q| (0..base as u32).map(move |b| (q, b)));
-    for (q, position) in normal.chain(odd) {
+    send_candidates(normal.chain(odd), sink)
+}
+
+/// Sends the (query, base) position pairs `candidates` as result rows with a NaN distance and
+/// rank 0, in chunks of the sink's size.
+pub(super) fn send_candidates(candidates: impl Iterator<Item = (u32, u32)>, sink: &dyn ResultSink) -> Result<()> {
+    let mut chunk = ResultChunk::default();
+    for (q, position) in candidates {
         chunk.left.push(q);
         chunk.right.push(position);
         chunk.distance.push(f64::NAN);
