@@ -59,9 +59,12 @@ struct JoinParams {
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
     double window;      // grid, windowed: half-width of that range (sortidu, Gowanlock & Karsin, GPU-Join, §4.3)
+    u32 levels;         // directory: levels below the root (1 to 3)
+    u32 fanout;         // directory: children of every inner node
+    double box_radius;  // directory: the coordinate bound widened by 2⁻²⁰ (the box test's slack)
 };
 // The host's mirror (`JoinParams` in src/gpu/abi.rs) asserts the same size.
-static_assert(sizeof(JoinParams) == 216, "JoinParams layout changed: update src/gpu/abi.rs");
+static_assert(sizeof(JoinParams) == 232, "JoinParams layout changed: update src/gpu/abi.rs");
 
 // Entries of a query's row of kNN sample keys (knn.cu, and tc_sample_keys.cu's knn_sample_keys_bytes):
 // the largest sample (KNN_SAMPLE in src/gpu/launch/sample.rs).

@@ -295,6 +295,8 @@ pub enum IndexChoice {
     Grid,
     /// Every pair, in blocked tiles.
     BruteForce,
+    /// The quantile directory of Böhm et al. (joins and range queries; `index::directory`).
+    Directory,
     /// The List of Clusters (Chávez & Navarro): metric pruning by the triangle inequality, for
     /// metrics only (`Metric::is_metric`); joins, range queries and kNN.
     ListOfClusters,
@@ -306,6 +308,7 @@ impl fmt::Display for IndexChoice {
             IndexChoice::Auto => "auto",
             IndexChoice::Grid => "grid",
             IndexChoice::BruteForce => "brute_force",
+            IndexChoice::Directory => "directory",
             IndexChoice::ListOfClusters => "list_of_clusters",
         })
     }
@@ -318,8 +321,11 @@ impl FromStr for IndexChoice {
             "auto" => Ok(IndexChoice::Auto),
             "grid" => Ok(IndexChoice::Grid),
             "brute_force" | "brute" => Ok(IndexChoice::BruteForce),
+            "directory" => Ok(IndexChoice::Directory),
             "list_of_clusters" | "lc" => Ok(IndexChoice::ListOfClusters),
-            _ => Err(format!("unknown index '{s}' (expected one of auto, grid, brute_force, list_of_clusters)")),
+            _ => Err(format!(
+                "unknown index '{s}' (expected one of auto, grid, brute_force, directory, list_of_clusters)"
+            )),
         }
     }
 }

@@ -23,8 +23,8 @@ pub struct SimJoinOptions {
     /// Columns (separated by spaces) both inputs hold, whose values a pair must share (`keys=zip`:
     /// pairs within each zip code; kNN: the nearest base rows with the query's keys); empty: none.
     pub keys: String,
-    /// auto (cost model), grid, brute_force (joins and range queries), or list_of_clusters (every
-    /// function, metrics only).
+    /// auto (cost model), grid, directory, brute_force (joins and range queries), or
+    /// list_of_clusters (every function, metrics only).
     pub index: IndexChoice,
     /// Joins and range queries with the grid: dimensions to index, 1..=8 (0: the cost model decides).
     pub grid_dims: usize,
@@ -121,7 +121,7 @@ const KEYS: [(&str, &str); 16] = [
     ),
     (
         "index",
-        "auto (sampled cost model), grid or brute_force for joins and range queries; list_of_clusters for every function under a metric (l2, l1, linf, cosine, levenshtein)",
+        "auto (sampled cost model), grid, directory (Böhm et al.'s quantile directory) or brute_force for joins and range queries; list_of_clusters for every function under a metric (l2, l1, linf, cosine, levenshtein)",
     ),
     ("grid_dims", "With the grid: dimensions to index, 1..=8 (0: the cost model decides)"),
     (

@@ -425,11 +425,12 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
             let eps = datagen::calibrate_threshold(values, *dim, 20.0, metric, 9);
             let eps = if *name == "lattice" && metric != Metric::InnerProduct { eps.round().max(1.0) } else { eps };
             // The List of Clusters (kernels/clusters.cu) under every metric with the triangle
-            // inequality.
+            // inequality; the quantile directory (kernels/directory_join.cu) under every metric
+            // that bounds coordinates, as the grid.
             let indexes: &[&str] = match metric {
                 Metric::InnerProduct => &["auto"],
-                Metric::L2Squared => &["auto", "grid", "brute_force"],
-                _ => &["auto", "grid", "brute_force", "list_of_clusters"],
+                Metric::L2Squared => &["auto", "grid", "directory", "brute_force"],
+                _ => &["auto", "grid", "directory", "brute_force", "list_of_clusters"],
             };
             for index in indexes {
                 let options = format!("metric={metric}, index={index}");

@@ -7,6 +7,8 @@ mod approx;
 mod cluster;
 #[path = "integration/common.rs"]
 mod common;
+#[path = "integration/directory.rs"]
+mod directory;
 #[path = "integration/distance_functions.rs"]
 mod distance_functions;
 #[path = "integration/edge_cases.rs"]

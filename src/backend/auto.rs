@@ -79,6 +79,10 @@ pub(super) const APPROX_MODULES: [KernelModule; 7] = [
     KernelModule::TcSampleKeys,
     KernelModule::Knn,
 ];
+/// A join through the quantile directory (`index=directory`): its kernel, the filter rows, and
+/// the gathers into leaf order.
+pub(super) const DIRECTORY_MODULES: [KernelModule; 3] =
+    [KernelModule::DirectoryJoin, KernelModule::Rows, KernelModule::Grid];
 /// The module of edit-distance joins and kNN.
 pub(super) const TEXT_MODULES: [KernelModule; 1] = [KernelModule::Text];
 /// The List of Clusters' searches (`index=list_of_clusters` under `device=gpu`).
@@ -88,6 +92,7 @@ pub(super) const CLUSTER_MODULES: [KernelModule; 1] = [KernelModule::Clusters];
 pub(super) fn modules_of(op: &crate::op::SimilarityOp) -> &'static [KernelModule] {
     match op.operation {
         _ if op.index == crate::op::IndexChoice::ListOfClusters => &CLUSTER_MODULES,
+        _ if op.index == crate::op::IndexChoice::Directory && !op.metric.is_text() => &DIRECTORY_MODULES,
         _ if op.metric.is_text() => &TEXT_MODULES,
         crate::op::Operation::Knn { .. } if op.approx.is_some() => &APPROX_MODULES,
         crate::op::Operation::Knn { .. } => &KNN_MODULES,
@@ -560,7 +565,7 @@ impl Backend for AutoBackend {
             ),
         };
         let gpu_over_one_core = match strategy {
-            JoinStrategy::Grid(_) => GPU_OVER_ONE_CORE_GRID,
+            JoinStrategy::Grid(_) | JoinStrategy::Directory(_) => GPU_OVER_ONE_CORE_GRID,
             JoinStrategy::BruteForce => GPU_OVER_ONE_CORE_BRUTE,
         };
         let inputs: &[&Vectors] = if self_join { &[request.left] } else { &[request.left, request.right] };

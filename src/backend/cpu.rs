@@ -85,6 +85,9 @@ impl Backend for CpuBackend {
                 grid_join(&context, &geometry, &left_index, right_index.as_ref(), spaces.left(), spaces.right())?;
                 stats.probe_time = probe.elapsed();
             }
+            JoinStrategy::Directory(shape) => {
+                super::directory::join(&context, &shape, spaces.left(), spaces.right(), &mut stats)?;
+            }
             JoinStrategy::BruteForce => {
                 let sides = gemm_sides(left, right, metric, self_join.is_some());
                 let direct = if sides.is_none() { DirectColumns::new(left, right) } else { None };
@@ -240,15 +243,15 @@ fn sampled_mean(v: &Vectors) -> Vec<f64> {
 }
 
 /// Everything a join worker needs.
-struct JoinContext<'a> {
-    request: &'a JoinRequest<'a>,
+pub(super) struct JoinContext<'a> {
+    pub(super) request: &'a JoinRequest<'a>,
     exact: &'a ExactCheck,
-    candidates: &'a AtomicU64,
-    sink: &'a dyn ResultSink,
+    pub(super) candidates: &'a AtomicU64,
+    pub(super) sink: &'a dyn ResultSink,
 }
 
 impl JoinContext<'_> {
-    fn writer(&self) -> PairWriter<'_> {
+    pub(super) fn writer(&self) -> PairWriter<'_> {
         PairWriter::new(self.sink, self.request.self_join.is_some_and(|s| s.ordered))
     }
 
@@ -263,7 +266,7 @@ impl JoinContext<'_> {
     }
 
     /// Self-join with `include_self`: each vector against itself, by the same exact test.
-    fn self_pairs(&self, positions: impl IntoIterator<Item = usize>, writer: &mut PairWriter) -> Result<()> {
+    pub(super) fn self_pairs(&self, positions: impl IntoIterator<Item = usize>, writer: &mut PairWriter) -> Result<()> {
         if !self.request.self_join.is_some_and(|s| s.include_self) {
             return Ok(());
         }
@@ -416,7 +419,7 @@ fn grid_join(
 
 /// The exact check of left slot `sa` against right slot `sb`; writes the pair when it qualifies.
 #[inline]
-fn exact_pair(
+pub(super) fn exact_pair(
     ctx: &JoinContext,
     writer: &mut PairWriter,
     (sa, left_values, left): (usize, &[f64], &GridIndex),
@@ -441,19 +444,19 @@ fn exact_pair(
 /// The filter-space coordinates of one input in slot (grid) order, as f32 offsets from a common
 /// origin, dimension-major so that scoring one point against a cell vectorises. Each cell starts
 /// on a multiple of [`LANES`]; padding lanes hold +∞, whose scores never pass.
-struct SlotFilter {
+pub(super) struct SlotFilter {
     /// `values[d * len + p]`: coordinate `d` at padded position `p`, minus `origin[d]`, in f32.
     values: Vec<f32>,
     /// Padded length of one dimension.
     len: usize,
     /// Padded position of each cell's first slot.
-    start: Vec<usize>,
+    pub(super) start: Vec<usize>,
     /// Largest |value| (the `M` of the error bound).
-    extent: f64,
+    pub(super) extent: f64,
 }
 
 impl SlotFilter {
-    fn new(points: Coords, index: &GridIndex, dim: usize, origin: &[f64]) -> Self {
+    pub(super) fn new(points: Coords, index: &GridIndex, dim: usize, origin: &[f64]) -> Self {
         let mut start = Vec::with_capacity(index.num_cells() + 1);
         let mut len = 0;
         for c in 0..index.num_cells() {
@@ -476,7 +479,7 @@ impl SlotFilter {
     }
 
     /// The values as columns for the SIMD loops.
-    fn columns(&self) -> Columns<'_> {
+    pub(super) fn columns(&self) -> Columns<'_> {
         Columns { values: &self.values, len: self.len }
     }
 }

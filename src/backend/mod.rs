@@ -16,6 +16,7 @@ mod approx_estimate;
 #[cfg(feature = "gpu")]
 mod auto;
 pub mod cpu;
+mod directory;
 mod exact;
 #[cfg(feature = "gpu")]
 pub mod gpu;
@@ -305,6 +306,10 @@ pub struct RunStats {
     pub kept_indexes: usize,
     /// The List of Clusters: distance computations a scan would have made and the index did not.
     pub saved_distances: u64,
+    /// The directory (`index=directory`): its levels and fanout, and the leaf pages the left
+    /// blocks visited (each block's visits counted once).
+    pub directory: Option<(usize, usize)>,
+    pub pages_visited: u64,
     /// `device=auto`/`gpu`: the scheduler's predicted time of the run where it ran (corrected by
     /// earlier runs' measured times), and how long it waited for that device.
     pub predicted_time: Duration,
@@ -362,6 +367,8 @@ impl RunStats {
         self.graph_rows += other.graph_rows;
         self.kept_indexes += other.kept_indexes;
         self.saved_distances += other.saved_distances;
+        self.directory = self.directory.or(other.directory);
+        self.pages_visited += other.pages_visited;
         self.predicted_time += other.predicted_time;
         self.queue_time += other.queue_time;
         self.gpu_fallbacks += other.gpu_fallbacks;

@@ -251,6 +251,11 @@ impl SimilarityExec {
                 format!("grid({} dims, f32 filter + exact f64 check)", self.op.grid_dims)
             }
             (_, IndexChoice::Grid) => "grid(dims by sampled cost model, f32 filter + exact f64 check)".into(),
+            (_, IndexChoice::Directory) => format!(
+                "directory(quantile cuts on the dimensions of largest spread, min(3, d) levels, fanout^levels ≈ rows/64 \
+                 leaves, blocks of {} rows against leaf boxes widened by the threshold, {exact_filter})",
+                crate::index::DIRECTORY_BLOCK
+            ),
             (_, IndexChoice::Auto | IndexChoice::ListOfClusters) => "grid or brute_force by sampled cost model".into(),
         }
     }

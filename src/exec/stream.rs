@@ -46,6 +46,10 @@ pub(super) struct SimilarityMetrics {
     kept_indexes: Count,
     /// The List of Clusters: distance computations it saved against a scan.
     saved_distances: Count,
+    /// The directory: its levels and fanout, and the leaf pages the left blocks visited.
+    directory_levels: Gauge,
+    directory_fanout: Gauge,
+    pages_visited: Count,
     /// The scheduler's predicted time, the wait for the device, and GPU runs redone on the CPU.
     predicted_time: Time,
     queue_time: Time,
@@ -81,6 +85,9 @@ impl SimilarityMetrics {
             graph_rows: MetricBuilder::new(set).counter("graph_rows", 0),
             kept_indexes: MetricBuilder::new(set).counter("kept_indexes", 0),
             saved_distances: MetricBuilder::new(set).counter("saved_distances", 0),
+            directory_levels: MetricBuilder::new(set).gauge("directory_levels", 0),
+            directory_fanout: MetricBuilder::new(set).gauge("directory_fanout", 0),
+            pages_visited: MetricBuilder::new(set).counter("pages_visited", 0),
             predicted_time: MetricBuilder::new(set).subset_time("predicted_time", 0),
             queue_time: MetricBuilder::new(set).subset_time("queue_time", 0),
             gpu_fallbacks: MetricBuilder::new(set).counter("gpu_fallbacks", 0),
@@ -112,6 +119,11 @@ impl SimilarityMetrics {
         self.graph_rows.add(stats.graph_rows as usize);
         self.kept_indexes.add(stats.kept_indexes);
         self.saved_distances.add(stats.saved_distances as usize);
+        if let Some((levels, fanout)) = stats.directory {
+            self.directory_levels.set(levels);
+            self.directory_fanout.set(fanout);
+        }
+        self.pages_visited.add(stats.pages_visited as usize);
         self.predicted_time.add_duration(stats.predicted_time);
         self.queue_time.add_duration(stats.queue_time);
         self.gpu_fallbacks.add(stats.gpu_fallbacks);

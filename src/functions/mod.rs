@@ -106,14 +106,16 @@ fn table(
     }
     let function = op.function_name();
     match (&op.operation, op.index) {
-        (Operation::Knn { .. }, IndexChoice::Grid) => {
+        (Operation::Knn { .. }, IndexChoice::Grid | IndexChoice::Directory) => {
             return plan_err!(
-                "{function}: option index=grid is not available: kNN always scans every base row (index=auto or brute_force)"
+                "{function}: option index={} is not available: kNN always scans every base row (index=auto, brute_force or list_of_clusters)",
+                op.index
             );
         }
-        (_, IndexChoice::Grid) if op.metric.coordinate_bound(0.0).is_none() => {
+        (_, IndexChoice::Grid | IndexChoice::Directory) if op.metric.coordinate_bound(0.0).is_none() => {
             return plan_err!(
-                "{function}: option index=grid needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not {}",
+                "{function}: option index={} needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not {}",
+                op.index,
                 op.metric
             );
         }

@@ -38,12 +38,17 @@ pub struct JoinParams {
     pub strides: [u64; 8],
     /// Grid, windowed: the half-width of that range.
     pub window: f64,
+    /// Directory: levels below the root and the fanout of every inner node.
+    pub levels: u32,
+    pub fanout: u32,
+    /// Directory: the coordinate bound widened by 2⁻²⁰ (`DirectoryShape::box_radius`).
+    pub box_radius: f64,
 }
 
 // SAFETY: `JoinParams` is `repr(C)` plain data laid out exactly as the CUDA struct it mirrors
 // (kernels/common.cuh asserts the same size).
 unsafe impl DeviceRepr for JoinParams {}
-const _: () = assert!(std::mem::size_of::<JoinParams>() == 216, "JoinParams layout changed: update kernels/common.cuh");
+const _: () = assert!(std::mem::size_of::<JoinParams>() == 232, "JoinParams layout changed: update kernels/common.cuh");
 
 /// The distance a kernel computes exactly: `METRIC_*` of kernels/common.cuh.
 #[repr(u32)]

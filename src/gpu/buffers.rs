@@ -75,6 +75,19 @@ pub struct GridBuffers {
     pub right_sort_keys: CudaSlice<f64>,
 }
 
+/// The quantile directory of a join on the device (`index::directory`), its slots in leaf order.
+#[derive(Debug)]
+pub struct DirectoryBuffers {
+    /// Each left block's bounding box (DIRECTORY_BLOCK slots), `dim` values a block.
+    pub block_lo: CudaSlice<f64>,
+    pub block_hi: CudaSlice<f64>,
+    /// Each right node's bounding box (level 1 first, the leaves last), `dim` values a node.
+    pub node_lo: CudaSlice<f64>,
+    pub node_hi: CudaSlice<f64>,
+    /// First right slot of each leaf, plus the end.
+    pub leaf_start: CudaSlice<u32>,
+}
+
 /// What a pass of a join reads: both sides, and the grid (`None`: brute force over all
 /// `right_len` right rows).
 #[derive(Debug, Clone, Copy)]
@@ -87,6 +100,8 @@ pub struct JoinInputs<'a> {
     pub right_len: u32,
     /// The grid over the right side, or `None` for brute force.
     pub grid: Option<&'a GridBuffers>,
+    /// The directory over the right side (in the grid's place).
+    pub directory: Option<&'a DirectoryBuffers>,
     /// The share of the pass's (left, right) pairs expected to pass the filter, where known (kNN,
     /// from its radii), else 0: sizes brute_join_tc's runs and queue ([`tc_run`]).
     pub expected_share: f64,

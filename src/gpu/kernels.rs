@@ -9,6 +9,8 @@ pub enum KernelModule {
     GridJoin,
     /// `kernels/grid_join_wide.cu`: the ε-grid join of other dimensions, and its work estimate.
     GridJoinWide,
+    /// `kernels/directory_join.cu`: the quantile directory's join (Böhm et al.).
+    DirectoryJoin,
     /// `kernels/brute_join.cu`: brute force on CUDA cores.
     BruteJoin,
     /// `kernels/rows.cu`: the filter rows and their packings for the tensor cores, and kNN's
@@ -35,9 +37,10 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 11] = [
+    pub const ALL: [KernelModule; 12] = [
         KernelModule::GridJoin,
         KernelModule::GridJoinWide,
+        KernelModule::DirectoryJoin,
         KernelModule::BruteJoin,
         KernelModule::Rows,
         KernelModule::TcJoin,
@@ -59,6 +62,7 @@ impl KernelModule {
         match self {
             KernelModule::GridJoin => GRID_JOIN,
             KernelModule::GridJoinWide => GRID_JOIN_WIDE,
+            KernelModule::DirectoryJoin => DIRECTORY_JOIN,
             KernelModule::BruteJoin => BRUTE_JOIN,
             KernelModule::Rows => ROWS,
             KernelModule::TcJoin => TC_JOIN,
@@ -76,6 +80,7 @@ impl KernelModule {
         match self {
             KernelModule::GridJoin => "grid_join.cu",
             KernelModule::GridJoinWide => "grid_join_wide.cu",
+            KernelModule::DirectoryJoin => "directory_join.cu",
             KernelModule::BruteJoin => "brute_join.cu",
             KernelModule::Rows => "rows.cu",
             KernelModule::TcJoin => "tc_join.cu",
@@ -95,6 +100,7 @@ pub enum Kernel {
     GridJoin,
     GridJoinWide,
     GridJoinWork,
+    DirectoryJoin,
     BruteJoin,
     BruteJoinTc,
     BruteJoinTcBytes,
@@ -134,10 +140,11 @@ pub enum Kernel {
 impl Kernel {
     /// Every kernel (the test that each is defined in its module's source).
     #[cfg(test)]
-    pub const ALL: [Kernel; 37] = [
+    pub const ALL: [Kernel; 38] = [
         Kernel::GridJoin,
         Kernel::GridJoinWide,
         Kernel::GridJoinWork,
+        Kernel::DirectoryJoin,
         Kernel::BruteJoin,
         Kernel::BruteJoinTc,
         Kernel::BruteJoinTcBytes,
@@ -180,6 +187,7 @@ impl Kernel {
             Kernel::GridJoin => "grid_join",
             Kernel::GridJoinWide => "grid_join_wide",
             Kernel::GridJoinWork => "grid_join_work",
+            Kernel::DirectoryJoin => "directory_join",
             Kernel::BruteJoin => "brute_join",
             Kernel::BruteJoinTc => "brute_join_tc",
             Kernel::BruteJoinTcBytes => "brute_join_tc_bytes",
@@ -222,6 +230,7 @@ impl Kernel {
         match self {
             Kernel::GridJoin => KernelModule::GridJoin,
             Kernel::GridJoinWide | Kernel::GridJoinWork => KernelModule::GridJoinWide,
+            Kernel::DirectoryJoin => KernelModule::DirectoryJoin,
             Kernel::BruteJoinTc | Kernel::BruteJoinTcBytes => KernelModule::TcJoin,
             Kernel::KnnSampleKeysBytes | Kernel::KnnSampleKeysHalf => KernelModule::TcSampleKeys,
             Kernel::BruteJoin => KernelModule::BruteJoin,

@@ -19,7 +19,9 @@ const LOAD_CACHED: Duration = Duration::from_millis(20);
 fn compile_time(module: KernelModule) -> Duration {
     match module {
         KernelModule::TcJoin => Duration::from_millis(2200),
-        KernelModule::GridJoin | KernelModule::GridJoinWide => Duration::from_millis(1300),
+        KernelModule::GridJoin | KernelModule::GridJoinWide | KernelModule::DirectoryJoin => {
+            Duration::from_millis(1300)
+        }
         KernelModule::BruteJoin => Duration::from_millis(1800),
         KernelModule::Knn | KernelModule::TcSampleKeys => Duration::from_millis(1200),
         KernelModule::Grid

@@ -12,6 +12,7 @@
 
 use rayon::prelude::*;
 
+use super::directory::{DirectoryShape, ranked_by_spread};
 use crate::on_coords;
 use crate::op::IndexChoice;
 use crate::vectors::{Coord, Coords};
@@ -162,6 +163,8 @@ impl GridGeometry {
 pub enum JoinStrategy {
     /// The ε-grid over some dimensions.
     Grid(GridGeometry),
+    /// The quantile directory of Böhm et al. (`index=directory`, `index::directory`).
+    Directory(DirectoryShape),
     /// Every pair, in blocked tiles.
     BruteForce,
 }
@@ -217,6 +220,13 @@ pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
     let brute_run = brute_cost * BRUTE_RUN_FACTOR;
     if index == IndexChoice::BruteForce || n_left == 0 || n_right == 0 {
         return (JoinStrategy::BruteForce, brute_run);
+    }
+    if index == IndexChoice::Directory {
+        // Chosen by name: the run is priced as the grid the cost model would pick (the scheduler
+        // of `device=auto` compares it with the GPU's), the shape from the right side's size.
+        let (_, run) = estimate_strategy(&CostInputs { index: IndexChoice::Auto, ..*inputs });
+        let shape = DirectoryShape::for_points(n_right, &ranked_by_spread(right, dim), radius);
+        return (JoinStrategy::Directory(shape), run);
     }
     let forced_grid = index == IndexChoice::Grid;
 
@@ -429,6 +439,17 @@ impl GridIndex {
             index.dense = Some(table);
         }
         index
+    }
+
+    /// Groups that are not cells: slots `starts[g]..starts[g + 1]` of `order` form group `g` (the
+    /// directory's leaves and blocks, which the grid join's slot filters pad the same way).
+    pub fn from_groups(order: Vec<u32>, starts: Vec<usize>) -> Self {
+        GridIndex {
+            cell_ids: (0..starts.len().saturating_sub(1) as u64).collect(),
+            cell_start: starts,
+            order,
+            ..Default::default()
+        }
     }
 
     /// The linear id → cell table, when the grid is dense enough to have one.

@@ -3,11 +3,13 @@
 
 pub mod curve_keys;
 pub mod curves;
+pub mod directory;
 pub mod graph;
 pub mod grid;
 pub mod list_of_clusters;
 pub mod segments;
 
+pub use directory::{DIRECTORY_BLOCK, Directory, DirectoryShape};
 pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy, extent};
 #[cfg(feature = "gpu")]
 pub use grid::{brute_force_run_ns, estimate_strategy};

@@ -101,7 +101,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'index=kd_tree')",
-            "Error during planning: sim_join: options string 'index=kd_tree': unknown index 'kd_tree' (expected one of auto, grid, brute_force, list_of_clusters)",
+            "Error during planning: sim_join: options string 'index=kd_tree': unknown index 'kd_tree' (expected one of auto, grid, brute_force, directory, list_of_clusters)",
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'grid_dims=9')",
@@ -129,7 +129,15 @@ async fn planning_errors_name_function_argument_and_value() {
         ),
         (
             "SELECT * FROM knn(t, t, 3, 'index=grid')",
-            "Error during planning: knn: option index=grid is not available: kNN always scans every base row (index=auto or brute_force)",
+            "Error during planning: knn: option index=grid is not available: kNN always scans every base row (index=auto, brute_force or list_of_clusters)",
+        ),
+        (
+            "SELECT * FROM knn(t, t, 3, 'index=directory')",
+            "Error during planning: knn: option index=directory is not available: kNN always scans every base row (index=auto, brute_force or list_of_clusters)",
+        ),
+        (
+            "SELECT * FROM range_query(t, t, 0.5, 'index=directory, metric=inner_product')",
+            "Error during planning: range_query: option index=directory needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not inner_product",
         ),
         (
             "SELECT * FROM sim_join(1, 0.1)",

@@ -24,7 +24,7 @@ async fn self_join_equals_the_oracle_for_every_metric_shape_and_option() {
             // (windowed on the next dimension whenever fewer than all are indexed).
             let mut indexes = vec!["auto", "brute_force"];
             if metric != "inner_product" {
-                indexes.extend(["grid", "grid, grid_dims=1", "grid, grid_dims=3"]);
+                indexes.extend(["grid", "grid, grid_dims=1", "grid, grid_dims=3", "directory", "directory"]);
             }
             if is_metric(metric) {
                 indexes.extend(["list_of_clusters", "list_of_clusters"]);
@@ -58,8 +58,8 @@ async fn two_table_join_equals_the_oracle() {
             let want = oracle_join(metric, &left, &right, eps, None);
             let indexes: &[&str] = match metric {
                 "inner_product" => &["auto"],
-                "l2sq" => &["auto", "grid", "grid, grid_dims=1"],
-                _ => &["auto", "grid", "grid, grid_dims=1", "list_of_clusters"],
+                "l2sq" => &["auto", "grid", "grid, grid_dims=1", "directory"],
+                _ => &["auto", "grid", "grid, grid_dims=1", "directory", "list_of_clusters"],
             };
             for index in indexes {
                 let sql = format!(
@@ -83,8 +83,11 @@ async fn range_query_equals_the_oracle_for_tables_and_literals() {
     for metric in METRICS {
         let r = threshold(metric, &base, 0.03);
         let want = oracle_join(metric, &queries, &base, r, None);
-        let indexes: &[&str] =
-            if is_metric(metric) { &["auto", "brute_force", "list_of_clusters"] } else { &["auto", "brute_force"] };
+        let indexes: &[&str] = match metric {
+            "inner_product" => &["auto", "brute_force"],
+            "l2sq" => &["auto", "brute_force", "directory"],
+            _ => &["auto", "brute_force", "directory", "list_of_clusters"],
+        };
         for index in indexes {
             let sql = format!(
                 "SELECT query_id, base_id, distance FROM range_query(base, queries, {r:?}, 'metric={metric}, index={index}')"

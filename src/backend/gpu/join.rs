@@ -35,17 +35,26 @@ impl GpuBackend {
         // The grid's modules loaded (compiled, the first time on a machine) only when the plan has
         // a grid, and left out of build_time: a brute-force join never waits for them.
         let compiling = Instant::now();
-        if matches!(strategy, JoinStrategy::Grid(_)) {
-            self.device.function(crate::gpu::launch::grid_kernel(dim))?;
-            self.device.function(Kernel::RadixScatter)?;
+        match strategy {
+            JoinStrategy::Grid(_) => {
+                self.device.function(crate::gpu::launch::grid_kernel(dim))?;
+                self.device.function(Kernel::RadixScatter)?;
+            }
+            JoinStrategy::Directory(_) => {
+                self.device.function(Kernel::DirectoryJoin)?;
+                self.device.function(Kernel::GatherRows)?;
+            }
+            JoinStrategy::BruteForce => {}
         }
         let start = start + compiling.elapsed();
 
         // The host's rows go up in input order; a grid then orders them on the device.
         let geometry = match &strategy {
             JoinStrategy::Grid(g) => Some(g),
-            JoinStrategy::BruteForce => None,
+            JoinStrategy::Directory(_) | JoinStrategy::BruteForce => None,
         };
+        // A grid's or directory's sides are gathered into slot order, and filtered directly.
+        let indexed = !matches!(strategy, JoinStrategy::BruteForce);
         let identity = |n: usize| (0..n as u32).collect::<Vec<u32>>();
         // The GEMM form's filter rows of L2 and L2² (brute force) are built on the device from
         // the exact rows (device_side); the other filters' here (host_side).
@@ -79,7 +88,7 @@ impl GpuBackend {
          -> Result<(SideBuffers, Option<SideBuffers>), GpuError> {
             Ok((self.upload(left_host)?, right_host.as_ref().map(|h| self.upload(h)).transpose()?))
         };
-        let mut gemm = geometry.is_none() && gemm_metric(metric);
+        let mut gemm = !indexed && gemm_metric(metric);
         let (mut left_host, mut right_host) = sides(gemm);
         let uploading = Instant::now();
         let (mut left_buffers, mut right_buffers) = upload_sides(&left_host, &right_host)?;
@@ -103,12 +112,11 @@ impl GpuBackend {
             filter_extent(&std::iter::once(&*left_host).chain(right_host.as_deref()).collect::<Vec<_>>())
         };
         // The tensor cores filter brute force only (a grid's sides are gathered into slot order).
-        let tc = match geometry {
-            None => {
-                let sides: Vec<&SideBuffers> = std::iter::once(&left_buffers).chain(right_buffers.as_ref()).collect();
-                self.tensor_core_scale(metric, gemm, &self.largest_coordinates(metric, gemm, &sides)?)
-            }
-            Some(_) => None,
+        let tc = if indexed {
+            None
+        } else {
+            let sides: Vec<&SideBuffers> = std::iter::once(&left_buffers).chain(right_buffers.as_ref()).collect();
+            self.tensor_core_scale(metric, gemm, &self.largest_coordinates(metric, gemm, &sides)?)
         };
         let mut params = JoinParams {
             dim: dim as u32,
@@ -177,6 +185,18 @@ impl GpuBackend {
             }
             None => None,
         };
+        let directory = match strategy {
+            JoinStrategy::Directory(shape) => {
+                let (buffers, left_order, right_order) =
+                    self.device_directory(shape, request, spaces, &mut params, &mut stats, part.is_some())?;
+                left_buffers = in_slot_order(&self.device, left_buffers, left_order, dim)?;
+                if let (Some(side), Some(order)) = (right_buffers.take(), right_order) {
+                    right_buffers = Some(in_slot_order(&self.device, side, order, dim)?);
+                }
+                Some(buffers)
+            }
+            _ => None,
+        };
         let right_buffers_ref = right_buffers.as_ref().unwrap_or(&left_buffers);
         // The build's last gathers are queued, not done: they count as build time.
         stream.synchronize().map_err(copy)?;
@@ -193,13 +213,15 @@ impl GpuBackend {
             right: right_buffers_ref,
             right_len,
             grid: grid.as_ref(),
+            directory: directory.as_ref().map(|(d, _)| d),
             expected_share: 0.0,
         };
         let slots = match part {
             Some((i, shared)) => {
-                let work = match grid {
-                    Some(_) => Some(self.grid_work(&params, left_host.rows, inputs, &mut stats)?),
-                    None => None,
+                let work = match (&grid, &directory) {
+                    (Some(_), _) => Some(self.grid_work(&params, left_host.rows, inputs, &mut stats)?),
+                    (None, Some((_, work))) => Some(work.clone()),
+                    (None, None) => None,
                 };
                 part_slots(left_host.rows, i, shared.parts, work.as_deref(), self_join.is_some())
             }
@@ -252,7 +274,7 @@ impl GpuBackend {
         // The collecting count pass in parts, each part's pairs brought back while the later parts
         // run; the slots from a part whose pairs did not all fit its buffers on (`rest`) take the
         // passes below.
-        let parts = collect_parts(slots.clone(), right_len as usize, dim, geometry.is_some(), self_join.is_some());
+        let parts = collect_parts(slots.clone(), right_len as usize, dim, indexed, self_join.is_some());
         let rest = if parts.len() > 1 {
             match self.collect_in_parts(&params, &parts, inputs, collect_capacity, &emit_pairs, sink, &mut stats)? {
                 Ok(done) => parts.get(done).map_or(slots.end, |p| p.start)..slots.end,

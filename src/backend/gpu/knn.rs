@@ -149,8 +149,14 @@ impl GpuBackend {
             let side = subset_buffers.as_ref().unwrap_or(query_buffers);
             // The pass's densest radius sets brute_join_tc's runs and queue.
             let expected_share = pending.iter().map(|&q| expected_share(levels[q as usize])).fold(0.0, f64::max);
-            let inputs =
-                JoinInputs { left: side, right: base_buffers, right_len: n as u32, grid: None, expected_share };
+            let inputs = JoinInputs {
+                left: side,
+                right: base_buffers,
+                right_len: n as u32,
+                grid: None,
+                directory: None,
+                expected_share,
+            };
             let pass_params = JoinParams { slot_capacity: capacity, ..params };
             let kind = if first_pass && scores { PassKind::Scores { k: k as u32 } } else { PassKind::Count };
             let pending_counts = self.count_pass(&pass_params, 0..pending.len(), inputs, &mut pass, kind, stats)?;

@@ -117,6 +117,7 @@ impl GpuBackend {
                         right: base_buffers,
                         right_len: n as u32,
                         grid: None,
+                        directory: None,
                         expected_share,
                     };
                     launch_join_pass(

@@ -40,6 +40,7 @@ use rayon::prelude::*;
 mod appended;
 mod approx;
 mod approx_build;
+mod directory;
 mod filter;
 mod join;
 mod knn;

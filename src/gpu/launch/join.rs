@@ -110,9 +110,13 @@ pub fn launch_join_pass(
     pass: &mut PassBuffers,
     kind: PassKind,
 ) -> Result<Kernel> {
-    let JoinInputs { left, right, right_len, grid, expected_share } = inputs;
+    let JoinInputs { left, right, right_len, grid, directory, expected_share } = inputs;
     let byte_sides = byte_sides(device, params, left, right);
     let kernel = match grid {
+        _ if directory.is_some() && kind == PassKind::Work => {
+            return Err("directory_join: its work is estimated on the host".into());
+        }
+        _ if directory.is_some() => Kernel::DirectoryJoin,
         Some(_) if kind == PassKind::Work => Kernel::GridJoinWork,
         None if kind == PassKind::Work => return Err("grid_join_work: brute force has no cells".into()),
         Some(_) => grid_kernel(params.dim as usize),
@@ -180,7 +184,8 @@ pub fn launch_join_pass(
     }
     if params.slot_capacity > 0 && kind != PassKind::Write {
         let needed = slots.len() as u64 * params.slot_capacity as u64;
-        if grid.is_some() || (pass.out_right.len().min(pass.out_distance.len()) as u64) < needed {
+        if grid.is_some() || directory.is_some() || (pass.out_right.len().min(pass.out_distance.len()) as u64) < needed
+        {
             return Err(Error::Device(format!(
                 "{kernel}: slots of {} pairs for {} left rows need {needed} outputs",
                 params.slot_capacity,
@@ -209,6 +214,7 @@ pub fn launch_join_pass(
             vec![(0, slots.len().div_ceil(GRID_WORK_SAMPLE).div_ceil(BLOCK as usize) as u32)]
         }
         Some(_) => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
+        None if directory.is_some() => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
         None => {
             let run_rows = BRUTE_TILE * run;
             let runs = (right_len as usize).div_ceil(run_rows);
@@ -223,7 +229,7 @@ pub fn launch_join_pass(
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes };
         let mut builder = stream.launch_builder(&function);
         builder.arg(params).arg(&begin).arg(&end);
-        if grid.is_none() {
+        if grid.is_none() && directory.is_none() {
             builder.arg(&right_begin).arg(&right_len);
         }
         match tc_rows {
@@ -239,15 +245,18 @@ pub fn launch_join_pass(
             .arg(&right.filter_norms)
             .arg(&left.order)
             .arg(&right.order);
-        match grid {
-            Some(g) => builder
+        match (grid, directory) {
+            (_, Some(d)) => {
+                builder.arg(&d.block_lo).arg(&d.block_hi).arg(&d.node_lo).arg(&d.node_hi).arg(&d.leaf_start)
+            }
+            (Some(g), None) => builder
                 .arg(&g.left_slot_cell)
                 .arg(&g.right_cell_ids)
                 .arg(&g.right_cell_start)
                 .arg(&g.cell_table)
                 .arg(&g.left_sort_keys)
                 .arg(&g.right_sort_keys),
-            None => {
+            (None, None) => {
                 match byte_sides {
                     Some((l, r)) => builder.arg(&l.sq_norms).arg(&r.sq_norms),
                     None => builder.arg(&left.filter_sq_norms).arg(&right.filter_sq_norms),
@@ -267,8 +276,12 @@ pub fn launch_join_pass(
         if let Some((left_map, right_map)) = &maps {
             builder.arg(left_map).arg(right_map);
         }
-        // SAFETY: the arguments match the kernel's parameter list (brute_join.cu, tc_join.cu) one for
-        // one (types and order). Every row buffer holds `dim` values per slot for all slots the
+        // SAFETY: the arguments match the kernel's parameter list (brute_join.cu, tc_join.cu,
+        // grid_join.cu, directory_join.cu) one for one (types and order). directory_join reads the
+        // box of block s / DIRECTORY_BLOCK of every left slot s < `end` (block_lo and block_hi hold
+        // one for every block of the left side's slots), and the nodes' boxes and leaf starts of a
+        // directory of `params.levels` levels of `params.fanout` (node_lo, node_hi and leaf_start
+        // sized for exactly that shape by gpu_join), whose leaf starts are right slots ≤ `right_len`. Every row buffer holds `dim` values per slot for all slots the
         // kernel reads: left slots < `end` ≤ left rows, right slots < `right_len` or within
         // `right_cell_start`; with `params.per_row`, `row_threshold` and `row_limit` hold a value
         // for every left slot; with the GEMM filter, `filter_norms` and `filter_sq_norms` hold one
