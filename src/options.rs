@@ -163,7 +163,9 @@ impl SimJoinOptions {
         Self { cluster, ..config.extensions.get::<SimJoinOptions>().cloned().unwrap_or_default() }
     }
 
-    /// Sets the self-test's and benchmarks' switches on `ctx`'s session (its later queries).
+    /// Sets the self-test's and benchmarks' switches on `ctx`'s session (its later queries); for
+    /// the `simjoin` binary, not part of the library's API.
+    #[doc(hidden)]
     pub fn set_checks(ctx: &datafusion::prelude::SessionContext, checks: crate::op::Checks) {
         let state = ctx.state_ref();
         let mut state = state.write();

@@ -13,7 +13,8 @@ use datafusion::common::Result;
 use rayon::prelude::*;
 
 use super::RunStats;
-use super::cpu::{JoinContext, SlotFilter, exact_pair};
+use super::cpu::JoinContext;
+use super::grid_join::{SlotFilter, exact_pair};
 use super::plan::{FilterLimit, gather, lower_corner};
 use super::simd::{LANES, tile_hits};
 use crate::index::{DIRECTORY_BLOCK, Directory, DirectoryShape, GridIndex};

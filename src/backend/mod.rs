@@ -20,6 +20,7 @@ mod directory;
 mod exact;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+mod grid_join;
 mod list_of_clusters;
 mod plan;
 #[cfg(feature = "gpu")]

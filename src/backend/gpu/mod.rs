@@ -41,6 +41,7 @@ mod appended;
 mod approx;
 mod approx_build;
 mod directory;
+mod divided;
 mod filter;
 mod join;
 mod knn;
@@ -54,6 +55,7 @@ mod text;
 pub use approx_build::build_on_device;
 pub use multi::MultiGpuBackend;
 
+use divided::*;
 use filter::*;
 use join::*;
 use knn_plan::*;

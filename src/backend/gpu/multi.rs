@@ -25,7 +25,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::GpuBackend;
-use super::join::JoinParts;
+use super::divided::JoinParts;
 use crate::backend::tiles::merged_knn;
 use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, join_rows, knn_rows};
 use crate::gpu::GpuDevice;
