@@ -29,6 +29,48 @@ use crate::op::{Metric, Operation, PairOrder, SimilarityOp};
 use crate::results::{BatchBuilder, InputColumn, OutputColumn, SideData};
 use crate::vectors::{Row, Vectors, skipped_values};
 
+/// Each statistic of a run (`RunStats`) that EXPLAIN ANALYZE shows, declared once: its metric's
+/// name, and its value in a run. Counters and times add up over the runs of an operator (its
+/// tiles, parts and partitions); a gauge keeps the last run's value where the run has one.
+const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 12] = [
+    ("candidate_pairs", |s| s.candidates as usize),
+    // Approximate kNN: distinct candidates the Multicurves index gave.
+    ("curve_candidates", |s| s.curve_candidates as usize),
+    // Approximate kNN on the cores: rows reached through the kNN graph.
+    ("graph_rows", |s| s.graph_rows as usize),
+    // Approximate kNN and the List of Clusters: indexes kept from an earlier query.
+    ("kept_indexes", |s| s.kept_indexes),
+    // The List of Clusters: distance computations it saved against a scan.
+    ("saved_distances", |s| s.saved_distances as usize),
+    // The directory: the leaf pages the left blocks visited.
+    ("pages_visited", |s| s.pages_visited as usize),
+    // `device=auto`: GPU runs redone on the CPU.
+    ("gpu_fallbacks", |s| s.gpu_fallbacks),
+    ("count_passes", |s| s.count_passes as usize),
+    ("write_passes", |s| s.write_passes as usize),
+    ("tiles", |s| s.tiles as usize),
+    // GPU: inputs whose rows were already on the device.
+    ("resident_inputs", |s| s.resident_inputs),
+    // GPU: tiles whose brute-force passes ran on byte rows (exact integer filter).
+    ("byte_row_tiles", |s| s.byte_row_tiles as usize),
+];
+const RUN_TIMES: [(&str, fn(&RunStats) -> Duration); 7] = [
+    // The scheduler's predicted time and the wait for the device.
+    ("predicted_time", |s| s.predicted_time),
+    ("queue_time", |s| s.queue_time),
+    ("build_time", |s| s.build_time),
+    ("probe_time", |s| s.probe_time),
+    ("transfer_time", |s| s.transfer_time),
+    ("kernel_time", |s| s.kernel_time),
+    ("emit_time", |s| s.emit_time),
+];
+const RUN_GAUGES: [(&str, fn(&RunStats) -> Option<usize>); 3] = [
+    ("indexed_dims", |s| Some(s.indexed_dims)),
+    // The directory: its levels and fanout.
+    ("directory_levels", |s| s.directory.map(|(levels, _)| levels)),
+    ("directory_fanout", |s| s.directory.map(|(_, fanout)| fanout)),
+];
+
 /// The operator's metrics (EXPLAIN ANALYZE).
 #[derive(Clone)]
 pub(super) struct SimilarityMetrics {
@@ -37,40 +79,14 @@ pub(super) struct SimilarityMetrics {
     pub(super) baseline: BaselineMetrics,
     pub(super) input_rows: Count,
     pub(super) skipped_rows: Count,
-    candidate_pairs: Count,
-    /// Approximate kNN: distinct candidates the Multicurves index gave.
-    curve_candidates: Count,
-    /// Approximate kNN on the cores: rows reached through the kNN graph.
-    graph_rows: Count,
-    /// Approximate kNN and the List of Clusters: indexes kept from an earlier query.
-    kept_indexes: Count,
-    /// The List of Clusters: distance computations it saved against a scan.
-    saved_distances: Count,
-    /// The directory: its levels and fanout, and the leaf pages the left blocks visited.
-    directory_levels: Gauge,
-    directory_fanout: Gauge,
-    pages_visited: Count,
-    /// The scheduler's predicted time, the wait for the device, and GPU runs redone on the CPU.
-    predicted_time: Time,
-    queue_time: Time,
-    gpu_fallbacks: Count,
-    count_passes: Count,
-    write_passes: Count,
-    tiles: Count,
-    indexed_dims: Gauge,
     /// Inputs whose vectors came from the conversion cache (exec/cache.rs).
     pub(super) cached_inputs: Count,
-    /// GPU: inputs whose rows were already on the device.
-    resident_inputs: Count,
-    /// GPU: tiles whose brute-force passes ran on byte rows (exact integer filter).
-    byte_row_tiles: Count,
     /// Concatenating each input's batches and converting them to f64 vectors (before the backend).
     convert_time: Time,
-    build_time: Time,
-    probe_time: Time,
-    transfer_time: Time,
-    kernel_time: Time,
-    emit_time: Time,
+    /// The run statistics of [`RUN_COUNTERS`], [`RUN_TIMES`] and [`RUN_GAUGES`], in their order.
+    run_counters: Vec<Count>,
+    run_times: Vec<Time>,
+    run_gauges: Vec<Gauge>,
 }
 
 impl SimilarityMetrics {
@@ -80,30 +96,11 @@ impl SimilarityMetrics {
             baseline: BaselineMetrics::new(set, 0),
             input_rows: MetricBuilder::new(set).counter("input_rows", 0),
             skipped_rows: MetricBuilder::new(set).counter("skipped_rows", 0),
-            candidate_pairs: MetricBuilder::new(set).counter("candidate_pairs", 0),
-            curve_candidates: MetricBuilder::new(set).counter("curve_candidates", 0),
-            graph_rows: MetricBuilder::new(set).counter("graph_rows", 0),
-            kept_indexes: MetricBuilder::new(set).counter("kept_indexes", 0),
-            saved_distances: MetricBuilder::new(set).counter("saved_distances", 0),
-            directory_levels: MetricBuilder::new(set).gauge("directory_levels", 0),
-            directory_fanout: MetricBuilder::new(set).gauge("directory_fanout", 0),
-            pages_visited: MetricBuilder::new(set).counter("pages_visited", 0),
-            predicted_time: MetricBuilder::new(set).subset_time("predicted_time", 0),
-            queue_time: MetricBuilder::new(set).subset_time("queue_time", 0),
-            gpu_fallbacks: MetricBuilder::new(set).counter("gpu_fallbacks", 0),
-            count_passes: MetricBuilder::new(set).counter("count_passes", 0),
-            write_passes: MetricBuilder::new(set).counter("write_passes", 0),
-            tiles: MetricBuilder::new(set).counter("tiles", 0),
-            indexed_dims: MetricBuilder::new(set).gauge("indexed_dims", 0),
             cached_inputs: MetricBuilder::new(set).counter("cached_inputs", 0),
-            resident_inputs: MetricBuilder::new(set).counter("resident_inputs", 0),
-            byte_row_tiles: MetricBuilder::new(set).counter("byte_row_tiles", 0),
             convert_time: MetricBuilder::new(set).subset_time("convert_time", 0),
-            build_time: MetricBuilder::new(set).subset_time("build_time", 0),
-            probe_time: MetricBuilder::new(set).subset_time("probe_time", 0),
-            transfer_time: MetricBuilder::new(set).subset_time("transfer_time", 0),
-            kernel_time: MetricBuilder::new(set).subset_time("kernel_time", 0),
-            emit_time: MetricBuilder::new(set).subset_time("emit_time", 0),
+            run_counters: RUN_COUNTERS.iter().map(|(name, _)| MetricBuilder::new(set).counter(*name, 0)).collect(),
+            run_times: RUN_TIMES.iter().map(|(name, _)| MetricBuilder::new(set).subset_time(*name, 0)).collect(),
+            run_gauges: RUN_GAUGES.iter().map(|(name, _)| MetricBuilder::new(set).gauge(*name, 0)).collect(),
         }
     }
 
@@ -114,30 +111,17 @@ impl SimilarityMetrics {
     }
 
     pub(super) fn record_run(&self, stats: &RunStats) {
-        self.candidate_pairs.add(stats.candidates as usize);
-        self.curve_candidates.add(stats.curve_candidates as usize);
-        self.graph_rows.add(stats.graph_rows as usize);
-        self.kept_indexes.add(stats.kept_indexes);
-        self.saved_distances.add(stats.saved_distances as usize);
-        if let Some((levels, fanout)) = stats.directory {
-            self.directory_levels.set(levels);
-            self.directory_fanout.set(fanout);
+        for (counter, (_, value)) in self.run_counters.iter().zip(RUN_COUNTERS) {
+            counter.add(value(stats));
         }
-        self.pages_visited.add(stats.pages_visited as usize);
-        self.predicted_time.add_duration(stats.predicted_time);
-        self.queue_time.add_duration(stats.queue_time);
-        self.gpu_fallbacks.add(stats.gpu_fallbacks);
-        self.count_passes.add(stats.count_passes as usize);
-        self.write_passes.add(stats.write_passes as usize);
-        self.tiles.add(stats.tiles as usize);
-        self.resident_inputs.add(stats.resident_inputs);
-        self.byte_row_tiles.add(stats.byte_row_tiles as usize);
-        self.indexed_dims.set(stats.indexed_dims);
-        self.build_time.add_duration(stats.build_time);
-        self.probe_time.add_duration(stats.probe_time);
-        self.transfer_time.add_duration(stats.transfer_time);
-        self.kernel_time.add_duration(stats.kernel_time);
-        self.emit_time.add_duration(stats.emit_time);
+        for (time, (_, value)) in self.run_times.iter().zip(RUN_TIMES) {
+            time.add_duration(value(stats));
+        }
+        for (gauge, (_, value)) in self.run_gauges.iter().zip(RUN_GAUGES) {
+            if let Some(v) = value(stats) {
+                gauge.set(v);
+            }
+        }
         // Several GPUs: each device's rows, wall time and kernel time (`gpu1_time=…`).
         for device in &stats.devices {
             let name = |what: &str| format!("gpu{}_{what}", device.ordinal);
