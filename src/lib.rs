@@ -41,6 +41,7 @@
 //! above them.
 
 mod backend;
+mod costs;
 pub mod datagen;
 mod exec;
 mod functions;

@@ -1,47 +1,16 @@
 //! The cost model of an approximate kNN (`approx=true`): the cores' search of the Multicurves
 //! index (by its curves alone or with its kNN graph), the GPU's search of it, and the exact kNN on the GPU, which `device=auto` weighs
-//! (backend/auto.rs). Its constants were fitted on the H100 host (docs/optimisations.md, v143); as
+//! (backend/auto.rs). Its constants (in costs.rs) were fitted on the H100 host (docs/optimisations.md, v143); as
 //! the other estimates, it only has to be right where the choices are far apart.
 
 use super::KnnRequest;
 use super::approx::walks_graph;
-use super::auto::UPLOAD_BYTES_PER_SECOND;
+use crate::costs::{
+    APPROX_BUILD_NS_PER_FLOP, APPROX_BUILD_NS_PER_KEY, APPROX_CPU_NS_PER_ENTRY, APPROX_GPU_NS_PER_ENTRY,
+    APPROX_GPU_NS_PER_ENTRY_DIM, APPROX_HOST_NS_PER_QUERY, APPROX_HOST_NS_PER_QUERY_DIM, EXACT_KNN_GPU_NS_PER_PAIR_DIM,
+    EXACT_KNN_GPU_PASSES_NS, GRAPH_BUILD_NS_PER_ROW, GRAPH_NS_PER_POOL_ROW, UPLOAD_BYTES_PER_SECOND,
+};
 use crate::index::curves::{CURVES, Geometry, PCA_SAMPLE, PRINCIPAL_DIMS};
-
-/// One core's time per entry a query takes from a curve in the cores' Multicurves search (the
-/// entry, its proxy, and its share of the re-ranks): 72 ns on Fashion-MNIST and 90 on the blobs at
-/// effort 1 (2,560 entries a query) on the H100 host's 16 cores (docs/optimisations.md, v143).
-const APPROX_CPU_NS_PER_ENTRY: f64 = 80.0;
-/// One core's time per row of the pool in the cores' graph search (its share of the seeds, the
-/// rows reached through its edges, and the re-ranks): 3.5 µs on Fashion-MNIST and 4.1 on the blobs
-/// at effort 1 (a pool of 32) on the 2-core build machine (docs/optimisations.md, v146).
-const GRAPH_NS_PER_POOL_ROW: f64 = 3_800.0;
-/// One core's time per row of the kNN graph's build: 33 µs on Fashion-MNIST, 54 on the blobs on
-/// the 2-core build machine (v146).
-const GRAPH_BUILD_NS_PER_ROW: f64 = 45_000.0;
-/// The GPU's time per curve entry in approx_knn (kernels/approx.cu): a share of the block's two
-/// sorts, and per dimension its share of reading the candidate's row (repeats are not read, and
-/// rows of near queries meet in the L2 cache). Fitted on the H100: 0.42 ns an entry at 128
-/// dimensions, 0.81 at 784 (v143).
-const APPROX_GPU_NS_PER_ENTRY: f64 = 0.34;
-const APPROX_GPU_NS_PER_ENTRY_DIM: f64 = 0.0006;
-/// One core's time per query around the GPU's search: its keys, its upload and download, and the
-/// exact measure of its best; fitted as 21 µs at 128 dimensions and 83 at 784 (v143).
-const APPROX_HOST_NS_PER_QUERY: f64 = 9_000.0;
-const APPROX_HOST_NS_PER_QUERY_DIM: f64 = 95.0;
-/// One core's share of the index's build, per multiply-add of its projections (its sample's
-/// covariance, the base onto up to 192 axes) and per key (the Hilbert key, its share of the sorts):
-/// fitted to the builds of Fashion-MNIST (0.55 s), the blobs (0.35 s) and the Gaussian set (1.41 s)
-/// on 16 cores (v143).
-const APPROX_BUILD_NS_PER_FLOP: f64 = 0.3;
-const APPROX_BUILD_NS_PER_KEY: f64 = 800.0;
-/// The exact kNN's time on the GPU, to weigh the index's search against, per query × base row ×
-/// dimension: 10,000 queries over 1M × 128 took 54 ms on the H100 (BENCHMARKS.md, P1), 1,000 of
-/// them 5.4 ms; and at least the time of its passes (sampled radii, counts, ranking) whatever the
-/// sizes: 1,000 queries over the 200,000 blobs took 10 ms for 1 ms of brute force (v143).
-/// Fashion-MNIST's bytes run faster still (10,000 queries over 60,000 × 784: 6 ms).
-const EXACT_KNN_GPU_NS_PER_PAIR_DIM: f64 = 4.2e-5;
-const EXACT_KNN_GPU_PASSES_NS: f64 = 5e6;
 
 /// [`EXACT_KNN_GPU_NS_PER_PAIR_DIM`]'s estimate of `queries` over `n` rows of `dim` values.
 pub(super) fn exact_knn_gpu_ns(queries: usize, n: usize, dim: usize) -> f64 {

@@ -26,6 +26,7 @@ use super::{
     Backend, CpuBackend, DividedRun, GpuBackend, JoinRequest, KnnRequest, KnownSizes, MapSink, ResultChunk, ResultSink,
     RunStats, join_rows, knn_rows,
 };
+use crate::costs::{CPU_RUN, GPU_OVER_ONE_CORE_BRUTE, GPU_OVER_ONE_CORE_GRID, GPU_RUN, UPLOAD_BYTES_PER_SECOND};
 use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{cached_startup, startup_left, warm_up};
@@ -34,28 +35,11 @@ use crate::index::{CostInputs, JoinStrategy, brute_force_run_ns, estimate_strate
 use crate::op::{Checks, Devices};
 use crate::vectors::Vectors;
 
-/// One GPU against one CPU core on a brute-force run (kNN, or a join without the grid). On the H100
-/// host P1's whole GPU operator (0.17 s) against its CPU operator on 16 cores (2.9 s) is ~270
-/// cores, its kernels alone ~6,000; the choice only has to be right where the two are far apart
-/// (docs/optimisations.md, v98, with the estimate made absolute in v130).
-const GPU_OVER_ONE_CORE_BRUTE: f64 = 880.0;
-/// ... on a grid join, whose GPU run is bound by what it does on the host around its kernels
-/// (building the grid, emitting the pairs): the 1M × 2 self-join of 4.6M pairs takes ~40 ms on
-/// the H100 (kernels 1.5 ms) against ~0.8 s of one core's estimate (v130).
-const GPU_OVER_ONE_CORE_GRID: f64 = 30.0;
-/// A CPU run's own fixed cost, not divided among the cores: the cost model's sample, the threads'
-/// fan-out and the merge of their results (1–5 ms on the 2-core machine beyond the estimate).
-const CPU_RUN: Duration = Duration::from_millis(2);
-/// A GPU run's own fixed cost: allocations, launches, synchronisations.
-const GPU_RUN: Duration = Duration::from_millis(15);
 /// A join's inputs (rows × values per row) from which its plan starts the GPU's start-up before
 /// the sample has chosen the device: 2²⁴ f32 values take ~40 ms to decode on the H100 host's 16
 /// cores (the 1M × 128 base, 2²⁷ values, 0.22 s), so below this, waiting for the sample loses
 /// little of what overlapping start-up with decoding would save.
 const WARM_UP_VALUES: usize = 1 << 24;
-/// Host-to-device copy rate of exact rows (as kept: f64, or f32 widened on the device) through the
-/// page-locked staging buffers.
-pub(super) const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
 
 /// The kernel modules a join may launch (the grid's when the cost model picks it) and kNN's.
 pub(super) const JOIN_MODULES: [KernelModule; 6] = [

@@ -25,6 +25,7 @@ use super::exact::{ExactCheck, write_self_pairs};
 use super::text::Pattern;
 use super::topk::{KSmallest, Neighbour, rank_in_waves};
 use super::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
+use crate::costs::{BUILD_COST, SEARCH_COST};
 use crate::index::list_of_clusters::{ListOfClusters, MetricSpace, Probe, Rounding};
 use crate::op::{Metric, squared_l2};
 use crate::vectors::{Row, Values, Vectors};
@@ -164,12 +165,6 @@ pub fn usable(left: &Vectors, right: &Vectors) -> bool {
     small(left) && small(right)
 }
 
-/// Relative costs per distance, in units of one distance of the exact-f64 scan (L1, L∞ kNN),
-/// measured on 200k × 16 blobs (benches/clusters.sh): the build's distances cost 12 (a pass per
-/// centre over the remaining rows, with the selection of its cluster), the search's 8 (bounds,
-/// the k-nearest selection and less regular memory access).
-const BUILD_COST: f64 = 12.0;
-const SEARCH_COST: f64 = 8.0;
 /// Base rows of the sample the cost model builds an index over, and queries it searches.
 const SAMPLE_ROWS: usize = 16_384;
 const SAMPLE_QUERIES: usize = 64;

@@ -13,6 +13,10 @@
 use rayon::prelude::*;
 
 use super::directory::{DirectoryShape, ranked_by_spread};
+use crate::costs::{
+    BRUTE_RUN_FACTOR, NS_BRUTE_DIM_DIRECT, NS_BRUTE_DIM_GEMM, NS_BRUTE_PAIR, NS_DIM, NS_LOOKUP_STEP, NS_PAIR, NS_PROBE,
+    NS_RUN_CANDIDATE, NS_RUN_CANDIDATE_DIM, NS_RUN_CELL_VISIT, NS_RUN_ROW, NS_WINDOW,
+};
 use crate::on_coords;
 use crate::op::IndexChoice;
 use crate::vectors::{Coord, Coords};
@@ -23,37 +27,6 @@ const MAX_INDEXED_DIMS: usize = 8;
 const COST_SAMPLE: usize = 1200;
 /// Relative widening of the cell edge over the coordinate bound (see the module docs).
 const WIDEN: f64 = 1.0 + 1.0 / (1u64 << 20) as f64;
-
-/// Cost-model weights, in nanoseconds of one core, measured on the 2-core build machine (AMD
-/// EPYC, AVX-512) with `simjoin bench` on uniform data: finding one neighbour cell (table lookup or
-/// binary search step), one `±r` window search per point and neighbour cell, one candidate pair
-/// plus one dimension of the vectorised f32 filter, and one brute-force pair plus dimension (f32
-/// GEMM tile, then its vectorised bound). At d = 8 both come to about 1.2 ns per pair.
-const NS_PROBE: f64 = 6.0;
-const NS_LOOKUP_STEP: f64 = 3.0;
-const NS_WINDOW: f64 = 25.0;
-const NS_PAIR: f64 = 0.4;
-const NS_DIM: f64 = 0.1;
-const NS_BRUTE_PAIR: f64 = 0.55;
-const NS_BRUTE_DIM_GEMM: f64 = 0.08;
-const NS_BRUTE_DIM_DIRECT: f64 = 0.6;
-
-/// Absolute weights of a whole CPU run, in nanoseconds of one core of the same machine, fitted to
-/// the build and probe times of grid joins of 20,000 to 1,000,000 rows (docs/optimisations.md,
-/// v130). The weights above compare strategies, and price a candidate at what the vectorised
-/// filter costs; a run also indexes its rows (cell keys, sorts, the cost model's own sample),
-/// visits each neighbour cell of each probing cell (finding it, and its rows' first cache
-/// misses), and checks and emits every candidate. The scheduler of `device=auto` compares these
-/// times with the GPU's, so they must be right in size, not only in order: the weights above
-/// alone put a 1M-row join at 1/50 of its time.
-const NS_RUN_ROW: f64 = 170.0;
-const NS_RUN_CELL_VISIT: f64 = 330.0;
-const NS_RUN_CANDIDATE: f64 = 10.0;
-const NS_RUN_CANDIDATE_DIM: f64 = 0.5;
-/// A brute-force run against the brute-force weights above (a kNN of 300 × 20,000 rows in 8
-/// dimensions: 7.1 ms estimated, 16 ms of core time measured, the top-k and the exact re-rank being
-/// the difference).
-const BRUTE_RUN_FACTOR: f64 = 2.2;
 
 /// The cell layout shared by the indexes of both join inputs.
 #[derive(Debug, Clone, PartialEq)]

@@ -28,13 +28,9 @@ use super::GpuBackend;
 use super::divided::JoinParts;
 use crate::backend::tiles::merged_knn;
 use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, join_rows, knn_rows};
+use crate::costs::KNN_SPLIT_WORK;
 use crate::gpu::GpuDevice;
 use datafusion::common::{DataFusionError, Result};
-
-/// kNN work (queries × base rows × dimensions) below which the first GPU runs it alone: two
-/// H200s took longer than one for 100k queries over 1M × 128 (1.3·10¹³) and 1.27× less time over
-/// 4M × 128 (5.1·10¹³).
-const KNN_SPLIT_WORK: f64 = 3e13;
 
 /// The GPUs of a run.
 #[derive(Debug)]
