@@ -17,7 +17,7 @@ use super::cpu::JoinContext;
 use super::grid_join::{SlotFilter, exact_pair};
 use super::plan::{FilterLimit, gather, lower_corner};
 use super::simd::{LANES, tile_hits};
-use crate::index::{DIRECTORY_BLOCK, Directory, DirectoryShape, GridIndex};
+use crate::index::{DIRECTORY_BLOCK, DirectoryShape, GridIndex, JoinDirectories};
 use crate::vectors::Coords;
 
 /// The join of `ctx`'s request through directories of `shape` (the right side's; a separate left
@@ -33,15 +33,10 @@ pub(super) fn join(
     let request = ctx.request;
     let dim = request.left.dim;
     let same = request.self_join.is_some();
-    let right_dir = Directory::build(shape, right, dim);
-    let left_dir = (!same).then(|| {
-        let own = DirectoryShape::for_points(request.left.len(), &shape.cuts, shape.radius);
-        Directory::build(&own, left, dim)
-    });
-    let left_dir = left_dir.as_ref().unwrap_or(&right_dir);
-    let (block_lo, block_hi) = left_dir.block_boxes(left);
+    let dirs = JoinDirectories::build(shape, left, right, dim, same);
+    let (left_dir, right_dir) = (dirs.left(), &dirs.right);
     // The rows as groups the slot filters pad: the left side by blocks, the right by leaves.
-    let blocks = left_dir.order.len().div_ceil(DIRECTORY_BLOCK);
+    let blocks = dirs.blocks();
     let left_groups = GridIndex::from_groups(
         left_dir.order.clone(),
         (0..blocks).map(|b| b * DIRECTORY_BLOCK).chain([left_dir.order.len()]).collect(),
@@ -69,8 +64,8 @@ pub(super) fn join(
             let sources = left_groups.slots(b);
             leaves.clear();
             let from = if same { sources.start + 1 } else { 0 };
-            right_dir
-                .visit(&block_lo[b * dim..(b + 1) * dim], &block_hi[b * dim..(b + 1) * dim], from, |l| leaves.push(l));
+            let (lo, hi) = dirs.block_box(b);
+            right_dir.visit(lo, hi, from, |l| leaves.push(l));
             visited += leaves.len() as u64;
             let rows = left_slots.start[b]..left_slots.start[b] + sources.len();
             for &l in &leaves {

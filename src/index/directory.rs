@@ -255,6 +255,49 @@ impl Directory {
     }
 }
 
+/// The directories of a join's two sides and the left blocks' boxes, which both backends join
+/// through.
+pub struct JoinDirectories {
+    /// The right side's, of the planned shape.
+    pub right: Directory,
+    /// A separate left side's, of its own size over the same cut dimensions (`None`: a self-join,
+    /// whose left side is the right one).
+    left: Option<Directory>,
+    /// The bounding box of each [`DIRECTORY_BLOCK`] left slots (see [`Directory::block_boxes`]).
+    pub block_lo: Vec<f64>,
+    pub block_hi: Vec<f64>,
+}
+
+impl JoinDirectories {
+    /// Sorts the left and right filter-space rows (row-major, `dim` wide; `same`: a self-join)
+    /// into their directories.
+    pub fn build(shape: &DirectoryShape, left: Coords, right: Coords, dim: usize, same: bool) -> Self {
+        let right_dir = Directory::build(shape, right, dim);
+        let left_dir = (!same).then(|| {
+            let own = DirectoryShape::for_points(left.len() / dim.max(1), &shape.cuts, shape.radius);
+            Directory::build(&own, left, dim)
+        });
+        let (block_lo, block_hi) = left_dir.as_ref().unwrap_or(&right_dir).block_boxes(left);
+        Self { right: right_dir, left: left_dir, block_lo, block_hi }
+    }
+
+    /// The left side's directory (the right one for a self-join).
+    pub fn left(&self) -> &Directory {
+        self.left.as_ref().unwrap_or(&self.right)
+    }
+
+    /// Left blocks.
+    pub fn blocks(&self) -> usize {
+        self.left().order.len().div_ceil(DIRECTORY_BLOCK)
+    }
+
+    /// Block `b`'s box, `(lo, hi)`.
+    pub fn block_box(&self, b: usize) -> (&[f64], &[f64]) {
+        let dim = self.right.dim;
+        (&self.block_lo[b * dim..(b + 1) * dim], &self.block_hi[b * dim..(b + 1) * dim])
+    }
+}
+
 /// Index of level `level`'s first node among all nodes (level 1 first).
 fn level_offset(shape: &DirectoryShape, level: usize) -> usize {
     (1..level).map(|l| shape.fanout.pow(l as u32)).sum()

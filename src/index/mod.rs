@@ -9,7 +9,7 @@ pub mod grid;
 pub mod list_of_clusters;
 pub mod segments;
 
-pub use directory::{DIRECTORY_BLOCK, Directory, DirectoryShape};
+pub use directory::{DIRECTORY_BLOCK, DirectoryShape, JoinDirectories};
 pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy, extent};
 #[cfg(feature = "gpu")]
 pub use grid::{brute_force_run_ns, estimate_strategy};

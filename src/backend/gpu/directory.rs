@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::gpu::buffers::DirectoryBuffers;
-use crate::index::{DIRECTORY_BLOCK, Directory, DirectoryShape};
+use crate::index::{DIRECTORY_BLOCK, DirectoryShape, JoinDirectories};
 
 /// The directory's buffers and, for a join divided among GPUs, the estimated work of every
 /// GRID_WORK_SAMPLE-th left slot (the right slots its block's walk visits, for `part_slots`).
@@ -26,26 +26,21 @@ impl GpuBackend {
         stats: &mut RunStats,
         divided: bool,
     ) -> Result<(DeviceDirectory, CudaSlice<u32>, Option<CudaSlice<u32>>), GpuError> {
-        let dim = request.left.dim;
         let same = request.self_join.is_some();
-        let right = Directory::build(shape, spaces.right(), dim);
-        let left = (!same).then(|| {
-            let own = DirectoryShape::for_points(request.left.len(), &shape.cuts, shape.radius);
-            Directory::build(&own, spaces.left(), dim)
-        });
-        let left_dir = left.as_ref().unwrap_or(&right);
-        let (block_lo, block_hi) = left_dir.block_boxes(spaces.left());
+        let dirs = JoinDirectories::build(shape, spaces.left(), spaces.right(), request.left.dim, same);
+        let (left_dir, right) = (dirs.left(), &dirs.right);
         // A join divided among several GPUs walks each block on the host as well: the right slots
         // its pages hold are the work that divides the blocks, and the pages it visits go to
         // EXPLAIN ANALYZE. Not otherwise: at 16 dimensions the walks of 10⁶ rows took about as
         // long on 16 cores as the kernel's whole join.
-        let blocks = if divided { block_lo.len() / dim.max(1) } else { 0 };
+        let blocks = if divided { dirs.blocks() } else { 0 };
         let walks: Vec<(u64, u64)> = (0..blocks)
             .into_par_iter()
             .map(|b| {
                 let (mut pages, mut slots) = (0u64, 0u64);
                 let from = if same { b * DIRECTORY_BLOCK + 1 } else { 0 };
-                right.visit(&block_lo[b * dim..(b + 1) * dim], &block_hi[b * dim..(b + 1) * dim], from, |l| {
+                let (lo, hi) = dirs.block_box(b);
+                right.visit(lo, hi, from, |l| {
                     pages += 1;
                     slots += (right.leaf_start[l + 1] - right.leaf_start[l]) as u64;
                 });
@@ -68,8 +63,8 @@ impl GpuBackend {
         let copy = |e: cudarc::driver::DriverError| GpuError::from(format!("GPU copy failed: {e}"));
         let leaf_start: Vec<u32> = right.leaf_start.iter().map(|&s| s as u32).collect();
         let buffers = DirectoryBuffers {
-            block_lo: stream.clone_htod(&block_lo).map_err(copy)?,
-            block_hi: stream.clone_htod(&block_hi).map_err(copy)?,
+            block_lo: stream.clone_htod(&dirs.block_lo).map_err(copy)?,
+            block_hi: stream.clone_htod(&dirs.block_hi).map_err(copy)?,
             node_lo: stream.clone_htod(&right.lo).map_err(copy)?,
             node_hi: stream.clone_htod(&right.hi).map_err(copy)?,
             leaf_start: stream.clone_htod(&leaf_start).map_err(copy)?,
