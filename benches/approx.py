@@ -84,7 +84,7 @@ def main():
         base = vectors(os.path.join(args.dir, first["base_file"]))
         queries = vectors(os.path.join(args.dir, first["queries_file"]))
         for r in ours:
-            setting = "exact" if r["effort"] is None else f"approx_effort={r['effort']}"
+            setting = r["setting"]
             build = "–" if r["build_s"] is None else f"{r['build_s']:.2f}"
             print(f"| {data} | {r['method']} | {setting} | {r['recall']:.4f} | {r['queries_per_s']:.0f} | {build} |")
         if args.peers_max_rows is not None and len(base) > args.peers_max_rows:

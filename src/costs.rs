@@ -110,9 +110,8 @@ pub(crate) const APPROX_HOST_NS_PER_QUERY_DIM: f64 = 95.0;
 /// covariance, the base onto up to 192 axes) and per key (the Hilbert key, its share of the sorts):
 /// fitted to the builds of Fashion-MNIST (0.55 s), the blobs (0.35 s) and the Gaussian set (1.41 s)
 /// on 16 cores (v143).
-#[cfg(feature = "gpu")]
+/// (The same per core on the 2-core build machine: the Gaussian set's build there takes 11 s.)
 pub(crate) const APPROX_BUILD_NS_PER_FLOP: f64 = 0.3;
-#[cfg(feature = "gpu")]
 pub(crate) const APPROX_BUILD_NS_PER_KEY: f64 = 800.0;
 /// The exact kNN's time on the GPU, to weigh the index's search against, per query × base row ×
 /// dimension: 10,000 queries over 1M × 128 took 54 ms on the H100 (BENCHMARKS.md, P1), 1,000 of

@@ -247,15 +247,28 @@ impl FromStr for Devices {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Approx {
     /// Higher is slower and more accurate: the candidates taken from each curve scale with it, and
-    /// on the cores the graph search's seeds and pool.
+    /// on the cores the graph search's seeds and pool. Where `recall` is set, the effort the
+    /// calibration starts from.
     pub effort: f64,
+    /// `approx_recall`: the recall@k the answer is to reach, for which the backend chooses the
+    /// effort on a sample (backend/approx_recall.rs); `None` where `approx_effort` fixes it.
+    #[serde(default)]
+    pub recall: Option<f64>,
+    /// The queries of the whole run a calibration sample stands for: its search is planned as
+    /// that run's is (on the cores, through the kNN graph or by the curves alone); `None` for the
+    /// request's own queries.
+    #[serde(default)]
+    pub planned_queries: Option<usize>,
     /// [`Checks::curves_alone`].
     #[serde(default)]
     pub curves_alone: bool,
 }
 
-/// `approx_effort`'s default.
+/// The effort of the measured settings below (160 candidates a curve, …), where a calibration for
+/// `approx_recall` starts.
 pub const DEFAULT_APPROX_EFFORT: f64 = 1.0;
+/// `approx_recall`'s default: the recall@k an approximate kNN reaches unless told otherwise.
+pub const DEFAULT_APPROX_RECALL: f64 = 0.95;
 /// The largest `approx_effort`.
 pub const MAX_APPROX_EFFORT: f64 = 1000.0;
 /// Candidates taken from each curve at effort 1 (measured: recall@10 near 0.95 on Fashion-MNIST

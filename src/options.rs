@@ -44,11 +44,16 @@ pub struct SimJoinOptions {
     /// On a cluster: the shares each call's work is divided into (0: the session's
     /// `datafusion.execution.target_partitions`).
     pub tasks: usize,
-    /// kNN: answer approximately from the Multicurves index (recall measured, not guaranteed).
+    /// kNN: answer approximately from the Multicurves index, to the recall `approx_recall` asks
+    /// for unless `approx_effort` fixes the search.
     pub approx: bool,
     /// Approximate kNN: higher is slower and more accurate (candidates per curve: 160 × effort;
-    /// through the cores' graph, 16 × effort seeds per curve and a pool of 32 × effort rows).
-    pub approx_effort: f64,
+    /// through the cores' graph, 16 × effort seeds per curve and a pool of 32 × effort rows);
+    /// `None` (`auto`, the default) to choose it for `approx_recall`.
+    pub approx_effort: Option<f64>,
+    /// Approximate kNN without `approx_effort`: the recall@k to reach, estimated on a sample
+    /// (backend/approx_recall.rs).
+    pub approx_recall: f64,
     /// Set, not by `SET`, for a session whose plans run on a DataFusion Ballista cluster (its
     /// configuration carries Ballista's): each executor then chooses the device of its part, and
     /// the client and the scheduler open no GPU.
@@ -99,14 +104,15 @@ impl Default for SimJoinOptions {
             rewrite_scans: false,
             tasks: 0,
             approx: false,
-            approx_effort: crate::op::DEFAULT_APPROX_EFFORT,
+            approx_effort: None,
+            approx_recall: crate::op::DEFAULT_APPROX_RECALL,
             cluster: false,
             checks: crate::op::Checks::default(),
         }
     }
 }
 
-const KEYS: [(&str, &str); 16] = [
+const KEYS: [(&str, &str); 17] = [
     ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
     ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
     ("include_self", "Self-joins: also pair each row with itself (true/false)"),
@@ -145,10 +151,17 @@ const KEYS: [(&str, &str); 16] = [
         "tasks",
         "On a cluster: the shares each call's work is divided into, each a task (0: datafusion.execution.target_partitions)",
     ),
-    ("approx", "knn only: answer approximately from the Multicurves index (true/false; default false: exact)"),
+    (
+        "approx",
+        "knn only: answer approximately from the Multicurves index, to approx_recall (true/false; default false: exact)",
+    ),
+    (
+        "approx_recall",
+        "Approximate knn: the recall@k to reach, from 0.5 to 1; the effort is chosen on a sample of the queries (default 0.95)",
+    ),
     (
         "approx_effort",
-        "Approximate knn: higher is slower and more accurate, from 0.01 to 1000 (candidates per curve: 160 × effort; on the cores, graph seeds 16 × effort and pool 32 × effort; default 1)",
+        "Approximate knn: a fixed effort instead of approx_recall's choice, from 0.01 to 1000; higher is slower and more accurate (candidates per curve: 160 × effort; on the cores, graph seeds 16 × effort and pool 32 × effort; default auto)",
     ),
 ];
 
@@ -199,13 +212,20 @@ impl SimJoinOptions {
             "approx" => self.approx = parse_bool("approx", value)?,
             "approx_effort" => {
                 self.approx_effort = match value.trim().parse::<f64>() {
-                    Ok(effort) if (0.01..=crate::op::MAX_APPROX_EFFORT).contains(&effort) => effort,
+                    _ if value.trim().eq_ignore_ascii_case("auto") => None,
+                    Ok(effort) if (0.01..=crate::op::MAX_APPROX_EFFORT).contains(&effort) => Some(effort),
                     _ => {
                         return Err(format!(
-                            "approx_effort must be a number from 0.01 to {}, got '{value}'",
+                            "approx_effort must be auto or a number from 0.01 to {}, got '{value}'",
                             crate::op::MAX_APPROX_EFFORT
                         ));
                     }
+                }
+            }
+            "approx_recall" => {
+                self.approx_recall = match value.trim().parse::<f64>() {
+                    Ok(recall) if (0.5..=1.0).contains(&recall) => recall,
+                    _ => return Err(format!("approx_recall must be a number from 0.5 to 1, got '{value}'")),
                 }
             }
             "pairs" => self.pairs = value.parse()?,
@@ -243,7 +263,8 @@ impl SimJoinOptions {
             "rewrite_scans" => self.rewrite_scans.to_string(),
             "tasks" => self.tasks.to_string(),
             "approx" => self.approx.to_string(),
-            "approx_effort" => self.approx_effort.to_string(),
+            "approx_effort" => self.approx_effort.map_or("auto".to_string(), |effort| effort.to_string()),
+            "approx_recall" => self.approx_recall.to_string(),
             "keys" => self.keys.clone(),
             _ => self.column.clone(),
         }
@@ -263,7 +284,7 @@ impl SimJoinOptions {
                 }
             }
         }
-        for (key, value) in items {
+        for (key, value) in &items {
             let value = value.trim_matches(|c| c == '\'' || c == '"');
             // Session-wide `SET simjoin.approx` applies to knn alone; in a call to another
             // function the option is a mistake that must not pass for an exact answer's setting.
@@ -278,6 +299,22 @@ impl SimJoinOptions {
             if let Err(message) = options.set_value(&key, value) {
                 return plan_err!("{function}: options string '{text}': {message}");
             }
+        }
+        // A call's recall target overrides a session's fixed effort; a call cannot ask for both,
+        // and its tuning of the approximate search without `approx=true` would go unused.
+        let set = |name: &str| items.iter().any(|(key, _)| key == name);
+        if set("approx_recall") && set("approx_effort") && options.approx_effort.is_some() {
+            return plan_err!(
+                "{function}: options string '{text}': approx_recall chooses the effort that approx_effort fixes; give one of them"
+            );
+        }
+        if set("approx_recall") {
+            options.approx_effort = None;
+        }
+        if function == "knn" && !options.approx && (set("approx_recall") || set("approx_effort")) {
+            return plan_err!(
+                "{function}: options string '{text}': approx_recall and approx_effort tune the approximate search; add approx=true to ask for it (without it the answer is exact)"
+            );
         }
         Ok(options)
     }
@@ -383,7 +420,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, keys, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_effort)"
+             (expected one of metric, device, include_self, pairs, column, keys, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_recall, approx_effort)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

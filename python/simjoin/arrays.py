@@ -133,8 +133,8 @@ def knn(
     ``base`` and ``queries`` are numpy 2-D arrays (any float or integer dtype), pyarrow list arrays,
     Arrow tables with one vector column, or with ``metric="levenshtein"`` lists of strings.
     ``metric`` is l2 (not squared; ``l2sq`` is), l2sq, cosine, inner_product, l1, linf or
-    levenshtein; ``device`` auto, cpu or gpu; ``approx=True`` searches the Multicurves index
-    (``approx_effort=…``). Further ``simjoin.*`` options are keyword arguments.
+    levenshtein; ``device`` auto, cpu or gpu; ``approx=True`` searches the Multicurves index to
+    recall@k 0.95 (``approx_recall=…`` another target, ``approx_effort=…`` a fixed effort). Further ``simjoin.*`` options are keyword arguments.
 
     Returns :class:`Neighbours` ``(distances, ids)`` as ``(n_queries, k)`` matrices, or with
     ``output="arrow"`` the table ``query_id, base_id, distance, rank``.

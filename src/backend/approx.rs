@@ -80,16 +80,17 @@ const BOUND_SLACK: f32 = 1e-4;
 const GRAPH_QUERIES_PER_ROW: f64 = 0.5;
 
 /// Whether the cores search `base` with the kNN graph (built first where it is not): where the
-/// base is kept (later queries reuse the graph) or the queries are many enough to repay its
-/// build, and the base has more rows than the curves' search takes entries (otherwise that search
+/// base is kept (later queries reuse the graph) or the queries (the whole run's, for a
+/// calibration's sample) are many enough to repay its build, and the base has more rows than the curves' search takes entries (otherwise that search
 /// reads about every row, and answers exactly where it does).
 pub(super) fn walks_graph(request: &KnnRequest, approx: Approx, k: usize) -> bool {
     let n = request.base.len();
+    let queries = approx.planned_queries.unwrap_or(request.queries.len());
     // The self-test compares the GPU's search, which ranks the same candidates by their whole
     // distance, with the curves' alone (`Checks::curves_alone`).
     !approx.curves_alone
         && n > CURVES * approx.per_curve(k)
-        && (request.base.resident().is_some() || request.queries.len() as f64 >= GRAPH_QUERIES_PER_ROW * n as f64)
+        && (request.base.resident().is_some() || queries as f64 >= GRAPH_QUERIES_PER_ROW * n as f64)
 }
 
 /// The approximate `k` nearest base vectors of each query (`k` at most the base's size, and

@@ -5,12 +5,13 @@
 
 use super::KnnRequest;
 use super::approx::walks_graph;
+use super::approx_recall::curves_build_one_core_ns;
 use crate::costs::{
-    APPROX_BUILD_NS_PER_FLOP, APPROX_BUILD_NS_PER_KEY, APPROX_CPU_NS_PER_ENTRY, APPROX_GPU_NS_PER_ENTRY,
-    APPROX_GPU_NS_PER_ENTRY_DIM, APPROX_HOST_NS_PER_QUERY, APPROX_HOST_NS_PER_QUERY_DIM, EXACT_KNN_GPU_NS_PER_PAIR_DIM,
-    EXACT_KNN_GPU_PASSES_NS, GRAPH_BUILD_NS_PER_ROW, GRAPH_NS_PER_POOL_ROW, UPLOAD_BYTES_PER_SECOND,
+    APPROX_CPU_NS_PER_ENTRY, APPROX_GPU_NS_PER_ENTRY, APPROX_GPU_NS_PER_ENTRY_DIM, APPROX_HOST_NS_PER_QUERY,
+    APPROX_HOST_NS_PER_QUERY_DIM, EXACT_KNN_GPU_NS_PER_PAIR_DIM, EXACT_KNN_GPU_PASSES_NS, GRAPH_BUILD_NS_PER_ROW,
+    GRAPH_NS_PER_POOL_ROW, UPLOAD_BYTES_PER_SECOND,
 };
-use crate::index::curves::{CURVES, Geometry, PCA_SAMPLE, PRINCIPAL_DIMS};
+use crate::index::curves::{CURVES, Geometry};
 
 /// [`EXACT_KNN_GPU_NS_PER_PAIR_DIM`]'s estimate of `queries` over `n` rows of `dim` values.
 pub(super) fn exact_knn_gpu_ns(queries: usize, n: usize, dim: usize) -> f64 {
@@ -65,10 +66,7 @@ impl ApproxEstimate {
     ) -> Self {
         let cores = cores.max(1) as f64;
         let entries = (queries * CURVES * per_curve) as f64;
-        let axes = dim.min(PRINCIPAL_DIMS) as f64;
-        let flops = 2.0 * (PCA_SAMPLE * dim * dim) as f64 + 2.0 * (n * dim) as f64 * axes;
-        let build_one_core =
-            if build { flops * APPROX_BUILD_NS_PER_FLOP + (n * CURVES) as f64 * APPROX_BUILD_NS_PER_KEY } else { 0.0 };
+        let build_one_core = if build { curves_build_one_core_ns(n, dim) } else { 0.0 };
         let search = entries * (APPROX_GPU_NS_PER_ENTRY + APPROX_GPU_NS_PER_ENTRY_DIM * dim as f64);
         let host = queries as f64 * (APPROX_HOST_NS_PER_QUERY + APPROX_HOST_NS_PER_QUERY_DIM * dim as f64);
         let upload = (queries * dim * 4) as f64 / (UPLOAD_BYTES_PER_SECOND * 1e-9);

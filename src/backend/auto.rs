@@ -611,11 +611,16 @@ impl Backend for AutoBackend {
         let gpu_over_one_core = estimate.cpu_ns / gpu_ns.max(1.0);
         let cpu_ns = estimate.cpu_ns;
         self.run(Work::Knn, cpu_ns, gpu_over_one_core, &inputs, self.modules, rows, sink, |backend, sink, rows| {
-            let request = if backend.searches_parts_on_cpu() { request } else { &on_gpu };
-            match rows {
-                None => backend.knn(request, sink),
-                Some(rows) => knn_rows(backend, request, rows, sink),
+            let on_cores = backend.searches_parts_on_cpu();
+            let request = if on_cores { request } else { &on_gpu };
+            let mut stats = match rows.clone() {
+                None => backend.knn(request, sink)?,
+                Some(rows) => knn_rows(backend, request, rows, sink)?,
+            };
+            if !on_cores && !search {
+                stats.exact_queries += rows.map_or(request.queries.len(), |rows| rows.len()) as u64;
             }
+            Ok(stats)
         })
     }
 }

@@ -24,7 +24,7 @@ use super::plan::{FilterLimit, gemm_form, plan_join, score_threshold};
 use super::simd::{Columns, LANES, gemm_lower_bounds, tile_hits};
 use super::topk::{KSmallest, Neighbour, k_smallest, push_ranked};
 use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
-use crate::index::{GridIndex, JoinStrategy};
+use crate::index::{GridIndex, JoinStrategy, brute_force_run_ns};
 use crate::op::{IndexChoice, Metric, dot};
 use crate::vectors::{Coord, Row, Values, Vectors};
 
@@ -131,6 +131,12 @@ impl Backend for CpuBackend {
         let start = Instant::now();
         let mut stats = RunStats::default();
         if let Some(approx) = request.approx {
+            if let Some(target) = approx.recall {
+                let exact_ns = brute_force_run_ns(queries.len(), base.len(), base.dim, gemm_form(metric), false)
+                    / rayon::current_num_threads() as f64;
+                let run = |request: &KnnRequest, sink: &dyn ResultSink| self.knn(request, sink);
+                return super::approx_recall::knn_to_recall(request, approx, target, "cores", exact_ns, &run, sink);
+            }
             return super::approx::knn(request, approx, k, sink);
         }
         let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);

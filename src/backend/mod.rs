@@ -13,6 +13,7 @@ use crate::vectors::Vectors;
 mod approx;
 #[cfg(feature = "gpu")]
 mod approx_estimate;
+mod approx_recall;
 #[cfg(feature = "gpu")]
 mod auto;
 pub mod cpu;
@@ -307,6 +308,13 @@ pub struct RunStats {
     pub graph_rows: u64,
     /// Approximate kNN: indexes kept from an earlier query rather than built (0 or 1 a run).
     pub kept_indexes: usize,
+    /// Approximate kNN to a recall target (backend/approx_recall.rs): the effort chosen (the
+    /// largest of the parts' where a run was divided), the true neighbours of the calibration's
+    /// sample the search found and those there were, and the queries the exact kNN answered
+    /// instead.
+    pub chosen_effort: Option<f64>,
+    pub recall_sample: (u64, u64),
+    pub exact_queries: u64,
     /// The List of Clusters: distance computations a scan would have made and the index did not.
     pub saved_distances: u64,
     /// The directory (`index=directory`): its levels and fanout, and the leaf pages the left
@@ -369,6 +377,13 @@ impl RunStats {
         self.curve_candidates += other.curve_candidates;
         self.graph_rows += other.graph_rows;
         self.kept_indexes += other.kept_indexes;
+        self.chosen_effort = match (self.chosen_effort, other.chosen_effort) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.recall_sample =
+            (self.recall_sample.0 + other.recall_sample.0, self.recall_sample.1 + other.recall_sample.1);
+        self.exact_queries += other.exact_queries;
         self.saved_distances += other.saved_distances;
         self.directory = self.directory.or(other.directory);
         self.pages_visited += other.pages_visited;

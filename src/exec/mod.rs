@@ -284,12 +284,16 @@ impl DisplayAs for SimilarityExec {
         if let (Some(approx), Operation::Knn { k }) = (op.approx, &op.operation) {
             write!(
                 f,
-                ", approx=multicurves({}, candidates={} per curve, effort={}; on the cores where the base is kept \
+                ", approx=multicurves({}, candidates={} per curve at effort {}{}; on the cores where the base is kept \
                  or the queries are at least half its rows, and it has more rows than the curves' candidates: a kNN graph of {} nearest a row and reverse edges, \
                  searched from {} seeds a curve with a pool of {})",
                 crate::index::curves::describe_for(self.right.source.static_dim().unwrap_or(usize::MAX), op.metric),
                 approx.per_curve(*k),
                 approx.effort,
+                match approx.recall {
+                    Some(target) => format!(", effort chosen on a sample for recall@{k} ≥ {target}"),
+                    None => String::new(),
+                },
                 crate::index::graph::DEGREE,
                 approx.seeds_per_curve(*k),
                 approx.pool(*k),

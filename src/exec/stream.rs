@@ -32,8 +32,10 @@ use crate::vectors::{Row, Vectors, skipped_values};
 /// Each statistic of a run (`RunStats`) that EXPLAIN ANALYZE shows, declared once: its metric's
 /// name, and its value in a run. Counters and times add up over the runs of an operator (its
 /// tiles, parts and partitions); a gauge keeps the last run's value where the run has one.
-const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 12] = [
+const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 13] = [
     ("candidate_pairs", |s| s.candidates as usize),
+    // Approximate kNN to a recall target: queries the exact kNN answered, the cheaper way to it.
+    ("exact_queries", |s| s.exact_queries as usize),
     // Approximate kNN: distinct candidates the Multicurves index gave.
     ("curve_candidates", |s| s.curve_candidates as usize),
     // Approximate kNN on the cores: rows reached through the kNN graph.
@@ -144,6 +146,21 @@ impl SimilarityMetrics {
                     .add_duration(predicted);
                 MetricBuilder::new(&self.set).subset_time(format!("divided_{unit}_time"), 0).add_duration(time);
             }
+        }
+        // A recall target: the effort chosen, as a fraction of effort 1 (`4/1`, `1/2`; a ratio
+        // survives a cluster's metrics, a fraction would not), and the calibration sample's recall.
+        if let Some(effort) = stats.chosen_effort {
+            let chosen = MetricBuilder::new(&self.set).ratio_metrics("approx_effort_chosen", 0);
+            let (part, total) =
+                if effort >= 1.0 { (effort.round() as usize, 1) } else { (1, (1.0 / effort).round() as usize) };
+            chosen.set_part(part);
+            chosen.set_total(total);
+        }
+        let (found, truth) = stats.recall_sample;
+        if truth > 0 {
+            let recall = MetricBuilder::new(&self.set).ratio_metrics("estimated_recall", 0);
+            recall.add_part(found as usize);
+            recall.add_total(truth as usize);
         }
         self.baseline.elapsed_compute().add_duration(stats.build_time + stats.probe_time);
     }

@@ -63,8 +63,12 @@ fn input(
 /// `operation` with the options that say how and where it runs. `approx` reaches kNN alone: the
 /// other functions always answer exactly (a call that asks otherwise fails in `options`).
 fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp {
-    let approx = (options.approx && matches!(operation, Operation::Knn { .. }))
-        .then_some(crate::op::Approx { effort: options.approx_effort, curves_alone: options.checks.curves_alone });
+    let approx = (options.approx && matches!(operation, Operation::Knn { .. })).then_some(crate::op::Approx {
+        effort: options.approx_effort.unwrap_or(crate::op::DEFAULT_APPROX_EFFORT),
+        recall: options.approx_effort.is_none().then_some(options.approx_recall),
+        planned_queries: None,
+        curves_alone: options.checks.curves_alone,
+    });
     let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, cache_size, tasks, .. } = *options;
     let devices = options.devices.clone();
     SimilarityOp {

@@ -154,6 +154,18 @@ pub struct Multicurves {
     /// The kNN graph the cores' search walks (index/graph.rs), built on their first search: the
     /// device's search does not use it.
     graph: std::sync::OnceLock<NeighbourGraph>,
+    /// The efforts chosen for recall targets on samples of base rows (backend/approx_recall.rs),
+    /// by searcher, metric, k and target: later small batches of queries reuse them.
+    calibrations: std::sync::Mutex<Vec<(String, Calibration)>>,
+}
+
+/// A search's effort chosen for a recall target on a sample of queries, and the sample's true
+/// neighbours it found (`found` of `truth`); `effort` `None` where the exact kNN answers instead.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Calibration {
+    pub effort: Option<f64>,
+    pub found: u64,
+    pub truth: u64,
 }
 
 /// Principal coordinates in a row's first cache line.
@@ -240,6 +252,7 @@ impl Multicurves {
             curves,
             len,
             graph: std::sync::OnceLock::new(),
+            calibrations: std::sync::Mutex::default(),
         }
     }
 
@@ -252,6 +265,19 @@ impl Multicurves {
     pub fn graph(&self, build: impl FnOnce(&Self) -> NeighbourGraph) -> (&NeighbourGraph, bool) {
         let kept = self.graph_built();
         (self.graph.get_or_init(|| build(self)), kept)
+    }
+
+    /// The calibration kept under `key` (see `calibrations`).
+    pub fn calibration(&self, key: &str) -> Option<Calibration> {
+        let kept = self.calibrations.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter().find(|(k, _)| k == key).map(|&(_, c)| c)
+    }
+
+    /// Keeps `calibration` under `key` for later searches.
+    pub fn keep_calibration(&self, key: String, calibration: Calibration) {
+        let mut kept = self.calibrations.lock().unwrap_or_else(|e| e.into_inner());
+        kept.retain(|(k, _)| *k != key);
+        kept.push((key, calibration));
     }
 
     /// Base vectors indexed.

@@ -177,8 +177,7 @@ pub fn brute_force_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: bool
 }
 
 /// [`brute_force_ns`] as the absolute time of a whole run on one CPU core (nanoseconds), what the
-/// scheduler compares with the GPU's.
-#[cfg(feature = "gpu")]
+/// scheduler compares with the GPU's (and a recall target's calibration with the index's build).
 pub fn brute_force_run_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: bool, self_join: bool) -> f64 {
     brute_force_ns(n_left, n_right, dim, gemm_form, self_join) * BRUTE_RUN_FACTOR
 }

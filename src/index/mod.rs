@@ -10,6 +10,7 @@ pub mod list_of_clusters;
 pub mod segments;
 
 pub use directory::{DIRECTORY_BLOCK, DirectoryShape, JoinDirectories};
-pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy, extent};
+pub use grid::brute_force_run_ns;
 #[cfg(feature = "gpu")]
-pub use grid::{brute_force_run_ns, estimate_strategy};
+pub use grid::estimate_strategy;
+pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy, extent};

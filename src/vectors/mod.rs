@@ -227,9 +227,10 @@ impl Vectors {
     }
 
     /// Adds `ns` to what runs without the Multicurves index (the exact kNN on the GPU, the index
-    /// not built) have cost beyond the index's estimated search, and returns the sum: the
-    /// scheduler builds the index once that reaches the build's cost (kept vectors only, which
-    /// keep the index for later runs).
+    /// not built; small batches under a recall target answered exactly) have cost beyond the
+    /// index's estimated search, and returns the sum: the scheduler builds the index, and a recall
+    /// target's small batches calibrate the search, once that reaches what those cost (kept
+    /// vectors only, which keep the index for later runs).
     pub fn forgo_curves(&self, ns: f64) -> f64 {
         let ns = ns.max(0.0) as u64;
         (self.curves_forgone.fetch_add(ns, std::sync::atomic::Ordering::Relaxed) + ns) as f64

@@ -181,6 +181,12 @@ impl Backend for GpuBackend {
             return self.gpu_text_knn(request, sink, budget).map_err(|e| gpu_error("GPU text kNN", e))?;
         }
         if let Some(approx) = request.approx {
+            if let Some(target) = approx.recall {
+                let (queries, base) = (request.queries.len(), request.base.len());
+                let exact_ns = super::approx_estimate::exact_knn_gpu_ns(queries, base, request.base.dim);
+                let run = |request: &KnnRequest, sink: &dyn ResultSink| self.knn(request, sink);
+                return super::approx_recall::knn_to_recall(request, approx, target, "gpu", exact_ns, &run, sink);
+            }
             let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
                 self.gpu_approx_knn(tile, approx, sink, budget).map_err(|e| gpu_error("GPU approximate kNN", e))?
             };

@@ -1,6 +1,8 @@
 //! `simjoin bench --approx`: the approximate kNN (`approx=true`) against the exact one on the same
-//! in-memory data and queries, in one process: recall@k and queries per second at several efforts,
-//! with the index's build (the first approximate run on each device) timed apart. The exact path
+//! in-memory data and queries, in one process: recall@k and queries per second at several efforts
+//! and recall targets, with the index's build (the first approximate run on each device) timed
+//! apart; then, as a user's first query runs, the base read from its file for the run (exact, and
+//! `approx=true` at its default target, the index built and the effort chosen within the run). The exact path
 //! runs on the session's device; the approximate one on the CPU cores and, under `--device gpu`, on
 //! the GPU too (its search of the index, even where the cost model would run the exact kNN
 //! instead). Results go to `approx.json` in `--dir`, which benches/approx.py adds FAISS's indexes to.
@@ -21,6 +23,8 @@ use super::bench::{BenchArgs, load};
 const K: usize = 10;
 /// The efforts measured.
 const EFFORTS: [f64; 6] = [0.1, 0.25, 0.5, 1.0, 2.0, 4.0];
+/// The recall targets measured (`approx_recall`).
+const TARGETS: [f64; 3] = [0.9, 0.95, 0.99];
 
 /// One dataset: its files and sizes.
 struct Dataset {
@@ -63,35 +67,42 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
 
     let mut records = Vec::new();
     let mut table = String::from(
-        "| data | n × d | queries | method | effort | recall@10 | queries/s | × exact | index build (s) |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| data | n × d | queries | method | setting | recall@10 | queries/s | × exact | first run (s) | index build (s) |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for d in &datasets {
         load(ctx, "base", &d.base).await?;
         load(ctx, "queries", &d.queries).await?;
         let exact_sql = format!("SELECT query_id, base_id FROM knn(base, queries, {K})");
-        let (exact_s, _, truth) = best_of(ctx, &exact_sql, args.repeat).await?;
+        let (exact_s, exact_first, truth) = best_of(ctx, &exact_sql, args.repeat).await?;
         let exact_qps = d.queries_n as f64 / exact_s;
-        let mut row = |method: &str, effort: Option<f64>, seconds: f64, recall: f64, build: Option<f64>| {
+        // `seconds`: the best run's; `first`: the first run's (which builds the index, or
+        // calibrates a recall target, for the later ones).
+        let mut row = |method: &str,
+                       setting: &str,
+                       effort: Option<f64>,
+                       (seconds, first): (f64, f64),
+                       recall: f64,
+                       build: Option<f64>| {
             let qps = d.queries_n as f64 / seconds;
-            let effort_text = effort.map_or("–".to_string(), |e| e.to_string());
             let build_text = build.map_or("–".to_string(), |b| format!("{b:.2}"));
             table.push_str(&format!(
-                "| {} | {} × {} | {} | {method} | {effort_text} | {recall:.4} | {qps:.0} | {:.1} | {build_text} |\n",
-                d.name,
-                d.n,
-                d.dim,
-                d.queries_n,
-                qps / exact_qps
-            ));
+                    "| {} | {} × {} | {} | {method} | {setting} | {recall:.4} | {qps:.0} | {:.1} | {first:.3} | {build_text} |\n",
+                    d.name,
+                    d.n,
+                    d.dim,
+                    d.queries_n,
+                    qps / exact_qps
+                ));
             records.push(serde_json::json!({
                 "data": d.name, "n": d.n, "dim": d.dim, "queries": d.queries_n, "k": K,
                 "base_file": d.base.file_name().and_then(|f| f.to_str()),
                 "queries_file": d.queries.file_name().and_then(|f| f.to_str()),
-                "method": method, "effort": effort, "seconds": seconds, "queries_per_s": qps,
+                "method": method, "setting": setting, "effort": effort, "seconds": seconds, "first_seconds": first,
+            "queries_per_s": qps,
                 "recall": recall, "build_s": build,
             }));
         };
-        row("simjoin exact", None, exact_s, 1.0, None);
+        row("simjoin exact", "exact", None, (exact_s, exact_first), 1.0, None);
         for (i, effort) in EFFORTS.into_iter().enumerate() {
             let sql = format!(
                 "SELECT query_id, base_id FROM knn(base, queries, {K}, 'approx=true, approx_effort={effort}, device=cpu')"
@@ -101,10 +112,37 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
             // The first approximate run builds the index (kept for the later ones, the base being
             // in memory): its extra time over a later run is the build.
             let build = (i == 0).then_some(first - seconds);
-            row("simjoin multicurves", Some(effort), seconds, hits as f64 / truth.len() as f64, build);
+            let setting = format!("approx_effort={effort}");
+            row(
+                "simjoin multicurves",
+                &setting,
+                Some(effort),
+                (seconds, first),
+                hits as f64 / truth.len() as f64,
+                build,
+            );
             if effort == 1.0 {
                 print_metrics(ctx, &d.name, &sql).await?;
             }
+        }
+        // The effort chosen for each target within each run, from a sample of its queries.
+        for target in TARGETS {
+            let options = format!("approx=true, approx_recall={target}, device=cpu");
+            let sql = format!("SELECT query_id, base_id FROM knn(base, queries, {K}, '{options}')");
+            let (seconds, first, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
+            let hits = found.iter().filter(|pair| truth.contains(pair)).count();
+            let setting = format!("approx_recall={target}");
+            row("simjoin recall target", &setting, None, (seconds, first), hits as f64 / truth.len() as f64, None);
+            print_metrics(ctx, &d.name, &sql).await?;
+        }
+        // As a user's first query: the base read from its file for this run alone.
+        let file = d.base.display().to_string().replace('\'', "''");
+        for (setting, options) in [("exact", "device=cpu"), ("approx=true", "approx=true, device=cpu")] {
+            let sql = format!("SELECT query_id, base_id FROM knn('{file}', queries, {K}, '{options}')");
+            let (seconds, first, found) = best_of(ctx, &sql, args.repeat).await?;
+            let hits = found.iter().filter(|pair| truth.contains(pair)).count();
+            row("simjoin, base from its file", setting, None, (seconds, first), hits as f64 / truth.len() as f64, None);
+            print_metrics(ctx, &d.name, &sql).await?;
         }
         if gpu {
             // The base loaded again, without the cores' index: the GPU's first run builds its own,
@@ -119,12 +157,37 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
                 let (seconds, first, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
                 let hits = found.iter().filter(|pair| truth.contains(pair)).count();
                 let build = (i == 0).then_some(first - seconds);
-                row("simjoin multicurves (gpu)", Some(effort), seconds, hits as f64 / truth.len() as f64, build);
+                let setting = format!("approx_effort={effort}");
+                row(
+                    "simjoin multicurves (gpu)",
+                    &setting,
+                    Some(effort),
+                    (seconds, first),
+                    hits as f64 / truth.len() as f64,
+                    build,
+                );
                 if effort == 1.0 {
                     print_metrics(ctx, &d.name, &sql).await?;
                 }
             }
             simjoin::SimJoinOptions::set_checks(ctx, Default::default());
+            // The GPU's search (or its exact kNN, where the sample finds that faster) to a target.
+            for target in TARGETS {
+                let options = format!("approx=true, approx_recall={target}, device=gpu");
+                let sql = format!("SELECT query_id, base_id FROM knn(base, queries, {K}, '{options}')");
+                let (seconds, first, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
+                let hits = found.iter().filter(|pair| truth.contains(pair)).count();
+                let setting = format!("approx_recall={target}");
+                row(
+                    "simjoin recall target (gpu)",
+                    &setting,
+                    None,
+                    (seconds, first),
+                    hits as f64 / truth.len() as f64,
+                    None,
+                );
+                print_metrics(ctx, &d.name, &sql).await?;
+            }
         }
         eprintln!("{}: done", d.name);
     }
