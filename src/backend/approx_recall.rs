@@ -104,19 +104,18 @@ pub(super) fn knn_to_recall(
     let own = queries >= OWN_SAMPLE_QUERIES;
     // What the calibration costs beyond the search: the index's build and the sample's exact kNN.
     let calibration_ns = build_ns + exact_ns * SAMPLE_QUERIES as f64 / queries as f64;
+    // Answered exactly: over a base read for this run alone, where the exact answer costs no more
+    // than the calibration would; over a kept base (ski rental), until what its exact answers have
+    // cost reaches that, so that a base searched once or twice pays for neither the build nor the
+    // sample, and one searched often at most twice the better choice.
+    let exact_is_cheaper = || {
+        if kept { request.base.forgo_curves(exact_ns) < calibration_ns } else { !own || exact_ns <= calibration_ns }
+    };
     let calibration = if target >= 1.0 {
         None
     } else if let Some(choice) = kept_choice() {
         Some(choice)
-    } else if if kept {
-        request.base.forgo_curves(exact_ns) < calibration_ns
-    } else {
-        !own || exact_ns <= calibration_ns
-    } {
-        // Answered exactly: a base read for this run alone, where the exact answer costs no more
-        // than the calibration would; a kept base (ski rental), until what its exact answers have
-        // cost reaches that, so that a base searched once or twice pays for neither the build nor
-        // the sample, and one searched often at most twice the better choice.
+    } else if exact_is_cheaper() {
         None
     } else {
         // Many queries are their own sample; fewer stand for later ones by base rows.
