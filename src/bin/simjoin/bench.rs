@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use clap::Args;
 use datafusion::arrow::array::AsArray;
-use datafusion::arrow::datatypes::Int64Type;
+use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use simjoin::Metric;
@@ -99,6 +99,28 @@ struct Workload {
     /// Neighbours per point the join/range threshold is calibrated for.
     neighbours: f64,
     k: usize,
+    output: Output,
+}
+
+/// What a workload does with its result rows.
+#[derive(Clone, Copy, PartialEq)]
+enum Output {
+    /// `count(*)`: the pairs are counted, not listed.
+    Count,
+    /// The count and the sums of the three columns, which read every listed row in memory.
+    Summed,
+    /// `COPY … TO` a Parquet file in `--dir` (DataFusion's writer, the session's codec).
+    Parquet,
+}
+
+impl Output {
+    fn name(self) -> &'static str {
+        match self {
+            Output::Count => "count",
+            Output::Summed => "summed",
+            Output::Parquet => "parquet",
+        }
+    }
 }
 
 fn gpu_workloads(quick: bool) -> Vec<Workload> {
@@ -106,12 +128,20 @@ fn gpu_workloads(quick: bool) -> Vec<Workload> {
     let join = |name, dim| uniform_self_join(name, dim, scale(1_000_000), 100.0);
     vec![
         join("P3-join-2d-uniform-1m", 2),
+        // The same pairs listed: summed in memory, and written to Parquet.
+        Workload { name: "P3-join-2d-uniform-1m-summed", output: Output::Summed, ..join("", 2) },
+        Workload { name: "P3-join-2d-uniform-1m-to-parquet", output: Output::Parquet, ..join("", 2) },
         join("P4-join-8d-uniform-1m", 8),
         join("P5-join-32d-uniform-1m", 32),
         Workload { name: "P1-knn-128d-gaussian-1m-10k-k10", ..gpu_knn(scale(1_000_000), 10) },
         Workload { name: "P1-knn-128d-gaussian-1m-10k-k1", ..gpu_knn(scale(1_000_000), 1) },
         Workload { name: "P1-knn-128d-gaussian-1m-10k-k100", ..gpu_knn(scale(1_000_000), 100) },
         Workload { name: "P1-knn-128d-gaussian-1m-10k-k1000", ..gpu_knn(scale(1_000_000), 1000) },
+        Workload {
+            name: "P1-knn-128d-gaussian-1m-10k-k1000-to-parquet",
+            output: Output::Parquet,
+            ..gpu_knn(scale(1_000_000), 1000)
+        },
         Workload { name: "P1-knn-128d-gaussian-1m-10k-k10000", ..gpu_knn(scale(1_000_000), 10_000) },
         // Low-d kNN (k ≤ 32, d ≤ 32): where a fused top-k kernel was tried (docs/optimisations.md, v24, v40).
         Workload { name: "knn-16d-gaussian-1m-10k-k10", dim: 16, ..gpu_knn(scale(1_000_000), 10) },
@@ -132,6 +162,7 @@ fn gpu_workloads(quick: bool) -> Vec<Workload> {
             queries: 10_000,
             neighbours: 200.0,
             k: 0,
+            output: Output::Count,
         },
     ]
 }
@@ -141,6 +172,9 @@ fn workloads(quick: bool) -> Vec<Workload> {
     let join = |name, dim, n| uniform_self_join(name, dim, scale(n), 100.0);
     vec![
         join("join-2d-uniform", 2, 1_000_000),
+        // The same pairs listed: summed in memory, and written to Parquet.
+        Workload { name: "join-2d-uniform-summed", output: Output::Summed, ..join("", 2, 1_000_000) },
+        Workload { name: "join-2d-uniform-to-parquet", output: Output::Parquet, ..join("", 2, 1_000_000) },
         join("join-3d-uniform", 3, 1_000_000),
         join("join-8d-uniform", 8, 1_000_000),
         join("join-8d-uniform-200k", 8, 200_000),
@@ -162,6 +196,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             queries: 1_000,
             neighbours: 100.0,
             k: 0,
+            output: Output::Count,
         },
         Workload {
             name: "knn-128d-gaussian-k10",
@@ -172,10 +207,17 @@ fn workloads(quick: bool) -> Vec<Workload> {
             queries: 1_000,
             neighbours: 0.0,
             k: 10,
+            output: Output::Count,
         },
         Workload { name: "knn-128d-gaussian-k100", k: 100, ..workload_knn(scale(100_000)) },
         Workload { name: "knn-128d-gaussian-k1", k: 1, ..workload_knn(scale(100_000)) },
         Workload { name: "knn-128d-gaussian-k1000", k: 1000, ..workload_knn(scale(100_000)) },
+        Workload {
+            name: "knn-128d-gaussian-k1000-to-parquet",
+            k: 1000,
+            output: Output::Parquet,
+            ..workload_knn(scale(100_000))
+        },
         Workload {
             name: "knn-fashion-mnist-k10",
             source: Source::FashionMnist,
@@ -237,6 +279,7 @@ fn uniform_self_join(name: &'static str, dim: usize, n: usize, neighbours: f64) 
         queries: 0,
         neighbours,
         k: 0,
+        output: Output::Count,
     }
 }
 
@@ -255,6 +298,7 @@ fn workload_knn(n: usize) -> Workload {
         queries: 1_000,
         neighbours: 0.0,
         k: 10,
+        output: Output::Count,
     }
 }
 
@@ -322,10 +366,20 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         if w.queries > 0 {
             load(&ctx, "queries", &query_file).await?;
         }
-        let sql = match w.kind {
-            "self_join" => format!("SELECT count(*) FROM sim_join(base, {threshold:?}, 'pairs=unordered')"),
-            "range" => format!("SELECT count(*) FROM range_query(base, queries, {threshold:?})"),
-            _ => format!("SELECT count(*) FROM knn(base, queries, {})", w.k),
+        let (call, columns) = match w.kind {
+            "self_join" => (format!("sim_join(base, {threshold:?}, 'pairs=unordered')"), ["left_id", "right_id"]),
+            "range" => (format!("range_query(base, queries, {threshold:?})"), ["query_id", "base_id"]),
+            _ => (format!("knn(base, queries, {})", w.k), ["query_id", "base_id"]),
+        };
+        let [left, right] = columns;
+        let output_file = args.dir.join(format!("{}.parquet", w.name));
+        let sql = match w.output {
+            Output::Count => format!("SELECT count(*) FROM {call}"),
+            Output::Summed => format!("SELECT count(*), sum({left}), sum({right}), sum(distance) FROM {call}"),
+            Output::Parquet => format!(
+                "COPY (SELECT {left}, {right}, distance FROM {call}) TO '{}' STORED AS PARQUET",
+                output_file.display()
+            ),
         };
         // The first run converts the in-memory inputs (and uploads them to a GPU); later runs find
         // them kept (docs/sql.md: vectors kept across queries), as a service's repeated queries would.
@@ -334,7 +388,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             let started = Instant::now();
             let batches = ctx.sql(&sql).await?.collect().await?;
             times.push(started.elapsed().as_secs_f64());
-            rows = batches[0].column(0).as_primitive::<Int64Type>().value(0);
+            // `count(*)` is an Int64, COPY's count a UInt64.
+            let count = datafusion::arrow::compute::cast(batches[0].column(0), &DataType::Int64)?;
+            rows = count.as_primitive::<Int64Type>().value(0);
         }
         let (first, best) = (times[0], times.iter().copied().fold(f64::INFINITY, f64::min));
         let param = if w.kind == "knn" { format!("k={}", w.k) } else { format!("{threshold:.6}") };
@@ -356,6 +412,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             "threshold": threshold,
             "k": w.k,
             "rows": rows,
+            "output": w.output.name(),
+            "output_file": (w.output == Output::Parquet).then(|| output_file.file_name().and_then(|f| f.to_str())).flatten(),
             "simjoin_s": best,
             "simjoin_first_s": first,
         }));
