@@ -1,7 +1,8 @@
 //! Result chunks → Arrow record batches: only the projected columns, taken from the inputs by row,
 //! at most `batch_size` rows each.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{
     Array, ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
@@ -90,12 +91,24 @@ pub enum OutputColumn {
 /// input's batches as they came (rows numbered across them), taken from with Arrow's `interleave`.
 /// Concatenating the batches first copied the whole column to output a few of its rows: a kNN join
 /// written in SQL projects the base's vector column (a 1M × 128 f32 base: 512 MB) for the window
-/// above the operator (docs/optimisations.md, v151).
+/// above the operator (docs/optimisations.md, v151). A column of fixed-width primitives (ids: 8
+/// bytes a row) is concatenated once the rows taken from it reach a quarter of its rows, and taken
+/// from with Arrow's `take` after: finding each output row's batch and interleaving took a third
+/// of a 5·10⁷-pair join's listing (v154), while a few rows (a small kNN over a large base) would
+/// not repay the copy.
 #[derive(Debug, Clone)]
 pub enum InputColumn {
     Whole(ArrayRef),
-    /// The batches' arrays, and the input row each starts at.
-    Parts(Vec<ArrayRef>, Vec<usize>),
+    /// The batches' arrays, the input row each starts at, and the arrays joined into one once
+    /// enough rows were taken (primitive columns only).
+    Parts(Vec<ArrayRef>, Vec<usize>, Arc<JoinedParts>),
+}
+
+/// A primitive column's batches joined into one array, and the rows taken before it was.
+#[derive(Debug, Default)]
+pub struct JoinedParts {
+    taken: AtomicUsize,
+    array: OnceLock<ArrayRef>,
 }
 
 impl InputColumn {
@@ -112,14 +125,23 @@ impl InputColumn {
                 Some(start)
             })
             .collect();
-        InputColumn::Parts(arrays, starts)
+        InputColumn::Parts(arrays, starts, Arc::default())
     }
 
     /// The rows `rows`, in that order.
     pub fn take(&self, rows: &UInt32Array) -> Result<ArrayRef> {
         match self {
             InputColumn::Whole(array) => Ok(take(array, rows, None)?),
-            InputColumn::Parts(arrays, starts) => {
+            InputColumn::Parts(arrays, starts, joined) => {
+                if let Some(array) = joined.array.get() {
+                    return Ok(take(array, rows, None)?);
+                }
+                let total = starts.last().zip(arrays.last()).map_or(0, |(s, a)| s + a.len());
+                let taken = joined.taken.fetch_add(rows.len(), Ordering::Relaxed) + rows.len();
+                if arrays[0].data_type().is_primitive() && taken >= total / 4 {
+                    let array = concat(&arrays.iter().map(|a| a.as_ref()).collect::<Vec<_>>())?;
+                    return Ok(take(joined.array.get_or_init(|| array), rows, None)?);
+                }
                 let at: Vec<(usize, usize)> = (rows.values().iter())
                     .map(|&row| {
                         let part = starts.partition_point(|&s| s <= row as usize) - 1;
@@ -136,7 +158,7 @@ impl InputColumn {
     pub fn whole(&self) -> Result<ArrayRef> {
         match self {
             InputColumn::Whole(array) => Ok(array.clone()),
-            InputColumn::Parts(arrays, _) => Ok(concat(&arrays.iter().map(|a| a.as_ref()).collect::<Vec<_>>())?),
+            InputColumn::Parts(arrays, ..) => Ok(concat(&arrays.iter().map(|a| a.as_ref()).collect::<Vec<_>>())?),
         }
     }
 
@@ -144,7 +166,7 @@ impl InputColumn {
     pub fn memory_size(&self) -> usize {
         match self {
             InputColumn::Whole(array) => array.get_array_memory_size(),
-            InputColumn::Parts(arrays, _) => arrays.iter().map(|a| a.get_array_memory_size()).sum(),
+            InputColumn::Parts(arrays, ..) => arrays.iter().map(|a| a.get_array_memory_size()).sum(),
         }
     }
 }
