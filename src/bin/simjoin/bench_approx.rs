@@ -108,40 +108,25 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
                 "SELECT query_id, base_id FROM knn(base, queries, {K}, 'approx=true, approx_effort={effort}, device=cpu')"
             );
             let (seconds, first, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
-            let hits = found.iter().filter(|pair| truth.contains(pair)).count();
             // The first approximate run builds the index (kept for the later ones, the base being
             // in memory): its extra time over a later run is the build.
             let build = (i == 0).then_some(first - seconds);
             let setting = format!("approx_effort={effort}");
-            row(
-                "simjoin multicurves",
-                &setting,
-                Some(effort),
-                (seconds, first),
-                hits as f64 / truth.len() as f64,
-                build,
-            );
+            row("simjoin multicurves", &setting, Some(effort), (seconds, first), recall(&found, &truth), build);
             if effort == 1.0 {
                 print_metrics(ctx, &d.name, &sql).await?;
             }
         }
         // The effort chosen for each target within each run, from a sample of its queries.
-        for target in TARGETS {
-            let options = format!("approx=true, approx_recall={target}, device=cpu");
-            let sql = format!("SELECT query_id, base_id FROM knn(base, queries, {K}, '{options}')");
-            let (seconds, first, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
-            let hits = found.iter().filter(|pair| truth.contains(pair)).count();
-            let setting = format!("approx_recall={target}");
-            row("simjoin recall target", &setting, None, (seconds, first), hits as f64 / truth.len() as f64, None);
-            print_metrics(ctx, &d.name, &sql).await?;
+        for (setting, times, recall) in at_targets(ctx, &d.name, "cpu", args.repeat, &truth).await? {
+            row("simjoin recall target", &setting, None, times, recall, None);
         }
         // As a user's first query: the base read from its file for this run alone.
         let file = d.base.display().to_string().replace('\'', "''");
         for (setting, options) in [("exact", "device=cpu"), ("approx=true", "approx=true, device=cpu")] {
             let sql = format!("SELECT query_id, base_id FROM knn('{file}', queries, {K}, '{options}')");
             let (seconds, first, found) = best_of(ctx, &sql, args.repeat).await?;
-            let hits = found.iter().filter(|pair| truth.contains(pair)).count();
-            row("simjoin, base from its file", setting, None, (seconds, first), hits as f64 / truth.len() as f64, None);
+            row("simjoin, base from its file", setting, None, (seconds, first), recall(&found, &truth), None);
             print_metrics(ctx, &d.name, &sql).await?;
         }
         if gpu {
@@ -155,7 +140,6 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
                     "SELECT query_id, base_id FROM knn(base, queries, {K}, 'approx=true, approx_effort={effort}, device=gpu')"
                 );
                 let (seconds, first, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
-                let hits = found.iter().filter(|pair| truth.contains(pair)).count();
                 let build = (i == 0).then_some(first - seconds);
                 let setting = format!("approx_effort={effort}");
                 row(
@@ -163,7 +147,7 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
                     &setting,
                     Some(effort),
                     (seconds, first),
-                    hits as f64 / truth.len() as f64,
+                    recall(&found, &truth),
                     build,
                 );
                 if effort == 1.0 {
@@ -172,21 +156,8 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
             }
             simjoin::SimJoinOptions::set_checks(ctx, Default::default());
             // The GPU's search (or its exact kNN, where the sample finds that faster) to a target.
-            for target in TARGETS {
-                let options = format!("approx=true, approx_recall={target}, device=gpu");
-                let sql = format!("SELECT query_id, base_id FROM knn(base, queries, {K}, '{options}')");
-                let (seconds, first, found) = best_of(ctx, &sql, args.repeat.max(2)).await?;
-                let hits = found.iter().filter(|pair| truth.contains(pair)).count();
-                let setting = format!("approx_recall={target}");
-                row(
-                    "simjoin recall target (gpu)",
-                    &setting,
-                    None,
-                    (seconds, first),
-                    hits as f64 / truth.len() as f64,
-                    None,
-                );
-                print_metrics(ctx, &d.name, &sql).await?;
+            for (setting, times, recall) in at_targets(ctx, &d.name, "gpu", args.repeat, &truth).await? {
+                row("simjoin recall target (gpu)", &setting, None, times, recall, None);
             }
         }
         eprintln!("{}: done", d.name);
@@ -209,6 +180,32 @@ async fn print_metrics(ctx: &SessionContext, name: &str, sql: &str) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The share of the exact answer's (query, base) pairs that `found` holds.
+fn recall(found: &HashSet<(i64, i64)>, truth: &HashSet<(i64, i64)>) -> f64 {
+    found.iter().filter(|pair| truth.contains(pair)).count() as f64 / truth.len() as f64
+}
+
+/// `approx=true` on `device` at each of [`TARGETS`], best of `repeat` runs (at least 2: the first
+/// chooses the effort, the later ones take the choice kept with the index): its setting, its best
+/// and first run's seconds, and its recall against `truth`.
+async fn at_targets(
+    ctx: &SessionContext,
+    name: &str,
+    device: &str,
+    repeat: usize,
+    truth: &HashSet<(i64, i64)>,
+) -> Result<Vec<(String, (f64, f64), f64)>> {
+    let mut measured = Vec::new();
+    for target in TARGETS {
+        let options = format!("approx=true, approx_recall={target}, device={device}");
+        let sql = format!("SELECT query_id, base_id FROM knn(base, queries, {K}, '{options}')");
+        let (seconds, first, found) = best_of(ctx, &sql, repeat.max(2)).await?;
+        measured.push((format!("approx_recall={target}"), (seconds, first), recall(&found, truth)));
+        print_metrics(ctx, name, &sql).await?;
+    }
+    Ok(measured)
 }
 
 /// The best and the first of `repeat` runs of `sql` (seconds), and its (query, base) pairs.
