@@ -137,8 +137,10 @@ impl InputColumn {
                     return Ok(take(array, rows, None)?);
                 }
                 let total = starts.last().zip(arrays.last()).map_or(0, |(s, a)| s + a.len());
-                let taken = joined.taken.fetch_add(rows.len(), Ordering::Relaxed) + rows.len();
-                if arrays[0].data_type().is_primitive() && taken >= total / 4 {
+                // Batches are built on many threads at once: the one whose rows reach a quarter
+                // joins the column; the others interleave until it has.
+                let before = joined.taken.fetch_add(rows.len(), Ordering::Relaxed);
+                if arrays[0].data_type().is_primitive() && before < total / 4 && before + rows.len() >= total / 4 {
                     let array = concat(&arrays.iter().map(|a| a.as_ref()).collect::<Vec<_>>())?;
                     return Ok(take(joined.array.get_or_init(|| array), rows, None)?);
                 }

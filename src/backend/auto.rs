@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datafusion::common::{DataFusionError, Result, exec_err};
+use datafusion::common::{DataFusionError, Result, exec_datafusion_err, exec_err};
 
 use super::approx_estimate::{ApproxEstimate, exact_knn_gpu_ns};
-use super::gpu::MultiGpuBackend;
+use super::gpu::{MultiGpuBackend, open_devices};
 use super::plan::{FilterSpaces, gemm_form};
 use super::scheduler::{Choice, Scheduler, Ticket, Unit, Work};
 use super::{
@@ -27,7 +27,6 @@ use super::{
     RunStats, join_rows, knn_rows,
 };
 use crate::costs::{CPU_RUN, GPU_OVER_ONE_CORE_BRUTE, GPU_OVER_ONE_CORE_GRID, GPU_RUN, UPLOAD_BYTES_PER_SECOND};
-use crate::gpu::Error as GpuError;
 use crate::gpu::kernels::KernelModule;
 use crate::gpu::startup::{cached_startup, startup_left, warm_up};
 use crate::gpu::{GpuDevice, MAX_DEVICES, ResidentKey};
@@ -154,44 +153,32 @@ impl AutoBackend {
         Self { gpu_only: true, ..Self::new(memory_limit, devices, modules, checks) }
     }
 
-    /// The GPU backend over the selected devices (several opened at once, each on a thread of
-    /// its own; once open, `GpuDevice::at` returns them at once).
+    /// The GPU backend over the selected devices: GPUs named are opened at once (each on a thread
+    /// of its own), so a bad ordinal is an error before anything runs; of every visible GPU, the
+    /// first now and the others when a run divides (`MultiGpuBackend`).
     fn gpu(&self) -> Result<Arc<dyn Backend>> {
-        let ordinals: Vec<usize> = match &self.devices {
-            Devices::All => match crate::gpu::device_count() {
-                Ok(count) => (0..count.min(MAX_DEVICES)).collect(),
-                Err(reason) => return exec_err!("option device=gpu, but no GPU can be used: {reason}"),
-            },
+        let no_gpu = |reason| exec_datafusion_err!("option device=gpu, but no GPU can be used: {reason}");
+        let named = match &self.devices {
+            Devices::All => {
+                let count = crate::gpu::device_count().map_err(no_gpu)?.min(MAX_DEVICES);
+                let first = GpuDevice::at(0).map_err(no_gpu)?;
+                return Ok(match count {
+                    1 => Arc::new(GpuBackend::new(first, self.memory_limit)),
+                    _ => Arc::new(MultiGpuBackend::visible(first, (1..count).collect(), self.memory_limit)),
+                });
+            }
             Devices::List(list) if list.is_empty() => {
                 return exec_err!("option devices='': no GPU selected (devices=all, or ordinals such as 0,1)");
             }
-            Devices::List(list) => list.clone(),
+            Devices::List(list) => list,
         };
-        let opened: Vec<_> = match ordinals.as_slice() {
-            [one] => vec![GpuDevice::at(*one)],
-            several => std::thread::scope(|s| {
-                let handles: Vec<_> = several.iter().map(|&o| s.spawn(move || GpuDevice::at(o))).collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err(GpuError::Device("opening a GPU panicked".into()))))
-                    .collect()
-            }),
-        };
-        let mut devices = Vec::new();
-        for (ordinal, device) in ordinals.iter().zip(opened) {
-            match (device, &self.devices) {
-                (Ok(device), _) => devices.push(device),
-                (Err(reason), Devices::List(_)) => return exec_err!("option devices={}: {reason}", self.devices),
-                // Every visible GPU: one that cannot be opened is left out, unless it is the first.
-                (Err(reason), Devices::All) if *ordinal == 0 => {
-                    return exec_err!("option device=gpu, but no GPU can be used: {reason}");
-                }
-                (Err(_), Devices::All) => {}
-            }
-        }
+        let mut devices = open_devices(named)
+            .into_iter()
+            .map(|device| device.map_err(|reason| exec_datafusion_err!("option devices={}: {reason}", self.devices)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(match devices.len() {
             1 => Arc::new(GpuBackend::new(devices.remove(0), self.memory_limit)),
-            _ => Arc::new(MultiGpuBackend::new(devices, self.memory_limit, matches!(self.devices, Devices::List(_)))),
+            _ => Arc::new(MultiGpuBackend::named(devices, self.memory_limit)),
         })
     }
 

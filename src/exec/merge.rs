@@ -108,12 +108,12 @@ impl KnnMergeExec {
 }
 
 impl DisplayAs for KnnMergeExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "KnnMergeExec: k={}, each query's lists from the base's shares merged by (distance, scan order)",
-            self.k
-        )
+    fn fmt_as(&self, format: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "KnnMergeExec: k={}, order=[distance, scan_order]", self.k)?;
+        if matches!(format, DisplayFormatType::Verbose) {
+            write!(f, "(each query's lists from the base's shares merged)")?;
+        }
+        Ok(())
     }
 }
 

@@ -203,8 +203,8 @@ impl SimilarityExec {
         self.backend.name()
     }
 
-    /// How the answer will be found, as EXPLAIN shows it.
-    fn index_description(&self) -> String {
+    /// How the answer will be found: EXPLAIN's `index=` name and what EXPLAIN VERBOSE says of it.
+    fn index_description(&self) -> (&'static str, String) {
         if self.op.index == IndexChoice::ListOfClusters {
             let space = match self.op.metric {
                 Metric::Cosine => "chord between unit vectors",
@@ -213,56 +213,71 @@ impl SimilarityExec {
             };
             let on_device =
                 if self.op.device == crate::op::Device::Gpu { ", one block per left row on the device" } else { "" };
-            return format!(
-                "list_of_clusters(bucket=√n of the {} input, centres by largest distance sum, triangle-inequality pruning in {space}, exact check{on_device})",
-                if matches!(self.op.operation, Operation::Knn { .. }) { "base" } else { "right" }
+            let input = if matches!(self.op.operation, Operation::Knn { .. }) { "base" } else { "right" };
+            return (
+                "list_of_clusters",
+                format!(
+                    "bucket=√n of the {input} input, centres by largest distance sum, triangle-inequality pruning in {space}, exact check{on_device}"
+                ),
             );
         }
         if self.op.metric.is_text() {
-            return match (&self.op.operation, self.op.index) {
-                (Operation::Knn { .. }, _) if self.op.device == crate::op::Device::Gpu => {
-                    "length windows(radius from 1 edit, doubled for queries with fewer than k, bit-parallel distance on the device)".into()
-                }
-                (Operation::Knn { .. }, _) => "length-ordered scan(bit-parallel distance cut off at the k-th)".into(),
+            let (name, how) = match (&self.op.operation, self.op.index) {
+                (Operation::Knn { .. }, _) if self.op.device == crate::op::Device::Gpu => (
+                    "length_windows",
+                    "radius from 1 edit, doubled for queries with fewer than k, bit-parallel distance on the device",
+                ),
+                (Operation::Knn { .. }, _) => ("length_ordered_scan", "bit-parallel distance cut off at the k-th"),
                 _ if self.op.device == crate::op::Device::Gpu => {
-                    "length windows(every pair of lengths within τ, bit-parallel distance on the device)".into()
+                    ("length_windows", "every pair of lengths within τ, bit-parallel distance on the device")
                 }
-                (_, IndexChoice::BruteForce) => "brute_force(length filter, bit-parallel distance)".into(),
-                (_, _) => "segments(τ + 1 per string, PASS-JOIN filter, bit-parallel distance)".into(),
+                (_, IndexChoice::BruteForce) => ("brute_force", "length filter, bit-parallel distance"),
+                (_, _) => ("segments", "τ + 1 per string, PASS-JOIN filter, bit-parallel distance"),
             };
+            return (name, how.into());
         }
         let exact_filter = match self.op.metric {
             Metric::L1 | Metric::LInf => "exact f64",
             _ => "f32 filter + exact f64 check",
         };
         match (&self.op.operation, self.op.index) {
-            (Operation::Knn { .. }, _) if self.op.approx.is_some() => {
-                "multicurves(f32 ranking, exact f64 distances of the best; the exact kNN where the GPU runs it faster)"
-                    .into()
-            }
-            (Operation::Knn { .. }, _) if matches!(self.op.metric, Metric::L1 | Metric::LInf) => match self.op.index {
-                IndexChoice::Auto => "brute_force(exact f64) or list_of_clusters by sampled cost model".into(),
-                _ => "brute_force(exact f64)".into(),
-            },
-            (Operation::Knn { .. }, _) => "brute_force(f32 filter + exact f64 re-rank)".into(),
-            (_, IndexChoice::BruteForce) => format!("brute_force({exact_filter})"),
-            (_, _) if self.op.metric == Metric::InnerProduct => format!("brute_force({exact_filter})"),
-            (_, IndexChoice::Grid) if self.op.grid_dims > 0 => {
-                format!("grid({} dims, f32 filter + exact f64 check)", self.op.grid_dims)
-            }
-            (_, IndexChoice::Grid) => "grid(dims by sampled cost model, f32 filter + exact f64 check)".into(),
-            (_, IndexChoice::Directory) => format!(
-                "directory(quantile cuts on the dimensions of largest spread, min(3, d) levels, fanout^levels ≈ rows/64 \
-                 leaves, blocks of {} rows against leaf boxes widened by the threshold, {exact_filter})",
-                crate::index::DIRECTORY_BLOCK
+            (Operation::Knn { .. }, _) if self.op.approx.is_some() => (
+                "multicurves",
+                "f32 ranking, exact f64 distances of the best; the exact kNN where the GPU runs it faster".into(),
             ),
-            (_, IndexChoice::Auto | IndexChoice::ListOfClusters) => "grid or brute_force by sampled cost model".into(),
+            (Operation::Knn { .. }, _) if matches!(self.op.metric, Metric::L1 | Metric::LInf) => match self.op.index {
+                IndexChoice::Auto => {
+                    ("auto", "brute_force (exact f64) or list_of_clusters by sampled cost model".into())
+                }
+                _ => ("brute_force", "exact f64".into()),
+            },
+            (Operation::Knn { .. }, _) => ("brute_force", "f32 filter + exact f64 re-rank".into()),
+            (_, IndexChoice::BruteForce) => ("brute_force", exact_filter.into()),
+            (_, _) if self.op.metric == Metric::InnerProduct => ("brute_force", exact_filter.into()),
+            (_, IndexChoice::Grid) if self.op.grid_dims > 0 => {
+                ("grid", format!("{} dims, f32 filter + exact f64 check", self.op.grid_dims))
+            }
+            (_, IndexChoice::Grid) => ("grid", "dims by sampled cost model, f32 filter + exact f64 check".into()),
+            (_, IndexChoice::Directory) => (
+                "directory",
+                format!(
+                    "quantile cuts on the dimensions of largest spread, min(3, d) levels, fanout^levels ≈ rows/64 \
+                     leaves, blocks of {} rows against leaf boxes widened by the threshold, {exact_filter}",
+                    crate::index::DIRECTORY_BLOCK
+                ),
+            ),
+            (_, IndexChoice::Auto | IndexChoice::ListOfClusters) => {
+                ("auto", "grid or brute_force by sampled cost model".into())
+            }
         }
     }
 }
 
 impl DisplayAs for SimilarityExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+    /// `key=value` pairs, as DataFusion's operators show theirs; EXPLAIN VERBOSE adds, in
+    /// parentheses, how the index, the approximate search, the output and the tasks work.
+    fn fmt_as(&self, format: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let verbose = matches!(format, DisplayFormatType::Verbose);
         let op = &self.op;
         write!(f, "SimilarityExec: op={}", op.function_name())?;
         match &op.operation {
@@ -272,7 +287,7 @@ impl DisplayAs for SimilarityExec {
                     write!(f, ", pairs={pairs}, include_self={include_self}")?;
                 }
                 if op.scalar_semantics {
-                    write!(f, ", from=join condition")?;
+                    write!(f, ", from=join_condition")?;
                 }
             }
             Operation::RangeQuery { radius } => write!(f, ", r={radius}, metric={}", op.metric)?,
@@ -282,31 +297,42 @@ impl DisplayAs for SimilarityExec {
             write!(f, ", keys=[{}]", op.keys.join(", "))?;
         }
         if let (Some(approx), Operation::Knn { k }) = (op.approx, &op.operation) {
-            write!(
-                f,
-                ", approx=multicurves({}, candidates={} per curve at effort {}{}; on the cores where the base is kept \
-                 or the queries are at least half its rows, and it has more rows than the curves' candidates: a kNN graph of {} nearest a row and reverse edges, \
-                 searched from {} seeds a curve with a pool of {})",
-                crate::index::curves::describe_for(self.right.source.static_dim().unwrap_or(usize::MAX), op.metric),
-                approx.per_curve(*k),
-                approx.effort,
-                match approx.recall {
-                    Some(target) => format!(", effort chosen on a sample for recall@{k} ≥ {target}"),
-                    None => String::new(),
-                },
-                crate::index::graph::DEGREE,
-                approx.seeds_per_curve(*k),
-                approx.pool(*k),
-            )?;
+            write!(f, ", approx=multicurves")?;
+            if verbose {
+                write!(
+                    f,
+                    "({}, candidates={} per curve at effort {}{}; on the cores where the base is kept or the queries are at \
+                     least half its rows, and it has more rows than the curves' candidates: a kNN graph of {} nearest a row \
+                     and reverse edges, searched from {} seeds a curve with a pool of {})",
+                    crate::index::curves::describe_for(self.right.source.static_dim().unwrap_or(usize::MAX), op.metric),
+                    approx.per_curve(*k),
+                    approx.effort,
+                    match approx.recall {
+                        Some(target) => format!(", effort chosen on a sample for recall@{k} ≥ {target}"),
+                        None => String::new(),
+                    },
+                    crate::index::graph::DEGREE,
+                    approx.seeds_per_curve(*k),
+                    approx.pool(*k),
+                )?;
+            }
+            match approx.recall {
+                // The effort is chosen on a sample of the queries (backend/approx_recall.rs).
+                Some(target) => write!(f, ", approx_recall={target}")?,
+                None => write!(f, ", approx_effort={}", approx.effort)?,
+            }
         }
-        write!(f, ", device={}, backend={}, index={}", op.device, self.backend.name(), self.index_description())?;
+        let (index, how) = self.index_description();
+        write!(f, ", device={}, backend={}, index={index}", op.device, self.backend.name())?;
+        if verbose {
+            write!(f, "({how})")?;
+        }
         // Only the count (and the distance range) wanted: the pairs are counted, not listed —
         // except by a cluster task's share of a self-join, which keeps pairs by their rows
         // (exec/share.rs), and kNN, whose lists are found whole.
         let shared_self_join =
             self.tasks.is_some() && matches!(op.operation, Operation::SimJoin { self_join: true, .. });
         let counted = !matches!(op.operation, Operation::Knn { .. }) && !shared_self_join;
-        let listed = if counted { "no pair listed" } else { "pairs listed" };
         if !self.summary.is_empty() {
             let names: Vec<&str> = self
                 .summary
@@ -317,22 +343,28 @@ impl DisplayAs for SimilarityExec {
                     SummaryColumn::MaxDistance => "max(distance)",
                 })
                 .collect();
-            let rows = if self.tasks.is_some() { "partial states, a row a task" } else { "one row" };
-            write!(f, ", output={} ({rows}, {listed})", names.join(", "))?;
+            let rows = if self.tasks.is_some() { "per_task" } else { "one" };
+            write!(f, ", output=[{}], output_rows={rows}, pairs_listed={}", names.join(", "), !counted)?;
         } else if self.columns.is_empty() && counted {
-            write!(f, ", output=pair count ({listed})")?;
+            write!(f, ", output=pair_count, pairs_listed=false")?;
         }
         if self.tasks.is_none() && streamed::streams_base(self) {
-            write!(f, ", base=searched part by part as it is read")?;
+            write!(f, ", base=streamed")?;
+            if verbose {
+                write!(f, "(searched part by part as it is read)")?;
+            }
         }
         if let Some(tasks) = self.tasks {
-            let each = match op.operation {
-                Operation::SimJoin { self_join: true, .. } => "a share of the rows against the whole input",
-                Operation::SimJoin { .. } => "a share of the left input against the whole right input",
-                Operation::RangeQuery { .. } => "every query against a share of the base",
-                Operation::Knn { .. } => "every query's k nearest in a share of the base, merged per query",
-            };
-            write!(f, ", tasks={tasks} (each: {each})")?;
+            write!(f, ", tasks={tasks}")?;
+            if verbose {
+                let each = match op.operation {
+                    Operation::SimJoin { self_join: true, .. } => "a share of the rows against the whole input",
+                    Operation::SimJoin { .. } => "a share of the left input against the whole right input",
+                    Operation::RangeQuery { .. } => "every query against a share of the base",
+                    Operation::Knn { .. } => "every query's k nearest in a share of the base, merged per query",
+                };
+                write!(f, "(each: {each})")?;
+            }
         }
         Ok(())
     }

@@ -371,7 +371,7 @@ impl Run {
         let vector_bytes = side_bytes(lv) + if same { 0 } else { side_bytes(rv) };
         reservation.try_grow(3 * vector_bytes)?;
 
-        let (sender, receiver) = mpsc::channel::<Result<ResultChunk>>(2);
+        let (sender, receiver) = mpsc::channel::<Result<Vec<RecordBatch>>>(2);
         let Run { op, backend, builder, metrics, progress, .. } = self;
         // Chunks of 8 batches: each chunk is one hand-off between a backend thread and the
         // consumer, and at one batch per chunk those hand-offs were a visible part of emitting
@@ -384,8 +384,15 @@ impl Run {
         // The output numbers each side's skipped-but-compared rows after its vectors.
         let (left, right) = (numbered_with_odd_rows(&left, &left_odd), numbered_with_odd_rows(&right, &right_odd));
         tokio::task::spawn_blocking(move || {
-            let sink =
-                ChannelSink { sender, chunk_rows, wants, progress: progress.clone(), function: op.function_name() };
+            let sink = ChannelSink {
+                sender,
+                builder,
+                sides: (left, right),
+                chunk_rows,
+                wants,
+                progress: progress.clone(),
+                function: op.function_name(),
+            };
             // Each run gets worker threads of its own (an earlier run's idle pool, or new ones): a
             // backend blocks in `sink.send` while its consumer is behind (a paused Flight client, a
             // slow writer), and in the shared global pool a few such runs would stall every other
@@ -455,7 +462,6 @@ impl Run {
         });
 
         let output = futures::stream::unfold(receiver, |mut r| async move { r.recv().await.map(|item| (item, r)) })
-            .map(move |chunk| builder.build(&chunk?, &left, &right))
             .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
             .try_flatten();
         Ok(output.boxed())
@@ -721,9 +727,14 @@ pub(super) fn compute(
     }
 }
 
-/// Sends chunks to the output stream, blocking while it is two chunks behind.
+/// Turns each chunk into batches on the thread that sends it — the backend's workers, in
+/// parallel, rather than the one consumer (docs/optimisations.md, v156) — and sends them to the
+/// output stream, blocking while it is two chunks behind.
 struct ChannelSink {
-    sender: mpsc::Sender<Result<ResultChunk>>,
+    sender: mpsc::Sender<Result<Vec<RecordBatch>>>,
+    builder: BatchBuilder,
+    /// The left and right inputs the batches take their columns from.
+    sides: (SideData, SideData),
     chunk_rows: usize,
     wants: Wanted,
     progress: Option<Arc<dyn ProgressListener>>,
@@ -732,8 +743,9 @@ struct ChannelSink {
 
 impl ResultSink for ChannelSink {
     fn send(&self, chunk: ResultChunk) -> Result<()> {
+        let batches = self.builder.build(&chunk, &self.sides.0, &self.sides.1)?;
         self.sender
-            .blocking_send(Ok(chunk))
+            .blocking_send(Ok(batches))
             .map_err(|_| DataFusionError::Execution(format!("{}: query cancelled", self.function)))
     }
 

@@ -48,12 +48,12 @@ impl WholeInputExec {
 }
 
 impl DisplayAs for WholeInputExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "WholeInputExec: {} partitions, read in order by each task (all, or its share where the operator divides this input)",
-            self.input.output_partitioning().partition_count()
-        )
+    fn fmt_as(&self, format: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "WholeInputExec: partitions={}", self.input.output_partitioning().partition_count())?;
+        if matches!(format, DisplayFormatType::Verbose) {
+            write!(f, "(read in order by each task: all, or its share where the operator divides this input)")?;
+        }
+        Ok(())
     }
 }
 

@@ -126,6 +126,11 @@ async fn the_index_is_kept_for_an_in_memory_base_and_explain_says_approx() {
     register(&ctx, "queries", &clustered(50, 24, 32), 24, Shape::FixedF32);
     let sql = "SELECT query_id FROM knn(base, queries, 5, 'approx=true, approx_effort=0.5')";
     let plan = explain(&ctx, &format!("EXPLAIN {sql}")).await;
+    assert!(
+        plan.contains("approx=multicurves, approx_effort=0.5, device=auto, backend=cpu, index=multicurves"),
+        "{plan}"
+    );
+    let plan = explain(&ctx, &format!("EXPLAIN VERBOSE {sql}")).await;
     assert!(plan.contains("approx=multicurves(curves=16"), "{plan}");
     assert!(plan.contains("candidates=80 per curve at effort 0.5"), "{plan}");
     assert!(
@@ -224,7 +229,7 @@ async fn a_recall_target_is_met_and_explain_analyze_reports_the_effort_chosen() 
         // target by about that much where the sample is unlucky (docs/approx.md).
         assert!(found >= target - 0.02, "{options}: recall@10 {found}");
         let plan = explain(&ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-        assert!(plan.contains(&format!("effort chosen on a sample for recall@10 ≥ {target}")), "{plan}");
+        assert!(plan.contains(&format!("approx=multicurves, approx_recall={target},")), "{plan}");
         let estimated = metric_text(&plan, "estimated_recall").unwrap_or_else(|| panic!("{plan}"));
         assert!(estimated.ends_with("/2.56 K)"), "256 queries sampled: {estimated}");
         let percent: f64 = estimated.split('%').next().unwrap().parse().unwrap();
@@ -238,7 +243,7 @@ async fn a_recall_target_is_met_and_explain_analyze_reports_the_effort_chosen() 
     let plan =
         explain(&ctx, "EXPLAIN ANALYZE SELECT query_id FROM knn(base, queries, 10, 'approx=true, approx_effort=0.5')")
             .await;
-    assert!(metric_text(&plan, "estimated_recall").is_none() && !plan.contains("effort chosen"), "{plan}");
+    assert!(metric_text(&plan, "estimated_recall").is_none() && !plan.contains("approx_recall="), "{plan}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -313,5 +318,5 @@ async fn recall_targets_out_of_range_or_without_approx_are_errors() {
     // A session's fixed effort gives way to a call's recall target.
     ctx.sql("SET simjoin.approx_effort = 2").await.unwrap();
     let plan = explain(&ctx, "EXPLAIN SELECT * FROM knn(t, t, 3, 'approx=true, approx_recall=0.9')").await;
-    assert!(plan.contains("effort chosen on a sample for recall@3 ≥ 0.9"), "{plan}");
+    assert!(plan.contains("approx=multicurves, approx_recall=0.9,"), "{plan}");
 }

@@ -147,7 +147,7 @@ async fn a_cluster_answers_as_one_process_does() {
         "EXPLAIN SELECT count(*), min(distance), max(distance) FROM sim_join(queries, base, 0.35, 'tasks=2')",
     )
     .await;
-    assert!(plan.contains("output=count(*), min(distance), max(distance) (partial states, a row a task"), "{plan}");
+    assert!(plan.contains("output=[count(*), min(distance), max(distance)], output_rows=per_task"), "{plan}");
 
     // The plan says how the work is divided; every input is read whole by every task.
     let plan = explain(&cluster, "EXPLAIN SELECT * FROM knn(base, queries, 3)").await;

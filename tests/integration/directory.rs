@@ -31,6 +31,8 @@ async fn explain_names_the_directory_and_analyze_reports_its_shape_and_pages() {
     let data = tied(20_000, 3, 5);
     register(&ctx, "t", &data, 3, Shape::FixedF32);
     let text = explain(&ctx, "EXPLAIN SELECT count(*) FROM sim_join(t, 0.05, 'index=directory')").await;
+    assert!(text.contains("index=directory,"), "{text}");
+    let text = explain(&ctx, "EXPLAIN VERBOSE SELECT count(*) FROM sim_join(t, 0.05, 'index=directory')").await;
     assert!(text.contains("index=directory(quantile cuts"), "{text}");
     let metrics = operator_metrics(&ctx, "SELECT count(*) FROM sim_join(t, 0.05, 'index=directory')").await;
     // 20,000 rows: 312 pages of 64 → 3 levels of fanout 7 (343 leaves).

@@ -105,3 +105,35 @@ fn the_cli_reads_a_file_named_in_from() {
     assert!(stdout.lines().any(|l| l.trim() == "120"), "{stdout}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_cli_writes_parquet_with_the_codec_and_row_groups_asked_for() {
+    let dir = std::env::temp_dir().join(format!("simjoin-output-options-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let points = dir.join("points.parquet");
+    datagen::write(&datagen::generate(Distribution::Uniform, 2_000, 2, 5), 2, &points).unwrap();
+    let pairs = dir.join("pairs.parquet");
+    let join = format!("SELECT left_id, right_id, distance FROM sim_join('{}', 0.05)", points.display());
+    let simjoin =
+        |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_simjoin")).args(args).output().unwrap();
+    let written =
+        simjoin(&["sql", "--compression", "snappy", "--row-group-size", "1000", "-o", pairs.to_str().unwrap(), &join]);
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    let counted = simjoin(&["sql", "--format", "csv", &format!("SELECT count(*) AS n FROM ({join})")]);
+    let expected: i64 = String::from_utf8_lossy(&counted.stdout).lines().nth(1).unwrap().trim().parse().unwrap();
+    assert!(expected > 5_000, "{expected} pairs: too few to span several row groups");
+
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let metadata = SerializedFileReader::new(std::fs::File::open(&pairs).unwrap()).unwrap().metadata().clone();
+    let groups = metadata.row_groups();
+    assert_eq!(groups.iter().map(|g| g.num_rows()).sum::<i64>(), expected);
+    assert!(groups.len() >= (expected as usize).div_ceil(1000), "{} row groups for {expected} rows", groups.len());
+    assert!(groups.iter().all(|g| g.num_rows() <= 1000));
+    assert!(groups.iter().flat_map(|g| g.columns()).all(|c| c.compression() == parquet::basic::Compression::SNAPPY));
+
+    let refused = simjoin(&["sql", "--compression", "zstd(99)", "SELECT 1"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("--compression") && stderr.contains("zstd(99)"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -54,7 +54,7 @@ async fn a_base_searched_part_by_part_answers_as_one_held_whole() {
     let ctx = ctx();
     let [base, queries] = files(&ctx, &dir).await;
     let path = format!("{}/", dir.display());
-    const PARTS: &str = "base=searched part by part as it is read";
+    const PARTS: &str = "base=streamed";
 
     // Against the f64 oracle, whose ties go by base row: the files' scan order is `id` order.
     for (function, metric, parameter) in [

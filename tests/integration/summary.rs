@@ -58,7 +58,10 @@ async fn count_min_and_max_over_a_join_are_computed_in_the_operator() {
         let high = listed.iter().copied().max_by(f64::total_cmp).map(f64::to_bits);
         let sql = format!("SELECT count(*), min(distance), max(distance) FROM {from}");
         let plan = explain(&ctx, &format!("EXPLAIN {sql}")).await;
-        assert!(plan.contains("output=count(*), min(distance), max(distance) (one row, no pair listed)"), "{plan}");
+        assert!(
+            plan.contains("output=[count(*), min(distance), max(distance)], output_rows=one, pairs_listed=false"),
+            "{plan}"
+        );
         assert!(!plan.contains("mode=Partial") && !plan.contains("mode=Single"), "{plan}");
         assert_eq!(one_row(&ctx, &sql).await, vec![Some(listed.len() as u64), low, high], "{sql}");
         // Any subset, in any order, under any names.

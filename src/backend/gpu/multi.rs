@@ -18,33 +18,77 @@
 //!   whole: a self-join runs, tiled, on the first GPU; a join of two inputs divides its left
 //!   rows into parts of equal counts, each joined with the whole right input (tiled).
 //!
+//! Over every visible GPU (`devices=all`), a run below [`KNN_SPLIT_WORK`] or [`JOIN_SPLIT_ROWS`]
+//! uses the first GPU alone, and the others' contexts are opened (all at once, each on a thread of
+//! its own) only by the first run that divides: a small query in a new process pays one context,
+//! not one per GPU. GPUs the user named are opened before the run and divide every run.
+//!
 //! Each part's results go out as its GPU produces them (the queries of different parts
 //! interleave), with positions shifted back to the whole input's.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::GpuBackend;
 use super::divided::JoinParts;
 use crate::backend::tiles::merged_knn;
 use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, join_rows, knn_rows};
-use crate::costs::KNN_SPLIT_WORK;
-use crate::gpu::GpuDevice;
+use crate::costs::{JOIN_SPLIT_ROWS, KNN_SPLIT_WORK};
+use crate::gpu::{Error as GpuError, GpuDevice};
 use datafusion::common::{DataFusionError, Result};
 
 /// The GPUs of a run.
 #[derive(Debug)]
 pub struct MultiGpuBackend {
-    gpus: Vec<GpuBackend>,
+    /// The first GPU, open: every run uses it.
+    first: GpuBackend,
+    /// Every GPU of the run, the first included: given when the GPUs were named, else opened by
+    /// the first run that divides (a GPU that cannot be opened is then left out).
+    all: OnceLock<Vec<GpuBackend>>,
+    /// The other visible GPUs, not yet opened.
+    others: Vec<usize>,
+    memory_limit: usize,
     /// The GPUs were named: divide every run among them.
     named: bool,
 }
 
+/// Opens the GPUs at `ordinals`, each on a thread of its own (a context takes a fraction of a
+/// second; opened ones are returned at once by `GpuDevice::at`).
+pub(crate) fn open_devices(ordinals: &[usize]) -> Vec<Result<Arc<GpuDevice>, GpuError>> {
+    match ordinals {
+        [one] => vec![GpuDevice::at(*one)],
+        several => std::thread::scope(|s| {
+            let handles: Vec<_> = several.iter().map(|&o| s.spawn(move || GpuDevice::at(o))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(GpuError::Device("opening a GPU panicked".into()))))
+                .collect()
+        }),
+    }
+}
+
 impl MultiGpuBackend {
-    /// A backend over `devices` (at least one), each run using at most `memory_limit` bytes of
-    /// each (0: all that is available); `named` when the user listed them.
-    pub fn new(devices: Vec<Arc<GpuDevice>>, memory_limit: usize, named: bool) -> Self {
-        Self { gpus: devices.into_iter().map(|d| GpuBackend::new(d, memory_limit)).collect(), named }
+    /// A backend over the GPUs the user named (at least two, open), each run divided among them
+    /// and using at most `memory_limit` bytes of each (0: all that is available).
+    pub fn named(devices: Vec<Arc<GpuDevice>>, memory_limit: usize) -> Self {
+        let all: Vec<GpuBackend> = devices.into_iter().map(|d| GpuBackend::new(d, memory_limit)).collect();
+        let first = all[0].clone();
+        Self { first, all: OnceLock::from(all), others: Vec::new(), memory_limit, named: true }
+    }
+
+    /// A backend over every visible GPU: `first` open, the `others` opened when a run divides.
+    pub fn visible(first: Arc<GpuDevice>, others: Vec<usize>, memory_limit: usize) -> Self {
+        let first = GpuBackend::new(first, memory_limit);
+        Self { first, all: OnceLock::new(), others, memory_limit, named: false }
+    }
+
+    /// Every GPU of the run, opening the others the first time.
+    fn all(&self) -> &[GpuBackend] {
+        self.all.get_or_init(|| {
+            let opened = open_devices(&self.others).into_iter().filter_map(|device| device.ok());
+            let others = opened.map(|device| GpuBackend::new(device, self.memory_limit));
+            std::iter::once(self.first.clone()).chain(others).collect()
+        })
     }
 
     /// Runs `part(gpu, rows)` for one contiguous part of `0..rows` per GPU, in parallel, and adds
@@ -54,7 +98,7 @@ impl MultiGpuBackend {
         rows: usize,
         part: impl Fn(&GpuBackend, Range<usize>) -> Result<RunStats> + Sync,
     ) -> Result<RunStats> {
-        let parts = self.gpus.len().min(rows.max(1));
+        let parts = self.all().len().min(rows.max(1));
         let per_part = rows.div_ceil(parts);
         self.on_each(parts, |i, gpu| {
             let range = (i * per_part).min(rows)..((i + 1) * per_part).min(rows);
@@ -73,7 +117,7 @@ impl MultiGpuBackend {
     ) -> Result<RunStats> {
         let started = std::time::Instant::now();
         let outcomes: Vec<Result<RunStats>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self.gpus[..parts]
+            let handles: Vec<_> = self.all()[..parts]
                 .iter()
                 .enumerate()
                 .map(|(i, gpu)| {
@@ -107,38 +151,46 @@ impl MultiGpuBackend {
 
 impl Backend for MultiGpuBackend {
     fn name(&self) -> String {
-        let first = self.gpus[0].name();
-        match self.gpus.len() {
-            1 => first,
-            n => format!("{n} × {first}"),
+        let count = self.all.get().map_or(1 + self.others.len(), Vec::len);
+        match count {
+            1 => self.first.name(),
+            n => format!("{n} × {}", self.first.name()),
         }
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        if self.gpus.len() > 1 {
+        if !self.named && request.left.len() < JOIN_SPLIT_ROWS {
+            return self.first.join(request, sink);
+        }
+        let gpus = self.all();
+        if gpus.len() > 1 {
             let mut parts = true;
-            for gpu in &self.gpus {
+            for gpu in gpus {
                 parts &= gpu.takes_join_parts(request)?;
             }
             if parts {
-                let shared = JoinParts::new(request, self.gpus.len());
-                return self.on_each(self.gpus.len(), |i, gpu| gpu.join_part(request, sink, &shared, i));
+                let shared = JoinParts::new(request, gpus.len());
+                return self.on_each(gpus.len(), |i, gpu| gpu.join_part(request, sink, &shared, i));
             }
         }
-        if request.self_join.is_some() || self.gpus.len() == 1 {
-            return self.gpus[0].join(request, sink);
+        if request.self_join.is_some() || gpus.len() == 1 {
+            return self.first.join(request, sink);
         }
         self.split(request.left.len(), |gpu, rows| join_rows(gpu, request, rows, sink))
     }
 
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let work = request.queries.len() as f64 * request.base.len() as f64 * request.base.dim as f64;
-        if self.gpus.len() == 1 || (work < KNN_SPLIT_WORK && !self.named) {
-            return self.gpus[0].knn(request, sink);
+        if work < KNN_SPLIT_WORK && !self.named {
+            return self.first.knn(request, sink);
         }
-        let query_share = request.queries.len().div_ceil(self.gpus.len());
+        let gpus = self.all();
+        if gpus.len() == 1 {
+            return self.first.knn(request, sink);
+        }
+        let query_share = request.queries.len().div_ceil(gpus.len());
         let mut base_fits = true;
-        for gpu in &self.gpus {
+        for gpu in gpus {
             base_fits &= gpu.knn_fits(request.base.len(), query_share, request.base.dim)?;
         }
         if base_fits || request.metric.is_text() {
@@ -159,7 +211,8 @@ impl MultiGpuBackend {
     /// smallest by (distance, base position) — the one-GPU list (`tiles::merged_knn`). The
     /// queries go in tiles whose lists stay within MERGED_NEIGHBOURS.
     fn knn_over_base_parts(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        let parts = self.gpus.len().min(request.base.len().max(1));
+        let gpus = self.all();
+        let parts = gpus.len().min(request.base.len().max(1));
         let per_part = request.base.len().div_ceil(parts);
         let base_parts: Vec<Range<usize>> = (0..parts)
             .map(|p| (p * per_part).min(request.base.len())..((p + 1) * per_part).min(request.base.len()))
@@ -168,13 +221,13 @@ impl MultiGpuBackend {
         let devices: Vec<std::sync::Mutex<DeviceRun>> = (0..parts)
             .map(|p| {
                 let device =
-                    DeviceRun { ordinal: self.gpus[p].ordinal(), base_rows: base_parts[p].len(), ..Default::default() };
+                    DeviceRun { ordinal: gpus[p].ordinal(), base_rows: base_parts[p].len(), ..Default::default() };
                 std::sync::Mutex::new(device)
             })
             .collect();
         let mut stats = merged_knn(request, sink, query_rows, &base_parts, true, |p, part, sink| {
             let started = std::time::Instant::now();
-            let stats = self.gpus[p].knn(part, sink)?;
+            let stats = gpus[p].knn(part, sink)?;
             let mut device = devices[p].lock().unwrap_or_else(|e| e.into_inner());
             device.rows += part.queries.len();
             device.time += started.elapsed();

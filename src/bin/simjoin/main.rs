@@ -79,6 +79,16 @@ struct SessionArgs {
     /// queries.
     #[arg(long, conflicts_with = "cluster")]
     in_memory: bool,
+    /// The codec of Parquet files that --output and COPY … TO write: uncompressed, snappy, lz4_raw,
+    /// zstd(LEVEL), gzip(LEVEL) or brotli(LEVEL) (`datafusion.execution.parquet.compression`,
+    /// default zstd(3)).
+    #[arg(long, value_name = "CODEC", value_parser = parse_compression)]
+    compression: Option<String>,
+    /// The most rows of a Parquet row group that --output and COPY … TO write
+    /// (`datafusion.execution.parquet.max_row_group_size`, default 1048576). Row groups are
+    /// encoded on every core, so smaller groups spread a small file over more cores.
+    #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u64).range(1..))]
+    row_group_size: Option<u64>,
 }
 
 #[derive(Args)]
@@ -128,6 +138,13 @@ struct GenArgs {
 
 fn parse_device(s: &str) -> Result<Device, String> {
     s.parse()
+}
+
+/// A Parquet codec as DataFusion's writer names it, checked before any query runs.
+fn parse_compression(s: &str) -> Result<String, String> {
+    datafusion::common::file_options::parquet_writer::parse_compression_string(s)
+        .map(|_| s.to_ascii_lowercase())
+        .map_err(|e| e.strip_backtrace())
 }
 
 #[tokio::main]

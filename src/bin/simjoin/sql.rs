@@ -35,9 +35,15 @@ pub async fn session(args: &SessionArgs) -> Result<SessionContext> {
     register_tables(simjoin::session_context_with_config_rt(config, runtime).enable_url_table(), args).await
 }
 
-/// Sets the device default of `ctx` and registers the `--table`s.
+/// Sets the device default and the Parquet writer's options of `ctx` and registers the `--table`s.
 pub async fn register_tables(ctx: SessionContext, args: &SessionArgs) -> Result<SessionContext> {
     ctx.sql(&format!("SET simjoin.device = '{}'", args.device)).await?;
+    if let Some(codec) = &args.compression {
+        ctx.sql(&format!("SET datafusion.execution.parquet.compression = '{codec}'")).await?;
+    }
+    if let Some(rows) = args.row_group_size {
+        ctx.sql(&format!("SET datafusion.execution.parquet.max_row_group_size = {rows}")).await?;
+    }
     for spec in &args.tables {
         let Some((name, path)) = spec.split_once('=') else {
             return Err(DataFusionError::Configuration(format!("--table expects NAME=PATH, got '{spec}'")));
