@@ -271,7 +271,7 @@ impl<F: Fn(ResultChunk) -> Option<ResultChunk> + Sync> ResultSink for MapSink<'_
 }
 
 /// What a run did, for EXPLAIN ANALYZE. A new statistic is a field here, its merge in
-/// [`RunStats::add`], and one row naming its metric in exec/stream.rs (`RUN_COUNTERS`,
+/// [`RunStats::add`], and one row naming its metric in exec/stream/metrics.rs (`RUN_COUNTERS`,
 /// `RUN_TIMES` or `RUN_GAUGES`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunStats {

@@ -25,7 +25,7 @@
 //! d*, and C holds every pair nearer than d*; the window's k first rows of C are therefore every
 //! pair nearer than d* and some at d* — an answer of the SQL as written (rows tied at the k-th
 //! distance are its to choose). The rows knn's contract skips are candidates too: each skipped
-//! base row with every query, each skipped query with every base row (exec/stream.rs,
+//! base row with every query, each skipped query with every base row (exec/stream/odd_rows.rs,
 //! `odd_candidates`): their distances are NULL or NaN, which SQL orders (NULLs last ascending,
 //! first descending; a NaN with its sign bit set first) and the window computes itself.
 //!

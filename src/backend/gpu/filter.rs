@@ -133,7 +133,7 @@ pub(super) fn filter_origin<'f>(
 }
 
 /// The f32 filter limit of an exact threshold: no pair within `threshold` scores above it (the
-/// proofs are on [`FilterLimit`] and, for the dot-product forms, `GemmSide` in cpu.rs). `extent`
+/// proofs are on [`FilterLimit`] and, for the dot-product forms, `GemmSide` in backend/cpu/gemm.rs). `extent`
 /// matters only to the direct differences (not the GEMM form).
 pub(super) fn filter_limit(metric: Metric, threshold: f64, dim: usize, extent: f64, gemm: bool) -> f32 {
     if gemm {

@@ -1,0 +1,275 @@
+//! The exact CPU backend on every core (rayon): the fallback when there is no GPU and the oracle
+//! every other backend is tested against.
+//!
+//! * ε-join / range query: the ε-grid of `index::grid` when its cost model says it prunes, with
+//!   unidirectional comparison for self-joins (each unordered pair computed once), the `±r` window
+//!   on the sort dimension inside each neighbour cell, and the short-circuited exact check
+//!   (`backend::grid_join`); Böhm et al.'s quantile directory where asked (`backend::directory`).
+//!   Otherwise blocked brute force: for L2, L2², cosine and inner product an f32 GEMM tile filter
+//!   whose error is bounded (see [`GemmSide`]) followed by the exact f64 check of every pair it
+//!   cannot rule out; for L1 and L∞ the exact check on every pair.
+//! * kNN: blocked brute force with the same f32 filter and bounded per-query selection, then an
+//!   exact f64 re-rank, so the answer is exactly the k smallest f64 distances (ties by position).
+//! * Text metrics: `backend::text`; the List of Clusters: `backend::list_of_clusters`.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use datafusion::common::Result;
+use rayon::prelude::*;
+
+use super::exact::{ExactCheck, write_self_pairs};
+use super::plan::{gemm_form, plan_join};
+use super::topk::{KSmallest, Neighbour, k_smallest, push_ranked};
+use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
+use crate::index::{GridIndex, JoinStrategy, brute_force_run_ns};
+use crate::op::IndexChoice;
+use crate::vectors::Row;
+
+mod direct;
+mod gemm;
+
+use direct::*;
+use gemm::*;
+
+/// Left rows per join tile (brute-force joins and range queries).
+const TILE_QUERIES: usize = 64;
+/// Query rows per kNN GEMM tile: the query block is packed once per base tile, so larger blocks
+/// pack it fewer times (measured on the 100k×128, 1k-query bench: 64 → 0.345 s, 256 → 0.254 s).
+const KNN_TILE_QUERIES: usize = 256;
+/// Base rows per GEMM tile (a 64 × 1024 f32 tile is 256 KiB, within L2).
+const TILE_BASE: usize = 1024;
+/// Left rows up to which a tile's dot products are computed directly rather than by a GEMM, whose
+/// packing of the right rows costs more than the products of so few left rows
+/// (docs/optimisations.md, v131).
+const DIRECT_DOT_ROWS: usize = 16;
+
+/// The exact backend on every CPU core.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn searches_parts_on_cpu(&self) -> bool {
+        true
+    }
+
+    fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        if request.index == IndexChoice::ListOfClusters && super::list_of_clusters::usable(request.left, request.right)
+        {
+            return super::list_of_clusters::join(request, sink);
+        }
+        if request.metric.is_text() {
+            return super::text::join(request, sink);
+        }
+        let start = Instant::now();
+        let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
+        let exact = ExactCheck::new(metric, threshold, left, right);
+        let mut stats = RunStats::default();
+        if left.is_empty() || right.is_empty() {
+            return Ok(stats);
+        }
+        let candidates = AtomicU64::new(0);
+        let context = JoinContext { request, exact: &exact, candidates: &candidates, sink };
+
+        let (spaces, strategy) = plan_join(request);
+        match strategy {
+            JoinStrategy::Grid(geometry) => {
+                stats.indexed_dims = geometry.dims.len();
+                let left_index = GridIndex::build(&geometry, spaces.left(), left.dim);
+                let right_index = match self_join {
+                    Some(_) => None,
+                    None => Some(GridIndex::build(&geometry, spaces.right(), right.dim)),
+                };
+                stats.build_time = start.elapsed();
+                let probe = Instant::now();
+                super::grid_join::grid_join(
+                    &context,
+                    &geometry,
+                    &left_index,
+                    right_index.as_ref(),
+                    spaces.left(),
+                    spaces.right(),
+                )?;
+                stats.probe_time = probe.elapsed();
+            }
+            JoinStrategy::Directory(shape) => {
+                super::directory::join(&context, &shape, spaces.left(), spaces.right(), &mut stats)?;
+            }
+            JoinStrategy::BruteForce => {
+                let sides = gemm_sides(left, right, metric, self_join.is_some());
+                let direct = if sides.is_none() { DirectColumns::new(left, right) } else { None };
+                stats.build_time = start.elapsed();
+                let probe = Instant::now();
+                match &sides {
+                    Some((l, r)) => gemm_join(&context, l, r.as_ref().unwrap_or(l))?,
+                    None => direct_join(&context, direct.as_ref())?,
+                }
+                stats.probe_time = probe.elapsed();
+            }
+        }
+        stats.candidates = candidates.into_inner();
+        Ok(stats)
+    }
+
+    fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        let KnnRequest { base, queries, metric, k, .. } = *request;
+        let k = k.min(base.len());
+        if k == 0 || queries.is_empty() {
+            return Ok(RunStats::default());
+        }
+        let clusters = match request.index {
+            IndexChoice::ListOfClusters => true,
+            IndexChoice::Auto => super::list_of_clusters::pays(request, k),
+            _ => false,
+        };
+        if clusters && super::list_of_clusters::usable(queries, base) {
+            return super::list_of_clusters::knn(request, k, sink);
+        }
+        if request.metric.is_text() {
+            return super::text::knn(request, sink);
+        }
+        let start = Instant::now();
+        let mut stats = RunStats::default();
+        if let Some(approx) = request.approx {
+            if let Some(target) = approx.recall {
+                let exact_ns = brute_force_run_ns(queries.len(), base.len(), base.dim, gemm_form(metric), false)
+                    / rayon::current_num_threads() as f64;
+                let run = |request: &KnnRequest, sink: &dyn ResultSink| self.knn(request, sink);
+                return super::approx_recall::knn_to_recall(request, approx, target, "cores", exact_ns, &run, sink);
+            }
+            return super::approx::knn(request, approx, k, sink);
+        }
+        let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
+        let sides = gemm_sides(queries, base, metric, false).and_then(|(q, b)| Some((q, b?)));
+        let direct = if sides.is_none() { DirectColumns::new(queries, base) } else { None };
+        stats.build_time = start.elapsed();
+        let probe = Instant::now();
+        let candidates = AtomicU64::new(0);
+
+        // Work units are (query block, base segment); segments keep every core busy when there are
+        // few queries, and a unit returns its exact top-k, so merging segments is a plain k-select.
+        let threads = rayon::current_num_threads();
+        let block = (64 << 20) / (k * 16).max(1); // keep per-block candidate lists near 64 MiB
+        let block = block.clamp(1, KNN_TILE_QUERIES);
+        let blocks = queries.len().div_ceil(block);
+        let segments = (2 * threads).div_ceil(blocks).clamp(1, base.len().div_ceil(8192).max(1));
+        let segment_len = base.len().div_ceil(segments);
+        let wave = (4 * threads).div_ceil(segments).max(1);
+        sink.start(blocks as u64);
+        let mut chunk = ResultChunk::default();
+        for wave_start in (0..blocks).step_by(wave) {
+            let wave_blocks = wave_start..(wave_start + wave).min(blocks);
+            let units: Vec<(usize, usize)> =
+                wave_blocks.clone().flat_map(|b| (0..segments).map(move |s| (b, s))).collect();
+            let results: Vec<Vec<Vec<Neighbour>>> = units
+                .par_iter()
+                .map(|&(b, s)| {
+                    let q = b * block..((b + 1) * block).min(queries.len());
+                    let r = s * segment_len..((s + 1) * segment_len).min(base.len());
+                    match &sides {
+                        Some((qs, bs)) => knn_gemm_unit(request, &exact, qs, bs, q, r, k, &candidates),
+                        None => knn_direct_unit(request, &exact, direct.as_ref(), q, r, k, &candidates),
+                    }
+                })
+                .collect();
+            for (unit_results, b) in results.chunks(segments).zip(wave_blocks) {
+                let first_query = b * block;
+                let block_len = unit_results[0].len();
+                let merged: Vec<Vec<Neighbour>> = (0..block_len)
+                    .into_par_iter()
+                    .map(|i| k_smallest(unit_results.iter().flat_map(|u| u[i].iter().copied()).collect(), k))
+                    .collect();
+                for (i, list) in merged.into_iter().enumerate() {
+                    push_ranked(&mut chunk, first_query + i, &list);
+                }
+                if chunk.len() >= sink.chunk_rows() {
+                    sink.send(std::mem::take(&mut chunk))?;
+                }
+            }
+            sink.advance(units.len().div_ceil(segments) as u64);
+        }
+        if !chunk.is_empty() {
+            sink.send(chunk)?;
+        }
+        stats.candidates = candidates.into_inner();
+        stats.probe_time = probe.elapsed();
+        Ok(stats)
+    }
+}
+
+/// Everything a join worker needs.
+pub(super) struct JoinContext<'a> {
+    pub(super) request: &'a JoinRequest<'a>,
+    pub(super) exact: &'a ExactCheck,
+    pub(super) candidates: &'a AtomicU64,
+    pub(super) sink: &'a dyn ResultSink,
+}
+
+impl JoinContext<'_> {
+    pub(super) fn writer(&self) -> PairWriter<'_> {
+        PairWriter::new(self.sink, self.request.self_join.is_some_and(|s| s.ordered))
+    }
+
+    /// Writes a self-join pair with its smaller position first.
+    #[inline]
+    pub(super) fn push(&self, writer: &mut PairWriter, a: u32, b: u32, distance: f64) -> Result<()> {
+        if self.request.self_join.is_some() && a > b {
+            writer.push(b, a, distance)
+        } else {
+            writer.push(a, b, distance)
+        }
+    }
+
+    /// Self-join with `include_self`: each vector against itself, by the same exact test.
+    pub(super) fn self_pairs(&self, positions: impl IntoIterator<Item = usize>, writer: &mut PairWriter) -> Result<()> {
+        if !self.request.self_join.is_some_and(|s| s.include_self) {
+            return Ok(());
+        }
+        write_self_pairs(self.exact, self.request.left, positions, writer)
+    }
+}
+
+/// Offers query `i` to `best` at its exact distance to each base row of `positions`, four rows at a
+/// time (`ExactCheck::distances4`); the number offered.
+pub(super) fn offer_exact(
+    request: &KnnRequest,
+    exact: &ExactCheck,
+    i: usize,
+    positions: impl Iterator<Item = usize>,
+    best: &mut KSmallest,
+) -> u64 {
+    offer_exact_rows(request.queries.row(i), exact, i, positions, |j| request.base.row(j), best)
+}
+
+/// [`offer_exact`] with base row `j` read as `base_row(j)`, which must hold the base's values
+/// exactly (so that the distances are bit for bit the same).
+pub(super) fn offer_exact_rows<'a>(
+    query: Row,
+    exact: &ExactCheck,
+    i: usize,
+    positions: impl Iterator<Item = usize>,
+    base_row: impl Fn(usize) -> Row<'a>,
+    best: &mut KSmallest,
+) -> u64 {
+    let (mut group, mut filled, mut offered) = ([0usize; 4], 0, 0);
+    for j in positions {
+        group[filled] = j;
+        filled += 1;
+        offered += 1;
+        if filled == 4 {
+            let distances = exact.distances4(query, i, group.map(&base_row), group);
+            for (distance, j) in distances.into_iter().zip(group) {
+                best.push(Neighbour { distance, position: j as u32 });
+            }
+            filled = 0;
+        }
+    }
+    for &j in &group[..filled] {
+        best.push(Neighbour { distance: exact.distance(query, base_row(j), i, j), position: j as u32 });
+    }
+    offered
+}
