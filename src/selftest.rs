@@ -395,6 +395,13 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
         Err(reason) => return Err(DataFusionError::Execution(format!("selftest needs a GPU: {reason}"))),
     }
     let ctx = crate::session_context();
+    // Several GPUs: every one named, so that every case below is divided among them, as a large
+    // run is under `devices=all` (where a small one runs on the first GPU alone).
+    let count = crate::gpu::device_count().unwrap_or(0);
+    if count > 1 {
+        let every = (0..count.min(crate::gpu::MAX_DEVICES)).map(|o| o.to_string()).collect::<Vec<_>>();
+        ctx.sql(&format!("SET simjoin.devices = '{}'", every.join(","))).await?;
+    }
     let mut failures = 0;
     let mut cases = Cases::new(only);
     let datasets: Vec<(&str, Vec<f64>, usize)> = vec![
@@ -481,9 +488,8 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
             }
         }
     }
-    // Several GPUs: every case above ran across all of them (devices=all); these run on each one
-    // alone, and on the first two together explicitly.
-    let count = crate::gpu::device_count().unwrap_or(0);
+    // Several GPUs: every case above ran divided among all of them; these run on each one alone,
+    // and on the first two together.
     if count > 1 {
         let selections = (0..count).map(|o| o.to_string()).chain(["0,1".to_string()]);
         for devices in selections {
