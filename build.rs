@@ -6,7 +6,7 @@
 //! A release build for GPU machines can also embed their machine code: with `SIMJOIN_NVRTC` naming
 //! an NVRTC library (`libnvrtc.so.13`), every module is compiled here for each architecture of
 //! `SIMJOIN_EMBED_ARCHS` (a comma-separated list; default `EMBEDDED_ARCHS`), and a process on such
-//! a GPU loads those images instead of compiling (`src/gpu/compile.rs`). `scripts/gpu-build.sh`
+//! a GPU loads those images instead of compiling (`src/cuda/compile.rs`). `scripts/gpu-build.sh`
 //! does this with NVRTC 13.0, whose cubins every CUDA 13 driver loads.
 
 use std::collections::HashSet;
@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-include!("src/gpu/nvrtc_options.rs");
+include!("src/cuda/nvrtc_options.rs");
 
 /// The architectures embedded when `SIMJOIN_EMBED_ARCHS` does not list them: every one the device
-/// layer names (`arch_for` in src/gpu/device.rs) whose tensor cores the kernels use (m16n8k16 needs
+/// layer names (`arch_for` in src/cuda/device.rs) whose tensor cores the kernels use (m16n8k16 needs
 /// sm_80), Ampere to Blackwell.
 const EMBEDDED_ARCHS: &[&str] = &["sm_80", "sm_86", "sm_87", "sm_89", "sm_90a", "sm_100", "sm_103", "sm_120"];
 
@@ -30,7 +30,7 @@ fn main() {
         return;
     }
     println!("cargo::rerun-if-changed=kernels");
-    println!("cargo::rerun-if-changed=src/gpu/nvrtc_options.rs");
+    println!("cargo::rerun-if-changed=src/cuda/nvrtc_options.rs");
     println!("cargo::rerun-if-env-changed=SIMJOIN_NVRTC");
     println!("cargo::rerun-if-env-changed=SIMJOIN_EMBED_ARCHS");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));

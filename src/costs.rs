@@ -2,7 +2,7 @@
 //! devices are priced with. Each says what it was measured on and where the measurement is
 //! recorded (docs/optimisations.md); a constant refitted on another machine changes only here.
 //! The GPU's start-up (opening a device, loading and compiling modules) is priced in
-//! gpu/startup.rs, beside what it times.
+//! cuda/startup.rs, beside what it times.
 
 #[cfg(feature = "gpu")]
 use std::time::Duration;

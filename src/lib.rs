@@ -36,17 +36,17 @@
 //! `default-features = false, features = ["gpu"]`; without `gpu`, `device=gpu` is an error that
 //! says so and `device=auto` runs on the cores.
 //!
-//! Inside, dependencies point one way: `functions → table → exec → backend → gpu`; `cluster`
+//! Inside, dependencies point one way: `functions → table → exec → backend → cuda`; `cluster`
 //! (Ballista's processes and the codecs carrying the table and the operator) and `server` sit
 //! above them.
 
 mod backend;
 mod costs;
+#[cfg(feature = "gpu")]
+mod cuda;
 pub mod datagen;
 mod exec;
 mod functions;
-#[cfg(feature = "gpu")]
-mod gpu;
 mod index;
 mod op;
 mod options;
@@ -78,9 +78,9 @@ pub use options::SimJoinOptions;
 #[doc(hidden)]
 pub mod internal {
     #[cfg(feature = "gpu")]
-    pub use crate::gpu::probe as gpu_probe;
+    pub use crate::cuda::probe as gpu_probe;
     #[cfg(feature = "gpu")]
-    pub use crate::gpu::startup::in_flight as gpu_startup_in_flight;
+    pub use crate::cuda::startup::in_flight as gpu_startup_in_flight;
     pub use crate::op::Checks;
 }
 

@@ -42,6 +42,7 @@ use super::plan::filter_kind;
 use super::simd::{FilterKind, prefetch, row_score};
 use super::topk::{KSmallest, Neighbour, push_ranked};
 use super::{KnnRequest, ResultChunk, ResultSink, RunStats};
+use crate::index::KeptIndexes;
 use crate::index::curves::{CURVES, Geometry, LEAD, Multicurves, Query, ranks_twice};
 use crate::index::graph::NeighbourGraph;
 use crate::op::Approx;

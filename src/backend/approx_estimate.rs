@@ -11,6 +11,7 @@ use crate::costs::{
     APPROX_HOST_NS_PER_QUERY_DIM, EXACT_KNN_GPU_NS_PER_PAIR_DIM, EXACT_KNN_GPU_PASSES_NS, GRAPH_BUILD_NS_PER_ROW,
     GRAPH_NS_PER_POOL_ROW, UPLOAD_BYTES_PER_SECOND,
 };
+use crate::index::KeptIndexes;
 use crate::index::curves::{CURVES, Geometry};
 
 /// [`EXACT_KNN_GPU_NS_PER_PAIR_DIM`]'s estimate of `queries` over `n` rows of `dim` values.

@@ -45,6 +45,7 @@ use datafusion::common::Result;
 use super::topk::Collector;
 use super::{KnnRequest, ResultSink, RunStats};
 use crate::costs::{APPROX_BUILD_NS_PER_FLOP, APPROX_BUILD_NS_PER_KEY};
+use crate::index::KeptIndexes;
 use crate::index::curves::{CURVES, Calibration, Geometry, PCA_SAMPLE, PRINCIPAL_DIMS};
 use crate::op::Approx;
 use crate::vectors::Vectors;

@@ -27,9 +27,10 @@ use super::{
     RunStats, join_rows, knn_rows,
 };
 use crate::costs::{CPU_RUN, GPU_OVER_ONE_CORE_BRUTE, GPU_OVER_ONE_CORE_GRID, GPU_RUN, UPLOAD_BYTES_PER_SECOND};
-use crate::gpu::kernels::KernelModule;
-use crate::gpu::startup::{cached_startup, startup_left, warm_up};
-use crate::gpu::{GpuDevice, MAX_DEVICES, ResidentKey};
+use crate::cuda::kernels::KernelModule;
+use crate::cuda::startup::{cached_startup, startup_left, warm_up};
+use crate::cuda::{GpuDevice, MAX_DEVICES, ResidentKey};
+use crate::index::KeptIndexes;
 use crate::index::{CostInputs, JoinStrategy, brute_force_run_ns, estimate_strategy};
 use crate::op::{Checks, Devices};
 use crate::vectors::Vectors;
@@ -160,7 +161,7 @@ impl AutoBackend {
         let no_gpu = |reason| exec_datafusion_err!("option device=gpu, but no GPU can be used: {reason}");
         let named = match &self.devices {
             Devices::All => {
-                let count = crate::gpu::device_count().map_err(no_gpu)?.min(MAX_DEVICES);
+                let count = crate::cuda::device_count().map_err(no_gpu)?.min(MAX_DEVICES);
                 let first = GpuDevice::at(0).map_err(no_gpu)?;
                 return Ok(match count {
                     1 => Arc::new(GpuBackend::new(first, self.memory_limit)),

@@ -12,7 +12,7 @@
 //! * L2² and the inner product break the triangle inequality and are refused at planning.
 //!
 //! The index is built over the right input (the base) on first use and kept with its vectors
-//! (`Vectors::list_of_clusters`), so an in-memory table builds it once.
+//! (`KeptIndexes::list_of_clusters`, index/kept.rs), so an in-memory table builds it once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +26,7 @@ use super::text::Pattern;
 use super::topk::{KSmallest, Neighbour, rank_in_waves};
 use super::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
 use crate::costs::{BUILD_COST, SEARCH_COST};
+use crate::index::KeptIndexes;
 use crate::index::list_of_clusters::{ListOfClusters, MetricSpace, Probe, Rounding};
 use crate::op::{Metric, squared_l2};
 use crate::vectors::{Row, Values, Vectors};

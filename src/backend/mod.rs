@@ -447,7 +447,7 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     // Text under device=auto: joins may take a GPU that is already open (AutoBackend::text_join);
     // kNN of strings runs on the cores.
     let text_join = op.metric.is_text() && !knn;
-    if text_join && op.device == Device::Auto && crate::gpu::startup::libraries_present() {
+    if text_join && op.device == Device::Auto && crate::cuda::startup::libraries_present() {
         return Ok(std::sync::Arc::new(AutoBackend::text_joins(op.gpu_memory_limit, op.devices.clone())));
     }
     let text_on_cpu = op.metric.is_text() && op.device != Device::Gpu;
@@ -458,14 +458,14 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
     let devices = op.devices.clone();
     match op.device {
         Device::Cpu => Ok(std::sync::Arc::new(CpuBackend)),
-        Device::Auto if crate::gpu::startup::libraries_present() => {
+        Device::Auto if crate::cuda::startup::libraries_present() => {
             Ok(std::sync::Arc::new(AutoBackend::new(op.gpu_memory_limit, devices, modules, op.checks)))
         }
         Device::Auto => Ok(std::sync::Arc::new(CpuBackend)),
-        Device::Gpu if crate::gpu::startup::libraries_present() => {
+        Device::Gpu if crate::cuda::startup::libraries_present() => {
             Ok(std::sync::Arc::new(AutoBackend::gpu_only(op.gpu_memory_limit, devices, modules, op.checks)))
         }
-        Device::Gpu => match crate::gpu::probe() {
+        Device::Gpu => match crate::cuda::probe() {
             Err(reason) => plan_err!("{function}: option device=gpu, but no GPU can be used: {reason}"),
             Ok(_) => plan_err!("{function}: option device=gpu, but the CUDA libraries failed to load"),
         },
@@ -495,7 +495,7 @@ pub fn choose(op: &SimilarityOp) -> Result<std::sync::Arc<dyn Backend>> {
 pub fn start_gpu() {
     let mut modules = auto::JOIN_MODULES.to_vec();
     modules.extend(auto::KNN_MODULES.iter().filter(|m| !auto::JOIN_MODULES.contains(m)));
-    crate::gpu::startup::warm_up(&modules);
+    crate::cuda::startup::warm_up(&modules);
 }
 
 /// For a plan that runs on a cluster: the options checked as [`choose`] checks them wherever it

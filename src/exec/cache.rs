@@ -6,7 +6,7 @@
 //! ([`VectorCache`], added by `simjoin::register`): its `cache_size` bounds its own entries, and a
 //! table of one session is never found through another. Its entries carry the indexes built over
 //! them (grid, List of Clusters, Multicurves) and keep their rows resident on the GPU, whose
-//! memory the device governs for the whole process (gpu/device.rs).
+//! memory the device governs for the whole process (cuda/device.rs).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

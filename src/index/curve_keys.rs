@@ -31,13 +31,9 @@ pub struct KeyInputs<'a> {
 
 impl KeyInputs<'_> {
     /// Rows.
+    #[cfg(feature = "gpu")]
     pub fn len(&self) -> usize {
         self.rows.len().checked_div(self.stride).unwrap_or(0)
-    }
-
-    /// Whether there are no rows.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -285,11 +285,6 @@ impl Multicurves {
         self.len
     }
 
-    /// Whether the index holds no vector.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Principal coordinates kept per vector.
     pub fn projected_dims(&self) -> usize {
         self.projected_dims
@@ -372,6 +367,7 @@ impl Multicurves {
     }
 
     /// Every base vector in f32 (unit vectors under cosine), `dim` values a row.
+    #[cfg(feature = "gpu")]
     pub fn all_values(&self) -> &[f32] {
         &self.values[..self.len * self.dim]
     }
@@ -380,6 +376,7 @@ impl Multicurves {
     /// cosine) and their key on each curve (`keys[q·curves + c]`), projected onto the curves' leading
     /// axes alone (one matrix product), where [`Multicurves::queries`] projects onto every axis the
     /// cores' rankings use (192 on Fashion-MNIST, 16 of them the curves').
+    #[cfg(feature = "gpu")]
     pub fn query_keys(&self, queries: &Vectors, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<u64>) {
         let values: Vec<f32> = rows.flat_map(|i| to_f32(queries.row(i), self.geometry)).collect();
         let axes = self.curve_axes;
@@ -829,6 +826,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "gpu")]
     fn the_device_search_keys_queries_as_the_cores_do() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(8);
         let (dim, n) = (40, 3000);

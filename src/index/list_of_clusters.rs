@@ -96,6 +96,7 @@ pub struct ListOfClusters {
 /// A [`ListOfClusters`]' arrays: each cluster's centre and covering radius, where its members
 /// begin in `members` (one entry more than clusters), the members, and each member's distance to
 /// its centre.
+#[cfg(feature = "gpu")]
 #[derive(Debug, Clone, Copy)]
 pub struct ClusterArrays<'a> {
     pub centres: &'a [u32],
@@ -121,6 +122,7 @@ impl ListOfClusters {
     }
 
     /// The list's arrays, for a search elsewhere (the GPU's).
+    #[cfg(feature = "gpu")]
     pub fn arrays(&self) -> ClusterArrays<'_> {
         ClusterArrays {
             centres: &self.centres,
@@ -132,6 +134,7 @@ impl ListOfClusters {
     }
 
     /// How far its distances may be from true ones.
+    #[cfg(feature = "gpu")]
     pub fn rounding(&self) -> Rounding {
         self.rounding
     }

@@ -6,6 +6,7 @@ pub mod curves;
 pub mod directory;
 pub mod graph;
 pub mod grid;
+pub mod kept;
 pub mod list_of_clusters;
 pub mod segments;
 
@@ -14,3 +15,4 @@ pub use grid::brute_force_run_ns;
 #[cfg(feature = "gpu")]
 pub use grid::estimate_strategy;
 pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy, extent};
+pub use kept::KeptIndexes;

@@ -23,10 +23,6 @@ use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Fl
 use datafusion::common::{Result, exec_err};
 use rayon::prelude::*;
 
-use crate::index::curves::{Geometry, Multicurves};
-use crate::index::list_of_clusters::ListOfClusters;
-use crate::op::Metric;
-
 mod source;
 mod values;
 
@@ -103,16 +99,21 @@ pub struct Vectors {
     resident: Option<Arc<ResidentMark>>,
     /// [`Vectors::mean`], computed on first use (kept vectors keep it across queries).
     mean: OnceLock<Vec<f64>>,
-    /// [`Vectors::curves`]: the Multicurves index over the vectors as they are, and over their unit
-    /// vectors (cosine), each built on first use and kept as long as the vectors are.
-    curves: [OnceLock<Arc<Multicurves>>; 2],
-    /// [`Vectors::forgo_curves`]: what runs without the index have cost beyond its search (ns).
-    curves_forgone: std::sync::atomic::AtomicU64,
     /// [`Vectors::unit_rows`], computed on first use.
     unit: OnceLock<Vec<f64>>,
-    /// [`Vectors::list_of_clusters`]: the List of Clusters under each metric it serves (L2, L1,
-    /// L∞, cosine, the edit distance), each built on first use and kept as long as the vectors are.
-    clusters: [OnceLock<Arc<ListOfClusters>>; 5],
+    /// [`Vectors::kept`]: what other layers built over these vectors, by type.
+    kept: Kept,
+}
+
+/// The values of [`Vectors::kept`], one of each type.
+#[derive(Default)]
+struct Kept(std::sync::Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>);
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("Kept").field("values", &kept.len()).finish()
+    }
 }
 
 /// A clone is a new value that its owner may change: it carries no resident mark.
@@ -213,68 +214,18 @@ impl Vectors {
         self.resident.as_ref()
     }
 
-    /// The Multicurves index of these vectors in `geometry`, and whether it was built by an earlier
-    /// call (kept vectors keep it across queries). The values must not change after the first call.
-    pub fn curves(&self, geometry: Geometry) -> (Arc<Multicurves>, bool) {
-        self.curves_built_by(geometry, || Multicurves::build(self, geometry))
-    }
-
-    /// [`Vectors::curves`], built by `build` where it was not built yet.
-    pub fn curves_built_by(&self, geometry: Geometry, build: impl FnOnce() -> Multicurves) -> (Arc<Multicurves>, bool) {
-        let slot = &self.curves[geometry as usize];
-        let kept = slot.get().is_some();
-        (slot.get_or_init(|| Arc::new(build())).clone(), kept)
-    }
-
-    /// Adds `ns` to what runs without the Multicurves index (the exact kNN on the GPU, the index
-    /// not built; small batches under a recall target answered exactly) have cost beyond the
-    /// index's estimated search, and returns the sum: the scheduler builds the index, and a recall
-    /// target's small batches calibrate the search, once that reaches what those cost (kept
-    /// vectors only, which keep the index for later runs).
-    pub fn forgo_curves(&self, ns: f64) -> f64 {
-        let ns = ns.max(0.0) as u64;
-        (self.curves_forgone.fetch_add(ns, std::sync::atomic::Ordering::Relaxed) + ns) as f64
-    }
-
-    /// Whether the Multicurves index in `geometry` was built already with its kNN graph.
-    pub fn curves_graph_built(&self, geometry: Geometry) -> bool {
-        self.curves[geometry as usize].get().is_some_and(|index| index.graph_built())
-    }
-
-    /// Whether the Multicurves index in `geometry` was built already (see `curves`).
-    pub fn curves_kept(&self, geometry: Geometry) -> bool {
-        self.curves[geometry as usize].get().is_some()
-    }
-
-    /// The List of Clusters over these vectors under `metric` (one of those the index serves),
-    /// built by `build` on first use, and whether it was built by an earlier call. The values must
-    /// not change after the first call.
-    pub fn list_of_clusters(
-        &self,
-        metric: Metric,
-        build: impl FnOnce() -> ListOfClusters,
-    ) -> (Arc<ListOfClusters>, bool) {
-        let slot = Self::clusters_slot(metric).expect("the List of Clusters serves metrics only");
-        let slot = &self.clusters[slot];
-        let kept = slot.get().is_some();
-        (slot.get_or_init(|| Arc::new(build())).clone(), kept)
-    }
-
-    /// Whether the List of Clusters under `metric` was built already (see `list_of_clusters`).
-    pub fn list_of_clusters_kept(&self, metric: Metric) -> bool {
-        Self::clusters_slot(metric).is_some_and(|slot| self.clusters[slot].get().is_some())
-    }
-
-    /// The slot of the List of Clusters under `metric`, if the index serves it.
-    fn clusters_slot(metric: Metric) -> Option<usize> {
-        match metric {
-            Metric::L2 => Some(0),
-            Metric::L1 => Some(1),
-            Metric::LInf => Some(2),
-            Metric::Cosine => Some(3),
-            Metric::Levenshtein => Some(4),
-            Metric::L2Squared | Metric::InnerProduct => None,
+    /// What the layer of type `T` keeps built over these vectors for as long as they live (the
+    /// indexes of index/kept.rs), made by `T::default()` on first use. These vectors do not know
+    /// what is kept: a layer above stores its own type here, as a DataFusion session keeps its
+    /// extensions by type.
+    pub fn kept<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let mut kept = self.kept.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = kept.iter().find_map(|k| k.clone().downcast::<T>().ok()) {
+            return found;
         }
+        let made = Arc::new(T::default());
+        kept.push(made.clone());
+        made
     }
 
     /// The vectors scaled to unit length (row-major; cosine's chord space), computed once: the

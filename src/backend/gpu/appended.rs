@@ -3,7 +3,7 @@
 //! more than its output holds runs again in halves (a single row, with room for all of its pairs).
 
 use super::*;
-use crate::gpu::launch::PairOutput;
+use crate::cuda::launch::PairOutput;
 
 /// Most pairs one output holds (12 or 16 bytes each on the device: 768 MiB or 1 GiB).
 const MAX_APPENDED_PAIRS: usize = 1 << 26;
@@ -18,7 +18,7 @@ pub(super) fn appended_pairs<D: DeviceRepr + ValidAsZeroBits + Copy + Default>(
     stats: &mut RunStats,
     mut launch: impl FnMut(std::ops::Range<u32>, &mut PairOutput<D>) -> Result<u64, GpuError>,
     mut each: impl FnMut(&[u32], &[u32], &[D]) -> Result<()>,
-) -> Result<Result<()>, GpuError> {
+) -> RunResult<()> {
     let pair_bytes = 8 + std::mem::size_of::<D>();
     let mut out = PairOutput::<D>::new(device, (budget / 4 / pair_bytes).clamp(1 << 16, MAX_APPENDED_PAIRS))?;
     let mut parts: Vec<std::ops::Range<u32>> = Vec::with_capacity(8);
@@ -41,23 +41,20 @@ pub(super) fn appended_pairs<D: DeviceRepr + ValidAsZeroBits + Copy + Default>(
         }
         let found = found as usize;
         let copying = Instant::now();
-        let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("GPU copy failed: {e}"));
         left.resize(found, 0u32);
         right.resize(found, 0u32);
         distances.resize(found, D::default());
         if found > 0 {
             let stream = &device.stream;
-            stream.memcpy_dtoh(&out.left.slice(0..found), &mut left[..]).map_err(copy)?;
-            stream.memcpy_dtoh(&out.right.slice(0..found), &mut right[..]).map_err(copy)?;
-            stream.memcpy_dtoh(&out.distance.slice(0..found), &mut distances[..]).map_err(copy)?;
+            stream.memcpy_dtoh(&out.left.slice(0..found), &mut left[..]).map_err(copy_failed)?;
+            stream.memcpy_dtoh(&out.right.slice(0..found), &mut right[..]).map_err(copy_failed)?;
+            stream.memcpy_dtoh(&out.distance.slice(0..found), &mut distances[..]).map_err(copy_failed)?;
         }
         stats.transfer_time += copying.elapsed();
         let emitting = Instant::now();
         let sent = each(&left, &right, &distances);
         stats.emit_time += emitting.elapsed();
-        if sent.is_err() {
-            return Ok(sent);
-        }
+        sent?;
     }
-    Ok(Ok(()))
+    Ok(())
 }

@@ -8,13 +8,13 @@
 //! them exactly (as the cores' search does: backend/approx.rs), so each returned row carries its
 //! exact distance and its rank among the returned rows.
 
-use datafusion::common::exec_err;
+use datafusion::common::exec_datafusion_err;
 
 use super::*;
 use crate::backend::ResultChunk;
 use crate::backend::approx::{measured, within_rounding};
 use crate::backend::topk::push_ranked;
-use crate::gpu::launch::{ApproxBest, ApproxQueries, DeviceCurves, approx_capacity, approx_fits, approx_knn};
+use crate::cuda::launch::{ApproxBest, ApproxQueries, DeviceCurves, approx_capacity, approx_fits, approx_knn};
 use crate::index::curves::{Geometry, Multicurves};
 use crate::op::Approx;
 
@@ -38,12 +38,12 @@ impl GpuBackend {
         approx: Approx,
         sink: &dyn ResultSink,
         budget: usize,
-    ) -> Result<Result<RunStats>, GpuError> {
+    ) -> RunResult<RunStats> {
         let KnnRequest { base, queries, metric, .. } = *request;
         let k = request.k.min(base.len());
         let mut stats = RunStats { tiles: 1, ..Default::default() };
         if k == 0 || queries.is_empty() {
-            return Ok(Ok(stats));
+            return Ok(stats);
         }
         // Load the module now (once per process) so that it stays out of the run's times.
         self.device.function(Kernel::ApproxKnn)?;
@@ -57,11 +57,11 @@ impl GpuBackend {
         let per_curve = approx.per_curve(k).min(n);
         let capacity = approx_capacity(curves, per_curve, n);
         if !approx_fits(&self.device, capacity) {
-            return Ok(exec_err!(
+            return Err(RunError::Query(exec_datafusion_err!(
                 "knn: approx_effort={} with k={k} takes {per_curve} entries on each of {curves} curves, more than a block of this GPU holds ({} bytes of shared memory); lower approx_effort or k, or use device=cpu",
                 approx.effort,
                 self.device.shared_memory_per_block
-            ));
+            )));
         }
         let keep = (KEEP_PER_NEIGHBOUR * k).max(k + 8).min(capacity);
 
@@ -93,7 +93,6 @@ impl GpuBackend {
             scores: zeroed::<f32>(&self.device.stream, tile * keep)?,
             keep,
         };
-        let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("GPU copy failed: {e}"));
         // The f32 score ordered as the metric (squared under L2, L2² and cosine's unit rows).
         let filter = match metric {
             Metric::L1 => FilterCode::L1,
@@ -109,8 +108,8 @@ impl GpuBackend {
             let (values, keys) = query_tile(&index, queries, rows.clone());
             let uploading = Instant::now();
             let stream = &self.device.stream;
-            stream.memcpy_htod(&values, &mut tile_queries.rows.slice_mut(0..values.len())).map_err(copy)?;
-            stream.memcpy_htod(&keys, &mut tile_queries.keys.slice_mut(0..keys.len())).map_err(copy)?;
+            stream.memcpy_htod(&values, &mut tile_queries.rows.slice_mut(0..values.len())).map_err(copy_failed)?;
+            stream.memcpy_htod(&keys, &mut tile_queries.keys.slice_mut(0..keys.len())).map_err(copy_failed)?;
             tile_queries.count = rows.len();
             stats.transfer_time += uploading.elapsed();
             let searching = Instant::now();
@@ -119,8 +118,8 @@ impl GpuBackend {
             stats.kernel_time += searching.elapsed();
             let downloading = Instant::now();
             let listed = rows.len() * keep;
-            let positions = stream.clone_dtoh(&best.positions.slice(0..listed)).map_err(copy)?;
-            let scores = stream.clone_dtoh(&best.scores.slice(0..listed)).map_err(copy)?;
+            let positions = stream.clone_dtoh(&best.positions.slice(0..listed)).map_err(copy_failed)?;
+            let scores = stream.clone_dtoh(&best.scores.slice(0..listed)).map_err(copy_failed)?;
             stats.transfer_time += downloading.elapsed();
             let lists: Vec<(u64, Vec<Neighbour>)> = rows
                 .clone()
@@ -142,37 +141,32 @@ impl GpuBackend {
                 measured_count += count;
                 push_ranked(&mut chunk, q, list);
             }
-            if chunk.len() >= sink.chunk_rows()
-                && let Err(e) = sink.send(std::mem::take(&mut chunk))
-            {
-                return Ok(Err(e));
+            if chunk.len() >= sink.chunk_rows() {
+                sink.send(std::mem::take(&mut chunk))?;
             }
             sink.advance(1);
         }
-        if !chunk.is_empty()
-            && let Err(e) = sink.send(chunk)
-        {
-            return Ok(Err(e));
+        if !chunk.is_empty() {
+            sink.send(chunk)?;
         }
         stats.curve_candidates = (queries.len() * curves * per_curve) as u64;
         stats.candidates = measured_count;
         stats.probe_time = probe.elapsed();
         stats.devices =
             vec![DeviceRun { ordinal: self.ordinal(), rows: queries.len(), base_rows: n, ..Default::default() }];
-        Ok(Ok(stats))
+        Ok(stats)
     }
 
     /// `index`'s curves and f32 rows (of `dim` values) on the device.
     fn upload_curves(&self, index: &Multicurves, dim: usize) -> Result<DeviceCurves, GpuError> {
         let (n, curves) = (index.len(), index.curve_count());
         let stream = &self.device.stream;
-        let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("copy to the GPU failed: {e}"));
         let mut keys = zeroed::<u64>(stream, curves * n)?;
         let mut positions = zeroed::<u32>(stream, curves * n)?;
         for c in 0..curves {
             let (curve_keys, curve_positions) = index.curve(c);
-            stream.memcpy_htod(curve_keys, &mut keys.slice_mut(c * n..(c + 1) * n)).map_err(copy)?;
-            stream.memcpy_htod(curve_positions, &mut positions.slice_mut(c * n..(c + 1) * n)).map_err(copy)?;
+            stream.memcpy_htod(curve_keys, &mut keys.slice_mut(c * n..(c + 1) * n)).map_err(copy_failed)?;
+            stream.memcpy_htod(curve_positions, &mut positions.slice_mut(c * n..(c + 1) * n)).map_err(copy_failed)?;
         }
         let rows = upload(&self.device, index.all_values())?;
         Ok(DeviceCurves { keys, positions, rows, n, curves, dim })

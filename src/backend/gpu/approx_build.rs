@@ -7,8 +7,9 @@
 //! curves were ordered.
 
 use super::*;
-use crate::gpu::curves::{DeviceCurveLists, order_curves};
-use crate::gpu::launch::{CurveInputs, curve_bounds};
+use crate::cuda::curves::{DeviceCurveLists, order_curves};
+use crate::cuda::launch::{CurveInputs, curve_bounds};
+use crate::index::KeptIndexes;
 use crate::index::curve_keys::{CurveOrder, KeyInputs, cell_scale, order_on_cores};
 use crate::index::curves::{Geometry, Multicurves};
 
@@ -80,14 +81,13 @@ fn order_on_device(device: &GpuDevice, inputs: &KeyInputs) -> Result<(Vec<CurveO
     // The cells per unit as the host's frame computes them from the same bounds.
     let scale = cell_scale(&low, &high, bits);
     let lists = order_curves(device, &on_device, bits, &low, &scale)?;
-    let copy = |e: cudarc::driver::DriverError| GpuError::Device(format!("copy from the GPU failed: {e}"));
     let orders = (0..curves)
         .map(|c| {
             Ok(CurveOrder {
                 low: low[c * dims..(c + 1) * dims].to_vec(),
                 high: high[c * dims..(c + 1) * dims].to_vec(),
-                keys: device.stream.clone_dtoh(&lists.keys.slice(c * n..(c + 1) * n)).map_err(copy)?,
-                positions: device.stream.clone_dtoh(&lists.positions.slice(c * n..(c + 1) * n)).map_err(copy)?,
+                keys: device.stream.clone_dtoh(&lists.keys.slice(c * n..(c + 1) * n)).map_err(copy_failed)?,
+                positions: device.stream.clone_dtoh(&lists.positions.slice(c * n..(c + 1) * n)).map_err(copy_failed)?,
             })
         })
         .collect::<Result<Vec<_>, GpuError>>()?;

@@ -5,7 +5,7 @@
 //! megabytes to copy; the join itself runs in kernels/directory_join.cu.
 
 use super::*;
-use crate::gpu::buffers::DirectoryBuffers;
+use crate::cuda::buffers::DirectoryBuffers;
 use crate::index::{DIRECTORY_BLOCK, DirectoryShape, JoinDirectories};
 
 /// The directory's buffers and, for a join divided among GPUs, the estimated work of every
@@ -60,17 +60,16 @@ impl GpuBackend {
         params.fanout = shape.fanout as u32;
         params.box_radius = shape.box_radius();
         let stream = &self.device.stream;
-        let copy = |e: cudarc::driver::DriverError| GpuError::from(format!("GPU copy failed: {e}"));
         let leaf_start: Vec<u32> = right.leaf_start.iter().map(|&s| s as u32).collect();
         let buffers = DirectoryBuffers {
-            block_lo: stream.clone_htod(&dirs.block_lo).map_err(copy)?,
-            block_hi: stream.clone_htod(&dirs.block_hi).map_err(copy)?,
-            node_lo: stream.clone_htod(&right.lo).map_err(copy)?,
-            node_hi: stream.clone_htod(&right.hi).map_err(copy)?,
-            leaf_start: stream.clone_htod(&leaf_start).map_err(copy)?,
+            block_lo: stream.clone_htod(&dirs.block_lo).map_err(copy_failed)?,
+            block_hi: stream.clone_htod(&dirs.block_hi).map_err(copy_failed)?,
+            node_lo: stream.clone_htod(&right.lo).map_err(copy_failed)?,
+            node_hi: stream.clone_htod(&right.hi).map_err(copy_failed)?,
+            leaf_start: stream.clone_htod(&leaf_start).map_err(copy_failed)?,
         };
-        let left_order = stream.clone_htod(&left_dir.order).map_err(copy)?;
-        let right_order = if same { None } else { Some(stream.clone_htod(&right.order).map_err(copy)?) };
+        let left_order = stream.clone_htod(&left_dir.order).map_err(copy_failed)?;
+        let right_order = if same { None } else { Some(stream.clone_htod(&right.order).map_err(copy_failed)?) };
         Ok(((buffers, work), left_order, right_order))
     }
 }

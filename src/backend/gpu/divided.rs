@@ -85,7 +85,6 @@ impl GpuBackend {
         inputs: JoinInputs,
         stats: &mut RunStats,
     ) -> Result<Vec<u32>, GpuError> {
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let estimating = Instant::now();
         let mut pass = PassBuffers::new(&self.device, MAX_PASS_ROWS.div_ceil(GRID_WORK_SAMPLE), 0)?;
         let mut work = Vec::with_capacity(n.div_ceil(GRID_WORK_SAMPLE));
@@ -94,7 +93,7 @@ impl GpuBackend {
             let end = (begin + MAX_PASS_ROWS).min(n);
             join_pass(&self.device, params, begin as u32..end as u32, inputs, &mut pass, PassKind::Work)?;
             let samples = (end - begin).div_ceil(GRID_WORK_SAMPLE);
-            work.extend(self.device.stream.clone_dtoh(&pass.counts.slice(0..samples)).map_err(copy)?);
+            work.extend(self.device.stream.clone_dtoh(&pass.counts.slice(0..samples)).map_err(copy_failed)?);
         }
         stats.kernel_time += estimating.elapsed();
         Ok(work)

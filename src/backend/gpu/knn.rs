@@ -15,17 +15,16 @@ impl GpuBackend {
         stats: &mut RunStats,
     ) -> Result<Vec<u32>, GpuError> {
         let stream = &self.device.stream;
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let mut counts = Vec::with_capacity(slots.len());
         stats.count_passes += 1;
         for begin in slots.clone().step_by(MAX_PASS_ROWS) {
             let end = (begin + MAX_PASS_ROWS).min(slots.end);
-            stream.memset_zeros(&mut pass.counts).map_err(copy)?;
+            stream.memset_zeros(&mut pass.counts).map_err(copy_failed)?;
             let counting = Instant::now();
             join_pass(&self.device, params, begin as u32..end as u32, inputs, pass, kind)?;
             stats.kernel_time += counting.elapsed();
             let downloading = Instant::now();
-            counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy)?);
+            counts.extend(stream.clone_dtoh(&pass.counts.slice(0..end - begin)).map_err(copy_failed)?);
             stats.transfer_time += downloading.elapsed();
         }
         Ok(counts)
@@ -37,16 +36,11 @@ impl GpuBackend {
     /// k rows (the last level, +∞, takes every row), write passes for the queries whose candidates
     /// are not all in their slot, and an exact top-k of each query's rows on the host. See
     /// kernels/knn.cu for why no neighbour is lost.
-    pub(super) fn gpu_knn(
-        &self,
-        request: &KnnRequest,
-        sink: &dyn ResultSink,
-        budget: usize,
-    ) -> Result<Result<RunStats>, GpuError> {
+    pub(super) fn gpu_knn(&self, request: &KnnRequest, sink: &dyn ResultSink, budget: usize) -> RunResult<RunStats> {
         let k = request.k.min(request.base.len());
         let mut stats = RunStats { tiles: 1, ..Default::default() };
         if k == 0 || request.queries.is_empty() {
-            return Ok(Ok(stats));
+            return Ok(stats);
         }
         // Compile the modules now (once per process) so NVRTC stays out of the run's times.
         self.device.function(Kernel::KnnSampleRadius)?;
@@ -68,7 +62,7 @@ impl GpuBackend {
             None => (&mut own_table.0, &mut own_table.1),
         };
         let counted = self.knn_count_passes(&plan, first_capacity, nearest_distance, nearest_position, &mut stats)?;
-        let outcome = self.knn_write_passes(
+        self.knn_write_passes(
             &plan,
             counted,
             first_capacity,
@@ -79,7 +73,7 @@ impl GpuBackend {
             &mut stats,
         )?;
         stats.probe_time = probe.elapsed();
-        Ok(outcome.map(|()| stats))
+        Ok(stats)
     }
 
     /// Count passes until every query has at least k rows within its radius, each query's
@@ -97,7 +91,6 @@ impl GpuBackend {
         let params = plan.params;
         let (base_buffers, query_buffers) = (&plan.base_side.side, &plan.query_side.side);
         let stream = &self.device.stream;
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let mut pass = PassBuffers::new(&self.device, nq.min(MAX_PASS_ROWS), nq)?;
         // Each count pass also stores the candidates of its queries in slots of their own while
         // the slots are small (knn_slot_capacity): a query found with at least k and at most a
@@ -144,8 +137,10 @@ impl GpuBackend {
             && k <= KNN_SELECT_SLOTS_K;
         while !pending.is_empty() {
             let (thresholds, limits) = plan.row_radii(pending.iter().map(|&q| q as usize), &levels);
-            stream.memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len())).map_err(copy)?;
-            stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy)?;
+            stream
+                .memcpy_htod(&thresholds, &mut pass.row_threshold.slice_mut(0..pending.len()))
+                .map_err(copy_failed)?;
+            stream.memcpy_htod(&limits, &mut pass.row_limit.slice_mut(0..pending.len())).map_err(copy_failed)?;
             let side = subset_buffers.as_ref().unwrap_or(query_buffers);
             // The pass's densest radius sets brute_join_tc's runs and queue.
             let expected_share = pending.iter().map(|&q| expected_share(levels[q as usize])).fold(0.0, f64::max);
@@ -205,30 +200,10 @@ impl GpuBackend {
                         ranked
                     } else {
                         // Slots too long to sort on the device: copied back and ranked here.
-                        let copying = Instant::now();
-                        let cap = capacity as usize;
-                        let mut results = host_results(&self.device, pending.len() * cap)?;
-                        let (_, positions, distances) =
-                            results.download(stream, &pass, false, 0..pending.len() * cap)?;
-                        transfer += copying.elapsed();
-                        let ranking = Instant::now();
-                        let (mut nearest, mut at) = (vec![0f64; pending.len() * k], vec![0u32; pending.len() * k]);
-                        nearest
-                            .par_chunks_mut(k)
-                            .zip(at.par_chunks_mut(k))
-                            .zip(&slot_len)
-                            .enumerate()
-                            .filter(|&(_, (_, &len))| len > 0)
-                            .for_each(|(i, ((nearest, at), &len))| {
-                                let all = (i * cap..i * cap + len as usize)
-                                    .map(|j| Neighbour { distance: distances[j], position: positions[j] })
-                                    .collect();
-                                for (j, neighbour) in k_smallest(all, k).into_iter().enumerate() {
-                                    (nearest[j], at[j]) = (neighbour.distance, neighbour.position);
-                                }
-                            });
-                        emit += ranking.elapsed();
-                        (nearest, at)
+                        let (ranked, copying, ranking) =
+                            self.rank_slots_on_host(&pass, capacity as usize, k, &slot_len)?;
+                        (transfer, emit) = (transfer + copying, emit + ranking);
+                        ranked
                     };
                     for (i, &q) in pending.iter().enumerate().filter(|&(i, _)| slot_len[i] > 0) {
                         let (to, from) = (q as usize * k..(q as usize + 1) * k, i * k..(i + 1) * k);
@@ -255,6 +230,40 @@ impl GpuBackend {
             pending = next;
         }
         Ok(Counted { levels, counts, in_slots, rest, transfer, kernel, emit })
+    }
+
+    /// The `k` nearest of each query's slot of `capacity` (the first `slot_len[i]` entries of
+    /// slot i; none where 0), copied back and ranked on the host, k a query in slot order; and
+    /// the time the copy and the ranking took.
+    fn rank_slots_on_host(
+        &self,
+        pass: &PassBuffers,
+        capacity: usize,
+        k: usize,
+        slot_len: &[u32],
+    ) -> Result<((Vec<f64>, Vec<u32>), Duration, Duration), GpuError> {
+        let copying = Instant::now();
+        let slots = slot_len.len();
+        let mut results = host_results(&self.device, slots * capacity)?;
+        let (_, positions, distances) = results.download(&self.device.stream, pass, false, 0..slots * capacity)?;
+        let copied = copying.elapsed();
+        let ranking = Instant::now();
+        let (mut nearest, mut at) = (vec![0f64; slots * k], vec![0u32; slots * k]);
+        nearest
+            .par_chunks_mut(k)
+            .zip(at.par_chunks_mut(k))
+            .zip(slot_len)
+            .enumerate()
+            .filter(|&(_, (_, &len))| len > 0)
+            .for_each(|(i, ((nearest, at), &len))| {
+                let all = (i * capacity..i * capacity + len as usize)
+                    .map(|j| Neighbour { distance: distances[j], position: positions[j] })
+                    .collect();
+                for (j, neighbour) in k_smallest(all, k).into_iter().enumerate() {
+                    (nearest[j], at[j]) = (neighbour.distance, neighbour.position);
+                }
+            });
+        Ok(((nearest, at), copied, ranking.elapsed()))
     }
 }
 

@@ -79,39 +79,18 @@ impl GpuBackend {
             per_row: 1,
             ..filter_params(metric, dim, gemm, tc)
         };
-        // A kept side serves only at the scale this run's sides allow; else it is built (and kept,
-        // where its rows are) at this scale.
-        let derive = |kept: Option<Arc<DerivedSide>>,
-                      built: Option<SideBuffers>,
-                      host: &HostSide,
-                      largest: &[f32],
-                      key: Option<&ResidentKey>,
-                      centre: Option<&ResidentKey>|
-         -> Result<(Arc<DerivedSide>, bool), GpuError> {
-            if let Some(kept) = kept.filter(|kept| kept.scale_exponent == tc) {
-                return Ok((kept, true));
-            }
-            let side = match built {
-                Some(side) => side,
-                None => self.upload(host)?,
-            };
-            let side = self.with_tensor_core_rows(side, &host.exact, dim, tc, metric)?;
-            let centred_on = centre.map(Arc::downgrade);
-            let derived = Arc::new(DerivedSide {
-                metric: metric_code(metric),
-                centred_on,
-                scale_exponent: tc,
-                largest: largest.first().copied().unwrap_or(f32::NAN),
-                side,
-            });
-            if let Some(key) = key.filter(|_| gemm && !largest.is_empty()) {
-                self.device.keep_derived_side(key, derived.clone());
-            }
-            Ok((derived, false))
-        };
-        let (base_side, reused) = derive(kept, built, &base_host, &base_largest, keep_key.as_ref(), None)?;
-        let (query_side, query_reused) =
-            derive(kept_query, query_built, &query_host, &query_largest, query_key.as_ref(), keep_key.as_ref())?;
+        let form = SideForm { metric, gemm, tc, dim };
+        let (base_side, reused) =
+            self.derive_side(kept, built, &base_host, &base_largest, keep_key.as_ref(), None, form)?;
+        let (query_side, query_reused) = self.derive_side(
+            kept_query,
+            query_built,
+            &query_host,
+            &query_largest,
+            query_key.as_ref(),
+            keep_key.as_ref(),
+            form,
+        )?;
         let (base_buffers, query_buffers) = (&base_side.side, &query_side.side);
         let base_bytes = byte_sides(&self.device, &params, query_buffers, base_buffers).map(|(_, base)| base);
         stats.byte_row_tiles = base_bytes.is_some().into();
@@ -131,7 +110,6 @@ impl GpuBackend {
             _ => KnnSample::Filter(sample_rows(&self.device, &base_buffers.filter, n, dim, sample_len)?),
         };
         let stream = &self.device.stream;
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
         let mut radii_buffer = zeroed::<f64>(stream, nq * KNN_LEVELS)?;
         stats.transfer_time += uploading.elapsed();
 
@@ -152,7 +130,7 @@ impl GpuBackend {
             &mut radii_buffer,
         )?;
         stats.kernel_time += sampling.elapsed();
-        let radii = stream.clone_dtoh(&radii_buffer).map_err(copy)?;
+        let radii = stream.clone_dtoh(&radii_buffer).map_err(copy_failed)?;
         drop(radii_buffer);
         let byte_rows = base_bytes.is_some();
         stats.build_time = start.elapsed();
@@ -174,6 +152,52 @@ impl GpuBackend {
             base_side,
         })
     }
+
+    /// A side in `form`: `kept` where it was built at this run's tensor-core scale (and `true`),
+    /// else `built` (or `host` uploaded) with its tensor cores' rows, kept under `key` where its
+    /// rows are kept and it is of the GEMM form, centred on the base `centre` (a query table's).
+    #[allow(clippy::too_many_arguments)]
+    fn derive_side(
+        &self,
+        kept: Option<Arc<DerivedSide>>,
+        built: Option<SideBuffers>,
+        host: &HostSide,
+        largest: &[f32],
+        key: Option<&ResidentKey>,
+        centre: Option<&ResidentKey>,
+        form: SideForm,
+    ) -> Result<(Arc<DerivedSide>, bool), GpuError> {
+        let SideForm { metric, gemm, tc, dim } = form;
+        if let Some(kept) = kept.filter(|kept| kept.scale_exponent == tc) {
+            return Ok((kept, true));
+        }
+        let side = match built {
+            Some(side) => side,
+            None => self.upload(host)?,
+        };
+        let side = self.with_tensor_core_rows(side, &host.exact, dim, tc, metric)?;
+        let derived = Arc::new(DerivedSide {
+            metric: metric_code(metric),
+            centred_on: centre.map(Arc::downgrade),
+            scale_exponent: tc,
+            largest: largest.first().copied().unwrap_or(f32::NAN),
+            side,
+        });
+        if let Some(key) = key.filter(|_| gemm && !largest.is_empty()) {
+            self.device.keep_derived_side(key, derived.clone());
+        }
+        Ok((derived, false))
+    }
+}
+
+/// The form a kNN's sides take: the metric, the GEMM filter or the direct one, the tensor cores'
+/// scale (where they filter), the dimension.
+#[derive(Clone, Copy)]
+struct SideForm {
+    metric: Metric,
+    gemm: bool,
+    tc: Option<i32>,
+    dim: usize,
 }
 
 /// What the kNN's phases share: the request, both sides on the device, the filter's parameters,

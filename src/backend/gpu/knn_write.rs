@@ -3,6 +3,7 @@
 
 use super::knn::Counted;
 use super::*;
+use std::ops::Range;
 
 impl GpuBackend {
     /// The write passes of the queries not ranked from slots (pipelined on PIPELINE_STREAMS
@@ -19,12 +20,9 @@ impl GpuBackend {
         sink: &dyn ResultSink,
         budget: usize,
         stats: &mut RunStats,
-    ) -> Result<Result<()>, GpuError> {
-        let KnnPlan { k, dim, n, nq, .. } = *plan;
-        let params = plan.params;
-        let (base_buffers, query_buffers) = (&plan.base_side.side, &plan.query_side.side);
-        let stream = &self.device.stream;
-        let copy = |e: cudarc::driver::DriverError| format!("GPU copy failed: {e}");
+    ) -> RunResult<()> {
+        let KnnPlan { k, dim, nq, .. } = *plan;
+        let query_buffers = &plan.query_side.side;
         let Counted { levels, counts, in_slots, mut rest, mut transfer, mut kernel, mut emit } = counted;
         stats.candidates = counts.iter().map(|&c| c as u64).sum();
         // The write passes cover the rest, in query order, each query with its final radius: all
@@ -54,22 +52,8 @@ impl GpuBackend {
         // passes, docs/optimisations.md, v76, v77).
         let lanes_needed = batches.len().min(PIPELINE_STREAMS);
         let slots_most = batches.iter().map(|&(begin, end, _)| end - begin).max().unwrap_or(1);
-        let mut lanes = Vec::with_capacity(lanes_needed);
-        let mut ranked_lanes = Vec::with_capacity(lanes_needed);
-        if lanes_needed > 0 {
-            let (thresholds, limits) = plan.row_radii(rest.iter().map(|&q| q as usize), &levels);
-            for _ in 0..lanes_needed {
-                let mut lane = PassBuffers::new(&self.device, slots_most, rest.len())?;
-                lane.size_outputs(&self.device, capacity)?;
-                lane.offsets = zeroed::<u64>(stream, slots_most + 1)?;
-                stream.memcpy_htod(&thresholds, &mut lane.row_threshold.slice_mut(0..rest.len())).map_err(copy)?;
-                stream.memcpy_htod(&limits, &mut lane.row_limit.slice_mut(0..rest.len())).map_err(copy)?;
-                lanes.push(lane);
-                if lists_on_device {
-                    ranked_lanes.push(RankedLists::new(&self.device, slots_most * k)?);
-                }
-            }
-        }
+        let (mut lanes, mut ranked_lanes) =
+            self.knn_write_lanes(plan, &rest, &levels, lanes_needed, slots_most, capacity, lists_on_device)?;
         // Where each batch's queries' candidates start in its output.
         let batch_offsets: Vec<Vec<u64>> =
             batches.iter().map(|&(begin, end, _)| exclusive_offsets(&rest_counts[begin..end])).collect();
@@ -89,64 +73,25 @@ impl GpuBackend {
                 (q, Ranked::Arrays { distances: &nearest_distance[range.clone()], positions: &nearest_position[range] })
             })
         };
-        let outcome = (|| -> Result<()> {
-            let exec = |e: GpuError| gpu_error("GPU kNN", e);
-            let sync = |e: cudarc::driver::DriverError| DataFusionError::Execution(copy(e));
+        let outcome = (|| -> RunResult<()> {
             // Queries in order: those ranked from slots up to each write batch's query, then it.
             let mut next = 0usize;
             if let Some(results) = results.as_mut() {
-                let streams = self.device.pipeline_streams().map_err(exec)?;
-                let mut parts = results.parts::<PIPELINE_STREAMS>().map_err(exec)?;
-                // Queues batch `i` on its stream: its write pass, the ranking of its lists where
-                // that runs on the device, and the copy back; the events around its kernels time
-                // them.
-                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let queue = |i: usize,
-                             lane: &mut PassBuffers,
-                             mut ranked: Option<&mut RankedLists>,
-                             part: &mut HostPairs|
-                 -> Result<[CudaEvent; 2]> {
-                    let (begin, end, total) = batches[i];
-                    let stream = &streams[i % PIPELINE_STREAMS];
-                    let offsets = &batch_offsets[i];
-                    stream.memcpy_htod(offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(sync)?;
-                    let started = stream.record_event(timing).map_err(sync)?;
-                    let expected_share = total as f64 / ((end - begin) as f64 * n as f64);
-                    let inputs = JoinInputs {
-                        left: rest_side,
-                        right: base_buffers,
-                        right_len: n as u32,
-                        grid: None,
-                        directory: None,
-                        expected_share,
+                let streams = self.device.pipeline_streams()?;
+                let mut parts = results.parts::<PIPELINE_STREAMS>()?;
+                // Queues batch `i` on its stream.
+                let queue =
+                    |i: usize, lane: &mut PassBuffers, ranked: Option<&mut RankedLists>, part: &mut HostPairs| {
+                        let stream = &streams[i % PIPELINE_STREAMS];
+                        self.queue_knn_write(stream, plan, rest_side, batches[i], &batch_offsets[i], lane, ranked, part)
                     };
-                    launch_join_pass(
-                        &self.device,
-                        stream,
-                        &params,
-                        begin as u32..end as u32,
-                        inputs,
-                        lane,
-                        PassKind::Write,
-                    )
-                    .map_err(exec)?;
-                    if let Some(ranked) = ranked.as_deref_mut() {
-                        start_rank_lists(&self.device, stream, lane, end - begin, k, ranked).map_err(exec)?;
-                    }
-                    let written = stream.record_event(timing).map_err(sync)?;
-                    match ranked {
-                        Some(ranked) => part.start_download_ranked(stream, ranked, (end - begin) * k).map_err(exec)?,
-                        None => part.start_download(stream, lane, false, 0..total as usize).map_err(exec)?,
-                    }
-                    Ok([started, written])
-                };
                 let mut in_flight = Vec::with_capacity(batches.len());
                 for (i, (lane, part)) in lanes.iter_mut().zip(parts.iter_mut()).enumerate() {
                     in_flight.push(queue(i, lane, ranked_lanes.get_mut(i), part)?);
                 }
                 for (i, &(begin, end, total)) in batches.iter().enumerate() {
                     let lane = i % PIPELINE_STREAMS;
-                    let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(sync)?;
+                    let (waited, ran) = finish_queued(&streams[lane], &in_flight[i]).map_err(copy_failed)?;
                     (transfer, kernel) = (transfer + waited, kernel + ran);
                     let emitting = Instant::now();
                     let (_, positions, distances) =
@@ -171,19 +116,8 @@ impl GpuBackend {
                         }
                         send_ranked(sink, ordered)?;
                     } else {
-                        // Each query's rows lie in its own [offset, next offset) range, in no set
-                        // order: ranked here (k beyond what the device sorts in a block).
-                        let offsets = &batch_offsets[i];
-                        let nearest: Vec<Vec<Neighbour>> = (begin..end)
-                            .into_par_iter()
-                            .map(|i| {
-                                let range = offsets[i - begin] as usize..offsets[i - begin + 1] as usize;
-                                let all = range
-                                    .map(|j| Neighbour { distance: distances[j], position: positions[j] })
-                                    .collect();
-                                k_smallest(all, k)
-                            })
-                            .collect();
+                        // Ranked here: k beyond what the device sorts in a block.
+                        let nearest = rank_on_host(&batch_offsets[i], positions, distances, begin..end, k);
                         // The part is read: its stream may take batch i + 3 while this one is sent.
                         if i + PIPELINE_STREAMS < batches.len() {
                             in_flight.push(queue(i + PIPELINE_STREAMS, &mut lanes[lane], None, &mut parts[lane])?);
@@ -222,12 +156,109 @@ impl GpuBackend {
         // can leave some in flight).
         if lanes_needed > 0 {
             for lane in self.device.pipeline_streams()? {
-                lane.synchronize().map_err(copy)?;
+                lane.synchronize().map_err(copy_failed)?;
             }
         }
         stats.transfer_time += transfer;
         stats.kernel_time += kernel;
         stats.emit_time += emit;
-        Ok(outcome)
+        outcome
     }
+
+    /// The write passes' lanes, one a pipeline stream: output buffers for `capacity` pairs, the
+    /// rest's radii and limits, and where the lists are ranked on the device their ranked lists.
+    #[allow(clippy::too_many_arguments)]
+    fn knn_write_lanes(
+        &self,
+        plan: &KnnPlan,
+        rest: &[u32],
+        levels: &[usize],
+        lanes_needed: usize,
+        slots_most: usize,
+        capacity: usize,
+        lists_on_device: bool,
+    ) -> Result<(Vec<PassBuffers>, Vec<RankedLists>), GpuError> {
+        let stream = &self.device.stream;
+        let k = plan.k;
+        let mut lanes = Vec::with_capacity(lanes_needed);
+        let mut ranked_lanes = Vec::with_capacity(lanes_needed);
+        if lanes_needed > 0 {
+            let (thresholds, limits) = plan.row_radii(rest.iter().map(|&q| q as usize), levels);
+            for _ in 0..lanes_needed {
+                let mut lane = PassBuffers::new(&self.device, slots_most, rest.len())?;
+                lane.size_outputs(&self.device, capacity)?;
+                lane.offsets = zeroed::<u64>(stream, slots_most + 1)?;
+                stream
+                    .memcpy_htod(&thresholds, &mut lane.row_threshold.slice_mut(0..rest.len()))
+                    .map_err(copy_failed)?;
+                stream.memcpy_htod(&limits, &mut lane.row_limit.slice_mut(0..rest.len())).map_err(copy_failed)?;
+                lanes.push(lane);
+                if lists_on_device {
+                    ranked_lanes.push(RankedLists::new(&self.device, slots_most * k)?);
+                }
+            }
+        }
+        Ok((lanes, ranked_lanes))
+    }
+
+    /// Queues write batch `(begin, end, total)` of the rest's slots on `stream`: its offsets,
+    /// its write pass, the ranking of its lists where that runs on the device (`ranked`), and
+    /// the copy back into `part`; returns the events around its kernels, which time them.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_knn_write(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &KnnPlan,
+        rest_side: &SideBuffers,
+        (begin, end, total): (usize, usize, u64),
+        offsets: &[u64],
+        lane: &mut PassBuffers,
+        mut ranked: Option<&mut RankedLists>,
+        part: &mut HostPairs,
+    ) -> RunResult<[CudaEvent; 2]> {
+        let (k, n) = (plan.k, plan.n);
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        stream.memcpy_htod(offsets, &mut lane.offsets.slice_mut(0..offsets.len())).map_err(copy_failed)?;
+        let started = stream.record_event(timing).map_err(copy_failed)?;
+        let expected_share = total as f64 / ((end - begin) as f64 * n as f64);
+        let inputs = JoinInputs {
+            left: rest_side,
+            right: &plan.base_side.side,
+            right_len: n as u32,
+            grid: None,
+            directory: None,
+            expected_share,
+        };
+        launch_join_pass(&self.device, stream, &plan.params, begin as u32..end as u32, inputs, lane, PassKind::Write)?;
+        if let Some(ranked) = ranked.as_deref_mut() {
+            start_rank_lists(&self.device, stream, lane, end - begin, k, ranked)?;
+        }
+        let written = stream.record_event(timing).map_err(copy_failed)?;
+        match ranked {
+            Some(ranked) => part.start_download_ranked(stream, ranked, (end - begin) * k)?,
+            None => part.start_download(stream, lane, false, 0..total as usize)?,
+        }
+        Ok([started, written])
+    }
+}
+
+/// The k nearest of each of the rest's slots `slots` of a write batch, ranked on the host: each
+/// slot's candidates lie in its own [offset, next offset) range of the batch's output, in no set
+/// order.
+fn rank_on_host(
+    offsets: &[u64],
+    positions: &[u32],
+    distances: &[f64],
+    slots: Range<usize>,
+    k: usize,
+) -> Vec<Vec<Neighbour>> {
+    let begin = slots.start;
+    slots
+        .into_par_iter()
+        .map(|i| {
+            let range = offsets[i - begin] as usize..offsets[i - begin + 1] as usize;
+            let all = range.map(|j| Neighbour { distance: distances[j], position: positions[j] }).collect();
+            k_smallest(all, k)
+        })
+        .collect()
 }

@@ -10,7 +10,7 @@ use super::appended::appended_pairs;
 use super::text::{alphabet_of, coded, pattern_words};
 use super::*;
 use crate::backend::list_of_clusters::{index_of, radius};
-use crate::gpu::launch::{
+use crate::cuda::launch::{
     ClusterTextInputs, ClusterVectorInputs, DeviceClusterList, DeviceStrings, clusters_range_text,
     clusters_range_vectors,
 };
@@ -21,11 +21,11 @@ impl GpuBackend {
         request: &JoinRequest,
         sink: &dyn ResultSink,
         budget: usize,
-    ) -> Result<Result<RunStats>, GpuError> {
+    ) -> RunResult<RunStats> {
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
         let mut stats = RunStats { tiles: 1, ..Default::default() };
         if left.is_empty() || right.is_empty() {
-            return Ok(Ok(stats));
+            return Ok(stats);
         }
         let kernel = if metric.is_text() { Kernel::ClustersRangeText } else { Kernel::ClustersRangeVectors };
         self.device.function(kernel)?;
@@ -57,7 +57,7 @@ impl GpuBackend {
             Ok(())
         };
         let rows = left.len() as u32;
-        let sent = if metric.is_text() {
+        if metric.is_text() {
             let sides = [left, right];
             let alphabet = alphabet_of(if self_join.is_some() { &sides[..1] } else { &sides })?;
             let words = pattern_words(left, 0..left.len())?;
@@ -137,23 +137,15 @@ impl GpuBackend {
                 &mut send,
             )?
         };
-        if let Err(e) = sent {
-            return Ok(Err(e));
-        }
         if self_join.is_some_and(|s| s.include_self) {
-            let written = if metric.is_text() {
-                (0..rows).try_for_each(|a| writer.push(a, a, 0.0))
+            if metric.is_text() {
+                (0..rows).try_for_each(|a| writer.push(a, a, 0.0))?;
             } else {
-                write_self_pairs(&ExactCheck::new(metric, threshold, left, left), left, 0..left.len(), &mut writer)
-            };
-            if let Err(e) = written {
-                return Ok(Err(e));
+                write_self_pairs(&ExactCheck::new(metric, threshold, left, left), left, 0..left.len(), &mut writer)?;
             }
         }
-        if let Err(e) = writer.flush() {
-            return Ok(Err(e));
-        }
+        writer.flush()?;
         stats.probe_time = probe.elapsed();
-        Ok(Ok(stats))
+        Ok(stats)
     }
 }

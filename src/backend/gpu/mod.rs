@@ -14,20 +14,20 @@ use super::exact::{ExactCheck, write_self_pairs};
 use super::plan::{FilterLimit, FilterSpaces, gather, lower_corner, plan_join, score_threshold};
 use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
 use super::{Backend, DeviceRun, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, Wanted, tiles};
-use crate::gpu::abi::{FilterCode, JoinParams, MetricCode};
-use crate::gpu::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, RankedLists, SideBuffers};
-use crate::gpu::download::{DownloadedPairs, HostPairs, KEPT_RANKED, host_ranked, host_results};
-use crate::gpu::error::format_size;
-use crate::gpu::grid::{DeviceGrid, build_grid};
-use crate::gpu::kernels::Kernel;
-use crate::gpu::launch::{
+use crate::cuda::abi::{FilterCode, JoinParams, MetricCode};
+use crate::cuda::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, RankedLists, SideBuffers};
+use crate::cuda::download::{DownloadedPairs, HostPairs, HostResults, KEPT_RANKED, host_ranked, host_results};
+use crate::cuda::error::format_size;
+use crate::cuda::grid::{DeviceGrid, build_grid};
+use crate::cuda::kernels::Kernel;
+use crate::cuda::launch::{
     GRID_WORK_SAMPLE, KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, byte_row_words,
     byte_rows, byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass,
     pack_half_rows, rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
     start_rank_lists, tc_row_words, widen_rows,
 };
-use crate::gpu::memory::{available_memory, upload, zeroed};
-use crate::gpu::{DerivedSide, Error as GpuError, GpuDevice, PIPELINE_STREAMS, ResidentKey};
+use crate::cuda::memory::{available_memory, upload, zeroed};
+use crate::cuda::{DerivedSide, Error as GpuError, GpuDevice, PIPELINE_STREAMS, ResidentKey};
 use crate::index::JoinStrategy;
 use crate::index::curves::CURVES;
 use crate::on_coords;
@@ -143,7 +143,7 @@ impl GpuBackend {
     ) -> Result<(RunStats, usize)> {
         let budget = self.memory_budget()?;
         let mut stats =
-            self.gpu_join(request, sink, budget, Some((i, shared))).map_err(|e| gpu_error("GPU join", e))??;
+            self.gpu_join(request, sink, budget, Some((i, shared))).map_err(|e| e.in_context("GPU join"))?;
         let rows = stats.devices.pop().map_or(0, |d| d.rows);
         Ok((stats, rows))
     }
@@ -162,13 +162,13 @@ impl Backend for GpuBackend {
         if request.index == IndexChoice::ListOfClusters
             && crate::backend::list_of_clusters::usable(request.left, request.right)
         {
-            return self.gpu_clusters_join(request, sink, budget).map_err(|e| gpu_error("GPU List of Clusters", e))?;
+            return self.gpu_clusters_join(request, sink, budget).map_err(|e| e.in_context("GPU List of Clusters"));
         }
         if request.metric.is_text() {
-            return self.gpu_text_join(request, sink, budget).map_err(|e| gpu_error("GPU text join", e))?;
+            return self.gpu_text_join(request, sink, budget).map_err(|e| e.in_context("GPU text join"));
         }
         let run = |tile: &JoinRequest, sink: &dyn ResultSink| {
-            self.gpu_join(tile, sink, budget, None).map_err(|e| gpu_error("GPU join", e))?
+            self.gpu_join(tile, sink, budget, None).map_err(|e| e.in_context("GPU join"))
         };
         if Self::fits(request, budget) {
             return run(request, sink);
@@ -179,7 +179,7 @@ impl Backend for GpuBackend {
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let budget = self.memory_budget()?;
         if request.metric.is_text() {
-            return self.gpu_text_knn(request, sink, budget).map_err(|e| gpu_error("GPU text kNN", e))?;
+            return self.gpu_text_knn(request, sink, budget).map_err(|e| e.in_context("GPU text kNN"));
         }
         if let Some(approx) = request.approx {
             if let Some(target) = approx.recall {
@@ -189,7 +189,7 @@ impl Backend for GpuBackend {
                 return super::approx_recall::knn_to_recall(request, approx, target, "gpu", exact_ns, &run, sink);
             }
             let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
-                self.gpu_approx_knn(tile, approx, sink, budget).map_err(|e| gpu_error("GPU approximate kNN", e))?
+                self.gpu_approx_knn(tile, approx, sink, budget).map_err(|e| e.in_context("GPU approximate kNN"))
             };
             // The index takes half of the budget at most, the queries' tiles a quarter; a larger
             // base is searched in parts, each with an index of its own, their lists merged.
@@ -200,7 +200,7 @@ impl Backend for GpuBackend {
             return tiles::tiled_knn(request, sink, request.queries.len(), base_rows, run);
         }
         let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
-            self.gpu_knn(tile, sink, budget).map_err(|e| gpu_error("GPU kNN", e))?
+            self.gpu_knn(tile, sink, budget).map_err(|e| e.in_context("GPU kNN"))
         };
         if Self::knn_fits_budget(request.base.len(), request.queries.len(), request.base.dim, budget) {
             return run(request, sink);
@@ -238,6 +238,49 @@ fn tile_rows(budget: usize, dim: usize, memory_limit: usize, what: &str) -> Resu
 /// the memory budget (write passes: at most MAX_BATCH_PAIRS of them).
 fn output_pairs(budget: usize) -> u64 {
     (budget / 4 / 16).max(1) as u64
+}
+
+/// Why a GPU run stopped: the two kinds its phases return through one `?`.
+///
+/// `Gpu` is the device's failure (memory exhausted, a launch, copy or driver error): the run
+/// could succeed on the cores, and `device=auto` runs it there when nothing was sent yet
+/// (`Scheduled::run` in backend/auto.rs, counted in `gpu_fallbacks`). `Query` is the query's own
+/// error, met while the results are sent (the consumer went away, the query was cancelled, a
+/// batch could not be built): the cores would meet it as well, so it ends the query as it is.
+#[derive(Debug)]
+pub(super) enum RunError {
+    Gpu(GpuError),
+    Query(DataFusionError),
+}
+
+pub(super) type RunResult<T> = std::result::Result<T, RunError>;
+
+impl From<GpuError> for RunError {
+    fn from(e: GpuError) -> Self {
+        RunError::Gpu(e)
+    }
+}
+
+impl From<DataFusionError> for RunError {
+    fn from(e: DataFusionError) -> Self {
+        RunError::Query(e)
+    }
+}
+
+impl RunError {
+    /// The DataFusion error the backend returns: a device failure named by `context`
+    /// ([`gpu_error`]), a query's error as it was.
+    fn in_context(self, context: &str) -> DataFusionError {
+        match self {
+            RunError::Gpu(e) => gpu_error(context, e),
+            RunError::Query(e) => e,
+        }
+    }
+}
+
+/// A failed copy between the host and the device, or a failed wait for one.
+pub(super) fn copy_failed(e: cudarc::driver::DriverError) -> GpuError {
+    GpuError::Device(format!("GPU copy failed: {e}"))
 }
 
 /// The one place a GPU error becomes a DataFusion error: device memory exhausted is a resources

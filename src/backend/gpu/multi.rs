@@ -34,7 +34,7 @@ use super::divided::JoinParts;
 use crate::backend::tiles::merged_knn;
 use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, join_rows, knn_rows};
 use crate::costs::{JOIN_SPLIT_ROWS, KNN_SPLIT_WORK};
-use crate::gpu::{Error as GpuError, GpuDevice};
+use crate::cuda::{Error as GpuError, GpuDevice};
 use datafusion::common::{DataFusionError, Result};
 
 /// The GPUs of a run.

@@ -14,7 +14,7 @@
 use super::appended::appended_pairs;
 use super::*;
 use crate::backend::text::LengthOrder;
-use crate::gpu::launch::{DeviceStrings, TEXT_MAX_WORDS, TextJoinInputs, text_join};
+use crate::cuda::launch::{DeviceStrings, TEXT_MAX_WORDS, TextJoinInputs, text_join};
 
 /// The kNN's first radius: most queries of a dictionary have their nearest strings within 1 edit;
 /// each round after doubles it.
@@ -97,7 +97,7 @@ impl GpuBackend {
         budget: usize,
         stats: &mut RunStats,
         each: impl FnMut(&[u32], &[u32], &[u32]) -> Result<()>,
-    ) -> Result<Result<()>, GpuError> {
+    ) -> RunResult<()> {
         let words = pattern_words(left, rows.iter().map(|&i| i as usize))?;
         stats.candidates += windows.iter().map(|w| w.len() as u64).sum::<u64>();
         let (left_chars, left_offsets) = coded(left, rows.iter().map(|&i| i as usize), alphabet);
@@ -133,11 +133,11 @@ impl GpuBackend {
         request: &JoinRequest,
         sink: &dyn ResultSink,
         budget: usize,
-    ) -> Result<Result<RunStats>, GpuError> {
+    ) -> RunResult<RunStats> {
         let JoinRequest { left, right, threshold, self_join, .. } = *request;
         let mut stats = RunStats { tiles: 1, ..Default::default() };
         if left.is_empty() || right.is_empty() {
-            return Ok(Ok(stats));
+            return Ok(stats);
         }
         self.device.function(Kernel::TextJoin)?;
         let start = Instant::now();
@@ -171,30 +171,22 @@ impl GpuBackend {
 
         let probe = Instant::now();
         let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
-        let sent =
-            self.text_pairs(left, &rows, &right_strings, &alphabet, &windows, tau, budget, &mut stats, |l, r, d| {
-                for ((&a, &b), &d) in l.iter().zip(r).zip(d) {
-                    // A self-join's pair with its smaller position first.
-                    let (a, b) = if self_join.is_some() && a > b { (b, a) } else { (a, b) };
-                    writer.push(a, b, d as f64)?;
-                }
-                Ok(())
-            })?;
-        if let Err(e) = sent {
-            return Ok(Err(e));
-        }
+        self.text_pairs(left, &rows, &right_strings, &alphabet, &windows, tau, budget, &mut stats, |l, r, d| {
+            for ((&a, &b), &d) in l.iter().zip(r).zip(d) {
+                // A self-join's pair with its smaller position first.
+                let (a, b) = if self_join.is_some() && a > b { (b, a) } else { (a, b) };
+                writer.push(a, b, d as f64)?;
+            }
+            Ok(())
+        })?;
         if self_join.is_some_and(|s| s.include_self) {
             for a in 0..left.len() as u32 {
-                if let Err(e) = writer.push(a, a, 0.0) {
-                    return Ok(Err(e));
-                }
+                writer.push(a, a, 0.0)?;
             }
         }
-        if let Err(e) = writer.flush() {
-            return Ok(Err(e));
-        }
+        writer.flush()?;
         stats.probe_time = probe.elapsed();
-        Ok(Ok(stats))
+        Ok(stats)
     }
 
     /// The `k` nearest base strings of every query (see the module documentation).
@@ -203,12 +195,12 @@ impl GpuBackend {
         request: &KnnRequest,
         sink: &dyn ResultSink,
         budget: usize,
-    ) -> Result<Result<RunStats>, GpuError> {
+    ) -> RunResult<RunStats> {
         let KnnRequest { base, queries, k, .. } = *request;
         let k = k.min(base.len());
         let mut stats = RunStats { tiles: 1, ..Default::default() };
         if k == 0 || queries.is_empty() {
-            return Ok(Ok(stats));
+            return Ok(stats);
         }
         self.device.function(Kernel::TextJoin)?;
         let start = Instant::now();
@@ -229,8 +221,7 @@ impl GpuBackend {
                     found[j as usize].push(Neighbour { distance: d as f64, position });
                 }
                 Ok(())
-            })?
-            .expect("collecting neighbours sends nothing");
+            })?;
             stats.count_passes += 1;
             let mut rest = Vec::new();
             for (&q, within) in pending.iter().zip(found) {
@@ -248,6 +239,7 @@ impl GpuBackend {
         let sent = send_ranked(sink, lists.into_iter().enumerate().map(|(q, list)| (q, Ranked::List(list))).collect());
         sink.advance(1);
         stats.probe_time = probe.elapsed();
-        Ok(sent.map(|()| stats))
+        sent?;
+        Ok(stats)
     }
 }

@@ -1,4 +1,4 @@
-//! The GPU layer's error: what a caller needs to tell apart (no usable GPU, device memory
+//! The CUDA layer's error: what a caller needs to tell apart (no usable GPU, device memory
 //! exhausted, anything else the driver, NVRTC or a kernel reported). The backend turns it into a
 //! DataFusion error in one place (`gpu_error` in src/backend/gpu/mod.rs).
 

@@ -112,18 +112,7 @@ pub fn launch_join_pass(
 ) -> Result<Kernel> {
     let JoinInputs { left, right, right_len, grid, directory, expected_share } = inputs;
     let byte_sides = byte_sides(device, params, left, right);
-    let kernel = match grid {
-        _ if directory.is_some() && kind == PassKind::Work => {
-            return Err("directory_join: its work is estimated on the host".into());
-        }
-        _ if directory.is_some() => Kernel::DirectoryJoin,
-        Some(_) if kind == PassKind::Work => Kernel::GridJoinWork,
-        None if kind == PassKind::Work => return Err("grid_join_work: brute force has no cells".into()),
-        Some(_) => grid_kernel(params.dim as usize),
-        None if byte_sides.is_some() => Kernel::BruteJoinTcBytes,
-        None if params.tensor_cores != 0 => Kernel::BruteJoinTc,
-        None => Kernel::BruteJoin,
-    };
+    let kernel = join_kernel(params, grid.is_some(), directory.is_some(), byte_sides.is_some(), kind)?;
     let tensor_cores = matches!(kernel, Kernel::BruteJoinTc | Kernel::BruteJoinTcBytes);
     if slots.is_empty() {
         return Ok(kernel);
@@ -179,52 +168,13 @@ pub fn launch_join_pass(
         PassKind::Scores { .. } => 2,
         PassKind::Work => 3,
     };
-    if matches!(kind, PassKind::Scores { .. }) && (kernel != Kernel::BruteJoinTc || params.slot_capacity == 0) {
-        return Err(Error::Device(format!("{kernel}: a scores pass needs brute_join_tc and slots")));
-    }
-    if params.slot_capacity > 0 && kind != PassKind::Write {
-        let needed = slots.len() as u64 * params.slot_capacity as u64;
-        if grid.is_some() || directory.is_some() || (pass.out_right.len().min(pass.out_distance.len()) as u64) < needed
-        {
-            return Err(Error::Device(format!(
-                "{kernel}: slots of {} pairs for {} left rows need {needed} outputs",
-                params.slot_capacity,
-                slots.len()
-            )));
-        }
-    }
-    if kind == PassKind::Work && pass.counts.len() < slots.len().div_ceil(GRID_WORK_SAMPLE) {
-        return Err(Error::Device(format!(
-            "{kernel}: {} slots need more counts than {}",
-            slots.len(),
-            pass.counts.len()
-        )));
-    }
+    check_pass_buffers(kernel, params, &slots, grid.is_some() || directory.is_some(), pass, kind)?;
     let capacity = match kind {
         PassKind::CountAndCollect => pass.out_left.len().min(pass.out_right.len()).min(pass.out_distance.len()) as u64,
         _ => 0,
     };
     let (begin, end) = (slots.start, slots.end);
-    // Launches as (first right row, blocks): the grid join one block per BLOCK left slots; brute
-    // force one block per left tile of 128 rows and run of right tiles (brute_join one tile,
-    // brute_join_tc tc_run), left tiles fastest (brute_tile in brute_join.cuh), in as many launches
-    // over consecutive runs as the 2³¹ − 1 blocks of a grid require.
-    let launches: Vec<(u32, u32)> = match grid {
-        Some(_) if kind == PassKind::Work => {
-            vec![(0, slots.len().div_ceil(GRID_WORK_SAMPLE).div_ceil(BLOCK as usize) as u32)]
-        }
-        Some(_) => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
-        None if directory.is_some() => vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)],
-        None => {
-            let run_rows = BRUTE_TILE * run;
-            let runs = (right_len as usize).div_ceil(run_rows);
-            let per_launch = (i32::MAX as usize / left_tiles).min(runs).max(1);
-            (0..runs)
-                .step_by(per_launch)
-                .map(|first| ((first * run_rows) as u32, (left_tiles * per_launch.min(runs - first)) as u32))
-                .collect()
-        }
-    };
+    let launches = join_launches(&slots, grid.is_some(), directory.is_some(), kind, run, right_len);
     for (right_begin, blocks) in launches {
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes };
         let mut builder = stream.launch_builder(&function);
@@ -303,4 +253,90 @@ pub fn launch_join_pass(
         unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
     }
     Ok(kernel)
+}
+
+/// The kernel a join pass of `kind` runs: the directory's, the grid's, or brute force's (on the
+/// tensor cores' byte or f16 rows where the sides have them).
+fn join_kernel(params: &JoinParams, grid: bool, directory: bool, byte_sides: bool, kind: PassKind) -> Result<Kernel> {
+    if kind == PassKind::Work {
+        return match (directory, grid) {
+            (true, _) => Err("directory_join: its work is estimated on the host".into()),
+            (false, true) => Ok(Kernel::GridJoinWork),
+            (false, false) => Err("grid_join_work: brute force has no cells".into()),
+        };
+    }
+    Ok(if directory {
+        Kernel::DirectoryJoin
+    } else if grid {
+        grid_kernel(params.dim as usize)
+    } else if byte_sides {
+        Kernel::BruteJoinTcBytes
+    } else if params.tensor_cores != 0 {
+        Kernel::BruteJoinTc
+    } else {
+        Kernel::BruteJoin
+    })
+}
+
+/// What a pass of `kernel` over `slots` needs of its buffers, checked before the launch (its
+/// SAFETY argument relies on them): a scores pass runs brute_join_tc with slots; slots of
+/// `params.slot_capacity` pairs fit the outputs (and no index has slots); a work pass has a count
+/// for every GRID_WORK_SAMPLE slots.
+fn check_pass_buffers(
+    kernel: Kernel,
+    params: &JoinParams,
+    slots: &std::ops::Range<u32>,
+    indexed: bool,
+    pass: &PassBuffers,
+    kind: PassKind,
+) -> Result<()> {
+    if matches!(kind, PassKind::Scores { .. }) && (kernel != Kernel::BruteJoinTc || params.slot_capacity == 0) {
+        return Err(Error::Device(format!("{kernel}: a scores pass needs brute_join_tc and slots")));
+    }
+    if params.slot_capacity > 0 && kind != PassKind::Write {
+        let needed = slots.len() as u64 * params.slot_capacity as u64;
+        if indexed || (pass.out_right.len().min(pass.out_distance.len()) as u64) < needed {
+            return Err(Error::Device(format!(
+                "{kernel}: slots of {} pairs for {} left rows need {needed} outputs",
+                params.slot_capacity,
+                slots.len()
+            )));
+        }
+    }
+    if kind == PassKind::Work && pass.counts.len() < slots.len().div_ceil(GRID_WORK_SAMPLE) {
+        return Err(Error::Device(format!(
+            "{kernel}: {} slots need more counts than {}",
+            slots.len(),
+            pass.counts.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A pass's launches as (first right row, blocks): the grid join one block per BLOCK left slots;
+/// brute force one block per left tile of 128 rows and run of right tiles (brute_join one tile,
+/// brute_join_tc `run`), left tiles fastest (brute_tile in brute_join.cuh), in as many launches
+/// over consecutive runs as the 2³¹ − 1 blocks of a grid require.
+fn join_launches(
+    slots: &std::ops::Range<u32>,
+    grid: bool,
+    directory: bool,
+    kind: PassKind,
+    run: usize,
+    right_len: u32,
+) -> Vec<(u32, u32)> {
+    let left_tiles = slots.len().div_ceil(BRUTE_TILE);
+    if grid && kind == PassKind::Work {
+        return vec![(0, slots.len().div_ceil(GRID_WORK_SAMPLE).div_ceil(BLOCK as usize) as u32)];
+    }
+    if grid || directory {
+        return vec![(0, slots.len().div_ceil(BLOCK as usize) as u32)];
+    }
+    let run_rows = BRUTE_TILE * run;
+    let runs = (right_len as usize).div_ceil(run_rows);
+    let per_launch = (i32::MAX as usize / left_tiles).min(runs).max(1);
+    (0..runs)
+        .step_by(per_launch)
+        .map(|first| ((first * run_rows) as u32, (left_tiles * per_launch.min(runs - first)) as u32))
+        .collect()
 }

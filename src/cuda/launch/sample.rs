@@ -205,119 +205,17 @@ pub fn sample_radius_pass(
     let mut distances = zeroed::<f32>(stream, chunk * KNN_SAMPLE)?;
     for begin in queries.clone().step_by(chunk) {
         let end = (begin as usize + chunk).min(queries.end as usize) as u32;
-        let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
-        let config = LaunchConfig {
-            grid_dim: (groups, sample_len.div_ceil(SAMPLE_COLUMNS), 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // On the pipeline: brute_join_tc's grid, a block per left tile and run of right tiles.
-        let pipeline_launch = |keys: &SampleKeys| {
-            let left_tiles = (end - begin).div_ceil(BRUTE_TILE as u32) as usize;
-            let run = tc_run(device, left_tiles, sample_len as usize, 0.0, 0);
-            let blocks = left_tiles * (sample_len as usize).div_ceil(BRUTE_TILE * run);
-            let config = LaunchConfig {
-                grid_dim: (blocks as u32, 1, 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: keys.shared_mem_bytes,
-            };
-            (JoinParams { tc_run: run as u32, tc_queue: 0, ..*params }, config)
-        };
-        let mut builder = stream.launch_builder(&distances_kernel);
-        match (sample, &query_side.half_rows, &query_side.byte_rows, &pipeline) {
-            (KnnSample::Half { rows, sq_norms, scale_exponent }, Some(query_rows), _, pipeline) => {
-                let (row_words, unscale) = (tc_row_words(dim) as u32, 2f32.powi(-2 * scale_exponent));
-                // Without squared norms (the inner product) the kernel reads none: any buffer will do.
-                let (squared, sample_sq) =
-                    (u32::from(sq_norms.is_some()), sq_norms.as_ref().unwrap_or(&query_side.filter_sq_norms));
-                // knn_sample_keys_half takes the launch's JoinParams where knn_sample_distances_tc
-                // takes the row's words, and the two maps last.
-                let (keys_params, keys_config) = match pipeline {
-                    Some(keys) => pipeline_launch(keys),
-                    None => (*params, config),
-                };
-                match pipeline {
-                    Some(_) => builder.arg(&keys_params),
-                    None => builder.arg(&row_words),
-                };
-                builder
-                    .arg(&begin)
-                    .arg(&end)
-                    .arg(query_rows)
-                    .arg(&query_side.filter_sq_norms)
-                    .arg(rows)
-                    .arg(sample_sq)
-                    .arg(&sample_len)
-                    .arg(&unscale)
-                    .arg(&squared)
-                    .arg(&mut distances);
-                if let Some(keys) = pipeline {
-                    builder.arg(&keys.query_map).arg(&keys.sample_map);
-                }
-                // SAFETY: the arguments match knn_sample_keys_half's parameter list one for one
-                // (on the pipeline) or knn_sample_distances_tc's. A block reads f16 rows of query
-                // slots in [begin, end) (end ≤ queries.end, within the query side's f16 rows,
-                // packed with this `dim`) and of sample rows < sample_len (gathered with this
-                // `dim` by sample_half_rows), on the pipeline by TMA maps built over exactly those
-                // buffers, and, where `squared`, the squared norms of those rows (checked above to
-                // hold them); on the pipeline it gets brute_join_tc's dynamic shared memory
-                // without a queue (allowed by the attribute set above). It writes entry
-                // (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances`
-                // (chunk ≥ end − begin rows of SAMPLE).
-                unsafe { builder.launch(keys_config) }.map_err(|e| {
-                    format!(
-                        "{} launch failed: {e}",
-                        if pipeline.is_some() { "knn_sample_keys_half" } else { "knn_sample_distances_tc" }
-                    )
-                })?;
-            }
-            (KnnSample::Half { .. }, None, ..) => {
-                return Err("knn_sample_distances_tc: the queries have no f16 rows".into());
-            }
-            (KnnSample::Bytes(sample), _, Some(query), Some(keys)) => {
-                let (keys_params, config) = pipeline_launch(keys);
-                builder
-                    .arg(&keys_params)
-                    .arg(&begin)
-                    .arg(&end)
-                    .arg(&query.rows)
-                    .arg(&query.sq_norms)
-                    .arg(&sample.rows)
-                    .arg(&sample.sq_norms)
-                    .arg(&sample_len)
-                    .arg(&mut distances)
-                    .arg(&keys.query_map)
-                    .arg(&keys.sample_map);
-                // SAFETY: the arguments match knn_sample_keys_bytes's parameter list one for one. A
-                // block reads byte rows (packed with this `dim`) of query slots in [begin, end),
-                // within the query side's byte rows, and of sample rows < sample_len, by TMA maps
-                // built over exactly those buffers, and their squared norms (checked above); it gets
-                // brute_join_tc_bytes's dynamic shared memory (allowed by the attribute set above)
-                // and writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
-                // `distances` (chunk ≥ end − begin rows of SAMPLE).
-                unsafe { builder.launch(config) }
-                    .map_err(|e| Error::Device(format!("knn_sample_keys_bytes launch failed: {e}")))?;
-            }
-            (KnnSample::Bytes(_), ..) => return Err("knn_sample_keys_bytes: the queries have no byte rows".into()),
-            (KnnSample::Filter(sample), ..) => {
-                builder
-                    .arg(params)
-                    .arg(&begin)
-                    .arg(&end)
-                    .arg(&query_side.filter)
-                    .arg(sample)
-                    .arg(&sample_len)
-                    .arg(&mut distances);
-                // SAFETY: the arguments match knn_sample_distances's parameter list one for one. A
-                // block reads `dim` filter values of query rows in [begin, end) (end ≤ queries.end,
-                // within the query side's filter rows) and of sample rows < sample_len ≤ SAMPLE
-                // (dimension-major: `dim · sample_len` values, the sample's length), and writes
-                // entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances`
-                // (chunk ≥ end − begin rows of SAMPLE).
-                unsafe { builder.launch(config) }
-                    .map_err(|e| Error::Device(format!("knn_sample_distances launch failed: {e}")))?;
-            }
-        }
+        queue_sample_distances(
+            device,
+            params,
+            sample,
+            query_side,
+            pipeline.as_ref(),
+            &distances_kernel,
+            begin..end,
+            sample_len,
+            &mut distances,
+        )?;
         let config = LaunchConfig { grid_dim: (end - begin, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         let mut builder = stream.launch_builder(&radius_kernel);
         builder.arg(&params.metric).arg(&begin).arg(&distances).arg(&sample_len).arg(&rank).arg(&mut *radii);
@@ -329,6 +227,141 @@ pub fn sample_radius_pass(
             .map_err(|e| Error::Device(format!("knn_sample_radius launch failed: {e}")))?;
     }
     stream.synchronize().map_err(|e| Error::Device(format!("knn_sample_radius failed: {e}")))
+}
+
+/// Queues the sample distances of queries `rows` (a round of [`sample_radius_pass`]) into
+/// `distances`: on brute_join_tc's pipeline where `pipeline` has its keys, else by
+/// knn_sample_distances_tc (f16 rows) or knn_sample_distances (filter rows). Its SAFETY
+/// arguments rest on `sample_radius_pass`'s checks (the sides' squared norms and byte rows) and on
+/// `distances` holding KNN_SAMPLE values for each query of `rows`.
+#[allow(clippy::too_many_arguments)]
+fn queue_sample_distances(
+    device: &GpuDevice,
+    params: &JoinParams,
+    sample: &KnnSample,
+    query_side: &SideBuffers,
+    pipeline: Option<&SampleKeys>,
+    distances_kernel: &CudaFunction,
+    rows: std::ops::Range<u32>,
+    sample_len: u32,
+    distances: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (begin, end) = (rows.start, rows.end);
+    let dim = params.dim as usize;
+    let groups = (end - begin).div_ceil(SAMPLE_QUERIES);
+    let config = LaunchConfig {
+        grid_dim: (groups, sample_len.div_ceil(SAMPLE_COLUMNS), 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // On the pipeline: brute_join_tc's grid, a block per left tile and run of right tiles.
+    let pipeline_launch = |keys: &SampleKeys| {
+        let left_tiles = (end - begin).div_ceil(BRUTE_TILE as u32) as usize;
+        let run = tc_run(device, left_tiles, sample_len as usize, 0.0, 0);
+        let blocks = left_tiles * (sample_len as usize).div_ceil(BRUTE_TILE * run);
+        let config = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: keys.shared_mem_bytes,
+        };
+        (JoinParams { tc_run: run as u32, tc_queue: 0, ..*params }, config)
+    };
+    let mut builder = device.stream.launch_builder(distances_kernel);
+    match (sample, &query_side.half_rows, &query_side.byte_rows, pipeline) {
+        (KnnSample::Half { rows, sq_norms, scale_exponent }, Some(query_rows), _, pipeline) => {
+            let (row_words, unscale) = (tc_row_words(dim) as u32, 2f32.powi(-2 * scale_exponent));
+            // Without squared norms (the inner product) the kernel reads none: any buffer will do.
+            let (squared, sample_sq) =
+                (u32::from(sq_norms.is_some()), sq_norms.as_ref().unwrap_or(&query_side.filter_sq_norms));
+            // knn_sample_keys_half takes the launch's JoinParams where knn_sample_distances_tc
+            // takes the row's words, and the two maps last.
+            let (keys_params, keys_config) = match pipeline {
+                Some(keys) => pipeline_launch(keys),
+                None => (*params, config),
+            };
+            match pipeline {
+                Some(_) => builder.arg(&keys_params),
+                None => builder.arg(&row_words),
+            };
+            builder
+                .arg(&begin)
+                .arg(&end)
+                .arg(query_rows)
+                .arg(&query_side.filter_sq_norms)
+                .arg(rows)
+                .arg(sample_sq)
+                .arg(&sample_len)
+                .arg(&unscale)
+                .arg(&squared)
+                .arg(&mut *distances);
+            if let Some(keys) = pipeline {
+                builder.arg(&keys.query_map).arg(&keys.sample_map);
+            }
+            // SAFETY: the arguments match knn_sample_keys_half's parameter list one for one
+            // (on the pipeline) or knn_sample_distances_tc's. A block reads f16 rows of query
+            // slots in [begin, end) (end ≤ queries.end, within the query side's f16 rows,
+            // packed with this `dim`) and of sample rows < sample_len (gathered with this
+            // `dim` by sample_half_rows), on the pipeline by TMA maps built over exactly those
+            // buffers, and, where `squared`, the squared norms of those rows (checked above to
+            // hold them); on the pipeline it gets brute_join_tc's dynamic shared memory
+            // without a queue (allowed by the attribute set above). It writes entry
+            // (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances`
+            // (chunk ≥ end − begin rows of SAMPLE).
+            unsafe { builder.launch(keys_config) }.map_err(|e| {
+                format!(
+                    "{} launch failed: {e}",
+                    if pipeline.is_some() { "knn_sample_keys_half" } else { "knn_sample_distances_tc" }
+                )
+            })?;
+        }
+        (KnnSample::Half { .. }, None, ..) => {
+            return Err("knn_sample_distances_tc: the queries have no f16 rows".into());
+        }
+        (KnnSample::Bytes(sample), _, Some(query), Some(keys)) => {
+            let (keys_params, config) = pipeline_launch(keys);
+            builder
+                .arg(&keys_params)
+                .arg(&begin)
+                .arg(&end)
+                .arg(&query.rows)
+                .arg(&query.sq_norms)
+                .arg(&sample.rows)
+                .arg(&sample.sq_norms)
+                .arg(&sample_len)
+                .arg(&mut *distances)
+                .arg(&keys.query_map)
+                .arg(&keys.sample_map);
+            // SAFETY: the arguments match knn_sample_keys_bytes's parameter list one for one. A
+            // block reads byte rows (packed with this `dim`) of query slots in [begin, end),
+            // within the query side's byte rows, and of sample rows < sample_len, by TMA maps
+            // built over exactly those buffers, and their squared norms (checked above); it gets
+            // brute_join_tc_bytes's dynamic shared memory (allowed by the attribute set above)
+            // and writes entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within
+            // `distances` (chunk ≥ end − begin rows of SAMPLE).
+            unsafe { builder.launch(config) }
+                .map_err(|e| Error::Device(format!("knn_sample_keys_bytes launch failed: {e}")))?;
+        }
+        (KnnSample::Bytes(_), ..) => return Err("knn_sample_keys_bytes: the queries have no byte rows".into()),
+        (KnnSample::Filter(sample), ..) => {
+            builder
+                .arg(params)
+                .arg(&begin)
+                .arg(&end)
+                .arg(&query_side.filter)
+                .arg(sample)
+                .arg(&sample_len)
+                .arg(&mut *distances);
+            // SAFETY: the arguments match knn_sample_distances's parameter list one for one. A
+            // block reads `dim` filter values of query rows in [begin, end) (end ≤ queries.end,
+            // within the query side's filter rows) and of sample rows < sample_len ≤ SAMPLE
+            // (dimension-major: `dim · sample_len` values, the sample's length), and writes
+            // entry (q − begin)·SAMPLE + i for q < end and i < sample_len, within `distances`
+            // (chunk ≥ end − begin rows of SAMPLE).
+            unsafe { builder.launch(config) }
+                .map_err(|e| Error::Device(format!("knn_sample_distances launch failed: {e}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// Most sample rows knn_sample_radius selects from (`SAMPLE` in kernels/knn.cu).

@@ -157,7 +157,7 @@ impl PassBuffers {
     }
 }
 
-/// Device buffers for the k nearest of each list of a kNN write pass (`start_rank_lists` in src/gpu/launch/rank.rs).
+/// Device buffers for the k nearest of each list of a kNN write pass (`start_rank_lists` in src/cuda/launch/rank.rs).
 #[derive(Debug)]
 pub struct RankedLists {
     /// Exact distances, k a list, nearest first.

@@ -1,5 +1,5 @@
 //! One CUDA device: its context, its stream and its kernel modules (machine code for the device's
-//! own `sm_XY`, from the disk cache or NVRTC: src/gpu/compile.rs), loaded on first use.
+//! own `sm_XY`, from the disk cache or NVRTC: src/cuda/compile.rs), loaded on first use.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock, Weak};

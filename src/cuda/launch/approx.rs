@@ -178,8 +178,8 @@ pub fn curve_bounds(device: &GpuDevice, inputs: &CurveInputs) -> Result<(Vec<f32
     let CurveInputs { n, axes, dims, curves, .. } = *inputs;
     let stream = &device.stream;
     // +∞ and −∞ as ordered bits (the host's starting bounds, which a curve of no rows keeps).
-    let mut low = crate::gpu::memory::upload(device, &vec![0xff80_0000u32; curves * dims])?;
-    let mut high = crate::gpu::memory::upload(device, &vec![0x007f_ffffu32; curves * dims])?;
+    let mut low = crate::cuda::memory::upload(device, &vec![0xff80_0000u32; curves * dims])?;
+    let mut high = crate::cuda::memory::upload(device, &vec![0x007f_ffffu32; curves * dims])?;
     if n > 0 {
         let function = device.function(kernel)?;
         let (n32, axes32, dims32) = (n as u32, axes as u32, dims as u32);
