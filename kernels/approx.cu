@@ -166,6 +166,149 @@ extern "C" __global__ void __launch_bounds__(APPROX_THREADS) approx_knn(
     }
 }
 
+// ---- The graph search: the kNN graph (src/index/graph.rs) walked best first from each query's
+// nearest seeds, as the cores' search walks it (src/backend/approx.rs; the lowest layer of Malkov
+// and Yashunin's HNSW), one block a query. The pool holds the `pool` nearest rows found, ascending
+// by f32 score, each marked once its edges are followed; a step follows the edges of the nearest
+// row not yet followed, scores the rows they reach for the first time, and keeps the `pool` best
+// of the pool and those; the search ends when every row of the pool has been followed (the
+// nearest unfollowed row is then farther than the whole full pool, the cores' stopping rule) or
+// after `max_steps` steps. Rows are scored by their whole f32 distance (the cores rank by a
+// principal-coordinate proxy), so the pool is the cores' or better at the same settings.
+
+// Threads of a walking block (4 warps; a step scores at most WALK_MAX_WIDTH rows).
+#define WALK_THREADS 128
+// Most edges of a row (graph::WIDTH).
+#define WALK_MAX_WIDTH 32
+// Entries of the table of rows reached (open addressing, a power of two). Past half full it is
+// emptied and refilled with the pool's rows: a row reached before and since dropped from the pool
+// may then be scored again, but never enters the pool twice (the pool's rows stay in the table),
+// and it was no better than the pool's worst, which only improves.
+#define WALK_TABLE 4096
+#define WALK_EMPTY 0xffffffffu
+
+// Inserts `row` into the table of rows reached; whether it was not there.
+__device__ __forceinline__ bool reach(u32* table, u32 row) {
+    u32 slot = (row * 2654435761u) & (WALK_TABLE - 1);
+    for (u32 probe = 0; probe < WALK_TABLE; ++probe) {
+        const u32 old = atomicCAS(table + slot, WALK_EMPTY, row);
+        if (old == WALK_EMPTY) return true;
+        if (old == row) return false;
+        slot = (slot + 1) & (WALK_TABLE - 1);
+    }
+    return false;
+}
+
+// approx_walk: queries [0, query_count) of `queries` (`dim` f32 values each) over the base rows
+// (`base`, `dim` values each) and the graph's edges (`edges[r·width ..]`, WALK_EMPTY past a row's
+// last). Each query's seeds are the first `pool` entries of best_positions/best_scores[q·keep ..]
+// (ascending, distinct, NO_POSITION past the last: approx_knn's output), replaced by the walk's
+// best `keep` (ascending by score then position; NO_POSITION and +∞ past the pool). `size`, a
+// power of two ≥ pool + width, is the pool's entries of dynamic shared memory. Adds the rows each
+// query reached through the graph to `reached`.
+extern "C" __global__ void __launch_bounds__(WALK_THREADS) approx_walk(
+    const u32* edges, u32 width, const float* base, u32 dim, u32 filter, const float* queries, u32 query_count,
+    u32 pool, u32 size, u32 max_steps, u32 keep, u32* best_positions, float* best_scores,
+    unsigned long long* reached) {
+    extern __shared__ u32 walk_shared[];
+    u32* ids = walk_shared;
+    float* scores = (float*)(walk_shared + size);
+    u32* followed = walk_shared + 2 * size;
+    __shared__ u32 table[WALK_TABLE];
+    __shared__ u32 fresh[WALK_MAX_WIDTH];
+    __shared__ u32 fresh_count, current, filled;
+    for (u32 q = blockIdx.x; q < query_count; q += gridDim.x) {
+        u32* positions = best_positions + (u64)q * keep;
+        float* best = best_scores + (u64)q * keep;
+        for (u32 i = threadIdx.x; i < WALK_TABLE; i += blockDim.x) table[i] = WALK_EMPTY;
+        if (threadIdx.x == 0) filled = 0;
+        __syncthreads();
+        for (u32 i = threadIdx.x; i < size; i += blockDim.x) {
+            const u32 id = i < pool ? positions[i] : NO_POSITION;
+            ids[i] = id;
+            scores[i] = id == NO_POSITION ? F32_INFINITY : best[i];
+            followed[i] = id == NO_POSITION;
+            if (id != NO_POSITION) {
+                reach(table, id);
+                atomicAdd(&filled, 1u);
+            }
+        }
+        __syncthreads();
+        const float* query = queries + (u64)q * dim;
+        u32 walked = 0;
+        for (u32 step = 0; step < max_steps; ++step) {
+            if (threadIdx.x == 0) {
+                current = NO_POSITION;
+                fresh_count = 0;
+            }
+            __syncthreads();
+            // The nearest row of the pool not yet followed (the pool is ascending).
+            for (u32 i = threadIdx.x; i < pool; i += blockDim.x) {
+                if (!followed[i]) atomicMin(&current, i);
+            }
+            __syncthreads();
+            if (current == NO_POSITION) break;
+            const u32 row = ids[current];
+            // A table past half full is emptied and refilled with the pool's rows.
+            if (filled + width > WALK_TABLE / 2) {
+                __syncthreads();
+                for (u32 i = threadIdx.x; i < WALK_TABLE; i += blockDim.x) table[i] = WALK_EMPTY;
+                if (threadIdx.x == 0) filled = 0;
+                __syncthreads();
+                for (u32 i = threadIdx.x; i < pool; i += blockDim.x) {
+                    if (ids[i] != NO_POSITION) {
+                        reach(table, ids[i]);
+                        atomicAdd(&filled, 1u);
+                    }
+                }
+                __syncthreads();
+            }
+            if (threadIdx.x < width) {
+                const u32 next = edges[(u64)row * width + threadIdx.x];
+                if (next != WALK_EMPTY && reach(table, next)) fresh[atomicAdd(&fresh_count, 1u)] = next;
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                followed[current] = 1;
+                filled += fresh_count;
+            }
+            const u32 count = fresh_count;
+            walked += count;
+            // The fresh rows' scores, after the pool's `pool` entries; the rest of the entries empty.
+            for (u32 i = pool + threadIdx.x; i < size; i += blockDim.x) {
+                ids[i] = i - pool < count ? fresh[i - pool] : NO_POSITION;
+                followed[i] = i - pool >= count;
+            }
+            __syncthreads();
+            if (filter == FILTER_LINF) score_entries<FILTER_LINF>(ids + pool, scores + pool, count, base, dim, query);
+            else if (filter == FILTER_L1) score_entries<FILTER_L1>(ids + pool, scores + pool, count, base, dim, query);
+            else score_entries<FILTER_SQUARED_L2>(ids + pool, scores + pool, count, base, dim, query);
+            for (u32 i = pool + count + threadIdx.x; i < size; i += blockDim.x) scores[i] = F32_INFINITY;
+            __syncthreads();
+            bitonic_sort(size, [&](u32 i, u32 j, bool ascending) {
+                const float a = scores[i], b = scores[j];
+                const u32 x = ids[i], y = ids[j];
+                if ((a > b || (a == b && x > y)) == ascending) {
+                    scores[i] = b;
+                    scores[j] = a;
+                    ids[i] = y;
+                    ids[j] = x;
+                    const u32 f = followed[i];
+                    followed[i] = followed[j];
+                    followed[j] = f;
+                }
+            });
+        }
+        for (u32 i = threadIdx.x; i < keep; i += blockDim.x) {
+            const bool found = i < pool && ids[i] != NO_POSITION;
+            positions[i] = found ? ids[i] : NO_POSITION;
+            best[i] = found ? scores[i] : F32_INFINITY;
+        }
+        if (threadIdx.x == 0) atomicAdd(reached, (unsigned long long)walked);
+        __syncthreads();
+    }
+}
+
 // ---- The build: each curve's keys (src/index/curve_keys.rs; the sort is kernels/grid.cu's radix
 // passes). The arithmetic is the host's, operation for operation: a coordinate sums its products
 // from the first axis on without fused multiply-adds (__fmul_rn, __fadd_rn), and the quantisation

@@ -618,6 +618,19 @@ async fn approximate(
             failures += check_approx(ctx, metric, &format!("{name} | {n} × {dim}"), cases).await?;
         }
     }
+    // The kNN graph walked on the GPU (approx_walk) where the cores walk it too (a base of more
+    // rows than the curves' search takes, kept in memory): the cores' recall or better, and rows
+    // reached through the graph.
+    SimJoinOptions::set_checks(ctx, Checks { approx_search_on_gpu: true, ..Checks::default() });
+    for (name, values, dim) in [&datasets[7], &datasets[11]] {
+        let n = register_pair(ctx, values, *dim)?;
+        for metric in [Metric::L2, Metric::Cosine, Metric::L1, Metric::LInf] {
+            failures += check_approx(ctx, metric, &format!("{name} | {n} × {dim} graph"), cases).await?;
+        }
+        let explain = "EXPLAIN ANALYZE SELECT count(*) FROM knn(a, b, 10, 'approx=true, approx_effort=1, device=gpu')";
+        let what = format!("{name} {n} × {dim} approximate kNN walking the graph");
+        failures += check_metric(ctx, cases, explain, "graph_rows", &what, |rows| rows > 0, "more than 0").await?;
+    }
     SimJoinOptions::set_checks(ctx, Checks::default());
     if let Some(device) = gpu
         && cases.runs("Multicurves ordered on the device")

@@ -84,7 +84,7 @@ const GRAPH_QUERIES_PER_ROW: f64 = 0.5;
 /// base is kept (later queries reuse the graph) or the queries (the whole run's, for a
 /// calibration's sample) are many enough to repay its build, and the base has more rows than the curves' search takes entries (otherwise that search
 /// reads about every row, and answers exactly where it does).
-pub(super) fn walks_graph(request: &KnnRequest, approx: Approx, k: usize) -> bool {
+pub(in crate::backend) fn walks_graph(request: &KnnRequest, approx: Approx, k: usize) -> bool {
     let n = request.base.len();
     let queries = approx.planned_queries.unwrap_or(request.queries.len());
     // The self-test compares the GPU's search, which ranks the same candidates by their whole
@@ -164,7 +164,7 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
 }
 
 /// The kNN graph of `index`'s rows by [`principal_distance`], on every core.
-fn build_graph(index: &Multicurves) -> NeighbourGraph {
+pub(in crate::backend) fn build_graph(index: &Multicurves) -> NeighbourGraph {
     NeighbourGraph::build(index, |i, rows, out| {
         let terms = index.row_terms(i);
         for (r, &j) in rows.iter().enumerate() {

@@ -133,6 +133,7 @@ pub enum Kernel {
     ClustersRangeVectors,
     ClustersRangeText,
     ApproxKnn,
+    ApproxWalk,
     CurveBounds,
     CurveKeys,
 }
@@ -140,7 +141,7 @@ pub enum Kernel {
 impl Kernel {
     /// Every kernel (the test that each is defined in its module's source).
     #[cfg(test)]
-    pub const ALL: [Kernel; 38] = [
+    pub const ALL: [Kernel; 39] = [
         Kernel::GridJoin,
         Kernel::GridJoinWide,
         Kernel::GridJoinWork,
@@ -177,6 +178,7 @@ impl Kernel {
         Kernel::ClustersRangeVectors,
         Kernel::ClustersRangeText,
         Kernel::ApproxKnn,
+        Kernel::ApproxWalk,
         Kernel::CurveBounds,
         Kernel::CurveKeys,
     ];
@@ -220,6 +222,7 @@ impl Kernel {
             Kernel::ClustersRangeVectors => "clusters_range_vectors",
             Kernel::ClustersRangeText => "clusters_range_text",
             Kernel::ApproxKnn => "approx_knn",
+            Kernel::ApproxWalk => "approx_walk",
             Kernel::CurveBounds => "curve_bounds",
             Kernel::CurveKeys => "curve_keys",
         }
@@ -259,7 +262,7 @@ impl Kernel {
             Kernel::GatherRows => KernelModule::Grid,
             Kernel::TextJoin => KernelModule::Text,
             Kernel::ClustersRangeVectors | Kernel::ClustersRangeText => KernelModule::Clusters,
-            Kernel::ApproxKnn | Kernel::CurveBounds | Kernel::CurveKeys => KernelModule::Approx,
+            Kernel::ApproxKnn | Kernel::ApproxWalk | Kernel::CurveBounds | Kernel::CurveKeys => KernelModule::Approx,
         }
     }
 }

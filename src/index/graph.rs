@@ -92,6 +92,13 @@ impl NeighbourGraph {
         Self { edges }
     }
 
+    /// Every row's edges, [`WIDTH`] slots a row, the unused ones `u32::MAX` at the end (the GPU's
+    /// copy).
+    #[cfg(feature = "gpu")]
+    pub fn edges(&self) -> &[u32] {
+        &self.edges
+    }
+
     /// Row `i`'s edges: its nearest rows, then rows that list it.
     #[inline]
     pub fn neighbours(&self, i: usize) -> impl Iterator<Item = u32> + '_ {

@@ -4,7 +4,10 @@
 //! curves ordered on the device where this run builds it: approx_build.rs). Its curves' keys and
 //! positions and its f32 rows are on the device (uploaded where the cores ordered the curves), the
 //! queries are projected and keyed on the host, and kernels/approx.cu gives each query's best
-//! candidates by whole f32 distance. The host measures the k best and any within f32 rounding of
+//! candidates by whole f32 distance. Where the cores would walk the kNN graph (the same rule,
+//! `walks_graph`: a kept base, or queries enough to repay its build), so does the device: the
+//! curves give each query `seeds_per_curve` entries a curve, their `pool` nearest start the walk
+//! (approx_walk), and the pool it ends with are the best candidates. The host measures the k best and any within f32 rounding of
 //! them exactly (as the cores' search does: backend/approx.rs), so each returned row carries its
 //! exact distance and its rank among the returned rows.
 
@@ -12,10 +15,14 @@ use datafusion::common::exec_datafusion_err;
 
 use super::*;
 use crate::backend::ResultChunk;
-use crate::backend::approx::{measured, within_rounding};
+use crate::backend::approx::{build_graph, measured, walks_graph, within_rounding};
 use crate::backend::topk::push_ranked;
-use crate::cuda::launch::{ApproxBest, ApproxQueries, DeviceCurves, approx_capacity, approx_fits, approx_knn};
+use crate::cuda::launch::{
+    ApproxBest, ApproxQueries, DeviceCurves, WALK_MAX_WIDTH, approx_capacity, approx_fits, approx_knn, approx_walk,
+    walk_fits,
+};
 use crate::index::curves::{Geometry, Multicurves};
+use crate::index::graph::WIDTH;
 use crate::op::Approx;
 
 /// Best candidates a query sends back per neighbour asked for: the k best by f32 distance and
@@ -23,6 +30,12 @@ use crate::op::Approx;
 const KEEP_PER_NEIGHBOUR: usize = 2;
 /// Most queries of one launch (their rows, keys and best lists stay on the device meanwhile).
 const QUERY_TILE: usize = 1 << 16;
+/// Most steps of a walk, per row of its pool (and 64 more): a bound the walks do not reach (a
+/// walk follows about one to two rows per row of its pool before every row of the pool is
+/// followed), against a graph that would keep one going.
+const WALK_STEPS_PER_POOL_ROW: usize = 8;
+
+const _: () = assert!(WIDTH <= WALK_MAX_WIDTH, "approx_walk follows at most WALK_MAX_WIDTH edges a row");
 
 /// Device bytes a base row takes in the index: its f32 row, and its key and position on each curve.
 pub(super) fn index_row_bytes(dim: usize, curves: usize) -> usize {
@@ -50,11 +63,14 @@ impl GpuBackend {
         let start = Instant::now();
         let geometry = Geometry::of(metric).expect("approx metrics are checked at planning (functions::table)");
         let (index, kept, lists) = self.curves_ordered_here(base, geometry)?;
-        stats.kept_indexes = usize::from(kept);
+        let pool = approx.pool(k).min(index.len());
+        let graph =
+            (walks_graph(request, approx, k) && walk_fits(&self.device, pool)).then(|| index.graph(build_graph));
+        stats.kept_indexes = usize::from(kept && graph.is_none_or(|(_, graph_kept)| graph_kept));
         let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
         stats.build_time = start.elapsed();
         let (n, curves, dim) = (index.len(), index.curve_count(), base.dim);
-        let per_curve = approx.per_curve(k).min(n);
+        let per_curve = if graph.is_some() { approx.seeds_per_curve(k) } else { approx.per_curve(k) }.min(n);
         let capacity = approx_capacity(curves, per_curve, n);
         if !approx_fits(&self.device, capacity) {
             return Err(RunError::Query(exec_datafusion_err!(
@@ -64,6 +80,8 @@ impl GpuBackend {
             )));
         }
         let keep = (KEEP_PER_NEIGHBOUR * k).max(k + 8).min(capacity);
+        // A walk's seeds are the first `pool` of approx_knn's best, and its pool comes back.
+        let keep = if graph.is_some() { keep.max(pool) } else { keep };
 
         let uploading = Instant::now();
         let key: ResidentKey = index.clone();
@@ -76,10 +94,22 @@ impl GpuBackend {
                 n,
                 curves,
                 dim,
+                graph: Default::default(),
             }),
             None => self.upload_curves(&index, dim),
         })?;
         stats.resident_inputs += usize::from(on_device);
+        // The graph's edges, uploaded by the first search of this index that walks it.
+        let edges = match &graph {
+            Some((graph, _)) => Some(match device_index.graph.get() {
+                Some(edges) => edges,
+                None => {
+                    let edges = upload(&self.device, graph.edges())?;
+                    device_index.graph.get_or_init(|| edges)
+                }
+            }),
+            None => None,
+        };
         stats.transfer_time += uploading.elapsed();
         let query_bytes = 4 * dim + 8 * curves + 8 * keep;
         let tile = (budget / 4 / query_bytes).clamp(1, QUERY_TILE).min(queries.len());
@@ -114,6 +144,20 @@ impl GpuBackend {
             stats.transfer_time += uploading.elapsed();
             let searching = Instant::now();
             approx_knn(&self.device, &device_index, &tile_queries, per_curve, filter, &mut best)?;
+            if let Some(edges) = edges {
+                let steps = WALK_STEPS_PER_POOL_ROW * pool + 64;
+                stats.graph_rows += approx_walk(
+                    &self.device,
+                    &device_index,
+                    edges,
+                    WIDTH,
+                    &tile_queries,
+                    filter,
+                    pool,
+                    steps,
+                    &mut best,
+                )?;
+            }
             stream.synchronize().map_err(|e| GpuError::Device(format!("approx_knn failed: {e}")))?;
             stats.kernel_time += searching.elapsed();
             let downloading = Instant::now();
@@ -169,7 +213,7 @@ impl GpuBackend {
             stream.memcpy_htod(curve_positions, &mut positions.slice_mut(c * n..(c + 1) * n)).map_err(copy_failed)?;
         }
         let rows = upload(&self.device, index.all_values())?;
-        Ok(DeviceCurves { keys, positions, rows, n, curves, dim })
+        Ok(DeviceCurves { keys, positions, rows, n, curves, dim, graph: Default::default() })
     }
 }
 

@@ -21,6 +21,8 @@ pub struct DeviceCurves {
     pub n: usize,
     pub curves: usize,
     pub dim: usize,
+    /// The kNN graph's edges (`WALK_MAX_WIDTH` a row), uploaded by the first search that walks it.
+    pub graph: std::sync::OnceLock<CudaSlice<u32>>,
 }
 
 impl DeviceCurves {
@@ -28,6 +30,110 @@ impl DeviceCurves {
     pub fn bytes(&self) -> usize {
         self.keys.len() * 8 + self.positions.len() * 4 + self.rows.len() * 4
     }
+}
+
+/// Threads of a walking block (`WALK_THREADS` in kernels/approx.cu).
+const WALK_THREADS: u32 = 128;
+/// Most edges of a row the walk follows (`WALK_MAX_WIDTH`).
+pub const WALK_MAX_WIDTH: usize = 32;
+/// Static shared memory of approx_walk: its table of rows reached (`WALK_TABLE` u32), the fresh
+/// rows of a step and three counters.
+const WALK_STATIC_BYTES: usize = 4096 * 4 + WALK_MAX_WIDTH * 4 + 12;
+
+/// The entries of shared memory a walk's pool of `pool` rows takes: the pool and a step's fresh
+/// rows, rounded up to a power of two for the bitonic sort.
+pub fn walk_size(pool: usize) -> usize {
+    (pool + WALK_MAX_WIDTH).next_power_of_two()
+}
+
+/// Whether this device's blocks hold a walk's pool of `pool` rows (12 bytes an entry: a position,
+/// a score and whether it was followed) beside its table.
+pub fn walk_fits(device: &GpuDevice, pool: usize) -> bool {
+    walk_size(pool) * 12 + WALK_STATIC_BYTES <= device.shared_memory_per_block
+}
+
+/// Runs approx_walk for `queries` over `index`'s rows and `edges` (the graph, `width` ≤
+/// WALK_MAX_WIDTH a row): each query's first `pool` entries of `best` (approx_knn's, ascending)
+/// are its seeds, replaced by the walk's best `best.keep`. Returns the rows the walks reached.
+#[allow(clippy::too_many_arguments)]
+pub fn approx_walk(
+    device: &GpuDevice,
+    index: &DeviceCurves,
+    edges: &CudaSlice<u32>,
+    width: usize,
+    queries: &ApproxQueries,
+    filter: FilterCode,
+    pool: usize,
+    max_steps: usize,
+    best: &mut ApproxBest,
+) -> Result<u64> {
+    let kernel = Kernel::ApproxWalk;
+    let DeviceCurves { n, dim, .. } = *index;
+    let size = walk_size(pool);
+    let shared = size * 12;
+    if n == 0
+        || n > u32::MAX as usize
+        || width == 0
+        || width > WALK_MAX_WIDTH
+        || edges.len() < n * width
+        || index.rows.len() < n * dim
+        || pool == 0
+        || pool > best.keep
+        || !walk_fits(device, pool)
+        || queries.rows.len() < queries.count * dim
+        || best.positions.len().min(best.scores.len()) < queries.count * best.keep
+        || queries.count > u32::MAX as usize
+    {
+        return Err(Error::Device(format!(
+            "{kernel}: {n} rows of {width} edges (at most {WALK_MAX_WIDTH}) in {}, a pool of {pool} ({shared} bytes of shared memory beside {WALK_STATIC_BYTES}, {} allowed), {} queries keeping {}",
+            edges.len(),
+            device.shared_memory_per_block,
+            queries.count,
+            best.keep
+        )));
+    }
+    if queries.count == 0 {
+        return Ok(0);
+    }
+    let function = device.function(kernel)?;
+    allow_shared(&function, kernel, shared)?;
+    let mut reached = zeroed::<u64>(&device.stream, 1)?;
+    let (width32, dim32, filter32, count) = (width as u32, dim as u32, filter as u32, queries.count as u32);
+    let (pool32, size32, steps32, keep) = (pool as u32, size as u32, max_steps as u32, best.keep as u32);
+    let mut builder = device.stream.launch_builder(&function);
+    builder
+        .arg(edges)
+        .arg(&width32)
+        .arg(&index.rows)
+        .arg(&dim32)
+        .arg(&filter32)
+        .arg(&queries.rows)
+        .arg(&count)
+        .arg(&pool32)
+        .arg(&size32)
+        .arg(&steps32)
+        .arg(&keep)
+        .arg(&mut best.positions)
+        .arg(&mut best.scores)
+        .arg(&mut reached);
+    let config = LaunchConfig {
+        grid_dim: (queries.count.min(APPROX_BLOCKS) as u32, 1, 1),
+        block_dim: (WALK_THREADS, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    // SAFETY: approx_walk(const u32*, u32, const float*, u32, u32, const float*, u32, u32, u32,
+    // u32, u32, u32*, float*, unsigned long long*): a block reads query q < count's row (checked)
+    // and its `keep` entries of best at q·keep (checked), of which the first `pool` ≤ keep are
+    // positions below n or NO_POSITION (approx_knn's output); it reads the edges of rows below n
+    // (`width` each, within `edges`: checked), which the graph lists as rows below n or
+    // WALK_EMPTY, and the `dim` values of rows below n (within `rows`, checked); it writes its
+    // `keep` entries of best and adds to `reached` (one value). The dynamic shared memory holds
+    // `size` entries of a u32, an f32 and a u32 (12 bytes), size ≥ pool + width, and with the
+    // static table within the device's opt-in limit (walk_fits, checked).
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
+    let reached =
+        device.stream.clone_dtoh(&reached).map_err(|e| Error::Device(format!("{kernel}: copy failed: {e}")))?;
+    Ok(reached[0])
 }
 
 /// A tile of queries on the device: `count` rows of the index's `dim` values in f32 and their key
