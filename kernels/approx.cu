@@ -173,8 +173,9 @@ extern "C" __global__ void __launch_bounds__(APPROX_THREADS) approx_knn(
 // row not yet followed, scores the rows they reach for the first time, and keeps the `pool` best
 // of the pool and those; the search ends when every row of the pool has been followed (the
 // nearest unfollowed row is then farther than the whole full pool, the cores' stopping rule) or
-// after `max_steps` steps. Rows are scored by their whole f32 distance (the cores rank by a
-// principal-coordinate proxy), so the pool is the cores' or better at the same settings.
+// after `max_steps` steps. Rows are scored by their whole f32 distance where the cores rank by a
+// principal-coordinate proxy (the walk found more than the cores at every effort measured:
+// docs/optimisations.md, v157).
 
 // Threads of a walking block (4 warps; a step scores at most WALK_MAX_WIDTH rows).
 #define WALK_THREADS 128

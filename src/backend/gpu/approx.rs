@@ -7,9 +7,9 @@
 //! candidates by whole f32 distance. Where the cores would walk the kNN graph (the same rule,
 //! `walks_graph`: a kept base, or queries enough to repay its build), so does the device: the
 //! curves give each query `seeds_per_curve` entries a curve, their `pool` nearest start the walk
-//! (approx_walk), and the pool it ends with are the best candidates. The host measures the k best and any within f32 rounding of
-//! them exactly (as the cores' search does: backend/approx.rs), so each returned row carries its
-//! exact distance and its rank among the returned rows.
+//! (approx_walk), and the pool it ends with are the best candidates. The host measures the k best
+//! and any within f32 rounding of them exactly (as the cores' search does: backend/approx.rs), so
+//! each returned row carries its exact distance and its rank among the returned rows.
 
 use datafusion::common::exec_datafusion_err;
 
@@ -30,9 +30,8 @@ use crate::op::Approx;
 const KEEP_PER_NEIGHBOUR: usize = 2;
 /// Most queries of one launch (their rows, keys and best lists stay on the device meanwhile).
 const QUERY_TILE: usize = 1 << 16;
-/// Most steps of a walk, per row of its pool (and 64 more): a bound the walks do not reach (a
-/// walk follows about one to two rows per row of its pool before every row of the pool is
-/// followed), against a graph that would keep one going.
+/// Most steps of a walk, per row of its pool (and 64 more): a walk ends once every row of its pool
+/// is followed, at least `pool` steps; this bounds one that a graph would keep going.
 const WALK_STEPS_PER_POOL_ROW: usize = 8;
 
 const _: () = assert!(WIDTH <= WALK_MAX_WIDTH, "approx_walk follows at most WALK_MAX_WIDTH edges a row");

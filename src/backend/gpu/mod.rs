@@ -242,11 +242,13 @@ fn output_pairs(budget: usize) -> u64 {
 
 /// Why a GPU run stopped: the two kinds its phases return through one `?`.
 ///
-/// `Gpu` is the device's failure (memory exhausted, a launch, copy or driver error): the run
-/// could succeed on the cores, and `device=auto` runs it there when nothing was sent yet
-/// (`Scheduled::run` in backend/auto.rs, counted in `gpu_fallbacks`). `Query` is the query's own
-/// error, met while the results are sent (the consumer went away, the query was cancelled, a
-/// batch could not be built): the cores would meet it as well, so it ends the query as it is.
+/// `Gpu` is the device's failure (memory exhausted, a launch, copy or driver error). `Query` is
+/// the query's own: met while the results are sent (the consumer went away, the query was
+/// cancelled, a batch could not be built), or a request the device cannot take (an approximate
+/// search's candidates beyond a block's shared memory). Either ends a `device=gpu` run with its
+/// message. Under `device=auto` a run that failed before sending a row runs again on the cores
+/// (`Scheduled::run` in backend/auto.rs, counted in `gpu_fallbacks`): there a device failure or a
+/// request the device could not take succeeds, and a query's own error recurs.
 #[derive(Debug)]
 pub(super) enum RunError {
     Gpu(GpuError),
