@@ -169,7 +169,7 @@ async fn main() -> ExitCode {
         }
     };
     // A query that ran on the CPU leaves the GPU's start-up running on its thread; exiting
-    // normally would tear the driver down under it (see `gpu::startup::in_flight`).
+    // normally would tear the driver down under it (see `cuda::startup::in_flight`).
     if simjoin::internal::gpu_startup_in_flight() {
         use std::io::Write;
         let _ = std::io::stdout().flush();
