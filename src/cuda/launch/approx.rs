@@ -96,7 +96,7 @@ pub fn approx_walk(
         return Ok(0);
     }
     let function = device.function(kernel)?;
-    allow_shared(&function, kernel, shared)?;
+    allow_shared(&function, kernel, shared, APPROX_MAX_CURVES * 4)?;
     let mut reached = zeroed::<u64>(&device.stream, 1)?;
     let (width32, dim32, filter32, count) = (width as u32, dim as u32, filter as u32, queries.count as u32);
     let (pool32, size32, steps32, keep) = (pool as u32, size as u32, max_steps as u32, best.keep as u32);
@@ -202,7 +202,7 @@ pub fn approx_knn(
         return Ok(());
     }
     let function = device.function(kernel)?;
-    allow_shared(&function, kernel, shared)?;
+    allow_shared(&function, kernel, shared, WALK_STATIC_BYTES)?;
     let (n32, curves32, per_curve32, dim32) = (n as u32, curves as u32, per_curve as u32, dim as u32);
     let (filter, count, capacity32, keep) = (filter as u32, queries.count as u32, capacity as u32, best.keep as u32);
     let mut builder = device.stream.launch_builder(&function);

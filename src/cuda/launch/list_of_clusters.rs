@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// Static shared memory of the List of Clusters' kernels (kernels/clusters.cu: one u32).
+const CLUSTERS_STATIC_BYTES: usize = 4;
+
 /// Threads per block: one block per left row.
 const CLUSTERS_BLOCK: u32 = 128;
 /// Most blocks of a launch (each loops over further left rows).
@@ -121,7 +124,7 @@ pub fn clusters_range_vectors(
     }
     out.clear(device, kernel)?;
     let function = device.function(kernel)?;
-    allow_shared(&function, kernel, shared)?;
+    allow_shared(&function, kernel, shared, CLUSTERS_STATIC_BYTES)?;
     let (first, count, clusters) = (rows.start, rows.len() as u32, list.clusters() as u32);
     let mut builder = device.stream.launch_builder(&function);
     builder.arg(&inputs.params).arg(&inputs.space_metric).arg(&inputs.radius);
@@ -186,7 +189,7 @@ pub fn clusters_range_text(
     }
     out.clear(device, kernel)?;
     let function = device.function(kernel)?;
-    allow_shared(&function, kernel, shared)?;
+    allow_shared(&function, kernel, shared, CLUSTERS_STATIC_BYTES)?;
     let (first, count, clusters) = (rows.start, rows.len() as u32, list.clusters() as u32);
     let self_join = u32::from(inputs.self_join);
     let mut builder = device.stream.launch_builder(&function);

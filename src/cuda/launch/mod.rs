@@ -34,9 +34,10 @@ pub use rank::*;
 pub use sample::*;
 pub use text::*;
 
-/// Asks for `shared` bytes of dynamic shared memory where that is more than the default.
-fn allow_shared(function: &CudaFunction, kernel: Kernel, shared: usize) -> Result<()> {
-    if shared > 48 << 10 {
+/// Asks for `shared` bytes of dynamic shared memory where, with the kernel's `fixed` bytes of
+/// static shared memory, that is more than a block gets without asking (48 KB in all).
+fn allow_shared(function: &CudaFunction, kernel: Kernel, shared: usize, fixed: usize) -> Result<()> {
+    if shared + fixed > 48 << 10 {
         function
             .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
             .map_err(|e| Error::Device(format!("{kernel}: asking for {shared} bytes of shared memory failed: {e}")))?;
