@@ -97,6 +97,40 @@ __device__ __forceinline__ void score_entries(const u32* ids, float* scores, u32
     }
 }
 
+// Scores entries as score_entries does, under the filter code `filter`.
+__device__ __forceinline__ void score_by_filter(u32 filter, const u32* ids, float* scores, u32 count,
+                                                const float* base, u32 dim, const float* query) {
+    if (filter == FILTER_LINF) score_entries<FILTER_LINF>(ids, scores, count, base, dim, query);
+    else if (filter == FILTER_L1) score_entries<FILTER_L1>(ids, scores, count, base, dim, query);
+    else score_entries<FILTER_SQUARED_L2>(ids, scores, count, base, dim, query);
+}
+
+// Sorts `size` (a power of two) entries of `ids` ascending: a repeat follows its first occurrence.
+__device__ __forceinline__ void sort_ids(u32* ids, u32 size) {
+    bitonic_sort(size, [&](u32 i, u32 j, bool ascending) {
+        const u32 a = ids[i], b = ids[j];
+        if ((a > b) == ascending) {
+            ids[i] = b;
+            ids[j] = a;
+        }
+    });
+}
+
+// Sorts `size` (a power of two) entries ascending by (score, id): the host's order of equal f32
+// scores does not matter, as every candidate within rounding of the k-th is measured exactly there.
+__device__ __forceinline__ void sort_by_score(u32* ids, float* scores, u32 size) {
+    bitonic_sort(size, [&](u32 i, u32 j, bool ascending) {
+        const float a = scores[i], b = scores[j];
+        const u32 x = ids[i], y = ids[j];
+        if ((a > b || (a == b && x > y)) == ascending) {
+            scores[i] = b;
+            scores[j] = a;
+            ids[i] = y;
+            ids[j] = x;
+        }
+    });
+}
+
 // approx_knn: queries [0, query_count) of `queries` (`dim` f32 values each) with their keys on
 // every curve (`query_keys[q·curves + c]`); the index's `curves` lists of `n` keys (`keys[c·n + i]`,
 // ascending) and positions (`positions[c·n + i]`), and the base rows (`base`, `dim` values each).
@@ -132,31 +166,10 @@ extern "C" __global__ void __launch_bounds__(APPROX_THREADS) approx_knn(
             ids[i] = c < curves ? positions[(u64)c * n + starts[c] + i % take] : NO_POSITION;
         }
         __syncthreads();
-        // Positions ascending: a repeat follows its first occurrence.
-        bitonic_sort(capacity, [&](u32 i, u32 j, bool ascending) {
-            const u32 a = ids[i], b = ids[j];
-            if ((a > b) == ascending) {
-                ids[i] = b;
-                ids[j] = a;
-            }
-        });
-        const float* query = queries + (u64)q * dim;
-        if (filter == FILTER_LINF) score_entries<FILTER_LINF>(ids, scores, capacity, base, dim, query);
-        else if (filter == FILTER_L1) score_entries<FILTER_L1>(ids, scores, capacity, base, dim, query);
-        else score_entries<FILTER_SQUARED_L2>(ids, scores, capacity, base, dim, query);
+        sort_ids(ids, capacity);
+        score_by_filter(filter, ids, scores, capacity, base, dim, queries + (u64)q * dim);
         __syncthreads();
-        // (score, position) ascending: the host's order of equal f32 scores does not matter, as
-        // every candidate within rounding of the k-th is measured exactly there.
-        bitonic_sort(capacity, [&](u32 i, u32 j, bool ascending) {
-            const float a = scores[i], b = scores[j];
-            const u32 x = ids[i], y = ids[j];
-            if ((a > b || (a == b && x > y)) == ascending) {
-                scores[i] = b;
-                scores[j] = a;
-                ids[i] = y;
-                ids[j] = x;
-            }
-        });
+        sort_by_score(ids, scores, capacity);
         for (u32 i = threadIdx.x; i < keep; i += blockDim.x) {
             const bool found = i < capacity && scores[i] < F32_INFINITY;
             out_positions[(u64)q * keep + i] = found ? ids[i] : NO_POSITION;
@@ -281,9 +294,7 @@ extern "C" __global__ void __launch_bounds__(WALK_THREADS) approx_walk(
                 followed[i] = i - pool >= count;
             }
             __syncthreads();
-            if (filter == FILTER_LINF) score_entries<FILTER_LINF>(ids + pool, scores + pool, count, base, dim, query);
-            else if (filter == FILTER_L1) score_entries<FILTER_L1>(ids + pool, scores + pool, count, base, dim, query);
-            else score_entries<FILTER_SQUARED_L2>(ids + pool, scores + pool, count, base, dim, query);
+            score_by_filter(filter, ids + pool, scores + pool, count, base, dim, query);
             for (u32 i = pool + count + threadIdx.x; i < size; i += blockDim.x) scores[i] = F32_INFINITY;
             __syncthreads();
             bitonic_sort(size, [&](u32 i, u32 j, bool ascending) {
@@ -306,6 +317,65 @@ extern "C" __global__ void __launch_bounds__(WALK_THREADS) approx_walk(
             best[i] = found ? scores[i] : F32_INFINITY;
         }
         if (threadIdx.x == 0) atomicAdd(reached, (unsigned long long)walked);
+        __syncthreads();
+    }
+}
+
+// ---- The kNN graph's build (src/index/graph.rs: NN-descent from the curves' windows), each
+// row's candidates gathered, measured and ranked by one block as approx_knn ranks a query's. The
+// host runs the rounds and the reverse edges; the device measures every row's candidates by its
+// whole f32 distance (the cores by the principal coordinates' proxy), the cost of the build.
+
+// curve_ranks: every row's rank on each of `curves` curves of `n` rows: ranks[c·n + positions[c·n
+// + r]] = r.
+extern "C" __global__ void __launch_bounds__(256) curve_ranks(const u32* positions, u32 n, u32 curves, u32* ranks) {
+    const u64 total = (u64)n * curves;
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        const u64 c = e / n;
+        ranks[c * n + positions[e]] = (u32)(e - c * n);
+    }
+}
+
+// graph_nearest: each row i < n's `degree` nearest other rows (out[i·degree ..], ascending by f32
+// score then row, NO_POSITION past its distinct candidates) among its candidates: where `ranks` is
+// given (curve_ranks'), the rows `window` either side of it along each of `curves` curves
+// (positions[c·n + r]); otherwise the rows its `nearest` and `reverse` lists name (`degree` slots
+// a row each, NO_POSITION after the last) and the rows their `nearest` lists name. `capacity`, a
+// power of two ≥ the candidates a row can have (curves·(2·window + 1), or 2·degree·(degree + 1)),
+// is the entries of dynamic shared memory (a position and a score each).
+extern "C" __global__ void __launch_bounds__(APPROX_THREADS) graph_nearest(
+    const float* base, u32 n, u32 dim, u32 filter, const u32* positions, const u32* ranks, u32 curves, u32 window,
+    const u32* nearest, const u32* reverse, u32 degree, u32 capacity, u32* out) {
+    extern __shared__ u32 entries[];
+    u32* ids = entries;
+    float* scores = (float*)(entries + capacity);
+    const u32 span = 2 * window + 1, lists = 2 * degree, per_list = degree + 1;
+    for (u32 i = blockIdx.x; i < n; i += gridDim.x) {
+        for (u32 s = threadIdx.x; s < capacity; s += blockDim.x) {
+            u32 id = NO_POSITION;
+            if (ranks) {
+                const u32 c = s / span;
+                // Rank r + (s mod span) − window, where it lies within the curve.
+                const u64 shifted = c < curves ? (u64)ranks[(u64)c * n + i] + s % span : 0;
+                if (c < curves && shifted >= window && shifted - window < n)
+                    id = positions[(u64)c * n + shifted - window];
+            } else {
+                const u32 a = s / per_list, b = s % per_list;
+                if (a < lists) {
+                    const u32 j = a < degree ? nearest[(u64)i * degree + a] : reverse[(u64)i * degree + a - degree];
+                    if (j != NO_POSITION) id = b == 0 ? j : nearest[(u64)j * degree + b - 1];
+                }
+            }
+            ids[s] = id == i ? NO_POSITION : id;
+        }
+        __syncthreads();
+        sort_ids(ids, capacity);
+        score_by_filter(filter, ids, scores, capacity, base, dim, base + (u64)i * dim);
+        __syncthreads();
+        sort_by_score(ids, scores, capacity);
+        for (u32 d = threadIdx.x; d < degree; d += blockDim.x) {
+            out[(u64)i * degree + d] = d < capacity && scores[d] < F32_INFINITY ? ids[d] : NO_POSITION;
+        }
         __syncthreads();
     }
 }

@@ -164,7 +164,7 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
 }
 
 /// The kNN graph of `index`'s rows by [`principal_distance`], on every core.
-pub(in crate::backend) fn build_graph(index: &Multicurves) -> NeighbourGraph {
+pub(crate) fn build_graph(index: &Multicurves) -> NeighbourGraph {
     NeighbourGraph::build(index, |i, rows, out| {
         let terms = index.row_terms(i);
         for (r, &j) in rows.iter().enumerate() {

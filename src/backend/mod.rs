@@ -33,6 +33,7 @@ mod tiles;
 mod topk;
 
 #[cfg(feature = "gpu")]
+pub(crate) use approx::build_graph;
 #[cfg(feature = "gpu")]
 pub use auto::AutoBackend;
 pub use cpu::CpuBackend;

@@ -134,6 +134,8 @@ pub enum Kernel {
     ClustersRangeText,
     ApproxKnn,
     ApproxWalk,
+    CurveRanks,
+    GraphNearest,
     CurveBounds,
     CurveKeys,
 }
@@ -141,7 +143,7 @@ pub enum Kernel {
 impl Kernel {
     /// Every kernel (the test that each is defined in its module's source).
     #[cfg(test)]
-    pub const ALL: [Kernel; 39] = [
+    pub const ALL: [Kernel; 41] = [
         Kernel::GridJoin,
         Kernel::GridJoinWide,
         Kernel::GridJoinWork,
@@ -179,6 +181,8 @@ impl Kernel {
         Kernel::ClustersRangeText,
         Kernel::ApproxKnn,
         Kernel::ApproxWalk,
+        Kernel::CurveRanks,
+        Kernel::GraphNearest,
         Kernel::CurveBounds,
         Kernel::CurveKeys,
     ];
@@ -223,6 +227,8 @@ impl Kernel {
             Kernel::ClustersRangeText => "clusters_range_text",
             Kernel::ApproxKnn => "approx_knn",
             Kernel::ApproxWalk => "approx_walk",
+            Kernel::CurveRanks => "curve_ranks",
+            Kernel::GraphNearest => "graph_nearest",
             Kernel::CurveBounds => "curve_bounds",
             Kernel::CurveKeys => "curve_keys",
         }
@@ -262,7 +268,12 @@ impl Kernel {
             Kernel::GatherRows => KernelModule::Grid,
             Kernel::TextJoin => KernelModule::Text,
             Kernel::ClustersRangeVectors | Kernel::ClustersRangeText => KernelModule::Clusters,
-            Kernel::ApproxKnn | Kernel::ApproxWalk | Kernel::CurveBounds | Kernel::CurveKeys => KernelModule::Approx,
+            Kernel::ApproxKnn
+            | Kernel::ApproxWalk
+            | Kernel::CurveRanks
+            | Kernel::GraphNearest
+            | Kernel::CurveBounds
+            | Kernel::CurveKeys => KernelModule::Approx,
         }
     }
 }

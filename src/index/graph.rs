@@ -18,7 +18,9 @@
 //! [`DEGREE`]. Each round reads the previous round's lists and writes new ones, so the rows are
 //! processed in parallel without locks, and the graph is the same on any number of cores.
 //! Every row finally also lists up to [`DEGREE`] of the rows that list it (the reverse edges),
-//! which connect the graph where nearest-neighbour relations are one-sided.
+//! which connect the graph where nearest-neighbour relations are one-sided. A GPU search of an
+//! index without a graph builds it on the device by the same rounds ([`NeighbourGraph::build_by`]),
+//! each row's candidates measured there (backend/gpu/approx.rs; docs/optimisations.md, v159).
 
 use rayon::prelude::*;
 
@@ -30,11 +32,20 @@ pub const DEGREE: usize = 16;
 /// list it.
 pub const WIDTH: usize = 2 * DEGREE;
 /// Neighbours on either side along each curve a row starts from.
-const WINDOW: usize = 2;
+pub const WINDOW: usize = 2;
 /// Rounds of NN-descent.
 const ROUNDS: usize = 1;
 /// An empty slot of a row's edges.
-const NONE: u32 = u32::MAX;
+pub const NONE: u32 = u32::MAX;
+
+/// The candidates a round of the build offers each row.
+pub enum Offer<'a> {
+    /// The rows [`WINDOW`] either side of it along every curve (itself among them).
+    Curves,
+    /// The rows its list and its reverse list name, and the rows their lists name (each
+    /// [`DEGREE`] slots a row, [`NONE`] after the last).
+    Neighbours { nearest: &'a [u32], reverse: &'a [u32] },
+}
 
 /// The graph: every row's edges, [`WIDTH`] slots a row, the unused ones [`NONE`] at the end.
 #[derive(Debug)]
@@ -58,25 +69,40 @@ impl NeighbourGraph {
                 rank
             })
             .collect();
-        let mut nearest = nearest_of(n, &distances, |i, candidates| {
-            for (c, rank) in ranks.iter().enumerate() {
-                let r = rank[i] as usize;
-                let window = r.saturating_sub(WINDOW)..(r + WINDOW + 1).min(n);
-                candidates.extend(index.curve(c).1[window].iter().copied());
-            }
+        let Ok(graph) = Self::build_by(n, |offer| {
+            Ok::<_, std::convert::Infallible>(match offer {
+                Offer::Curves => nearest_of(n, &distances, |i, candidates| {
+                    for (c, rank) in ranks.iter().enumerate() {
+                        let r = rank[i] as usize;
+                        let window = r.saturating_sub(WINDOW)..(r + WINDOW + 1).min(n);
+                        candidates.extend(index.curve(c).1[window].iter().copied());
+                    }
+                }),
+                Offer::Neighbours { nearest, reverse } => nearest_of(n, &distances, |i, candidates| {
+                    let near = listed(&nearest[i * DEGREE..][..DEGREE]).chain(listed(&reverse[i * DEGREE..][..DEGREE]));
+                    for j in near {
+                        candidates.push(j);
+                        candidates.extend(listed(&nearest[j as usize * DEGREE..][..DEGREE]));
+                    }
+                }),
+            })
         });
-        drop(ranks);
+        graph
+    }
+
+    /// The graph of `n` rows from `nearest_of(offer)`, which returns every row's [`DEGREE`]
+    /// nearest (`DEGREE` slots a row, nearest first, [`NONE`] after the last; repeats and the row
+    /// itself dropped, ties by row) among the candidates `offer` names: first the curves' windows,
+    /// then each round's neighbours' neighbours. The cores ([`NeighbourGraph::build`]) and the GPU
+    /// (src/backend/gpu/approx.rs) each measure the candidates their way; the rounds and the
+    /// reverse edges are the same.
+    pub fn build_by<E>(n: usize, mut nearest_of: impl FnMut(Offer) -> Result<Vec<u32>, E>) -> Result<Self, E> {
+        let mut nearest = nearest_of(Offer::Curves)?;
         for _ in 0..ROUNDS {
-            let reverse = ReverseEdges::of(&nearest, n);
-            nearest = nearest_of(n, &distances, |i, candidates| {
-                let near = listed(&nearest[i * DEGREE..][..DEGREE]).chain(reverse.of_row(i).iter().copied());
-                for j in near {
-                    candidates.push(j);
-                    candidates.extend(listed(&nearest[j as usize * DEGREE..][..DEGREE]));
-                }
-            });
+            let reverse = reverse_edges(&nearest, n);
+            nearest = nearest_of(Offer::Neighbours { nearest: &nearest, reverse: &reverse })?;
         }
-        let reverse = ReverseEdges::of(&nearest, n);
+        let reverse = reverse_edges(&nearest, n);
         let mut edges = vec![NONE; n * WIDTH];
         edges.par_chunks_mut(WIDTH).enumerate().for_each(|(i, out)| {
             let own = &nearest[i * DEGREE..][..DEGREE];
@@ -84,12 +110,12 @@ impl NeighbourGraph {
             for (slot, j) in slots.by_ref().zip(listed(own)) {
                 *slot = j;
             }
-            let added = reverse.of_row(i).iter().filter(|&j| !own.contains(j));
-            for (slot, &j) in slots.zip(added) {
+            let added = listed(&reverse[i * DEGREE..][..DEGREE]).filter(|j| !own.contains(j));
+            for (slot, j) in slots.zip(added) {
                 *slot = j;
             }
         });
-        Self { edges }
+        Ok(Self { edges })
     }
 
     /// Every row's edges, [`WIDTH`] slots a row, the unused ones `u32::MAX` at the end (the GPU's
@@ -165,40 +191,20 @@ fn keep_nearest(
 }
 
 /// Up to [`DEGREE`] rows listing each row (those of the lowest rows, so the result does not depend
-/// on the order the lists are read in).
-struct ReverseEdges {
-    starts: Vec<u32>,
-    rows: Vec<u32>,
-}
-
-impl ReverseEdges {
-    fn of(nearest: &[u32], n: usize) -> Self {
-        let mut counts = vec![0u32; n + 1];
-        for &j in nearest.iter().filter(|&&j| j != NONE) {
-            let count = &mut counts[j as usize + 1];
-            *count = (*count + 1).min(DEGREE as u32);
-        }
-        for i in 0..n {
-            counts[i + 1] += counts[i];
-        }
-        let starts = counts;
-        let mut filled = vec![0u32; n];
-        let mut rows = vec![0u32; starts[n] as usize];
-        for (i, list) in nearest.chunks_exact(DEGREE).enumerate() {
-            for j in listed(list) {
-                let j = j as usize;
-                if (filled[j] as usize) < DEGREE {
-                    rows[(starts[j] + filled[j]) as usize] = i as u32;
-                    filled[j] += 1;
-                }
+/// on the order the lists are read in), `DEGREE` slots a row, [`NONE`] after the last.
+fn reverse_edges(nearest: &[u32], n: usize) -> Vec<u32> {
+    let mut reverse = vec![NONE; n * DEGREE];
+    let mut filled = vec![0u8; n];
+    for (i, list) in nearest.chunks_exact(DEGREE).enumerate() {
+        for j in listed(list) {
+            let j = j as usize;
+            if (filled[j] as usize) < DEGREE {
+                reverse[j * DEGREE + filled[j] as usize] = i as u32;
+                filled[j] += 1;
             }
         }
-        Self { starts, rows }
     }
-
-    fn of_row(&self, i: usize) -> &[u32] {
-        &self.rows[self.starts[i] as usize..self.starts[i + 1] as usize]
-    }
+    reverse
 }
 
 #[cfg(test)]

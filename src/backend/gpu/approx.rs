@@ -5,7 +5,8 @@
 //! positions and its f32 rows are on the device (uploaded where the cores ordered the curves), the
 //! queries are projected and keyed on the host, and kernels/approx.cu gives each query's best
 //! candidates by whole f32 distance. Where the cores would walk the kNN graph (the same rule,
-//! `walks_graph`: a kept base, or queries enough to repay its build), so does the device: the
+//! `walks_graph`: a kept base, or queries enough to repay its build), so does the device (building
+//! the graph itself where the index has none yet: `graph_on_device`): the
 //! curves give each query `seeds_per_curve` entries a curve, their `pool` nearest start the walk
 //! (approx_walk), and the pool it ends with are the best candidates. The host measures the k best
 //! and any within f32 rounding of them exactly (as the cores' search does: backend/approx.rs), so
@@ -18,11 +19,11 @@ use crate::backend::ResultChunk;
 use crate::backend::approx::{build_graph, measured, walks_graph, within_rounding};
 use crate::backend::topk::push_ranked;
 use crate::cuda::launch::{
-    ApproxBest, ApproxQueries, DeviceCurves, WALK_MAX_WIDTH, approx_capacity, approx_fits, approx_knn, approx_walk,
-    walk_fits,
+    ApproxBest, ApproxQueries, DeviceCurves, GraphCandidates, WALK_MAX_WIDTH, approx_capacity, approx_fits, approx_knn,
+    approx_walk, curve_ranks, graph_nearest, walk_fits,
 };
 use crate::index::curves::{Geometry, Multicurves};
-use crate::index::graph::WIDTH;
+use crate::index::graph::{DEGREE, NeighbourGraph, Offer, WIDTH, WINDOW};
 use crate::op::Approx;
 
 /// Best candidates a query sends back per neighbour asked for: the k best by f32 distance and
@@ -63,13 +64,13 @@ impl GpuBackend {
         let geometry = Geometry::of(metric).expect("approx metrics are checked at planning (functions::table)");
         let (index, kept, lists) = self.curves_ordered_here(base, geometry)?;
         let pool = approx.pool(k).min(index.len());
-        let graph =
-            (walks_graph(request, approx, k) && walk_fits(&self.device, pool)).then(|| index.graph(build_graph));
-        stats.kept_indexes = usize::from(kept && graph.is_none_or(|(_, graph_kept)| graph_kept));
+        let walks = walks_graph(request, approx, k) && walk_fits(&self.device, pool);
+        let graph_kept = index.graph_built();
+        stats.kept_indexes = usize::from(kept && (!walks || graph_kept));
         let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
         stats.build_time = start.elapsed();
         let (n, curves, dim) = (index.len(), index.curve_count(), base.dim);
-        let per_curve = if graph.is_some() { approx.seeds_per_curve(k) } else { approx.per_curve(k) }.min(n);
+        let per_curve = if walks { approx.seeds_per_curve(k) } else { approx.per_curve(k) }.min(n);
         let capacity = approx_capacity(curves, per_curve, n);
         if !approx_fits(&self.device, capacity) {
             return Err(RunError::Query(exec_datafusion_err!(
@@ -80,7 +81,8 @@ impl GpuBackend {
         }
         let keep = (KEEP_PER_NEIGHBOUR * k).max(k + 8).min(capacity);
         // A walk's seeds are the first `pool` of approx_knn's best, and its pool comes back.
-        let keep = if graph.is_some() { keep.max(pool) } else { keep };
+        let keep = if walks { keep.max(pool) } else { keep };
+        let filter = filter_code(metric);
 
         let uploading = Instant::now();
         let key: ResidentKey = index.clone();
@@ -95,21 +97,36 @@ impl GpuBackend {
                 dim,
                 graph: Default::default(),
             }),
-            None => self.upload_curves(&index, dim),
+            None => upload_curves(&self.device, &index, dim),
         })?;
         stats.resident_inputs += usize::from(on_device);
-        // The graph's edges, uploaded by the first search of this index that walks it.
-        let edges = match &graph {
-            Some((graph, _)) => Some(match device_index.graph.get() {
+        stats.transfer_time += uploading.elapsed();
+        // The graph, built here where the index has none yet (kept with the index, where the cores'
+        // search walks it too), and its edges, uploaded by the first search of this index that
+        // walks it.
+        let edges = if walks {
+            let building = Instant::now();
+            let graph = match index.graph_built() {
+                true => index.graph(build_graph).0,
+                false => {
+                    let built = graph_on_device(&self.device, &device_index, filter)?;
+                    index.graph(|_| built).0
+                }
+            };
+            stats.build_time += building.elapsed();
+            let uploading = Instant::now();
+            let edges = match device_index.graph.get() {
                 Some(edges) => edges,
                 None => {
                     let edges = upload(&self.device, graph.edges())?;
                     device_index.graph.get_or_init(|| edges)
                 }
-            }),
-            None => None,
+            };
+            stats.transfer_time += uploading.elapsed();
+            Some(edges)
+        } else {
+            None
         };
-        stats.transfer_time += uploading.elapsed();
         let query_bytes = 4 * dim + 8 * curves + 8 * keep;
         let tile = (budget / 4 / query_bytes).clamp(1, QUERY_TILE).min(queries.len());
         let mut tile_queries = ApproxQueries {
@@ -121,12 +138,6 @@ impl GpuBackend {
             positions: zeroed::<u32>(&self.device.stream, tile * keep)?,
             scores: zeroed::<f32>(&self.device.stream, tile * keep)?,
             keep,
-        };
-        // The f32 score ordered as the metric (squared under L2, L2² and cosine's unit rows).
-        let filter = match metric {
-            Metric::L1 => FilterCode::L1,
-            Metric::LInf => FilterCode::LInf,
-            _ => FilterCode::SquaredL2,
         };
         let mut measured_count = 0u64;
         let mut chunk = ResultChunk::default();
@@ -199,21 +210,62 @@ impl GpuBackend {
             vec![DeviceRun { ordinal: self.ordinal(), rows: queries.len(), base_rows: n, ..Default::default() }];
         Ok(stats)
     }
+}
 
-    /// `index`'s curves and f32 rows (of `dim` values) on the device.
-    fn upload_curves(&self, index: &Multicurves, dim: usize) -> Result<DeviceCurves, GpuError> {
-        let (n, curves) = (index.len(), index.curve_count());
-        let stream = &self.device.stream;
-        let mut keys = zeroed::<u64>(stream, curves * n)?;
-        let mut positions = zeroed::<u32>(stream, curves * n)?;
-        for c in 0..curves {
-            let (curve_keys, curve_positions) = index.curve(c);
-            stream.memcpy_htod(curve_keys, &mut keys.slice_mut(c * n..(c + 1) * n)).map_err(copy_failed)?;
-            stream.memcpy_htod(curve_positions, &mut positions.slice_mut(c * n..(c + 1) * n)).map_err(copy_failed)?;
-        }
-        let rows = upload(&self.device, index.all_values())?;
-        Ok(DeviceCurves { keys, positions, rows, n, curves, dim, graph: Default::default() })
+/// The kNN graph of an index's rows (`on_device`: its curves and rows on `device`) built on the
+/// device: the cores' rounds (index/graph.rs), each row's candidates measured by graph_nearest by
+/// their whole f32 score under `filter`, where the cores measure a principal-coordinate proxy
+/// (docs/optimisations.md, v159).
+pub(super) fn graph_on_device(
+    device: &GpuDevice,
+    on_device: &DeviceCurves,
+    filter: FilterCode,
+) -> Result<NeighbourGraph, GpuError> {
+    let ranks = curve_ranks(device, on_device)?;
+    NeighbourGraph::build_by(on_device.n, |offer| {
+        let candidates = match offer {
+            Offer::Curves => GraphCandidates::Curves { ranks: &ranks, window: WINDOW },
+            Offer::Neighbours { nearest, reverse } => GraphCandidates::Neighbours { nearest, reverse },
+        };
+        let nearest = graph_nearest(device, on_device, filter, candidates, DEGREE)?;
+        device.stream.clone_dtoh(&nearest).map_err(copy_failed)
+    })
+}
+
+/// The kNN graph of `index`'s rows (of `dim` values, ranked as `metric` ranks) built on `device`
+/// (the self-test's comparison with the cores' graph).
+pub fn graph_built_on_device(
+    device: &GpuDevice,
+    index: &Multicurves,
+    dim: usize,
+    metric: Metric,
+) -> Result<NeighbourGraph, GpuError> {
+    graph_on_device(device, &upload_curves(device, index, dim)?, filter_code(metric))
+}
+
+/// The f32 score the device ranks by, ordered as `metric` (squared under L2, L2² and cosine's
+/// unit rows).
+fn filter_code(metric: Metric) -> FilterCode {
+    match metric {
+        Metric::L1 => FilterCode::L1,
+        Metric::LInf => FilterCode::LInf,
+        _ => FilterCode::SquaredL2,
     }
+}
+
+/// `index`'s curves and f32 rows (of `dim` values) on `device`.
+fn upload_curves(device: &GpuDevice, index: &Multicurves, dim: usize) -> Result<DeviceCurves, GpuError> {
+    let (n, curves) = (index.len(), index.curve_count());
+    let stream = &device.stream;
+    let mut keys = zeroed::<u64>(stream, curves * n)?;
+    let mut positions = zeroed::<u32>(stream, curves * n)?;
+    for c in 0..curves {
+        let (curve_keys, curve_positions) = index.curve(c);
+        stream.memcpy_htod(curve_keys, &mut keys.slice_mut(c * n..(c + 1) * n)).map_err(copy_failed)?;
+        stream.memcpy_htod(curve_positions, &mut positions.slice_mut(c * n..(c + 1) * n)).map_err(copy_failed)?;
+    }
+    let rows = upload(device, index.all_values())?;
+    Ok(DeviceCurves { keys, positions, rows, n, curves, dim, graph: Default::default() })
 }
 
 /// Queries projected together, a block per task: small enough that a thousand queries keep

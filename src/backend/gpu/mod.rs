@@ -52,6 +52,7 @@ mod multi;
 mod sides;
 mod text;
 
+pub use approx::graph_built_on_device;
 pub use approx_build::build_on_device;
 pub use multi::MultiGpuBackend;
 pub(crate) use multi::open_devices;

@@ -96,7 +96,7 @@ pub fn approx_walk(
         return Ok(0);
     }
     let function = device.function(kernel)?;
-    allow_shared(&function, kernel, shared, APPROX_MAX_CURVES * 4)?;
+    allow_shared(&function, kernel, shared, WALK_STATIC_BYTES)?;
     let mut reached = zeroed::<u64>(&device.stream, 1)?;
     let (width32, dim32, filter32, count) = (width as u32, dim as u32, filter as u32, queries.count as u32);
     let (pool32, size32, steps32, keep) = (pool as u32, size as u32, max_steps as u32, best.keep as u32);
@@ -202,7 +202,7 @@ pub fn approx_knn(
         return Ok(());
     }
     let function = device.function(kernel)?;
-    allow_shared(&function, kernel, shared, WALK_STATIC_BYTES)?;
+    allow_shared(&function, kernel, shared, APPROX_MAX_CURVES * 4)?;
     let (n32, curves32, per_curve32, dim32) = (n as u32, curves as u32, per_curve as u32, dim as u32);
     let (filter, count, capacity32, keep) = (filter as u32, queries.count as u32, capacity as u32, best.keep as u32);
     let mut builder = device.stream.launch_builder(&function);
@@ -237,6 +237,123 @@ pub fn approx_knn(
     // ≥ curves·take (approx_capacity).
     unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
     Ok(())
+}
+
+/// Every row's rank on each curve of `index` (`curves·n` entries, curve `c`'s at `c·n`): where a
+/// row lies along the curves, the graph's build's first candidates.
+pub fn curve_ranks(device: &GpuDevice, index: &DeviceCurves) -> Result<CudaSlice<u32>> {
+    let kernel = Kernel::CurveRanks;
+    let DeviceCurves { n, curves, .. } = *index;
+    if n > u32::MAX as usize || index.positions.len() < curves * n {
+        return Err(Error::Device(format!("{kernel}: {curves} curves of {n} rows in {}", index.positions.len())));
+    }
+    let mut ranks = zeroed::<u32>(&device.stream, (curves * n).max(1))?;
+    if n == 0 || curves == 0 {
+        return Ok(ranks);
+    }
+    let function = device.function(kernel)?;
+    let (n32, curves32) = (n as u32, curves as u32);
+    let mut builder = device.stream.launch_builder(&function);
+    builder.arg(&index.positions).arg(&n32).arg(&curves32).arg(&mut ranks);
+    let config = LaunchConfig {
+        grid_dim: ((curves * n).div_ceil(256).min(APPROX_BLOCKS) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: curve_ranks(const u32*, u32, u32, u32*): reads entries below curves·n of
+    // `positions` (checked), each curve's a permutation of the rows below n (the index's), and
+    // writes ranks[c·n + p] for p < n, within the curves·n entries allocated.
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
+    Ok(ranks)
+}
+
+/// The candidates graph_nearest measures for each row.
+pub enum GraphCandidates<'a> {
+    /// The rows `window` either side of it along each curve (`ranks`: curve_ranks').
+    Curves { ranks: &'a CudaSlice<u32>, window: usize },
+    /// The rows its `nearest` and `reverse` lists name (`degree` slots a row each, u32::MAX after
+    /// the last), and the rows their `nearest` lists name.
+    Neighbours { nearest: &'a [u32], reverse: &'a [u32] },
+}
+
+/// Runs graph_nearest: every row of `index`'s `degree` nearest other rows among `candidates` by
+/// f32 score (`filter`), nearest first (ties by row), u32::MAX past its distinct candidates.
+pub fn graph_nearest(
+    device: &GpuDevice,
+    index: &DeviceCurves,
+    filter: FilterCode,
+    candidates: GraphCandidates,
+    degree: usize,
+) -> Result<CudaSlice<u32>> {
+    let kernel = Kernel::GraphNearest;
+    let DeviceCurves { n, curves, dim, .. } = *index;
+    let listed = |list: &[u32]| list.len() == n * degree && list.iter().all(|&j| j == u32::MAX || (j as usize) < n);
+    let (capacity, lists_valid) = match candidates {
+        GraphCandidates::Curves { ranks, window } => (curves * (2 * window + 1), ranks.len() >= curves * n),
+        GraphCandidates::Neighbours { nearest, reverse } => {
+            (2 * degree * (degree + 1), listed(nearest) && listed(reverse))
+        }
+    };
+    let capacity = capacity.max(1).next_power_of_two();
+    let shared = capacity * APPROX_ENTRY_BYTES;
+    if n > u32::MAX as usize
+        || degree == 0
+        || !lists_valid
+        || index.positions.len() < curves * n
+        || index.rows.len() < n * dim
+        || shared > device.shared_memory_per_block
+    {
+        return Err(Error::Device(format!(
+            "{kernel}: {n} rows of {degree} nearest, {curves} curves, {shared} bytes of shared memory ({} allowed), or lists that name rows past {n}",
+            device.shared_memory_per_block
+        )));
+    }
+    let mut out = zeroed::<u32>(&device.stream, (n * degree).max(1))?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let stream = &device.stream;
+    let copy = |e: cudarc::driver::DriverError| Error::Device(format!("{kernel}: copy failed: {e}"));
+    let (curve_ranks, window, lists) = match candidates {
+        GraphCandidates::Curves { ranks, window } => (Some(ranks), window, None),
+        GraphCandidates::Neighbours { nearest, reverse } => {
+            (None, 0, Some((stream.clone_htod(nearest).map_err(copy)?, stream.clone_htod(reverse).map_err(copy)?)))
+        }
+    };
+    let function = device.function(kernel)?;
+    allow_shared(&function, kernel, shared, 0)?;
+    let (n32, dim32, filter32, curves32) = (n as u32, dim as u32, filter as u32, curves as u32);
+    let (window32, degree32, capacity32) = (window as u32, degree as u32, capacity as u32);
+    // A null pointer where the kernel takes the other kind of candidates.
+    let null = 0u64;
+    let mut builder = stream.launch_builder(&function);
+    builder.arg(&index.rows).arg(&n32).arg(&dim32).arg(&filter32).arg(&index.positions);
+    match curve_ranks {
+        Some(ranks) => builder.arg(ranks),
+        None => builder.arg(&null),
+    };
+    builder.arg(&curves32).arg(&window32);
+    match &lists {
+        Some((nearest, reverse)) => builder.arg(nearest).arg(reverse),
+        None => builder.arg(&null).arg(&null),
+    };
+    builder.arg(&degree32).arg(&capacity32).arg(&mut out);
+    let config = LaunchConfig {
+        grid_dim: (n.min(APPROX_BLOCKS) as u32, 1, 1),
+        block_dim: (APPROX_THREADS, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    // SAFETY: graph_nearest(const float*, u32, u32, u32, const u32*, const u32*, u32, u32, const
+    // u32*, const u32*, u32, u32, u32*): with `ranks` (curves·n entries, checked) a block reads row
+    // i < n's rank on each curve and the positions at ranks within [0, n) of that curve (within the
+    // curves·n positions, checked), which are rows below n; otherwise (`ranks` null) it reads row
+    // i's `degree` entries of `nearest` and `reverse` (n·degree each, checked) and the `nearest`
+    // entries of the rows they name, each below n or u32::MAX (checked above). It reads the `dim`
+    // values of rows below n (within `rows`, checked) and writes out[i·degree ..] (n·degree
+    // allocated). The shared memory holds `capacity` entries of a u32 and an f32, within the
+    // device's limit (checked), capacity ≥ the candidates a row can have (computed above).
+    unsafe { builder.launch(config) }.map_err(|e| Error::Device(format!("{kernel} launch failed: {e}")))?;
+    Ok(out)
 }
 
 /// The rows the index's keys are computed from: `n` rows of `axes` leading principal coordinates
