@@ -37,6 +37,15 @@ const TILE_QUERIES: usize = 64;
 /// Query rows per kNN GEMM tile: the query block is packed once per base tile, so larger blocks
 /// pack it fewer times (measured on the 100k×128, 1k-query bench: 64 → 0.345 s, 256 → 0.254 s).
 const KNN_TILE_QUERIES: usize = 256;
+/// Bytes of working memory the cores' kNN units hold together (unless a unit of one query holds
+/// more).
+const KNN_WORKING_BYTES: usize = 128 << 20;
+/// Bytes a kNN unit holds a query for each neighbour asked for: the selection of upper bounds
+/// (16 bytes an entry, up to 1.25 k + 8, in a vector that grows by doubling), the candidates'
+/// lower bounds (8 bytes, up to 2 k + 1024) and the exact selection and result (16 bytes each).
+const KNN_QUERY_BYTES_PER_NEIGHBOUR: usize = 80;
+/// Bytes of results a wave of kNN units holds at most (unless the cores outnumber its blocks).
+const KNN_WAVE_BYTES: usize = 64 << 20;
 /// Base rows per GEMM tile (a 64 × 1024 f32 tile is 256 KiB, within L2).
 const TILE_BASE: usize = 1024;
 /// Left rows up to which a tile's dot products are computed directly rather than by a GEMM, whose
@@ -153,12 +162,20 @@ impl Backend for CpuBackend {
         // Work units are (query block, base segment); segments keep every core busy when there are
         // few queries, and a unit returns its exact top-k, so merging segments is a plain k-select.
         let threads = rayon::current_num_threads();
-        let block = (64 << 20) / (k * 16).max(1); // keep per-block candidate lists near 64 MiB
+        // Each core's unit holds about KNN_QUERY_BYTES_PER_NEIGHBOUR × k bytes a query while it
+        // works: blocks of fewer queries where k is large keep the cores' units within
+        // KNN_WORKING_BYTES together (k = 1000 on 16 cores: 104 queries, 256 held 256 MB).
+        let block = KNN_WORKING_BYTES / (threads * k * KNN_QUERY_BYTES_PER_NEIGHBOUR).max(1);
         let block = block.clamp(1, KNN_TILE_QUERIES);
         let blocks = queries.len().div_ceil(block);
         let segments = (2 * threads).div_ceil(blocks).clamp(1, base.len().div_ceil(8192).max(1));
         let segment_len = base.len().div_ceil(segments);
-        let wave = (4 * threads).div_ceil(segments).max(1);
+        // A wave's results wait for its last unit before they are merged and sent in order: four
+        // units a core, but no more blocks than hold KNN_WAVE_BYTES of results (16 bytes a
+        // neighbour) unless that leaves a core idle (k = 1000 on 16 cores: 64 blocks held 262 MB).
+        let block_bytes = block * k * std::mem::size_of::<Neighbour>() * segments;
+        let wave = (4 * threads).div_ceil(segments).min((KNN_WAVE_BYTES / block_bytes).max(threads.div_ceil(segments)));
+        let wave = wave.max(1);
         sink.start(blocks as u64);
         let mut chunk = ResultChunk::default();
         for wave_start in (0..blocks).step_by(wave) {
