@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// several `approx_effort`s on Fashion-MNIST, clustered blobs and Gaussian data.
     #[arg(long)]
     approx: bool,
+    /// With --approx, also a dataset of one's own: NAME=BASE,QUERIES, two Parquet files in --dir
+    /// with a `vector` column of fixed-size f32 lists (benches/glove.py writes GloVe's).
+    #[arg(long = "approx-data", value_name = "NAME=BASE,QUERIES")]
+    pub(super) approx_data: Vec<String>,
     /// Load-test `simjoin serve` instead: concurrent Flight SQL clients running a query mix, every
     /// answer checked against the embedded library's.
     #[arg(long)]

@@ -8,11 +8,11 @@
 //! instead). Results go to `approx.json` in `--dir`, which benches/approx.py adds FAISS's indexes to.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use datafusion::arrow::array::AsArray;
-use datafusion::arrow::datatypes::Int64Type;
+use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
 use simjoin::datagen::{self, Distribution};
@@ -62,6 +62,16 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
             datagen::write(query_values, dim, &queries)?;
         }
         datasets.push(Dataset { name: format!("{distribution}-{dim}d"), base, queries, n, dim, queries_n });
+    }
+    for spec in &args.approx_data {
+        let parts = spec.split_once('=').and_then(|(name, files)| Some((name, files.split_once(',')?)));
+        let Some((name, (base, queries))) = parts else {
+            return Err(DataFusionError::Plan(format!("--approx-data: expected NAME=BASE,QUERIES, got '{spec}'")));
+        };
+        let (base, queries) = (args.dir.join(base), args.dir.join(queries));
+        let (n, dim) = shape(ctx, &base).await?;
+        let (queries_n, _) = shape(ctx, &queries).await?;
+        datasets.push(Dataset { name: name.into(), base, queries, n, dim, queries_n });
     }
     datasets.retain(|d| args.only.as_ref().is_none_or(|o| d.name.contains(o.as_str())));
 
@@ -167,6 +177,24 @@ pub async fn run(args: &BenchArgs, ctx: &SessionContext, gpu: bool) -> Result<()
     std::fs::write(args.dir.join("approx.json"), json)?;
     println!("{table}");
     Ok(())
+}
+
+/// The rows of the Parquet file at `path` and the length of its `vector` column's lists.
+async fn shape(ctx: &SessionContext, path: &Path) -> Result<(usize, usize)> {
+    load(ctx, "shape", path).await?;
+    let table = ctx.table("shape").await?;
+    let dim = match table.schema().field_with_unqualified_name("vector")?.data_type() {
+        DataType::FixedSizeList(_, size) => *size as usize,
+        other => {
+            return Err(DataFusionError::Plan(format!(
+                "--approx-data: {}'s vector column is {other}, not a fixed-size list",
+                path.display()
+            )));
+        }
+    };
+    let rows = table.count().await?;
+    ctx.deregister_table("shape")?;
+    Ok((rows, dim))
 }
 
 /// Prints (to stderr) the operator's line of `EXPLAIN ANALYZE` for `sql`: where its time went
