@@ -106,12 +106,11 @@ impl GpuBackend {
         // walks it.
         let edges = if walks {
             let building = Instant::now();
-            let graph = match index.graph_built() {
-                true => index.graph(build_graph).0,
-                false => {
-                    let built = graph_on_device(&self.device, &device_index, filter)?;
-                    index.graph(|_| built).0
-                }
+            let graph = if index.graph_built() {
+                index.graph(build_graph).0
+            } else {
+                let built = graph_on_device(&self.device, &device_index, filter)?;
+                index.graph(|_| built).0
             };
             stats.build_time += building.elapsed();
             let uploading = Instant::now();

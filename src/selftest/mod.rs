@@ -6,12 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::arrow::array::{
-    ArrayRef, AsArray, FixedSizeListArray, Float32Array, Float64Array, Int64Array, RecordBatch,
-};
-use datafusion::arrow::buffer::NullBuffer;
-use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type};
-use datafusion::catalog::MemTable;
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::datatypes::{Float64Type, Int64Type};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
 
@@ -19,6 +15,12 @@ use crate::Metric;
 use crate::datagen::{self, Distribution};
 use crate::op::Checks;
 use crate::options::SimJoinOptions;
+
+mod data;
+mod device_index;
+
+use data::*;
+use device_index::*;
 
 /// (left or query id, right or base id, distance bits, kNN rank or 0).
 type Row = (i64, i64, u64, i64);
@@ -39,116 +41,6 @@ async fn rows(ctx: &SessionContext, sql: &str) -> Result<Vec<Row>> {
     }
     out.sort_unstable();
     Ok(out)
-}
-
-/// Registers `values` as table `name`: a vector column of f32 (Parquet's layout) where every value
-/// is one, else a Float64 column per coordinate (CSV's), which keeps them.
-fn register(ctx: &SessionContext, name: &str, values: &[f64], dim: usize) -> Result<()> {
-    let f32_values = values.iter().all(|&v| v.is_nan() || v as f32 as f64 == v);
-    let batch: RecordBatch =
-        if f32_values { datagen::vector_batch(values, dim)? } else { datagen::column_batch(values, dim)? };
-    register_batch(ctx, name, batch)
-}
-
-/// Registers `batch` as the in-memory table `name`, replacing any table of that name.
-fn register_batch(ctx: &SessionContext, name: &str, batch: RecordBatch) -> Result<()> {
-    ctx.deregister_table(name)?;
-    ctx.register_table(name, Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?))?;
-    Ok(())
-}
-
-/// In a table of `register_with_nulls`: whether row `row`'s vector is NULL (every ninth row).
-fn null_vector(row: usize) -> bool {
-    row % 9 == 4
-}
-
-/// In a table of `register_with_nulls`: whether coordinate `d` of row `row` is NULL (all of a NULL
-/// vector's, and one of every seventh row's).
-fn null_coordinate(row: usize, d: usize, dim: usize) -> bool {
-    null_vector(row) || (row % 7 == 2 && d == row % dim)
-}
-
-/// Registers `values` as table `name` with NULLs where `null_vector` and `null_coordinate` say, in
-/// the vector column layout (Parquet's) or, with `columns`, one nullable Float64 column per
-/// coordinate (CSV's, where a NULL vector is a row of NULLs).
-fn register_with_nulls(ctx: &SessionContext, name: &str, values: &[f64], dim: usize, columns: bool) -> Result<()> {
-    let n = values.len() / dim;
-    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n as i64));
-    let batch = if columns {
-        let mut fields = vec![("id".to_string(), ids)];
-        for d in 0..dim {
-            let column: Float64Array =
-                (0..n).map(|row| (!null_coordinate(row, d, dim)).then(|| values[row * dim + d])).collect();
-            fields.push((format!("x{}", d + 1), Arc::new(column) as ArrayRef));
-        }
-        RecordBatch::try_from_iter(fields)?
-    } else {
-        let flat: Float32Array =
-            (0..n * dim).map(|i| (!null_coordinate(i / dim, i % dim, dim)).then(|| values[i] as f32)).collect();
-        let item = Arc::new(Field::new("item", DataType::Float32, true));
-        let vectors = NullBuffer::from((0..n).map(|row| !null_vector(row)).collect::<Vec<_>>());
-        let list = FixedSizeListArray::try_new(item, dim as i32, Arc::new(flat), Some(vectors))?;
-        RecordBatch::try_from_iter([("id", ids), ("vector", Arc::new(list) as ArrayRef)])?
-    };
-    register_batch(ctx, name, batch)
-}
-
-/// Integer points with many duplicates and many pairs at exactly the threshold.
-fn lattice(n: usize, dim: usize) -> Vec<f64> {
-    (0..n * dim).map(|i| ((i * 7919) % 13) as f64).collect()
-}
-
-/// Gaussian points rounded to integers in [lo, lo + 255] (pixel-like bytes, or signed bytes for lo
-/// = −128), the first rows repeated (equal distances, ties by position): byte rows on the GPU
-/// (brute_join_tc_bytes).
-fn bytes(n: usize, dim: usize, lo: f64, seed: u64) -> Vec<f64> {
-    let mut values: Vec<f64> = datagen::generate(Distribution::Gaussian, n, dim, seed)
-        .into_iter()
-        .map(|g| (lo + 128.0 + 40.0 * g).round().clamp(lo, lo + 255.0))
-        .collect();
-    values.copy_within(0..20 * dim, 20 * dim);
-    values
-}
-
-/// The lattice halved and moved off the integers (0.25, 0.75, …, 6.25: f32 values, exact
-/// differences): its ties, on the f16 rows of brute_join_tc instead of byte rows.
-fn half_lattice(n: usize, dim: usize) -> Vec<f64> {
-    lattice(n, dim).into_iter().map(|v| v * 0.5 + 0.25).collect()
-}
-
-/// Gaussian points whose first 600 rows are one palindromic point, which the query table (the
-/// first half reversed, coordinates too) holds 600 times: those queries find 600 base rows at
-/// distance 0, more than kNN's first slots hold.
-fn duplicates(n: usize, dim: usize) -> Vec<f64> {
-    let mut values = datagen::generate(Distribution::Gaussian, n, dim, 10);
-    let point: Vec<f64> = (0..dim).map(|i| values[i.min(dim - 1 - i)]).collect();
-    for row in values.chunks_mut(dim).take(600) {
-        row.copy_from_slice(&point);
-    }
-    values
-}
-
-/// Uniform points with zero vectors (NaN cosine distances), NaN rows (skipped) and a far outlier.
-fn special(n: usize, dim: usize) -> Vec<f64> {
-    let mut values = datagen::generate(Distribution::Uniform, n, dim, 6);
-    for row in [5, 6, 7, 200] {
-        values[row * dim..(row + 1) * dim].fill(0.0);
-    }
-    for row in [10, 11, 300] {
-        values[row * dim] = f64::NAN;
-    }
-    values[400 * dim] = 1e6;
-    values
-}
-
-/// A batch of `id` (0..) and text column `w`.
-fn text_batch(words: &[Option<String>]) -> Result<RecordBatch> {
-    use datafusion::arrow::array::{Int64Array, StringArray};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    let schema =
-        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("w", DataType::Utf8, true)]));
-    let ids = Int64Array::from_iter_values(0..words.len() as i64);
-    Ok(RecordBatch::try_new(schema, vec![Arc::new(ids), Arc::new(StringArray::from(words.to_vec()))])?)
 }
 
 /// The table of the cases run, and which run: a case is named by its data and its query
@@ -278,119 +170,6 @@ async fn check_approx(ctx: &SessionContext, metric: Metric, data: &str, cases: &
     Ok(failed)
 }
 
-/// The Multicurves index with its curves ordered on the device (`build_on_device`) against the
-/// one ordered on the cores: every curve's keys and positions the same, and the queries keyed the
-/// same (the bounds the same); with the time each build took. Returns the failures.
-fn check_device_curves(device: &Arc<crate::cuda::GpuDevice>, datasets: &[(&str, Vec<f64>, usize)]) -> usize {
-    use crate::index::curves::{Geometry, Multicurves};
-    let large = ("blobs", datagen::generate(Distribution::Blobs, 200_000, 128, 21), 128);
-    let cases = [(&datasets[2], Geometry::Raw), (&datasets[8], Geometry::Unit), (&large, Geometry::Raw)];
-    let mut failures = 0;
-    for ((name, values, dim), geometry) in cases {
-        let base = crate::vectors::Vectors::new(*dim, values.clone());
-        let started = Instant::now();
-        let cores = Multicurves::build(&base, geometry);
-        let cores_ms = started.elapsed().as_secs_f64() * 1e3;
-        let started = Instant::now();
-        let (on_device, lists) = crate::backend::gpu::build_on_device(device, &base, geometry);
-        let device_ms = started.elapsed().as_secs_f64() * 1e3;
-        let what = format!("{name} {} × {dim} ({geometry:?}): the curves ordered on the GPU", base.len());
-        let same_lists = (0..cores.curve_count()).all(|c| cores.curve(c) == on_device.curve(c));
-        let rows = 0..base.len().min(64);
-        let same_keys = cores.query_keys(&base, rows.clone()).1 == on_device.query_keys(&base, rows).1;
-        match lists {
-            Err(e) => {
-                failures += 1;
-                println!("selftest: GPU ERROR: {what}: {e}");
-            }
-            Ok(_) if same_lists && same_keys => {
-                println!("selftest: {what} are the cores' (build {device_ms:.0} ms, on the cores {cores_ms:.0} ms)")
-            }
-            Ok(_) => {
-                failures += 1;
-                println!("selftest: MISMATCH: {what}: lists the same {same_lists}, query keys the same {same_keys}");
-            }
-        }
-    }
-    failures
-}
-
-/// The kNN graph built on the device (graph_nearest) against the cores' (index/graph.rs): every
-/// row lists distinct rows other than itself, and the rows' own nearest hold as many of their
-/// true nearest (by f32 distance over the index's rows, on every 50th row) as the cores' less
-/// 0.02; with the time each build took. Returns the failures.
-fn check_device_graph(device: &Arc<crate::cuda::GpuDevice>, datasets: &[Dataset]) -> usize {
-    use crate::index::curves::{Geometry, Multicurves};
-    use crate::index::graph::{DEGREE, NeighbourGraph};
-    let large = ("blobs", datagen::generate(Distribution::Blobs, 200_000, 128, 21), 128);
-    let cases =
-        [(&datasets[7], Metric::L2), (&datasets[7], Metric::Cosine), (&datasets[11], Metric::L1), (&large, Metric::L2)];
-    let mut failures = 0;
-    for ((name, values, dim), metric) in cases {
-        let base = crate::vectors::Vectors::new(*dim, values.clone());
-        let index = Multicurves::build(&base, Geometry::of(metric).expect("an approximate metric"));
-        let started = Instant::now();
-        let cores = crate::backend::build_graph(&index);
-        let cores_ms = started.elapsed().as_secs_f64() * 1e3;
-        let started = Instant::now();
-        let built = crate::backend::gpu::graph_built_on_device(device, &index, *dim, metric);
-        let device_ms = started.elapsed().as_secs_f64() * 1e3;
-        let what = format!("{name} {} × {dim} ({metric}): the kNN graph built on the GPU", base.len());
-        let on_device = match built {
-            Ok(graph) => graph,
-            Err(e) => {
-                failures += 1;
-                println!("selftest: GPU ERROR: {what}: {e}");
-                continue;
-            }
-        };
-        let n = index.len();
-        let rows = index.all_values();
-        let score = |i: usize, j: usize| -> f32 {
-            let (a, b) = (&rows[i * dim..][..*dim], &rows[j * dim..][..*dim]);
-            let terms = a.iter().zip(b).map(|(x, y)| (x - y).abs());
-            match metric {
-                Metric::L1 => terms.sum(),
-                _ => terms.map(|t| t * t).sum(),
-            }
-        };
-        let sample: Vec<usize> = (0..n).step_by(50).collect();
-        let recall = |graph: &NeighbourGraph| {
-            use rayon::prelude::*;
-            let found: usize = sample
-                .par_iter()
-                .map(|&i| {
-                    let mut all: Vec<(f32, usize)> = (0..n).filter(|&j| j != i).map(|j| (score(i, j), j)).collect();
-                    all.select_nth_unstable_by(DEGREE - 1, |a, b| a.0.total_cmp(&b.0));
-                    let own: Vec<u32> = graph.neighbours(i).take(DEGREE).collect();
-                    all[..DEGREE].iter().filter(|(_, j)| own.contains(&(*j as u32))).count()
-                })
-                .sum();
-            found as f64 / (sample.len() * DEGREE) as f64
-        };
-        let malformed = (0..n)
-            .filter(|&i| {
-                let mut edges: Vec<u32> = on_device.neighbours(i).collect();
-                let listed = edges.len();
-                edges.sort_unstable();
-                edges.dedup();
-                edges.len() != listed || edges.contains(&(i as u32)) || edges.last().is_some_and(|&j| j as usize >= n)
-            })
-            .count();
-        let (cores_recall, device_recall) = (recall(&cores), recall(&on_device));
-        let verdict = format!(
-            "recall of the {DEGREE} nearest {device_recall:.3}, the cores' {cores_recall:.3} (build {device_ms:.0} ms, on the cores {cores_ms:.0} ms)"
-        );
-        if malformed > 0 || device_recall < cores_recall - 0.02 {
-            failures += 1;
-            println!("selftest: MISMATCH: {what}: {verdict}, {malformed} rows with repeated, own or missing rows");
-        } else {
-            println!("selftest: {what}: {verdict}");
-        }
-    }
-    failures
-}
-
 /// The joins of table `a` and range queries of `b` run with `options`: a self-join with ordered
 /// pairs, one with unordered pairs and each row with itself, `a` against `b`, and `a`'s rows as
 /// range queries over `b`.
@@ -403,19 +182,6 @@ fn join_queries(eps: f64, options: &str) -> [String; 4] {
         format!("SELECT left_id, right_id, distance FROM sim_join(a, b, {eps:?}, '{options}')"),
         format!("SELECT query_id, base_id, distance FROM range_query(a, b, {eps:?}, '{options}')"),
     ]
-}
-
-/// Registers `values` as table `a` and the reverse of its first half as table `b`; `a`'s rows.
-fn register_pair(ctx: &SessionContext, values: &[f64], dim: usize) -> Result<usize> {
-    register(ctx, "a", values, dim)?;
-    register(ctx, "b", &reversed_half(values, dim), dim)?;
-    Ok(values.len() / dim)
-}
-
-/// The query side of the A/B cases: `values`' rows in reverse order, coordinates too, as many as
-/// half of them (so the two sides share rows and distances 0 but differ in order).
-fn reversed_half(values: &[f64], dim: usize) -> Vec<f64> {
-    values.iter().rev().copied().take((values.len() / dim / 2) * dim).collect()
 }
 
 /// The value of the operator's metric `name` in the EXPLAIN ANALYZE of `sql` (0 when absent).
@@ -451,41 +217,6 @@ async fn check_metric(
     }
     println!("selftest: MISMATCH: {what}: {name} should be {expected}, got {value}");
     Ok(1)
-}
-
-/// A dataset of the selftest: its name, its values and their dimension.
-type Dataset = (&'static str, Vec<f64>, usize);
-
-/// The vector sets the cases run on (the sections below pick some by position).
-fn datasets() -> Vec<Dataset> {
-    vec![
-        ("uniform", datagen::generate(Distribution::Uniform, 3000, 2, 1), 2),
-        ("exponential", datagen::generate(Distribution::Exponential, 4000, 3, 2), 3),
-        ("blobs", datagen::generate(Distribution::Blobs, 2500, 8, 3), 8),
-        ("gaussian", datagen::generate(Distribution::Gaussian, 1200, 33, 4), 33),
-        // Coordinates that are not f32 values (registered as Float64 columns, which keep them):
-        // every other set is f32 input.
-        (
-            "gaussian f64",
-            datagen::generate(Distribution::Gaussian, 1200, 33, 4)
-                .into_iter()
-                .map(|v| v * (1.0 + 2f64.powi(-40)))
-                .collect(),
-            33,
-        ),
-        ("lattice", lattice(700, 4), 4),
-        ("special", special(900, 3), 3),
-        // More base rows than kNN's 4096-row sample: sampled radii, not exact ones.
-        ("gaussian", datagen::generate(Distribution::Gaussian, 9000, 16, 5), 16),
-        // Integer coordinates in one window of 256: rows of three chunks of 128 bytes (the last
-        // part-filled), and signed bytes.
-        ("bytes", bytes(1500, 300, 0.0, 8), 300),
-        ("signed bytes", bytes(1200, 40, -128.0, 9), 40),
-        // kNN's first pass keeps the filter's scores where brute_join_tc runs on f16 rows (L2, k
-        // ≤ 32): ties, and slots that overflow.
-        ("half lattice", half_lattice(700, 4), 4),
-        ("duplicates", duplicates(6000, 8), 8),
-    ]
 }
 
 /// Runs every case (with `only`, those whose name contains it) on the GPU and on the CPU cores and
@@ -676,7 +407,7 @@ async fn divided_with_the_cores(ctx: &SessionContext, datasets: &[Dataset], case
     Ok(failures)
 }
 
-/// The approximate kNN's search on the GPU, and the Multicurves ordered on the device.
+/// The approximate kNN's search on the GPU, and the index's curves and graph built on the device.
 async fn approximate(
     ctx: &SessionContext,
     datasets: &[Dataset],
