@@ -56,14 +56,19 @@ pub async fn register_tables(ctx: SessionContext, args: &SessionArgs) -> Result<
     Ok(ctx)
 }
 
-/// Replaces table `name` by an in-memory copy of its rows (one partition), so later queries read
-/// no file and the conversion cache keeps its vectors (`exec::cache`).
+/// Replaces table `name` by an in-memory copy of its rows, so later queries read no file and the
+/// conversion cache keeps its vectors (`exec::cache`). The copy keeps the file's scan order —
+/// partition `p` holds the `p`-th file group's rows, read without work stealing, as the operator
+/// reads a file — so kNN ties and the orientation of unordered pairs are those of the file
+/// (collected into one partition, the rows came in whichever order the partitions finished).
 pub async fn keep_in_memory(ctx: &SessionContext, name: &str) -> Result<()> {
-    let df = ctx.table(name).await?;
+    let mut state = ctx.state();
+    state.config_mut().options_mut().execution.enable_file_stream_work_stealing = false;
+    let df = SessionContext::new_with_state(state).table(name).await?;
     let schema = Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await?;
+    let partitions = df.collect_partitioned().await?;
     ctx.deregister_table(name)?;
-    ctx.register_table(name, Arc::new(MemTable::try_new(schema, vec![batches])?))?;
+    ctx.register_table(name, Arc::new(MemTable::try_new(schema, partitions)?))?;
     Ok(())
 }
 
