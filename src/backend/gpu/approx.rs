@@ -101,31 +101,7 @@ impl GpuBackend {
         })?;
         stats.resident_inputs += usize::from(on_device);
         stats.transfer_time += uploading.elapsed();
-        // The graph, built here where the index has none yet (kept with the index, where the cores'
-        // search walks it too), and its edges, uploaded by the first search of this index that
-        // walks it.
-        let edges = if walks {
-            let building = Instant::now();
-            let graph = if index.graph_built() {
-                index.graph(build_graph).0
-            } else {
-                let built = graph_on_device(&self.device, &device_index, filter)?;
-                index.graph(|_| built).0
-            };
-            stats.build_time += building.elapsed();
-            let uploading = Instant::now();
-            let edges = match device_index.graph.get() {
-                Some(edges) => edges,
-                None => {
-                    let edges = upload(&self.device, graph.edges())?;
-                    device_index.graph.get_or_init(|| edges)
-                }
-            };
-            stats.transfer_time += uploading.elapsed();
-            Some(edges)
-        } else {
-            None
-        };
+        let edges = if walks { Some(self.graph_edges(&index, &device_index, filter, &mut stats)?) } else { None };
         let query_bytes = 4 * dim + 8 * curves + 8 * keep;
         let tile = (budget / 4 / query_bytes).clamp(1, QUERY_TILE).min(queries.len());
         let mut tile_queries = ApproxQueries {
@@ -208,6 +184,38 @@ impl GpuBackend {
         stats.devices =
             vec![DeviceRun { ordinal: self.ordinal(), rows: queries.len(), base_rows: n, ..Default::default() }];
         Ok(stats)
+    }
+}
+
+impl GpuBackend {
+    /// The kNN graph's edges on the device, for a walk of `index`: the graph built here where the
+    /// index has none yet (kept with the index, where the cores' search walks it too), its edges
+    /// uploaded by the first search of this index that walks it.
+    fn graph_edges<'d>(
+        &self,
+        index: &Multicurves,
+        device_index: &'d DeviceCurves,
+        filter: FilterCode,
+        stats: &mut RunStats,
+    ) -> RunResult<&'d CudaSlice<u32>> {
+        let building = Instant::now();
+        let graph = if index.graph_built() {
+            index.graph(build_graph).0
+        } else {
+            let built = graph_on_device(&self.device, device_index, filter)?;
+            index.graph(|_| built).0
+        };
+        stats.build_time += building.elapsed();
+        let uploading = Instant::now();
+        let edges = match device_index.graph.get() {
+            Some(edges) => edges,
+            None => {
+                let edges = upload(&self.device, graph.edges())?;
+                device_index.graph.get_or_init(|| edges)
+            }
+        };
+        stats.transfer_time += uploading.elapsed();
+        Ok(edges)
     }
 }
 
