@@ -98,8 +98,9 @@ pub mod internal {
 /// - the logical optimizer rule that plans a join on a distance bound as `sim_join` (and, under
 ///   `simjoin.rewrite_scans`, a filter or `ORDER BY … LIMIT` on the distance to a constant as
 ///   `range_query` or `knn`);
-/// - the physical optimizer rule that computes `count(*)`, `min(distance)` and `max(distance)`
-///   over a join in the operator. DataFusion adds a physical rule to an existing session only by
+/// - the physical optimizer rules that compute `count(*)`, `min(distance)` and `max(distance)`
+///   over a join in the operator, and that let the operator's rows go straight to the partitions
+///   that consume them where DataFusion would spread them by a round-robin repartition. DataFusion adds a physical rule to an existing session only by
 ///   building its state anew from the old one, which keeps everything above, the session id too.
 ///
 /// Calling it again adds nothing twice.
@@ -112,6 +113,7 @@ pub fn register(ctx: &SessionContext) {
         let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
             .with_session_id(session_id)
             .with_physical_optimizer_rule(Arc::new(exec::SummariseAggregates))
+            .with_physical_optimizer_rule(Arc::new(exec::SpreadOutput))
             .build();
         *ctx.state_ref().write() = state;
     }

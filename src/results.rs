@@ -255,6 +255,9 @@ impl BatchBuilder {
         right: &SideData,
     ) -> Result<RecordBatch> {
         let rows = |positions: &[u32], side: &SideData| -> UInt32Array {
+            if side.vectors.rows_are_positions() {
+                return positions.to_vec().into();
+            }
             positions.iter().map(|&p| side.vectors.rows[p as usize]).collect::<Vec<u32>>().into()
         };
         let mut left_rows = None;

@@ -38,6 +38,7 @@ use crate::vectors::VectorSource;
 
 mod cache;
 mod keyed;
+mod lanes;
 mod merge;
 mod progress;
 mod share;
@@ -47,6 +48,8 @@ mod summary;
 mod whole;
 
 pub use cache::VectorCache;
+use lanes::Lanes;
+pub use lanes::SpreadOutput;
 pub use merge::KnnMergeExec;
 pub use progress::{Progress, ProgressListener};
 pub use summary::SummariseAggregates;
@@ -81,6 +84,8 @@ pub struct SimilarityExec {
     /// Where not empty, the output is one row a partition of these (`columns` is then empty):
     /// an aggregate computed in the operator (summary.rs).
     summary: Vec<SummaryColumn>,
+    /// In one process, the output partitions that read the run's rows (lanes.rs); one by default.
+    lanes: Lanes,
     cache: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -121,6 +126,7 @@ impl SimilarityExec {
             backend,
             tasks: None,
             summary: Vec::new(),
+            lanes: Lanes::new(1),
             cache,
             metrics,
         })
@@ -130,7 +136,7 @@ impl SimilarityExec {
     /// the task-numbering leaf ([`task_numbers`]); `None`: one process.
     pub fn with_tasks(self, tasks: Option<usize>) -> Result<Self> {
         let Some(count) = tasks else {
-            return Ok(Self { tasks, cache: Self::properties_for(&self.schema, 1), ..self });
+            return Ok(Self { tasks, cache: Self::properties_for(&self.schema, self.lanes.count()), ..self });
         };
         let inputs = self.children.len() - 1;
         if count == 0 || inputs == 0 || self.left.child >= inputs || self.right.child >= inputs {
@@ -156,6 +162,30 @@ impl SimilarityExec {
         )?
         .with_tasks(self.tasks)?;
         Ok(Self { summary, ..exec })
+    }
+
+    /// This operator with its rows read by `lanes` output partitions in one process (lanes.rs).
+    pub fn with_lanes(&self, lanes: usize) -> Result<Self> {
+        if self.tasks.is_some() {
+            return internal_err!("SimilarityExec: output lanes asked for a cluster's task");
+        }
+        let exec = self.with_children(self.children.clone())?;
+        Ok(Self { lanes: Lanes::new(lanes), cache: Self::properties_for(&self.schema, lanes.max(1)), ..exec })
+    }
+
+    /// A copy over `children`, with the same tasks, lanes and summary.
+    fn with_children(&self, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Self> {
+        let exec = Self::try_new(
+            self.op.clone(),
+            children,
+            self.left.clone(),
+            self.right.clone(),
+            self.columns.clone(),
+            self.schema.clone(),
+            self.backend.clone(),
+        )?;
+        let exec = Self { lanes: Lanes::new(self.lanes.count()), ..exec }.with_tasks(self.tasks)?;
+        Ok(Self { summary: self.summary.clone(), ..exec })
     }
 
     /// Where not empty, the columns of the output's one summary row a partition.
@@ -354,6 +384,12 @@ impl DisplayAs for SimilarityExec {
                 write!(f, "(searched part by part as it is read)")?;
             }
         }
+        if self.lanes.count() > 1 {
+            write!(f, ", output_partitions={}", self.lanes.count())?;
+            if verbose {
+                write!(f, "(each takes the run's next batch)")?;
+            }
+        }
         if let Some(tasks) = self.tasks {
             write!(f, ", tasks={tasks}")?;
             if verbose {
@@ -394,17 +430,7 @@ impl ExecutionPlan for SimilarityExec {
         if children.len() != self.children.len() {
             return internal_err!("SimilarityExec: expected {} children, got {}", self.children.len(), children.len());
         }
-        let exec = Self::try_new(
-            self.op.clone(),
-            children,
-            self.left.clone(),
-            self.right.clone(),
-            self.columns.clone(),
-            self.schema.clone(),
-            self.backend.clone(),
-        )?
-        .with_tasks(self.tasks)?;
-        Ok(Arc::new(Self { summary: self.summary.clone(), ..exec }))
+        Ok(Arc::new(self.with_children(children)?))
     }
 
     /// The operator gathers every partition of its inputs itself (in order, concurrently), so a
@@ -430,6 +456,9 @@ impl ExecutionPlan for SimilarityExec {
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let share = match (self.tasks, self.children.last()) {
+            (None, _) if self.lanes.count() > 1 => {
+                return self.lanes.lane(partition, self, || stream::execute(self, context, None));
+            }
             (None, _) if partition != 0 => {
                 return internal_err!("SimilarityExec has one output partition, asked for {partition}");
             }

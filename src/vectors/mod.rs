@@ -101,6 +101,8 @@ pub struct Vectors {
     mean: OnceLock<Vec<f64>>,
     /// [`Vectors::unit_rows`], computed on first use.
     unit: OnceLock<Vec<f64>>,
+    /// [`Vectors::rows_are_positions`], computed on first use.
+    rows_are_positions: OnceLock<bool>,
     /// [`Vectors::kept`]: what other layers built over these vectors, by type.
     kept: Kept,
 }
@@ -243,6 +245,13 @@ impl Vectors {
             row.iter_mut().for_each(|x| *x /= norm);
         });
         values
+    }
+
+    /// Whether each vector's input row is its position (no row skipped, none reordered), so the
+    /// output takes a pair's columns at its positions without looking up `rows`; computed once:
+    /// `rows` must not change after the first call.
+    pub fn rows_are_positions(&self) -> bool {
+        *self.rows_are_positions.get_or_init(|| self.rows.iter().enumerate().all(|(i, &row)| row as usize == i))
     }
 
     /// The mean of the vectors, per dimension (the GEMM-form filter's centre), computed once: the

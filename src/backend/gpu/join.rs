@@ -380,12 +380,9 @@ impl GpuBackend {
             (0..n.div_ceil(piece)).into_par_iter().try_for_each(|p| -> Result<()> {
                 let range = p * piece..((p + 1) * piece).min(n);
                 let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
-                for i in range {
-                    let (a, b, d) = (lefts[i], rights[i], distances[i]);
-                    // Self-joins report the smaller position first (the mirror adds (b, a)).
-                    let (a, b) = if self_join.is_some() && a > b { (b, a) } else { (a, b) };
-                    writer.push(a, b, d)?;
-                }
+                // Self-joins report the smaller position first (the mirror adds (b, a)).
+                let (l, r, d) = (&lefts[range.clone()], &rights[range.clone()], &distances[range]);
+                writer.push_slices(l, r, d, self_join.is_some())?;
                 writer.flush()
             })
         };

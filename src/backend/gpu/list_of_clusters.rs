@@ -50,12 +50,7 @@ impl GpuBackend {
 
         let probe = Instant::now();
         let mut writer = PairWriter::new(sink, self_join.is_some_and(|s| s.ordered));
-        let mut send = |l: &[u32], r: &[u32], d: &[f64]| -> Result<()> {
-            for ((&a, &b), &d) in l.iter().zip(r).zip(d) {
-                writer.push(a, b, d)?;
-            }
-            Ok(())
-        };
+        let mut send = |l: &[u32], r: &[u32], d: &[f64]| writer.push_slices(l, r, d, false);
         let rows = left.len() as u32;
         if metric.is_text() {
             let sides = [left, right];

@@ -1,0 +1,160 @@
+//! One run's output read by several partitions ("lanes"), so that what consumes the rows — the
+//! partial aggregates of `SELECT sum(…) FROM sim_join(…)`, a filter, a projection — runs on every
+//! core without a relay in between.
+//!
+//! DataFusion spreads a one-partition input over the cores by a round-robin `RepartitionExec`:
+//! one task pulls every batch and sends it on through a channel per output partition, with a
+//! memory reservation and a wake-up each. For 5·10⁷ pairs (6,100 batches) that one task spent
+//! 0.15 s sending on a 16-core H200 host, longer than the GPU's whole join (docs/optimisations.md,
+//! v163). [`SpreadOutput`] replaces such a repartition over a [`SimilarityExec`] by the operator
+//! itself with as many output partitions: each partition's stream takes the run's next batch
+//! itself, under a lock held only while it takes it, and is then consumed on its own task.
+//!
+//! The rows are the run's rows, each given to exactly one lane; which lane gets which varies from
+//! run to run, as the round-robin's did not promise an order either. Not on a cluster: there the
+//! operator's partitions are the tasks' shares of the work (exec/share.rs), one task each.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Result, internal_err};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning, SendableRecordBatchStream};
+use futures::stream::Fuse;
+use futures::{FutureExt, StreamExt};
+
+use super::SimilarityExec;
+
+/// A run's one output stream, taken from by every lane (fused: each lane asks again after its end).
+type SharedOutput = tokio::sync::Mutex<Fuse<SendableRecordBatchStream>>;
+
+/// The most batches a lane takes at once: a chunk's worth (`chunk_rows` is eight batches).
+const TAKEN_AT_ONCE: usize = 8;
+
+/// The lanes of one operator: how many, and the run they currently read.
+pub(super) struct Lanes {
+    count: usize,
+    current: Mutex<Current>,
+}
+
+/// The run the lanes read. Held strongly until every lane has been asked for, so a consumer that
+/// executes partitions one after the other still gets every row (the first lane then reads them
+/// all); after that only weakly, so dropping every lane drops the run's stream, which stops the
+/// backend at its next send (exec/stream/mod.rs).
+#[derive(Default)]
+struct Current {
+    pending: Option<Arc<SharedOutput>>,
+    started: Weak<SharedOutput>,
+    taken: Vec<bool>,
+}
+
+impl fmt::Debug for Lanes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lanes").field("count", &self.count).finish_non_exhaustive()
+    }
+}
+
+impl Lanes {
+    pub(super) fn new(count: usize) -> Self {
+        Self { count: count.max(1), current: Mutex::new(Current::default()) }
+    }
+
+    /// The number of lanes: the operator's output partitions in one process.
+    pub(super) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Lane `partition`'s stream. The first lane asked for starts the run (`start`); a lane asked
+    /// for again starts the next run, so a plan executed twice answers twice.
+    pub(super) fn lane(
+        &self,
+        partition: usize,
+        exec: &SimilarityExec,
+        start: impl FnOnce() -> Result<SendableRecordBatchStream>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition >= self.count {
+            return internal_err!("SimilarityExec has {} output partitions, asked for {partition}", self.count);
+        }
+        let mut current = match self.current.lock() {
+            Ok(current) => current,
+            Err(_) => return internal_err!("SimilarityExec: a lane's state was poisoned by a panic"),
+        };
+        let running = match current.pending.clone().or_else(|| current.started.upgrade()) {
+            Some(output) if !current.taken[partition] => output,
+            _ => {
+                let output = Arc::new(tokio::sync::Mutex::new(start()?.fuse()));
+                *current = Current {
+                    pending: Some(output.clone()),
+                    started: Arc::downgrade(&output),
+                    taken: vec![false; self.count],
+                };
+                output
+            }
+        };
+        current.taken[partition] = true;
+        if current.taken.iter().all(|&t| t) {
+            current.pending = None;
+        }
+        // A lane takes, under the lock, the batch it waits for and those ready behind it (the rest
+        // of the backend's chunk, exec/stream/sink.rs): one hand-off a chunk rather than a batch.
+        let next = futures::stream::unfold((running, VecDeque::new()), |(output, mut taken)| async move {
+            if taken.is_empty() {
+                let mut stream = output.lock().await;
+                taken.push_back(stream.next().await?);
+                while taken.len() < TAKEN_AT_ONCE {
+                    match stream.next().now_or_never() {
+                        Some(Some(batch)) => taken.push_back(batch),
+                        _ => break,
+                    }
+                }
+            }
+            let batch = taken.pop_front()?;
+            Some((batch, (output, taken)))
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(exec.schema(), next)))
+    }
+}
+
+/// The physical optimizer rule; see the module docs. Registered by `simjoin::register` after
+/// DataFusion's rules, which place the round-robin repartitions it replaces.
+#[derive(Debug, Default)]
+pub struct SpreadOutput;
+
+impl SpreadOutput {
+    /// The rule's name, which `simjoin::register` looks for before adding it.
+    pub const NAME: &'static str = "simjoin_spread_output";
+}
+
+impl PhysicalOptimizerRule for SpreadOutput {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(spread) = node.downcast_ref::<RepartitionExec>() else { return Ok(Transformed::no(node)) };
+            let (Partitioning::RoundRobinBatch(lanes), false) = (spread.partitioning(), spread.preserve_order()) else {
+                return Ok(Transformed::no(node));
+            };
+            let Some(exec) = spread.input().downcast_ref::<SimilarityExec>() else { return Ok(Transformed::no(node)) };
+            // On a cluster the partitions are the tasks' shares; a summary is one row.
+            if exec.tasks().is_some()
+                || !exec.summary().is_empty()
+                || exec.properties().output_partitioning().partition_count() != 1
+            {
+                return Ok(Transformed::no(node));
+            }
+            Ok(Transformed::yes(Arc::new(exec.with_lanes(*lanes)?) as Arc<dyn ExecutionPlan>))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
