@@ -6,13 +6,16 @@
 //! one task pulls every batch and sends it on through a channel per output partition, with a
 //! memory reservation and a wake-up each. For 5·10⁷ pairs (6,100 batches) that one task spent
 //! 0.15 s sending on a 16-core H200 host, longer than the GPU's whole join (docs/optimisations.md,
-//! v163). [`SpreadOutput`] replaces such a repartition over a [`SimilarityExec`] by the operator
-//! itself with as many output partitions: each partition's stream takes the run's next batch
-//! itself, under a lock held only while it takes it, and is then consumed on its own task.
+//! v163). [`SpreadOutput`] replaces such a repartition between a [`SimilarityExec`] and the
+//! partial aggregate above it by the operator itself with as many output partitions: each partition's stream takes the run's next batches
+//! itself (those of a chunk that are ready, up to 4 MiB), under a lock held only while it takes
+//! them, and is then consumed on its own task. The run's channel still holds two chunks, so the
+//! rows in flight are those two and a few MiB a lane.
 //!
 //! The rows are the run's rows, each given to exactly one lane; which lane gets which varies from
-//! run to run, as the round-robin's did not promise an order either. Not on a cluster: there the
-//! operator's partitions are the tasks' shares of the work (exec/share.rs), one task each.
+//! run to run, so the rule applies only where that cannot change an answer ([`spread_directly`]).
+//! Not on a cluster: there the operator's partitions are the tasks' shares of the work
+//! (exec/share.rs), one task each.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -22,6 +25,8 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Result, internal_err};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, SendableRecordBatchStream};
@@ -33,8 +38,9 @@ use super::SimilarityExec;
 /// A run's one output stream, taken from by every lane (fused: each lane asks again after its end).
 type SharedOutput = tokio::sync::Mutex<Fuse<SendableRecordBatchStream>>;
 
-/// The most batches a lane takes at once: a chunk's worth (`chunk_rows` is eight batches).
-const TAKEN_AT_ONCE: usize = 8;
+/// The most a lane takes at once: a chunk's batches (`chunk_rows` is eight batches), and no more
+/// once they hold this many bytes (wide rows: a projected vector column).
+const TAKEN_AT_ONCE: (usize, usize) = (8, 4 << 20);
 
 /// The lanes of one operator: how many, and the run they currently read.
 pub(super) struct Lanes {
@@ -105,12 +111,18 @@ impl Lanes {
         let next = futures::stream::unfold((running, VecDeque::new()), |(output, mut taken)| async move {
             if taken.is_empty() {
                 let mut stream = output.lock().await;
-                taken.push_back(stream.next().await?);
-                while taken.len() < TAKEN_AT_ONCE {
-                    match stream.next().now_or_never() {
-                        Some(Some(batch)) => taken.push_back(batch),
-                        _ => break,
-                    }
+                let (most, most_bytes) = TAKEN_AT_ONCE;
+                let mut bytes = 0;
+                while taken.len() < most && bytes < most_bytes {
+                    let batch = match taken.is_empty() {
+                        true => stream.next().await?,
+                        false => match stream.next().now_or_never() {
+                            Some(Some(batch)) => batch,
+                            _ => break,
+                        },
+                    };
+                    bytes += batch.as_ref().map_or(0, |b| b.get_array_memory_size());
+                    taken.push_back(batch);
                 }
             }
             let batch = taken.pop_front()?;
@@ -133,19 +145,10 @@ impl SpreadOutput {
 impl PhysicalOptimizerRule for SpreadOutput {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
-            let Some(spread) = node.downcast_ref::<RepartitionExec>() else { return Ok(Transformed::no(node)) };
-            let (Partitioning::RoundRobinBatch(lanes), false) = (spread.partitioning(), spread.preserve_order()) else {
-                return Ok(Transformed::no(node));
-            };
-            let Some(exec) = spread.input().downcast_ref::<SimilarityExec>() else { return Ok(Transformed::no(node)) };
-            // On a cluster the partitions are the tasks' shares; a summary is one row.
-            if exec.tasks().is_some()
-                || !exec.summary().is_empty()
-                || exec.properties().output_partitioning().partition_count() != 1
-            {
-                return Ok(Transformed::no(node));
-            }
-            Ok(Transformed::yes(Arc::new(exec.with_lanes(*lanes)?) as Arc<dyn ExecutionPlan>))
+            Ok(match spread_directly(&node)? {
+                Some(aggregate) => Transformed::yes(aggregate),
+                None => Transformed::no(node),
+            })
         })
         .map(|t| t.data)
     }
@@ -158,3 +161,38 @@ impl PhysicalOptimizerRule for SpreadOutput {
         true
     }
 }
+
+/// `node` reading the operator's lanes, where it is a partial aggregate of order-blind functions
+/// over a round-robin repartition of a one-partition operator. Only there: above a sort, a window
+/// or a `LIMIT`, which rows land in which partition decides the order of equal rows (and which of
+/// them a `LIMIT` keeps), and the round-robin decides it the same way every run; a lane takes
+/// whichever batch is next. A partial aggregate of `count`, `sum`, `min`, `max` or `avg` gives the
+/// same groups and values however its rows are spread (a floating-point sum up to its rounding, as
+/// over the round-robin, whose partial states also merge in the order they finish).
+fn spread_directly(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let Some(aggregate) = node.downcast_ref::<AggregateExec>() else { return Ok(None) };
+    let order_blind = aggregate
+        .aggr_expr()
+        .iter()
+        .all(|function| function.order_bys().is_empty() && ORDER_BLIND.contains(&function.fun().name()));
+    if *aggregate.mode() != AggregateMode::Partial || !order_blind {
+        return Ok(None);
+    }
+    let Some(spread) = aggregate.input().downcast_ref::<RepartitionExec>() else { return Ok(None) };
+    let (Partitioning::RoundRobinBatch(lanes), false) = (spread.partitioning(), spread.preserve_order()) else {
+        return Ok(None);
+    };
+    let Some(exec) = spread.input().downcast_ref::<SimilarityExec>() else { return Ok(None) };
+    // On a cluster the partitions are the tasks' shares; a summary is one row.
+    if exec.tasks().is_some()
+        || !exec.summary().is_empty()
+        || exec.properties().output_partitioning().partition_count() != 1
+    {
+        return Ok(None);
+    }
+    let lanes: Arc<dyn ExecutionPlan> = Arc::new(exec.with_lanes(*lanes)?);
+    Ok(Some(replace_children_if_necessary(node.clone(), vec![lanes])?))
+}
+
+/// The aggregate functions whose partial states do not depend on the order of their rows.
+const ORDER_BLIND: [&str; 5] = ["count", "sum", "min", "max", "avg"];

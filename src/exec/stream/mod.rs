@@ -1,8 +1,7 @@
 //! Execution of [`SimilarityExec`]: collect the inputs under a memory reservation, build their
 //! vectors, run the backend on a blocking thread, and stream its chunks out as batches. The channel
-//! between them holds two chunks (one a lane where several read it: exec/lanes.rs), so however many
-//! pairs there are, memory stays bounded; dropping the stream closes the channel, which stops the
-//! backend at its next send.
+//! between them holds two chunks, so however many pairs there are, memory stays bounded; dropping
+//! the stream closes the channel, which stops the backend at its next send.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -59,8 +58,6 @@ pub(super) struct Run {
     pub(super) cache: Option<Arc<VectorCache>>,
     /// The base is read and searched part by part (exec/streamed.rs).
     streamed: bool,
-    /// The output partitions reading the run (exec/lanes.rs).
-    lanes: usize,
 }
 
 /// Runs the operator. `share`: on a cluster, the number of shares and the stream of the
@@ -120,7 +117,6 @@ pub(super) fn execute(
         progress: context.session_config().get_extension::<Progress>().map(|p| p.0.clone()),
         cache: context.session_config().get_extension::<VectorCache>(),
         streamed: share.is_none() && super::streamed::streams_base(exec),
-        lanes: exec.lanes.count(),
     };
     let stream = futures::stream::once(run.start(inputs, share, reservation)).try_flatten();
     let stream: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(exec.schema.clone(), stream));
@@ -275,8 +271,7 @@ impl Run {
         let vector_bytes = side_bytes(lv) + if same { 0 } else { side_bytes(rv) };
         reservation.try_grow(3 * vector_bytes)?;
 
-        // Two chunks ahead of one consumer; with several lanes, one chunk waiting for each.
-        let (sender, receiver) = mpsc::channel::<Result<Vec<RecordBatch>>>(self.lanes.max(2));
+        let (sender, receiver) = mpsc::channel::<Result<Vec<RecordBatch>>>(2);
         let Run { op, backend, builder, metrics, progress, .. } = self;
         // Chunks of 8 batches: each chunk is one hand-off between a backend thread and the
         // consumer, and at one batch per chunk those hand-offs were a visible part of emitting
