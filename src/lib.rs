@@ -99,8 +99,9 @@ pub mod internal {
 ///   `simjoin.rewrite_scans`, a filter or `ORDER BY … LIMIT` on the distance to a constant as
 ///   `range_query` or `knn`);
 /// - the physical optimizer rules that compute `count(*)`, `min(distance)` and `max(distance)`
-///   over a join in the operator, and that let the operator's rows go straight to the partitions
-///   that consume them where DataFusion would spread them by a round-robin repartition. DataFusion adds a physical rule to an existing session only by
+///   over a join in the operator, and that give the operator's rows straight to the partial
+///   aggregates that consume them on every core, where DataFusion would spread them by a
+///   round-robin repartition. DataFusion adds a physical rule to an existing session only by
 ///   building its state anew from the old one, which keeps everything above, the session id too.
 ///
 /// Calling it again adds nothing twice.
