@@ -98,10 +98,10 @@ pub mod internal {
 /// - the logical optimizer rule that plans a join on a distance bound as `sim_join` (and, under
 ///   `simjoin.rewrite_scans`, a filter or `ORDER BY … LIMIT` on the distance to a constant as
 ///   `range_query` or `knn`);
-/// - the physical optimizer rules that compute `count(*)`, `min(distance)` and `max(distance)`
-///   over a join in the operator, and that give the operator's rows straight to the partial
-///   aggregates that consume them on every core, where DataFusion would spread them by a
-///   round-robin repartition. DataFusion adds a physical rule to an existing session only by
+/// - the physical optimizer rule that computes `count(*)`, `min(distance)` and `max(distance)`
+///   over a join in the operator, and gives the operator's rows straight to the partial
+///   aggregates that consume other functions of them on every core, where DataFusion would spread
+///   them by a round-robin repartition. DataFusion adds a physical rule to an existing session only by
 ///   building its state anew from the old one, which keeps everything above, the session id too.
 ///
 /// Calling it again adds nothing twice.
@@ -114,7 +114,6 @@ pub fn register(ctx: &SessionContext) {
         let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
             .with_session_id(session_id)
             .with_physical_optimizer_rule(Arc::new(exec::SummariseAggregates))
-            .with_physical_optimizer_rule(Arc::new(exec::SpreadOutput))
             .build();
         *ctx.state_ref().write() = state;
     }

@@ -613,6 +613,7 @@ impl<'s> PairWriter<'s> {
     /// the chunk a slice at a time where they are listed unmirrored (the GPU's downloaded pairs:
     /// pushed one by one, they took a third of the emitting workers' time, docs/optimisations.md,
     /// v164).
+    #[cfg(any(feature = "gpu", test))]
     pub(crate) fn push_slices(
         &mut self,
         lefts: &[u32],

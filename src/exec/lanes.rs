@@ -1,30 +1,27 @@
-//! One run's output read by several partitions ("lanes"), so that what consumes the rows — the
-//! partial aggregates of `SELECT sum(…) FROM sim_join(…)`, a filter, a projection — runs on every
-//! core without a relay in between.
+//! One run's output read by several partitions ("lanes"), so that the partial aggregates of
+//! `SELECT sum(…) FROM sim_join(…)` consume the rows on every core without a relay in between.
 //!
 //! DataFusion spreads a one-partition input over the cores by a round-robin `RepartitionExec`:
 //! one task pulls every batch and sends it on through a channel per output partition, with a
 //! memory reservation and a wake-up each. For 5·10⁷ pairs (6,100 batches) that one task spent
 //! 0.15 s sending on a 16-core H200 host, longer than the GPU's whole join (docs/optimisations.md,
-//! v163). [`SpreadOutput`] replaces such a repartition between a [`SimilarityExec`] and the
-//! partial aggregate above it by the operator itself with as many output partitions: each partition's stream takes the run's next batches
+//! v163). The physical rule over aggregates (summary.rs) replaces such a repartition between a
+//! [`SimilarityExec`] and the partial aggregate above it by the operator itself with as many
+//! output partitions ([`spread_directly`]): each partition's stream takes the run's next batches
 //! itself (those of a chunk that are ready, up to 4 MiB), under a lock held only while it takes
 //! them, and is then consumed on its own task. The run's channel still holds two chunks, so the
 //! rows in flight are those two and a few MiB a lane.
 //!
 //! The rows are the run's rows, each given to exactly one lane; which lane gets which varies from
-//! run to run, so the rule applies only where that cannot change an answer ([`spread_directly`]).
-//! Not on a cluster: there the operator's partitions are the tasks' shares of the work
-//! (exec/share.rs), one task each.
+//! run to run, so the rule applies only where that cannot change an answer. Not on a cluster:
+//! there the operator's partitions are the tasks' shares of the work (exec/share.rs), one task
+//! each.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 
-use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Result, internal_err};
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -132,36 +129,6 @@ impl Lanes {
     }
 }
 
-/// The physical optimizer rule; see the module docs. Registered by `simjoin::register` after
-/// DataFusion's rules, which place the round-robin repartitions it replaces.
-#[derive(Debug, Default)]
-pub struct SpreadOutput;
-
-impl SpreadOutput {
-    /// The rule's name, which `simjoin::register` looks for before adding it.
-    pub const NAME: &'static str = "simjoin_spread_output";
-}
-
-impl PhysicalOptimizerRule for SpreadOutput {
-    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            Ok(match spread_directly(&node)? {
-                Some(aggregate) => Transformed::yes(aggregate),
-                None => Transformed::no(node),
-            })
-        })
-        .map(|t| t.data)
-    }
-
-    fn name(&self) -> &str {
-        Self::NAME
-    }
-
-    fn schema_check(&self) -> bool {
-        true
-    }
-}
-
 /// `node` reading the operator's lanes, where it is a partial aggregate of order-blind functions
 /// over a round-robin repartition of a one-partition operator. Only there: above a sort, a window
 /// or a `LIMIT`, which rows land in which partition decides the order of equal rows (and which of
@@ -169,7 +136,7 @@ impl PhysicalOptimizerRule for SpreadOutput {
 /// whichever batch is next. A partial aggregate of `count`, `sum`, `min`, `max` or `avg` gives the
 /// same groups and values however its rows are spread (a floating-point sum up to its rounding, as
 /// over the round-robin, whose partial states also merge in the order they finish).
-fn spread_directly(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+pub(super) fn spread_directly(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let Some(aggregate) = node.downcast_ref::<AggregateExec>() else { return Ok(None) };
     let order_blind = aggregate
         .aggr_expr()

@@ -49,7 +49,6 @@ mod whole;
 
 pub use cache::VectorCache;
 use lanes::Lanes;
-pub use lanes::SpreadOutput;
 pub use merge::KnnMergeExec;
 pub use progress::{Progress, ProgressListener};
 pub use summary::SummariseAggregates;

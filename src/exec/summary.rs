@@ -5,7 +5,9 @@
 //! partition) or one row of partial states a partition (`Partial` mode, merged by DataFusion's
 //! `Final` aggregate above, in one process as on a cluster). The backends then count pairs and keep their
 //! distance range instead of listing them ([`Wanted::CountAndRange`]): a GPU join brings back no
-//! pair where only the count is asked, and no join builds a result row.
+//! pair where only the count is asked, and no join builds a result row. An aggregate over the
+//! operator that it cannot compute this way (a `sum`, an `avg`) the same rule lets read the
+//! operator's rows directly, on every core (lanes.rs).
 //!
 //! Why the answer cannot change: the rows summarised are the rows the operator would have
 //! listed, found by the same exact test; `count` of a non-NULL argument counts every one (the
@@ -44,8 +46,13 @@ impl SummariseAggregates {
 impl PhysicalOptimizerRule for SummariseAggregates {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
-            Ok(match summarised(&node)? {
-                Some(exec) => Transformed::yes(exec),
+            // An aggregate the operator cannot compute may still read its rows directly.
+            let replaced = match summarised(&node)? {
+                Some(exec) => Some(exec),
+                None => super::lanes::spread_directly(&node)?,
+            };
+            Ok(match replaced {
+                Some(replaced) => Transformed::yes(replaced),
                 None => Transformed::no(node),
             })
         })
