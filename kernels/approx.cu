@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(APPROX_THREADS) approx_knn(
 }
 
 // ---- The graph search: the kNN graph (src/index/graph.rs) walked best first from each query's
-// nearest seeds, as the cores' search walks it (src/backend/approx.rs; the lowest layer of Malkov
+// nearest seeds, as the cores' search walks it (src/backend/cpu/approx.rs; the lowest layer of Malkov
 // and Yashunin's HNSW), one block a query. The pool holds the `pool` nearest rows found, ascending
 // by f32 score, each marked once its edges are followed; a step follows the edges of the nearest
 // row not yet followed, scores the rows they reach for the first time, and keeps the `pool` best
@@ -188,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(APPROX_THREADS) approx_knn(
 // nearest unfollowed row is then farther than the whole full pool, the cores' stopping rule) or
 // after `max_steps` steps. Rows are scored by their whole f32 distance where the cores rank by a
 // principal-coordinate proxy (the walk found more than the cores at every effort measured:
-// docs/optimisations.md, v157).
+// docs/design.md#approx).
 
 // Threads of a walking block (4 warps; a step scores at most WALK_MAX_WIDTH rows).
 #define WALK_THREADS 128

@@ -145,7 +145,7 @@ __device__ __forceinline__ bool brute_tile(const JoinParams& p, u32 slot_begin, 
 }
 
 // The parameter list of brute_join and brute_join_tc: one list, because the host launches both
-// with the same arguments (src/gpu/launch/join.rs).
+// with the same arguments (src/cuda/launch/join.rs).
 #define BRUTE_JOIN_PARAMS                                                                        \
     JoinParams p, u32 slot_begin, u32 slot_end, u32 right_begin, u32 right_len,                 \
         const float* lf, const float* rf, const double* lx, const double* rx,                   \

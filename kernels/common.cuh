@@ -3,7 +3,7 @@
 //
 // Compiled by NVRTC with --fmad=false: every `a * b + c` rounds twice, exactly as on the CPU, so
 // exact distances are bit-identical across backends. The f32 filter's error margins are proved
-// for rounding after every operation (src/backend/cpu.rs, FilterLimit and GemmSide).
+// for rounding after every operation (src/backend/plan/bounds.rs and src/backend/cpu/gemm.rs, FilterLimit and GemmSide).
 #pragma once
 
 typedef unsigned int u32;
@@ -54,8 +54,8 @@ struct JoinParams {
     float tc_scale;     // brute_join_tc: 2^a, the power of two both sides' f16 rows are scaled by
     float tc_eta;       // brute_join_tc: 5·√d·2⁻¹⁴, the scaled score's error per unit of a norm from
                         // f16's subnormal range (tensor_core_margin in src/backend/gpu/filter.rs)
-    u32 tc_run;         // brute_join_tc: right tiles per block (`tc_run` in src/gpu/launch/geometry.rs)
-    u32 tc_queue;       // brute_join_tc: pairs its queue holds (`tc_queue` in src/gpu/launch/geometry.rs)
+    u32 tc_run;         // brute_join_tc: right tiles per block (`tc_run` in src/cuda/launch/geometry.rs)
+    u32 tc_queue;       // brute_join_tc: pairs its queue holds (`tc_queue` in src/cuda/launch/geometry.rs)
     u64 cells[MAX_GRID_DIMS];
     u64 strides[MAX_GRID_DIMS];
     double window;      // grid, windowed: half-width of that range (sortidu, Gowanlock & Karsin, GPU-Join, §4.3)
@@ -63,11 +63,11 @@ struct JoinParams {
     u32 fanout;         // directory: children of every inner node
     double box_radius;  // directory: the coordinate bound widened by 2⁻²⁰ (the box test's slack)
 };
-// The host's mirror (`JoinParams` in src/gpu/abi.rs) asserts the same size.
-static_assert(sizeof(JoinParams) == 232, "JoinParams layout changed: update src/gpu/abi.rs");
+// The host's mirror (`JoinParams` in src/cuda/abi.rs) asserts the same size.
+static_assert(sizeof(JoinParams) == 232, "JoinParams layout changed: update src/cuda/abi.rs");
 
 // Entries of a query's row of kNN sample keys (knn.cu, and tc_sample_keys.cu's knn_sample_keys_bytes):
-// the largest sample (KNN_SAMPLE in src/gpu/launch/sample.rs).
+// the largest sample (KNN_SAMPLE in src/cuda/launch/sample.rs).
 #define SAMPLE 4096
 
 // The bits of `v` as an unsigned key in the order of the values (kNN's sample keys, the settled slots' bounds; negatives reversed below the
@@ -163,7 +163,7 @@ __device__ __forceinline__ float filter_score(const JoinParams& p, const float* 
 }
 
 // Whether a candidate passes the filter `limit`. The margin of the dot-product forms
-// (FILTER_NEG_DOT, FILTER_GEMM_L2) depends on the two norms (GemmSide in src/backend/cpu.rs).
+// (FILTER_NEG_DOT, FILTER_GEMM_L2) depends on the two norms (GemmSide in src/backend/cpu/gemm.rs).
 __device__ __forceinline__ bool filter_passes(const JoinParams& p, float score, float norm_x, float norm_y, float limit) {
     if (p.filter == FILTER_NEG_DOT || p.filter == FILTER_GEMM_L2) {
         float n = norm_x + norm_y;

@@ -8,7 +8,7 @@
 
 // At most 64 registers (4 blocks of 256 per SM): the sortidu window took it to 68 and 3 blocks, and
 // P4's kernel from 231 to 250 ms; capped, it needs no spills (scripts/kernel-check.py). Launched
-// for 2, 3 and 4 dimensions only (src/gpu/launch/join.rs, grid_kernel).
+// for 2, 3 and 4 dimensions only (src/cuda/launch/join.rs, grid_kernel).
 extern "C" __global__ void __launch_bounds__(256, 4) grid_join(GRID_JOIN_PARAMS) {
     switch (p.dim) {
     case 2: grid_join_rows<2>(GRID_JOIN_ARGS); break;

@@ -18,7 +18,7 @@ __device__ __forceinline__ long long find_cell(const JoinParams& p, const u64* c
 // Tests left slot `s` against right slots [begin, end); counts or writes the qualifying pairs.
 // DIM > 0: the dimension, with `x` the left row in registers (loaded once per left slot) and each
 // right row read in vector loads; the general path (DIM = 0) reads both rows per candidate, twice
-// the load instructions per dimension (P4's grid kernel was bound by them: docs/optimisations.md, v17).
+// the load instructions per dimension (P4's grid kernel was bound by them: docs/design.md#gpu-grid).
 template <u32 DIM>
 __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin, u32 end, const float (&x)[DIM ? DIM : 1],
         const float* lf, const float* rf, const double* lx, const double* rx,
@@ -65,7 +65,7 @@ __device__ __forceinline__ void scan_range(const JoinParams& p, u32 s, u32 begin
         capacity, pass
 
 // Every GRID_WORK_SAMPLE-th left slot's work in grid_join_work (GRID_WORK_SAMPLE in
-// src/gpu/launch/join.rs).
+// src/cuda/launch/join.rs).
 #define GRID_WORK_SAMPLE 64
 
 // grid_join for dimension DIM (0: any); WORK: grid_join_work, which compares nothing and counts,
@@ -85,7 +85,7 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
     // of dimensions, the one with the larger id when odd. The rule is antisymmetric (the parity is
     // the same seen from either cell), so every pair is found exactly once; unlike "the smaller id"
     // alone it gives every cell about half of its neighbours, at the grid's edges too, so equal
-    // counts of slots are equal work (docs/optimisations.md, v119). `at_low` marks the dimensions
+    // counts of slots are equal work (docs/design.md#multi-gpu). `at_low` marks the dimensions
     // where this cell lies on the grid's lower edge (its coordinate is lo); `differ` those where
     // the neighbour `cur` differs from this cell.
     u32 at_low = 0;
@@ -110,7 +110,7 @@ __device__ __forceinline__ void grid_join_rows(GRID_JOIN_PARAMS) {
                 if (p.windowed) {
                     // sortidu: a cell's slots are sorted by the sort dimension's key, and partners
                     // differ by at most the window there; the host's partition points (grid_join
-                    // in src/backend/cpu.rs, whose proof covers the rounding), by the same f64
+                    // in src/backend/plan/bounds.rs, whose proof covers the rounding), by the same f64
                     // subtractions: the first slot with key − u ≥ −window, then the first beyond
                     // it with key − u > window.
                     double u = left_keys[s];

@@ -47,7 +47,7 @@ __device__ __forceinline__ bool digit_of_rank(const u32* bins_of, u32 target, u3
 // (row-major, `dim` values a row, in input order): sample row i is base row ⌊i·n/sample_len⌋ (spread
 // evenly), written dimension-major, `sample[d·sample_len + i]`, so that knn_sample_distances'
 // threads (one sample row each) read adjacent values. (Built on the host from the f64 rows, the
-// transposition and its upload took 5.2 ms of P2's 35, docs/optimisations.md, v45.)
+// transposition and its upload took 5.2 ms of P2's 35, docs/design.md#gpu-knn.)
 extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, u32 sample_len, float* sample) {
     u64 len = (u64)sample_len * dim;
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < len; e += (u64)gridDim.x * blockDim.x) {
@@ -62,7 +62,7 @@ extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, 
 // (dimension-major). A radius only decides how many candidates the count pass finds, and
 // any radius is correct: that pass tests every base row exactly against it, and a query with
 // fewer than k moves to its next level. So the sample needs no exact distances (in f64, at an
-// add, a multiply and an add per term, they took 17.6 ms of a 10k × 60k × 784 kNN, docs/optimisations.md, v34).
+// add, a multiply and an add per term, they took 17.6 ms of a 10k × 60k × 784 kNN, docs/design.md#gpu-knn).
 // L2, L1 and L∞ are the filter rows' own (a common origin cancels); cosine is half the squared
 // L2 distance of unit vectors (with or without an origin); the inner product's origin is 0.
 // Written to distances[(q − query_begin)·SAMPLE + i] as f32 keys that order as the distances do:
@@ -71,10 +71,10 @@ extern "C" __global__ void knn_sample_rows(const float* filter, u32 n, u32 dim, 
 // The block stages SAMPLE_DIMS dimensions of both sides at a time in shared memory and each thread
 // keeps a 4 × 8 block of sums in registers, three 16-byte shared loads for 32 terms. (A thread per
 // sample row reading 16 queries' values from global memory, a load per term, spent about as much
-// on loads as on arithmetic: docs/optimisations.md, v50.) The squared L2 distance is taken as ‖x‖² + ‖s‖² − 2x·s
+// on loads as on arithmetic: docs/design.md#gpu-brute.) The squared L2 distance is taken as ‖x‖² + ‖s‖² − 2x·s
 // from fused multiply-adds, one instruction a term where the difference, its square and the sum
 // took three (this module is built without FMA contraction, for the exact distances): its rounding,
-// relative to the norms, moves a radius a little, and any radius is correct (docs/optimisations.md, v52).
+// relative to the norms, moves a radius a little, and any radius is correct (docs/design.md#gpu-brute).
 #define SAMPLE_QUERIES 64
 #define SAMPLE_COLUMNS 128
 #define SAMPLE_DIMS 16
@@ -189,14 +189,14 @@ extern "C" __global__ void __launch_bounds__(256) knn_sample_distances(JoinParam
 // ‖x‖² + ‖s‖² − 2x·s from the sides' f32 squared filter norms, at least 0, the inner product's key
 // −x·s (`squared` = 0: the norms are not read). f16's 11-bit significand puts a key off by about 2⁻¹⁰·‖x‖·‖s‖, which moves a radius a
 // little: any radius is correct (knn_sample_distances). On f32 CUDA cores these keys took 2.4 ms
-// of a 10k × 60k × 784 kNN (docs/optimisations.md, v54).
+// of a 10k × 60k × 784 kNN (docs/design.md#gpu-knn).
 // A block takes TC_SAMPLE_QUERIES queries × TC_SAMPLE_COLUMNS sample rows, staging
 // TC_SAMPLE_WORDS words (64 dimensions) of each row at a time in shared memory; each of its 8
 // warps computes 32 × 32 of them (2 × 4 fragments). Rows are TC_SAMPLE_STRIDE words apart, so the
 // eight 16-byte rows of an ldmatrix block fall in 32 distinct banks. (Fragments word by word, 16
 // shared loads a step, and each stage loaded between the barriers took 0.55 ms of 60,000 × 784's
 // sample at 10,000 queries; ldmatrix and the next stage's loads in flight during the mma, 0.46:
-// docs/optimisations.md, v71.)
+// docs/design.md#gpu-knn.)
 #define TC_SAMPLE_QUERIES 64
 #define TC_SAMPLE_COLUMNS 128
 #define TC_SAMPLE_WORDS 32
@@ -310,8 +310,8 @@ __device__ __forceinline__ double sample_radius(u32 metric, float v) {
 // memory and taking the digit whose bin holds the rank. The levels take their passes together (a
 // histogram each, scanned by a warp each; the first pass's, where no digit is known yet, is one
 // for all): 4 rounds of block barriers where one level after another took 16 (0.30 ms for 8,192
-// queries, docs/optimisations.md, v66). The bitonic sort of the row that came before took 78 steps over 4,096
-// f64 entries in shared memory (most of P1's 3.9 ms of sampling, v48).
+// queries, docs/design.md#gpu-knn). The bitonic sort of the row that came before took 78 steps over 4,096
+// f64 entries in shared memory (most of P1's 3.9 ms of sampling, docs/design.md#gpu-knn).
 #define SAMPLE_PER_THREAD (SAMPLE / 256)
 
 extern "C" __global__ void __launch_bounds__(256) knn_sample_radius(u32 metric, u32 query_begin, const float* distances, u32 sample_len,
@@ -425,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u
         const double* distance, const u32* position, double* out_distance, u32* out_position) {
     // `room` (a power of two ≥ every slot_len, ≤ RANK_SLOTS) keys, then as many positions, in
     // dynamic shared memory sized by the host to the longest slot: at RANK_SLOTS always, 48 KB a
-    // block left room for four blocks a multiprocessor (docs/optimisations.md, v52).
+    // block left room for four blocks a multiprocessor (docs/design.md#gpu-brute).
     extern __shared__ u64 rank_shared[];
     u64* key = rank_shared;
     u32* at = (u32*)(rank_shared + room);
@@ -454,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_rank_slots(u32 capacity, u
 // again. Positions are distinct within a slot (a base row is a query's candidate once), so the
 // order is strict and "above the last taken" excludes exactly the taken. At P1's k = 10 (~450
 // entries a slot) that is ~15 loads a lane and ten scans of one lane: a tenth of the bitonic
-// sort's work, without its ~45 block barriers (docs/optimisations.md, v61).
+// sort's work, without its ~45 block barriers (docs/design.md#gpu-knn).
 
 struct Candidate {
     u64 key;  // total_order_key of the distance
@@ -506,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(256) knn_select_slots(u32 queries, 
 // (bitonic, `room` = the next power of two ≥ k) and writes them, nearest first, to out[i·k, i·k +
 // k). Before, the host copied every candidate back (P1 at k = 10,000: ~2·10⁴ a query) and ranked
 // them itself: a select and a sort of 10⁴ a query, 0.4 ms each, the larger part of the run's
-// 0.8 s (docs/optimisations.md, v75, v77).
+// 0.8 s (docs/design.md#memory, docs/design.md#gpu-knn).
 //
 // The selection is a radix select over the composite key, RANK_DIGIT_BITS at a time from the
 // digit that holds the highest bit in which the list's keys differ: one query's candidate

@@ -4,7 +4,7 @@
 // The rest of kNN's first count pass under PASS_SCORES (brute_join_tc on f16 rows, L2 and L2²,
 // k ≤ 32), a warp per left slot s of [slot_begin, slot_end). brute_join_tc's drain computed the
 // exact distance of every pair that passed the filter: at P1 (k = 10) ~450 a query at its sample
-// radius, 1.9 ms of its ~12 (docs/optimisations.md, v85), of which the k nearest need few. Under
+// radius, 1.9 ms of its ~12 (docs/design.md#gpu-knn), of which the k nearest need few. Under
 // PASS_SCORES every such pair (s, t) has in the slot (keep_scores)
 //     a = v,   b = v + 2w(t),   v = −2x̂·ŷ + [‖ỹ‖²] − w(t)   (all scaled by 2^2a, w = tc_widening),
 // and tensor_core_margin's bound |score − D| ≤ W (D the pair's scaled squared distance, score =

@@ -1,6 +1,6 @@
 // Myers' bit-parallel edit distance (Hyyrö's global form for several words: the top row of the
 // first word grows by one per column, the horizontal delta of each word's top row carried into the
-// next), the backend/text/levenshtein.rs recurrence step for step, for text.cu and clusters.cu.
+// next), the backend/cpu/text/levenshtein.rs recurrence step for step, for text.cu and clusters.cu.
 #pragma once
 #include "common.cuh"
 

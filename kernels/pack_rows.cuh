@@ -9,8 +9,8 @@
 // addresses), keeping them in a 32 × 33 tile of shared memory, then lane i adds its row's squares
 // from the tile in dimension order — the sequential sum above, once per row. (A thread per row
 // reading its own row made every warp load touch 32 rows' cache lines: 9.3 ms for a 1M × 128 side,
-// docs/optimisations.md, v33; a warp per row, every lane adding the whole row's squares from shuffles, did
-// 32 times the f64 work: 1.6 ms, docs/optimisations.md, v50.)
+// docs/design.md#gpu-knn; a warp per row, every lane adding the whole row's squares from shuffles, did
+// 32 times the f64 work: 1.6 ms, docs/design.md#gpu-brute.)
 #define FILTER_WARPS 8
 
 extern "C" __global__ void __launch_bounds__(FILTER_WARPS * 32) filter_rows(const double* exact, u32 n, u32 dim,
@@ -28,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(FILTER_WARPS * 32) filter_rows(cons
             const double c = d < dim ? origin[d] : 0.0;
             // All 32 loads first, so that they are in flight together: interleaved with the
             // stores to `filter`, which the compiler cannot prove apart from `exact`, each waited
-            // for the one before (0.45 ms for a 10k × 784 side, docs/optimisations.md, v50).
+            // for the one before (0.45 ms for a 10k × 784 side, docs/design.md#gpu-brute).
             double x[32];
 #pragma unroll
             for (u32 i = 0; i < 32; ++i) x[i] = i < rows && d < dim ? exact[(first + i) * dim + d] : 0.0;
@@ -101,7 +101,7 @@ extern "C" __global__ void pack_half_rows(const float* filter, u64 n, u32 dim, u
 // where each is an integer of magnitude at most 2²⁴, and others = 1 where one is not (NaN and
 // infinities included). Reduced across the block before the three atomics: a warp's own atomics,
 // 65,536 blocks of 8 warps on three addresses, took 0.38 ms for Fashion-MNIST's 47 M values,
-// three times their read (docs/optimisations.md, v84).
+// three times their read (docs/design.md#byte-rows).
 #define RANGE_WARPS 8
 extern "C" __global__ void __launch_bounds__(RANGE_WARPS * 32) integer_range(const double* values, u64 len, int* result) {
     __shared__ int warp_least[RANGE_WARPS], warp_greatest[RANGE_WARPS];

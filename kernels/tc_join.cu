@@ -11,7 +11,7 @@
 // Two blocks an SM, so that one block's warps hide the other's latencies. (Under wgmma, one block
 // with 255 registers a thread for two sets of accumulators, tile T's epilogue running while tile
 // T + 1's wgmma did, took 1.5 times as long: with 8 warps an SM every barrier and epilogue was
-// exposed, docs/optimisations.md, v58.)
+// exposed, docs/design.md#gpu-brute.)
 extern "C" __global__ void __launch_bounds__(256, 2) brute_join_tc(BRUTE_JOIN_PARAMS, const __grid_constant__ TensorMap left_map,
                                                                    const __grid_constant__ TensorMap right_map) {
     brute_join_tc_run<false>(BRUTE_JOIN_ARGS, left_map, right_map);

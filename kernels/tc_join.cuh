@@ -20,39 +20,39 @@
 // stride of 36 words, so that the fragment loads (8 rows × 4 words per warp) hit 32 distinct
 // banks. One barrier per chunk: the stage a step refills is the one every warp finished at the
 // step before. (One tile per block exposed the first chunk's load latency in every tile, and the
-// epilogue overlapped nothing: at d = 32 a tile has only two chunks, docs/optimisations.md, v16. Chunks of 16
+// epilogue overlapped nothing: at d = 32 a tile has only two chunks, docs/design.md#gpu-brute. Chunks of 16
 // dimensions, two stages and two barriers each left the tensor pipe 23 % busy, warps waiting
-// mostly at the barriers, docs/optimisations.md, v35.) On sm_90a (the H100 and H200) the stages are filled by
+// mostly at the barriers, docs/design.md#cpu-knn.) On sm_90a (the H100 and H200) the stages are filled by
 // TMA instead, in the 128-byte swizzle, and each warpgroup multiplies its 64 rows of the tile by
-// wgmma from there (TC_WGMMA below; docs/optimisations.md, v58, v59).
+// wgmma from there (TC_WGMMA below; docs/design.md#gpu-brute).
 // The products of f16 values are exact in f32; the error of this dot product is covered by the
 // wider margin the host sets for this kernel (`tensor_core_margin` in src/backend/gpu/filter.rs, with the
 // proof). Needs sm_80 or later; the host launches it only there.
 // Words of a brute_join_tc row: two f16 coordinates a word, padded to whole 16-byte groups
-// (`tc_row_words` in src/gpu/launch/pack.rs).
+// (`tc_row_words` in src/cuda/launch/pack.rs).
 __device__ __forceinline__ u32 tc_row_words(u32 dim) { return (dim + 7) / 8 * 4; }
 
 // Words of a brute_join_tc_bytes row: four byte coordinates a word, padded to whole 16-byte
-// groups (`byte_row_words` in src/gpu/launch/pack.rs).
+// groups (`byte_row_words` in src/cuda/launch/pack.rs).
 __device__ __forceinline__ u32 byte_row_words(u32 dim) { return (dim + 15) / 16 * 4; }
 
 // Words (two f16 coordinates each) of a row per chunk, and a tile row's stride in shared memory.
 #define TC_CHUNK 32
 #define TC_STRIDE (TC_CHUNK + 4)
-// Words of one pipeline stage: both sides' tiles (`TC_STAGE_BYTES` in src/gpu/launch/geometry.rs).
+// Words of one pipeline stage: both sides' tiles (`TC_STAGE_BYTES` in src/cuda/launch/geometry.rs).
 #define TC_STAGE_WORDS (2 * TILE * TC_STRIDE)
 // Rows of at most TC_RESIDENT_CHUNKS chunks (128 dimensions) keep the block's left tile resident
 // in shared memory, copied once before its run of right tiles, and the stages carry only the right
 // tiles' chunks: at d = 128 the left tile was otherwise copied again for every right tile, half of
-// the pass's L2 traffic and of its cp.async work (docs/optimisations.md, v50). TC_RESIDENT_WORDS are reserved
+// the pass's L2 traffic and of its cp.async work (docs/design.md#gpu-brute). TC_RESIDENT_WORDS are reserved
 // ahead of the stages whenever a row has that few chunks (`TC_RESIDENT_BYTES` in
-// src/gpu/launch/geometry.rs, which sizes the dynamic shared memory by the same rule).
+// src/cuda/launch/geometry.rs, which sizes the dynamic shared memory by the same rule).
 #define TC_RESIDENT_CHUNKS 2
 #define TC_RESIDENT_WORDS (TC_RESIDENT_CHUNKS * TILE * TC_STRIDE)
 
 // What one thread copies of a tile's rows, chunk after chunk: four words (eight f16 coordinates)
 // from word w of rows r, r + 32, r + 64 and r + 96, their address computed once per tile rather
-// than once per chunk (that arithmetic was about half of the kernel's instructions: docs/optimisations.md, v11).
+// than once per chunk (that arithmetic was about half of the kernel's instructions: docs/design.md#gpu-brute).
 struct TileCopy {
     const u32* from;    // row r at word w; the buffer's start when row r is outside
     u32 stride;         // words between rows r and r + 32

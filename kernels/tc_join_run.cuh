@@ -4,7 +4,7 @@
 // The pairs of a brute_join_tc block that passed the filter, decided after its run of tiles:
 // `len` counts every pair pushed, the first p.tc_queue of them stored (left slot, right row), in
 // dynamic shared memory ahead of the pipeline's stages (sized with the run: `tc_queue` in
-// src/gpu/launch/geometry.rs).
+// src/cuda/launch/geometry.rs).
 // The filter's column offsets of the tiles in flight (tc_col_offset), written by the loader when
 // it starts a tile and read by that tile's epilogue: a ring of TC_OFFSET_RING tiles. The loader
 // runs `ahead` ≤ 2 steps ahead (steps are (tile, chunk) pairs, `chunks` per tile): tile T's
@@ -22,7 +22,7 @@ struct TcQueue {
 // pairs that pass the filter go to the block's queue (each warp takes its places with one atomic),
 // decided at the end of the run by all threads at once. Deciding them here, one exact f64 distance
 // after another per thread (a chain of dependent f64 additions d long, with loads of both rows),
-// held up the whole block at its next barrier (docs/optimisations.md, v35). A pair beyond the queue's room is
+// held up the whole block at its next barrier (docs/design.md#cpu-knn). A pair beyond the queue's room is
 // decided here (under PASS_SCORES, its slot is marked overflowed). The warp's accumulators are M
 // blocks of 16 rows by N of 8 columns (4 × 4 under mma.sync, 1 × 16 under wgmma).
 template <int M, int N>
@@ -247,10 +247,10 @@ __device__ __forceinline__ void half_keys(u32 row0, u32 col0, u32 warp_row, u32 
 // each lane adds its pair's terms from there in dimension order, exact_distance's terms and order,
 // while the next dimensions' loads are in flight. One thread per pair reading its own rows made
 // each load instruction touch 32 rows' cache lines, which the L1 serves one a cycle: at 784
-// dimensions those loads held 28 % of the count pass's stall samples (docs/optimisations.md, v51). The drain is
+// dimensions those loads held 28 % of the count pass's stall samples (docs/design.md#gpu-brute). The drain is
 // bound by its round trips to memory, one per DRAIN_DIMS dimensions and warp: 32 pairs a warp at 16
 // dimensions a trip left half the warps idle (P1 queues ~116 pairs a block) and made 49 trips a
-// warp at 784 dimensions, 1.6 of the 3.6 ms of 60,000 × 784's count pass (docs/optimisations.md, v65).
+// warp at 784 dimensions, 1.6 of the 3.6 ms of 60,000 × 784's count pass (docs/design.md#gpu-brute).
 #define DRAIN_PAIRS 16
 #define DRAIN_DIMS 32
 #define DRAIN_STRIDE (DRAIN_DIMS + 1)  // a lane's row is read without bank conflicts
@@ -570,7 +570,7 @@ __device__ __forceinline__ void brute_join_tc_run(BRUTE_JOIN_PARAMS, const Tenso
     if (pass == PASS_SCORES) {
         // The queued pairs into their slots, each with its value recomputed from the f16 rows: a
         // pair's accumulator, picked out of the 64 by its bit in the epilogue, cost ~200
-        // instructions a warp, as much as the drain saved (docs/optimisations.md, v85). A group of lanes per
+        // instructions a warp, as much as the drain saved (docs/design.md#gpu-knn). A group of lanes per
         // pair, about 16 words a lane (4 lanes at 128 dimensions, 32 at 784), so that each lane's
         // loads are in flight together.
         const float scale = p.filter == FILTER_GEMM_L2 ? -2.0f : -1.0f;

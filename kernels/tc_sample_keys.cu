@@ -11,7 +11,7 @@
 // kNN's sample keys on byte rows (knn_sample_radius reads them as knn.cu's other sample kernels
 // write theirs), through brute_join_tc_bytes's pipeline: TMA copies and wgmma. knn_sample_distances_tc's
 // byte instance, its register-staged loads and mma.sync, waited on its loads (P2: 0.28 ms for
-// 8,192 queries, docs/optimisations.md, v89). Query slots [query_begin, query_end) against the sample's `sample_len` rows
+// 8,192 queries, docs/design.md#gpu-knn). Query slots [query_begin, query_end) against the sample's `sample_len` rows
 // (sample_byte_rows), each pair's key at keys[(q − query_begin)·SAMPLE + i]; `p` sets the
 // dimensions and the run (p.tc_run, no queue), and the maps cover the two sides' byte rows.
 extern "C" __global__ void __launch_bounds__(256, 2) knn_sample_keys_bytes(JoinParams p, u32 query_begin, u32 query_end,

@@ -1,9 +1,9 @@
 // Hopper's warpgroup mma (wgmma) and tensor memory accelerator (TMA): descriptors, fences,
 // barriers and copies. Included by brute_join.cu, tc_join.cu and tc_sample_keys.cu.
 
-// Hopper's warpgroup mma (sm_90a: `arch_for` in src/gpu/device.rs compiles for it on compute
+// Hopper's warpgroup mma (sm_90a: `arch_for` in src/cuda/device.rs compiles for it on compute
 // capability 9.0). mma.sync left brute_join_tc's count pass latency-bound at 16 warps an SM: each
-// m16n8k16 waits on its fragments' ldmatrix and the tensor pipe was 29 % busy (docs/optimisations.md, v53, v55).
+// m16n8k16 waits on its fragments' ldmatrix and the tensor pipe was 29 % busy (docs/design.md#gpu-brute, docs/design.md#gpu-knn).
 // wgmma.mma_async reads both operands from shared memory through a descriptor and multiplies a
 // 64 × 128 × 16 block in one instruction, asynchronously, so a warpgroup (four warps) issues a
 // chunk's four blocks back to back and waits once. Its accumulators are the mma.sync m16n8
@@ -45,7 +45,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[1][16][4], u64 a, u6
 // d (+)= A·Bᵀ for A 64 rows and B 128 rows of 32 byte coordinates (unsigned), both K-major, into
 // s32 accumulators: brute_join_tc_bytes's product. 32 bytes of a row an instruction, as
 // wgmma_m64n128k16's 16 f16, so the same descriptors and steps serve both. Exact: each product
-// is at most 255², a row's sum at most 8,192·255² < 2³¹ (`byte_rows` in src/gpu/launch/pack.rs keeps
+// is at most 255², a row's sum at most 8,192·255² < 2³¹ (`byte_rows` in src/cuda/launch/pack.rs keeps
 // d ≤ 8,192).
 __device__ __forceinline__ void wgmma_m64n128k32_u8(int (&d)[1][16][4], u64 a, u64 b, u32 accumulate) {
     asm volatile(
@@ -72,9 +72,9 @@ __device__ __forceinline__ void wgmma_settled(float (&d)[1][16][4]) { asm volati
 __device__ __forceinline__ void wgmma_settled(int (&d)[1][16][4]) { asm volatile("" : "+r"(d[0][0][0]), "+r"(d[0][0][1]), "+r"(d[0][0][2]), "+r"(d[0][0][3]), "+r"(d[0][1][0]), "+r"(d[0][1][1]), "+r"(d[0][1][2]), "+r"(d[0][1][3]), "+r"(d[0][2][0]), "+r"(d[0][2][1]), "+r"(d[0][2][2]), "+r"(d[0][2][3]), "+r"(d[0][3][0]), "+r"(d[0][3][1]), "+r"(d[0][3][2]), "+r"(d[0][3][3]), "+r"(d[0][4][0]), "+r"(d[0][4][1]), "+r"(d[0][4][2]), "+r"(d[0][4][3]), "+r"(d[0][5][0]), "+r"(d[0][5][1]), "+r"(d[0][5][2]), "+r"(d[0][5][3]), "+r"(d[0][6][0]), "+r"(d[0][6][1]), "+r"(d[0][6][2]), "+r"(d[0][6][3]), "+r"(d[0][7][0]), "+r"(d[0][7][1]), "+r"(d[0][7][2]), "+r"(d[0][7][3]), "+r"(d[0][8][0]), "+r"(d[0][8][1]), "+r"(d[0][8][2]), "+r"(d[0][8][3]), "+r"(d[0][9][0]), "+r"(d[0][9][1]), "+r"(d[0][9][2]), "+r"(d[0][9][3]), "+r"(d[0][10][0]), "+r"(d[0][10][1]), "+r"(d[0][10][2]), "+r"(d[0][10][3]), "+r"(d[0][11][0]), "+r"(d[0][11][1]), "+r"(d[0][11][2]), "+r"(d[0][11][3]), "+r"(d[0][12][0]), "+r"(d[0][12][1]), "+r"(d[0][12][2]), "+r"(d[0][12][3]), "+r"(d[0][13][0]), "+r"(d[0][13][1]), "+r"(d[0][13][2]), "+r"(d[0][13][3]), "+r"(d[0][14][0]), "+r"(d[0][14][1]), "+r"(d[0][14][2]), "+r"(d[0][14][3]), "+r"(d[0][15][0]), "+r"(d[0][15][1]), "+r"(d[0][15][2]), "+r"(d[0][15][3]) :: "memory"); }
 
 // The Hopper tensor memory accelerator (TMA) copies a chunk's tile (128 rows × 32 words) into
-// shared memory on one thread's request, in the 128-byte swizzle (the map's, src/gpu/launch/geometry.rs
+// shared memory on one thread's request, in the 128-byte swizzle (the map's, src/cuda/launch/geometry.rs
 // `tc_row_map`), with zeros beyond the data, and counts its bytes on an mbarrier that the
-// readers wait on: the cp.async loader spent ~170 instructions a warp and step (docs/optimisations.md, v58).
+// readers wait on: the cp.async loader spent ~170 instructions a warp and step (docs/design.md#gpu-brute).
 __device__ __forceinline__ void mbarrier_init(u64* barrier) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((u32)__cvta_generic_to_shared(barrier)) : "memory");
 }

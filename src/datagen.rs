@@ -276,7 +276,11 @@ pub fn read_fashion_mnist(dir: &Path, prefix: &str) -> Result<LabelledImages> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::fs::File;
+    use std::path::Path;
+
+    use super::{Distribution, FASHION_MNIST_DIR, calibrate_threshold, generate, read_fashion_mnist, write};
+    use crate::op::Metric;
 
     #[test]
     fn generation_is_seeded() {

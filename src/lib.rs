@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! # async fn example() -> datafusion::error::Result<()> {
-//! use datafusion::prelude::*;
+//! use datafusion::prelude::{ParquetReadOptions, SessionContext};
 //!
 //! let ctx = SessionContext::new();
 //! simjoin::register(&ctx);

@@ -12,9 +12,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::vectors::{Coord, Row};
 use datafusion::common::{Result, plan_err};
 use serde::{Deserialize, Serialize};
+
+use crate::vectors::{Coord, Row};
 
 /// A distance function between two vectors of the same dimension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -48,7 +49,7 @@ impl Metric {
     }
 
     /// Whether the List of Clusters can index it: a metric in the strict sense (the triangle
-    /// inequality holds), or cosine through the chord between unit vectors (`backend::clusters`).
+    /// inequality holds), or cosine through the chord between unit vectors (`backend::cpu::list_of_clusters`).
     /// L2² and the inner product break the triangle inequality.
     pub fn is_metric(self) -> bool {
         !matches!(self, Metric::L2Squared | Metric::InnerProduct)
@@ -69,7 +70,7 @@ impl Metric {
 
     /// The definition of the distance between vectors (see the module docs). `a` and `b` have
     /// the same length. Text metrics never reach vector code (planning resolves a text metric to a
-    /// text column, see `vectors::VectorSource::resolve`); theirs is `backend::text::levenshtein`.
+    /// text column, see `vectors::VectorSource::resolve`); theirs is `backend::cpu::text::levenshtein`.
     pub fn distance<A: Coord, B: Coord>(self, a: &[A], b: &[B]) -> f64 {
         debug_assert_eq!(a.len(), b.len());
         let pairs = || a.iter().zip(b).map(|(x, y)| (x.f64(), y.f64()));
@@ -97,26 +98,16 @@ impl Metric {
         crate::on_rows!(a, b, |x, y| self.distance(x, y))
     }
 
+    /// Whether a distance bound bounds every coordinate difference, so that the grid and the
+    /// directory can index the metric (`backend::plan::bounds::coordinate_bound`): not the inner
+    /// product, nor the edit distance.
+    pub fn bounds_coordinates(self) -> bool {
+        !matches!(self, Metric::InnerProduct | Metric::Levenshtein)
+    }
+
     /// Whether the threshold may be negative: only the negative inner product takes negative values.
     pub fn allows_negative_threshold(self) -> bool {
         self == Metric::InnerProduct
-    }
-
-    /// The largest per-coordinate difference `|a_i - b_i|` a pair within `threshold` can have, in
-    /// the space the grid index is built over (the vectors themselves, or the unit-normalised
-    /// vectors for cosine); `None` when the metric bounds no coordinate (inner product).
-    ///
-    /// Why no pair is lost: for L1, L∞ and L2 every term `|a_i - b_i|` is at most the distance; for
-    /// L2² it is at most its square root; for cosine, `‖â - b̂‖² = 2·(1 - cos)` for unit vectors, so
-    /// `|â_i - b̂_i| ≤ sqrt(2·threshold)`. The grid widens this bound by a relative 2⁻²⁰ (see
-    /// `index::grid`), far more than the few ulps by which rounding can move any of these relations.
-    pub fn coordinate_bound(self, threshold: f64) -> Option<f64> {
-        match self {
-            Metric::L2 | Metric::L1 | Metric::LInf => Some(threshold),
-            Metric::L2Squared => Some(threshold.sqrt()),
-            Metric::Cosine => Some((2.0 * threshold).min(4.0).sqrt() * (1.0 + 1e-9) + 1e-12),
-            Metric::InnerProduct | Metric::Levenshtein => None,
-        }
     }
 }
 
@@ -251,7 +242,7 @@ pub struct Approx {
     /// calibration starts from.
     pub effort: f64,
     /// `approx_recall`: the recall@k the answer is to reach, for which the backend chooses the
-    /// effort on a sample (backend/approx_recall.rs); `None` where `approx_effort` fixes it.
+    /// effort on a sample (backend/plan/recall.rs); `None` where `approx_effort` fixes it.
     #[serde(default)]
     pub recall: Option<f64>,
     /// The queries of the whole run a calibration sample stands for: its search is planned as
@@ -277,7 +268,7 @@ const CANDIDATES_PER_CURVE: f64 = 160.0;
 /// Entries taken from each curve at effort 1 as the starting points of the cores' graph search.
 const SEEDS_PER_CURVE: f64 = 16.0;
 /// Rows the cores' graph search keeps at effort 1 (measured on Fashion-MNIST: recall@10 0.978,
-/// 0.938 at effort 0.5; docs/optimisations.md, v146).
+/// 0.938 at effort 0.5; docs/design.md#approx).
 const POOL: f64 = 32.0;
 
 impl Approx {
@@ -474,6 +465,60 @@ impl SimilarityOp {
     }
 }
 
+impl SimilarityOp {
+    /// Checks the option combinations no machine can run: a planning error naming the function,
+    /// the option and the value.
+    pub fn validate(&self) -> Result<()> {
+        let function = self.function_name();
+        match (&self.operation, self.index) {
+            (Operation::Knn { .. }, IndexChoice::Grid | IndexChoice::Directory) => {
+                return plan_err!(
+                    "{function}: option index={} is not available: kNN always scans every base row (index=auto, brute_force or list_of_clusters)",
+                    self.index
+                );
+            }
+            (_, IndexChoice::Grid | IndexChoice::Directory) if !self.metric.bounds_coordinates() => {
+                return plan_err!(
+                    "{function}: option index={} needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not {}",
+                    self.index,
+                    self.metric
+                );
+            }
+            (_, IndexChoice::ListOfClusters) if !self.metric.is_metric() => {
+                return plan_err!(
+                    "{function}: option index=list_of_clusters needs a metric with the triangle inequality (l2, l1, linf, cosine, levenshtein), not {}",
+                    self.metric
+                );
+            }
+            (_, IndexChoice::ListOfClusters) if self.approx.is_some() => {
+                return plan_err!(
+                    "{function}: option index=list_of_clusters finds the exact neighbours; approx=true searches the Multicurves index instead (use one or the other)"
+                );
+            }
+            _ => {}
+        }
+        if self.approx.is_some() && crate::index::curves::Geometry::of(self.metric).is_none() {
+            return plan_err!(
+                "{function}: option approx=true needs a metric the Multicurves index can serve (l2, l2sq, cosine, l1, linf), not {}",
+                self.metric
+            );
+        }
+        match self.device {
+            Device::Gpu
+                if self.index == IndexChoice::ListOfClusters && matches!(self.operation, Operation::Knn { .. }) =>
+            {
+                plan_err!(
+                    "{function}: option device=gpu is not available with index=list_of_clusters: kNN through the List of Clusters runs on every CPU core (device=auto or cpu; joins and range queries search it on the GPU)"
+                )
+            }
+            Device::Cpu if self.devices != Devices::All => {
+                plan_err!("{function}: option devices={} selects GPUs, but device=cpu runs on the CPU", self.devices)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Checks a join/range threshold: finite, non-negative unless the metric can be negative, and a
 /// whole number of edits for the edit distance (whose values are whole numbers: a fractional
 /// threshold would only hide a typo such as `1.5` for `1`).
@@ -494,7 +539,7 @@ pub fn validate_threshold(function: &str, argument: &str, value: f64, metric: Me
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Metric, validate_threshold};
 
     #[test]
     fn distances_follow_their_definitions() {

@@ -4,62 +4,129 @@
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions, Visit};
 use datafusion::common::{Result, config_err, plan_err};
 
-use crate::op::{Device, Devices, IndexChoice, Metric, PairOrder};
+use crate::op::{Device, Devices, IndexChoice, Metric, Operation, PairOrder, SimilarityOp};
 
-/// Session-wide defaults of every simjoin function, settable with `SET simjoin.<name> = <value>`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SimJoinOptions {
-    /// Distance function: l2, l2sq, cosine, inner_product, l1, linf.
-    pub metric: Metric,
-    /// Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu.
-    pub device: Device,
-    /// Self-joins: also pair each row with itself.
-    pub include_self: bool,
-    /// Self-joins: `ordered` reports (a,b) and (b,a); `unordered` each pair once.
-    pub pairs: PairOrder,
-    /// The vector column, or numeric columns separated by spaces (`x y z`); empty means: the only
-    /// list column, else every floating-point column.
-    pub column: String,
-    /// Columns (separated by spaces) both inputs hold, whose values a pair must share (`keys=zip`:
-    /// pairs within each zip code; kNN: the nearest base rows with the query's keys); empty: none.
-    pub keys: String,
-    /// auto (cost model), grid, directory, brute_force (joins and range queries), or
-    /// list_of_clusters (every function, metrics only).
-    pub index: IndexChoice,
-    /// Joins and range queries with the grid: dimensions to index, 1..=8 (0: the cost model decides).
-    pub grid_dims: usize,
-    /// GPU: bytes of device memory a run may use (0: all that is free); larger inputs are tiled.
-    pub gpu_memory_limit: usize,
-    /// GPU: `all` the devices, or ordinals such as `0,1`.
-    pub devices: Devices,
-    /// Bytes of converted vectors kept across queries for inputs held in memory (an in-memory
-    /// table's), their rows resident on the GPU too; 0 keeps none.
-    pub cache_size: usize,
-    /// Plan `JOIN … ON dist(a.v, b.v) <= eps` as `sim_join` (functions/rewrite.rs).
-    pub rewrite_joins: bool,
-    /// Plan `WHERE dist(v, c) <= r` and `ORDER BY dist(v, c) LIMIT k` over one table as
-    /// `range_query` and `knn` (functions/rewrite.rs); off by default: for one constant query the
-    /// operator's fixed costs exceed DataFusion's own scan (docs/optimisations.md, v101).
-    pub rewrite_scans: bool,
-    /// On a cluster: the shares each call's work is divided into (0: the session's
-    /// `datafusion.execution.target_partitions`).
-    pub tasks: usize,
-    /// kNN: answer approximately from the Multicurves index, to the recall `approx_recall` asks
-    /// for unless `approx_effort` fixes the search.
-    pub approx: bool,
-    /// Approximate kNN: higher is slower and more accurate (candidates per curve: 160 × effort;
-    /// through the cores' graph, 16 × effort seeds per curve and a pool of 32 × effort rows);
-    /// `None` (`auto`, the default) to choose it for `approx_recall`.
-    pub approx_effort: Option<f64>,
-    /// Approximate kNN without `approx_effort`: the recall@k to reach, estimated on a sample
-    /// (backend/approx_recall.rs).
-    pub approx_recall: f64,
-    /// Set, not by `SET`, for a session whose plans run on a DataFusion Ballista cluster (its
-    /// configuration carries Ballista's): each executor then chooses the device of its part, and
-    /// the client and the scheduler open no GPU.
-    pub cluster: bool,
-    /// Set, not by `SET`, by the self-test and the benchmarks ([`SimJoinOptions::set_checks`]).
-    pub checks: crate::op::Checks,
+/// Declares the options once: the fields of [`SimJoinOptions`] (each documented by its
+/// description), their defaults, their keys with the descriptions `SHOW simjoin.*` lists, how a value
+/// is parsed (`parse(key, value)`, an error sentence without the caller's prefix) and how it is
+/// printed ([`OptionValue::show`]). The fields after `hidden` are set from Rust, never by `SET`.
+macro_rules! simjoin_options {
+    (
+        settable { $( $key:ident : $type:ty = $default:expr, $parse:expr, $description:literal; )* }
+        hidden {
+            $( $(#[doc = $hidden_doc:literal])* $hidden:ident : $hidden_type:ty = $hidden_default:expr; )*
+        }
+    ) => {
+        /// Session-wide defaults of every simjoin function, settable with `SET simjoin.<name> = <value>`
+        /// and overridden by a call's options string.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct SimJoinOptions {
+            $( #[doc = $description] pub $key: $type, )*
+            $( $(#[doc = $hidden_doc])* pub $hidden: $hidden_type, )*
+        }
+
+        impl Default for SimJoinOptions {
+            fn default() -> Self {
+                Self { $( $key: $default, )* $( $hidden: $hidden_default, )* }
+            }
+        }
+
+        /// Every option's key and description, in the order `SHOW` lists them.
+        const KEYS: &[(&str, &str)] = &[ $( (stringify!($key), $description), )* ];
+
+        impl SimJoinOptions {
+            /// Sets one option by name, with the messages the SQL `SET` and the options string share.
+            /// `Err` holds a sentence without the caller's prefix.
+            fn set_value(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
+                match key {
+                    $( stringify!($key) => self.$key = ($parse)(stringify!($key), value)?, )*
+                    _ => {
+                        let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
+                        return Err(format!("unknown option '{key}' (expected one of {})", known.join(", ")));
+                    }
+                }
+                Ok(())
+            }
+
+            /// Option `key`'s value as `SHOW` prints it (and `set_value` reads it back).
+            fn value_of(&self, key: &str) -> Option<String> {
+                match key {
+                    $( stringify!($key) => Some(OptionValue::show(&self.$key)), )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+simjoin_options! {
+    settable {
+    metric: Metric = Metric::default(), parse_from_str,
+        "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns";
+    device: Device = Device::default(), parse_from_str,
+        "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu";
+    include_self: bool = false, parse_bool, "Self-joins: also pair each row with itself (true/false)";
+    pairs: PairOrder = PairOrder::default(), parse_from_str,
+        "Self-joins: ordered reports (a,b) and (b,a); unordered reports each pair once";
+    column: String = String::new(), parse_text,
+        "Vector column, or numeric columns separated by spaces (x y z); empty: the only list column, else every floating-point column";
+    keys: String = String::new(), parse_text,
+        "Columns of both inputs (separated by spaces) whose values a pair must share, such as zip (pairs within each zip code; kNN: the nearest base rows with the query's keys); empty: none";
+    index: IndexChoice = IndexChoice::default(), parse_from_str,
+        "auto (sampled cost model), grid, directory (Böhm et al.'s quantile directory) or brute_force for joins and range queries; list_of_clusters for every function under a metric (l2, l1, linf, cosine, levenshtein)";
+    grid_dims: usize = 0, |key, value| parse_count(key, value, 0, 8),
+        "With the grid: dimensions to index, 1..=8 (0: the cost model decides)";
+    gpu_memory_limit: usize = 0, |key, value| parse_memory_size(key, value, "no limit"),
+        "GPU: device memory a run may use, such as 512M or 4G (0: all that is free); larger inputs are tiled";
+    devices: Devices = Devices::All, parse_from_str, "GPU: all (every visible GPU), or ordinals such as 0,1";
+    cache_size: usize = default_cache_size(), |key, value| parse_memory_size(key, value, "none"),
+        "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none; default: an eighth of the machine's memory, at least 4G)";
+    rewrite_joins: bool = true, parse_bool,
+        "Plan joins on a distance bound (JOIN … ON l2_distance(a.v, b.v) <= eps) as sim_join (true/false)";
+    rewrite_scans: bool = false, parse_bool,
+        "Plan WHERE dist(v, constant) <= r and ORDER BY dist(v, constant) LIMIT k over one table as range_query and knn (true/false; default false)";
+    tasks: usize = 0, |key, value| parse_count(key, value, 0, MAX_TASKS),
+        "On a cluster: the shares each call's work is divided into, each a task (0: datafusion.execution.target_partitions)";
+    approx: bool = false, parse_bool,
+        "knn only: answer approximately from the Multicurves index, to approx_recall (true/false; default false: exact)";
+    approx_recall: f64 = crate::op::DEFAULT_APPROX_RECALL, |key, value| parse_number(key, value, 0.5, 1.0),
+        "Approximate knn: the recall@k to reach, from 0.5 to 1; the effort is chosen on a sample of the queries (default 0.95)";
+    approx_effort: Option<f64> = None, |key, value| parse_auto_or_number(key, value, 0.01, crate::op::MAX_APPROX_EFFORT),
+        "Approximate knn: a fixed effort instead of approx_recall's choice, from 0.01 to 1000; higher is slower and more accurate (candidates per curve: 160 × effort; on the cores, graph seeds 16 × effort and pool 32 × effort; default auto)";
+    }
+    hidden {
+        /// Set for a session whose plans run on a DataFusion Ballista cluster (its configuration
+        /// carries Ballista's): each executor then chooses the device of its part, and the client
+        /// and the scheduler open no GPU.
+        cluster: bool = false;
+        /// Set by the self-test and the benchmarks ([`SimJoinOptions::set_checks`]).
+        checks: crate::op::Checks = crate::op::Checks::default();
+    }
+}
+
+/// How an option's value is printed by `SHOW` (and read back by its parser).
+trait OptionValue {
+    fn show(&self) -> String;
+}
+
+/// The options printed as they display.
+macro_rules! displayed_option_values {
+    ($($type:ty),*) => {
+        $(impl OptionValue for $type {
+            fn show(&self) -> String {
+                self.to_string()
+            }
+        })*
+    };
+}
+
+displayed_option_values!(Metric, Device, Devices, PairOrder, IndexChoice, bool, usize, f64, String);
+
+/// `approx_effort`'s `None` is `auto`.
+impl OptionValue for Option<f64> {
+    fn show(&self) -> String {
+        self.map_or_else(|| "auto".to_string(), |value| value.to_string())
+    }
 }
 
 /// The most shares a call's work may be divided into on a cluster (each is a task).
@@ -86,85 +153,6 @@ fn physical_memory() -> Option<usize> {
     kib.checked_mul(1024)
 }
 
-impl Default for SimJoinOptions {
-    fn default() -> Self {
-        Self {
-            metric: Metric::default(),
-            device: Device::default(),
-            include_self: false,
-            pairs: PairOrder::default(),
-            column: String::new(),
-            keys: String::new(),
-            index: IndexChoice::default(),
-            grid_dims: 0,
-            gpu_memory_limit: 0,
-            devices: Devices::All,
-            cache_size: default_cache_size(),
-            rewrite_joins: true,
-            rewrite_scans: false,
-            tasks: 0,
-            approx: false,
-            approx_effort: None,
-            approx_recall: crate::op::DEFAULT_APPROX_RECALL,
-            cluster: false,
-            checks: crate::op::Checks::default(),
-        }
-    }
-}
-
-const KEYS: [(&str, &str); 17] = [
-    ("metric", "Distance function: l2, l2sq, cosine, inner_product, l1, linf; levenshtein for text columns"),
-    ("device", "Where to run: auto (per query, the GPU or the CPU, whichever is estimated to finish first), gpu, cpu"),
-    ("include_self", "Self-joins: also pair each row with itself (true/false)"),
-    ("pairs", "Self-joins: ordered reports (a,b) and (b,a); unordered reports each pair once"),
-    (
-        "column",
-        "Vector column, or numeric columns separated by spaces (x y z); empty: the only list column, else every floating-point column",
-    ),
-    (
-        "keys",
-        "Columns of both inputs (separated by spaces) whose values a pair must share, such as zip (pairs within each zip code; kNN: the nearest base rows with the query's keys); empty: none",
-    ),
-    (
-        "index",
-        "auto (sampled cost model), grid, directory (Böhm et al.'s quantile directory) or brute_force for joins and range queries; list_of_clusters for every function under a metric (l2, l1, linf, cosine, levenshtein)",
-    ),
-    ("grid_dims", "With the grid: dimensions to index, 1..=8 (0: the cost model decides)"),
-    (
-        "gpu_memory_limit",
-        "GPU: device memory a run may use, such as 512M or 4G (0: all that is free); larger inputs are tiled",
-    ),
-    ("devices", "GPU: all (every visible GPU), or ordinals such as 0,1"),
-    (
-        "cache_size",
-        "Converted vectors kept across queries for in-memory tables (rows resident on the GPU too), such as 4G (0: none; default: an eighth of the machine's memory, at least 4G)",
-    ),
-    (
-        "rewrite_joins",
-        "Plan joins on a distance bound (JOIN … ON l2_distance(a.v, b.v) <= eps) as sim_join (true/false)",
-    ),
-    (
-        "rewrite_scans",
-        "Plan WHERE dist(v, constant) <= r and ORDER BY dist(v, constant) LIMIT k over one table as range_query and knn (true/false; default false)",
-    ),
-    (
-        "tasks",
-        "On a cluster: the shares each call's work is divided into, each a task (0: datafusion.execution.target_partitions)",
-    ),
-    (
-        "approx",
-        "knn only: answer approximately from the Multicurves index, to approx_recall (true/false; default false: exact)",
-    ),
-    (
-        "approx_recall",
-        "Approximate knn: the recall@k to reach, from 0.5 to 1; the effort is chosen on a sample of the queries (default 0.95)",
-    ),
-    (
-        "approx_effort",
-        "Approximate knn: a fixed effort instead of approx_recall's choice, from 0.01 to 1000; higher is slower and more accurate (candidates per curve: 160 × effort; on the cores, graph seeds 16 × effort and pool 32 × effort; default auto)",
-    ),
-];
-
 impl SimJoinOptions {
     /// The session's options (the defaults where none were registered).
     pub fn of(config: &datafusion::common::config::ConfigOptions) -> Self {
@@ -186,87 +174,6 @@ impl SimJoinOptions {
         match extensions.get_mut::<SimJoinOptions>() {
             Some(options) => options.checks = checks,
             None => extensions.insert(SimJoinOptions { checks, ..Default::default() }),
-        }
-    }
-
-    /// Sets one option by name, with the messages the SQL `SET` and the options string share.
-    /// `Err` holds a sentence without the caller's prefix.
-    fn set_value(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
-        match key {
-            "metric" => self.metric = value.parse()?,
-            "device" => self.device = value.parse()?,
-            "include_self" => self.include_self = parse_bool("include_self", value)?,
-            "rewrite_joins" => self.rewrite_joins = parse_bool("rewrite_joins", value)?,
-            "devices" => self.devices = value.parse()?,
-            "rewrite_scans" => self.rewrite_scans = parse_bool("rewrite_scans", value)?,
-            "tasks" => {
-                self.tasks = match value.trim().parse::<usize>() {
-                    Ok(tasks) if tasks <= MAX_TASKS => tasks,
-                    _ => {
-                        return Err(format!(
-                            "tasks must be a whole number from 0 (target_partitions) to {MAX_TASKS}, got '{value}'"
-                        ));
-                    }
-                }
-            }
-            "approx" => self.approx = parse_bool("approx", value)?,
-            "approx_effort" => {
-                self.approx_effort = match value.trim().parse::<f64>() {
-                    _ if value.trim().eq_ignore_ascii_case("auto") => None,
-                    Ok(effort) if (0.01..=crate::op::MAX_APPROX_EFFORT).contains(&effort) => Some(effort),
-                    _ => {
-                        return Err(format!(
-                            "approx_effort must be auto or a number from 0.01 to {}, got '{value}'",
-                            crate::op::MAX_APPROX_EFFORT
-                        ));
-                    }
-                }
-            }
-            "approx_recall" => {
-                self.approx_recall = match value.trim().parse::<f64>() {
-                    Ok(recall) if (0.5..=1.0).contains(&recall) => recall,
-                    _ => return Err(format!("approx_recall must be a number from 0.5 to 1, got '{value}'")),
-                }
-            }
-            "pairs" => self.pairs = value.parse()?,
-            "column" => self.column = value.trim().to_string(),
-            "keys" => self.keys = value.trim().to_string(),
-            "gpu_memory_limit" => self.gpu_memory_limit = parse_memory_size("gpu_memory_limit", value, "no limit")?,
-            "cache_size" => self.cache_size = parse_memory_size("cache_size", value, "none")?,
-            "index" => self.index = value.parse()?,
-            "grid_dims" => {
-                self.grid_dims = match value.trim().parse::<usize>() {
-                    Ok(k) if k <= 8 => k,
-                    _ => return Err(format!("grid_dims must be an integer from 0 to 8, got '{value}'")),
-                }
-            }
-            _ => {
-                let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
-                return Err(format!("unknown option '{key}' (expected one of {})", known.join(", ")));
-            }
-        }
-        Ok(())
-    }
-
-    fn value_of(&self, key: &str) -> String {
-        match key {
-            "metric" => self.metric.to_string(),
-            "device" => self.device.to_string(),
-            "include_self" => self.include_self.to_string(),
-            "pairs" => self.pairs.to_string(),
-            "index" => self.index.to_string(),
-            "grid_dims" => self.grid_dims.to_string(),
-            "gpu_memory_limit" => self.gpu_memory_limit.to_string(),
-            "cache_size" => self.cache_size.to_string(),
-            "rewrite_joins" => self.rewrite_joins.to_string(),
-            "devices" => self.devices.to_string(),
-            "rewrite_scans" => self.rewrite_scans.to_string(),
-            "tasks" => self.tasks.to_string(),
-            "approx" => self.approx.to_string(),
-            "approx_effort" => self.approx_effort.map_or("auto".to_string(), |effort| effort.to_string()),
-            "approx_recall" => self.approx_recall.to_string(),
-            "keys" => self.keys.clone(),
-            _ => self.column.clone(),
         }
     }
 
@@ -319,6 +226,36 @@ impl SimJoinOptions {
         Ok(options)
     }
 
+    /// `operation` with these options, which say how and where it runs, checked once
+    /// ([`SimilarityOp::validate`]): the option combinations no machine can run are a planning error
+    /// naming the function, the option and the value. `approx` reaches kNN alone (a call to another
+    /// function that asks for it fails in [`SimJoinOptions::with_call_options`]).
+    pub fn similarity_op(&self, operation: Operation) -> Result<SimilarityOp> {
+        let approx = (self.approx && matches!(operation, Operation::Knn { .. })).then_some(crate::op::Approx {
+            effort: self.approx_effort.unwrap_or(crate::op::DEFAULT_APPROX_EFFORT),
+            recall: self.approx_effort.is_none().then_some(self.approx_recall),
+            planned_queries: None,
+            curves_alone: self.checks.curves_alone,
+        });
+        let op = SimilarityOp {
+            operation,
+            metric: self.metric,
+            device: self.device,
+            index: self.index,
+            grid_dims: self.grid_dims,
+            gpu_memory_limit: self.gpu_memory_limit,
+            devices: self.devices.clone(),
+            cache_size: self.cache_size,
+            tasks: self.tasks,
+            scalar_semantics: false,
+            approx,
+            keys: self.keys(),
+            checks: self.checks,
+        };
+        op.validate()?;
+        Ok(op)
+    }
+
     /// The key columns named by the options (`keys`), in order.
     pub fn keys(&self) -> Vec<String> {
         self.keys.split_whitespace().map(str::to_string).collect()
@@ -328,6 +265,42 @@ impl SimJoinOptions {
     pub fn column(&self) -> Option<&str> {
         (!self.column.is_empty()).then_some(self.column.as_str())
     }
+}
+
+/// An option whose type spells its values (`Metric`, `Device`, …).
+fn parse_from_str<T: std::str::FromStr<Err = String>>(_key: &str, value: &str) -> std::result::Result<T, String> {
+    value.parse()
+}
+
+/// A column list, as written.
+fn parse_text(_key: &str, value: &str) -> std::result::Result<String, String> {
+    Ok(value.trim().to_string())
+}
+
+/// A whole number from `low` to `high`.
+fn parse_count(key: &str, value: &str, low: usize, high: usize) -> std::result::Result<usize, String> {
+    match value.trim().parse::<usize>() {
+        Ok(n) if (low..=high).contains(&n) => Ok(n),
+        _ => Err(format!("{key} must be a whole number from {low} to {high}, got '{value}'")),
+    }
+}
+
+/// A number from `low` to `high`.
+fn parse_number(key: &str, value: &str, low: f64, high: f64) -> std::result::Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(x) if (low..=high).contains(&x) => Ok(x),
+        _ => Err(format!("{key} must be a number from {low} to {high}, got '{value}'")),
+    }
+}
+
+/// `auto` (`None`) or a number from `low` to `high`.
+fn parse_auto_or_number(key: &str, value: &str, low: f64, high: f64) -> std::result::Result<Option<f64>, String> {
+    if value.trim().eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    parse_number(key, value, low, high)
+        .map(Some)
+        .map_err(|_| format!("{key} must be auto or a number from {low} to {high}, got '{value}'"))
 }
 
 /// Option `key`'s boolean value.
@@ -373,9 +346,9 @@ impl ExtensionOptions for SimJoinOptions {
 
     fn entries(&self) -> Vec<ConfigEntry> {
         KEYS.iter()
-            .map(|(key, description)| ConfigEntry {
+            .map(|&(key, description)| ConfigEntry {
                 key: format!("{}.{key}", Self::PREFIX),
-                value: Some(self.value_of(key)),
+                value: self.value_of(key),
                 description,
             })
             .collect()
@@ -384,8 +357,8 @@ impl ExtensionOptions for SimJoinOptions {
 
 impl ConfigField for SimJoinOptions {
     fn visit<V: Visit>(&self, v: &mut V, key_prefix: &str, _description: &'static str) {
-        for (key, description) in KEYS {
-            v.some(&format!("{key_prefix}.{key}"), self.value_of(key), description);
+        for &(key, description) in KEYS {
+            v.some(&format!("{key_prefix}.{key}"), self.value_of(key).unwrap_or_default(), description);
         }
     }
 
@@ -396,7 +369,9 @@ impl ConfigField for SimJoinOptions {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::SimJoinOptions;
+    use crate::Devices;
+    use crate::op::{Device, Metric};
 
     #[test]
     fn tasks_are_bounded() {

@@ -91,10 +91,10 @@ pub enum OutputColumn {
 /// input's batches as they came (rows numbered across them), taken from with Arrow's `interleave`.
 /// Concatenating the batches first copied the whole column to output a few of its rows: a kNN join
 /// written in SQL projects the base's vector column (a 1M × 128 f32 base: 512 MB) for the window
-/// above the operator (docs/optimisations.md, v151). A column of fixed-width primitives (ids: 8
+/// above the operator (docs/design.md#results). A column of fixed-width primitives (ids: 8
 /// bytes a row) is concatenated once the rows taken from it reach a quarter of its rows, and taken
 /// from with Arrow's `take` after: finding each output row's batch and interleaving took a third
-/// of a 5·10⁷-pair join's listing (v154), while a few rows (a small kNN over a large base) would
+/// of a 5·10⁷-pair join's listing (docs/design.md#results), while a few rows (a small kNN over a large base) would
 /// not repay the copy.
 #[derive(Debug, Clone)]
 pub enum InputColumn {

@@ -147,7 +147,12 @@ impl ObjectStoreRegistry for RemoteStoreRegistry {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
+
+    use datafusion::datasource::object_store::ObjectStoreRegistry;
+    use url::Url;
+
+    use super::RemoteStoreRegistry;
 
     #[test]
     fn unknown_schemes_and_bad_urls_are_named() {

@@ -26,7 +26,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, StatisticsArgs, StatisticsContext};
 
 use crate::backend::{Backend, KnownSizes};
-use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, WholeInputExec};
+use crate::exec::{InputSide, KnnMergeExec, SimilarityExecBuilder, WholeInputExec};
 use crate::op::{Operation, SimilarityOp};
 use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
@@ -327,7 +327,10 @@ impl TableProvider for SimilarityTable {
         let Some(tasks) = tasks else {
             let sizes = self.known_sizes(&children);
             let backend = self.backend.for_inputs(&self.op, &sizes).unwrap_or_else(|| self.backend.clone());
-            let exec = SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, backend)?;
+            let exec = SimilarityExecBuilder::new(self.op.clone(), backend)
+                .inputs(children, left, right)
+                .output(columns, schema)
+                .build()?;
             return Ok(Arc::new(exec));
         };
         children = children.into_iter().map(|c| Arc::new(WholeInputExec::new(c)) as _).collect();
@@ -342,9 +345,11 @@ impl TableProvider for SimilarityTable {
             Some(_) => KnnMergeExec::list_columns(columns, &schema),
             None => (columns, schema),
         };
-        let exec =
-            SimilarityExec::try_new(self.op.clone(), children, left, right, columns, schema, self.backend.clone())?
-                .with_tasks(Some(tasks))?;
+        let exec = SimilarityExecBuilder::new(self.op.clone(), self.backend.clone())
+            .inputs(children, left, right)
+            .output(columns, schema)
+            .tasks(Some(tasks))
+            .build()?;
         let Some((k, rank)) = knn else {
             return Ok(Arc::new(exec));
         };

@@ -20,7 +20,7 @@ def _sql_text(value: Any) -> str:
 class SessionContext:
     """A session of the engine with simjoin's functions, options and optimizer rules.
 
-    Options are keyword arguments (``SessionContext(device="gpu", cache_size=4)``, the
+    Options are keyword arguments (``SessionContext(device="gpu", cache_size="4G")``, the
     ``simjoin.*`` options without their prefix; DataFusion's own by their full name, e.g.
     ``**{"datafusion.execution.target_partitions": 4}``) or ``SET`` statements.
     """

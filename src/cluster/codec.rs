@@ -35,7 +35,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::backend;
-use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, WholeInputExec};
+use crate::exec::{InputSide, KnnMergeExec, SimilarityExec, SimilarityExecBuilder, WholeInputExec};
 use crate::op::{Device, SimilarityOp};
 use crate::results::{OutputColumn, SummaryColumn};
 use crate::table::{SimilarityTable, TableInput};
@@ -199,7 +199,7 @@ impl LogicalExtensionCodec for LogicalCodec {
         let message: TableMessage = from_json(TABLE_TAG, buf)?;
         let left = self.decode_input(message.left, ctx)?;
         let right = message.right.map(|r| self.decode_input(r, ctx)).transpose()?;
-        let backend = backend::on_executor(&message.op)?;
+        let backend = backend::on_executor();
         let table = SimilarityTable::new(message.op, left, right, backend).on_cluster();
         if table.schema().fields() != schema.fields() {
             return internal_err!("decoding a simjoin table: its schema differs from the plan's");
@@ -289,7 +289,7 @@ impl PhysicalExtensionCodec for PhysicalCodec {
         let schema = Arc::new(Schema::try_from(&schema)?);
         let mut op = message.op;
         let backend = match self.role {
-            Role::Planner => backend::on_executor(&op)?,
+            Role::Planner => backend::on_executor(),
             Role::Executor { device } => {
                 // The executor's device where the query left the choice open; GPUs the query
                 // named matter only where it runs on GPUs.
@@ -304,20 +304,14 @@ impl PhysicalExtensionCodec for PhysicalCodec {
                 chosen.for_inputs(&op, &backend::KnownSizes::default()).unwrap_or(chosen)
             }
         };
-        let exec = SimilarityExec::try_new(
-            Arc::new(op),
-            inputs.to_vec(),
-            message.left,
-            message.right,
-            message.columns,
-            schema,
-            backend,
-        )?
-        .with_tasks(message.tasks)?;
-        Ok(Arc::new(match message.summary.as_slice() {
-            [] => exec,
-            _ => exec.with_summary(message.summary, exec.schema())?,
-        }))
+        let exec = SimilarityExecBuilder::new(Arc::new(op), backend)
+            .inputs(inputs.to_vec(), message.left, message.right)
+            .tasks(message.tasks);
+        let exec = match message.summary.as_slice() {
+            [] => exec.output(message.columns, schema),
+            _ => exec.summary(message.summary, schema),
+        };
+        Ok(Arc::new(exec.build()?))
     }
 
     fn try_encode(
@@ -353,11 +347,21 @@ impl PhysicalExtensionCodec for PhysicalCodec {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use datafusion::catalog::TableProvider;
+    use datafusion::common::TableReference;
     use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
     use datafusion::datasource::source_as_provider;
     use datafusion::logical_expr::LogicalPlan;
+    use datafusion::physical_plan::ExecutionPlan;
+    use datafusion_proto::logical_plan::LogicalExtensionCodec;
+    use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 
-    use super::*;
+    use crate::cluster::{LogicalCodec, PhysicalCodec, Role};
+    use crate::exec::{KnnMergeExec, SimilarityExec, WholeInputExec};
+    use crate::op::{Device, SimilarityOp};
+    use crate::table::SimilarityTable;
 
     /// The table of the one table-function call in `sql`.
     async fn table_of(ctx: &datafusion::prelude::SessionContext, sql: &str) -> Arc<dyn TableProvider> {

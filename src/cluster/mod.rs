@@ -43,10 +43,10 @@ use datafusion::execution::session_state::SessionState;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 
-pub use codec::{LogicalCodec, PhysicalCodec, Role};
-
 use crate::op::Device;
 use crate::options::SimJoinOptions;
+
+pub use codec::{LogicalCodec, PhysicalCodec, Role};
 
 /// The configuration every process of a cluster starts from: Ballista's, simjoin's options and
 /// the codecs of a process in `role`.

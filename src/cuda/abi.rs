@@ -78,7 +78,7 @@ pub enum FilterCode {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{FilterCode, MetricCode};
 
     /// The value of `#define NAME Nu` in kernels/common.cuh.
     fn defined(name: &str) -> u32 {

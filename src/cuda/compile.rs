@@ -214,7 +214,8 @@ fn compile(module: KernelModule, arch: &str) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{file_name, read_image, write_image};
+    use crate::cuda::kernels::KernelModule;
 
     #[test]
     fn a_cached_image_is_read_back_only_while_whole() {

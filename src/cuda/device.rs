@@ -118,7 +118,7 @@ impl ResidentEntry {
 
 /// A side built on the device from kept rows, with its f16 rows at one scale and its largest
 /// |filter coordinate|: a kNN over a kept base would otherwise build it again for every query
-/// (P1: ~1.2 ms of its 21, docs/optimisations.md, v56), and a repeated query table its own side (docs/optimisations.md, v75).
+/// (P1: ~1.2 ms of its 21, docs/design.md#memory), and a repeated query table its own side (docs/design.md#memory).
 /// The GEMM form of L2 and L2² centres its filter on the base's mean, so a base's side depends on
 /// its rows alone and a query side on its rows and the base's.
 #[derive(Debug)]

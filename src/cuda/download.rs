@@ -166,7 +166,7 @@ impl<'a> HostPairs<'a> {
 
 /// Result buffers for at most `capacity` pairs. The device keeps one set between runs and grows
 /// it when a run needs more: page-locking and zeroing ~0.5 GB anew took ~0.3 s of every P3–P5 run
-/// (docs/optimisations.md, v14). A run that finds the set held by another (which may be blocked on a slow
+/// (docs/design.md#gpu-transfers). A run that finds the set held by another (which may be blocked on a slow
 /// consumer) allocates its own rather than wait.
 pub fn host_results(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>> {
     kept_host_buffers(device, &device.results, capacity)
@@ -179,7 +179,7 @@ pub const KEPT_RANKED: usize = 1 << 22;
 /// Page-locked buffers for at most `capacity` ≤ [`KEPT_RANKED`] neighbours ranked on the device
 /// (`rank_slots`), kept by the device between runs as [`host_results`]' are. Copied into
 /// pageable memory allocated for each query, P1 k = 100's 10⁶ took 2 ms in most processes and
-/// 5–11 ms in some (docs/optimisations.md, v68).
+/// 5–11 ms in some (docs/design.md#gpu-knn).
 pub fn host_ranked(device: &GpuDevice, capacity: usize) -> Result<HostResults<'_>> {
     if capacity > KEPT_RANKED {
         return Err(Error::Device(format!("{capacity} ranked neighbours exceed the kept buffers' {KEPT_RANKED}")));

@@ -69,7 +69,10 @@ pub fn format_size(bytes: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use cudarc::driver::DriverError;
+    use cudarc::driver::sys::CUresult;
+
+    use super::Error;
 
     #[test]
     fn out_of_memory_names_the_size() {

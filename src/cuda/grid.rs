@@ -3,7 +3,7 @@
 //! `GridGeometry::cell_id`, so both backends put every point in the same cell); the device sorts
 //! the positions by (cell, sort value) with stable 8-bit radix passes (least significant first,
 //! ties staying in input order), finds the non-empty cells and their bounds, and builds the dense
-//! linear id → cell table. Measured against the host build in docs/optimisations.md, v27.
+//! linear id → cell table. Measured against the host build in docs/design.md#gpu-grid.
 
 use cudarc::driver::CudaSlice;
 

@@ -286,7 +286,7 @@ impl std::fmt::Display for Kernel {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Kernel, KernelModule};
 
     #[test]
     fn every_launched_kernel_is_defined_in_its_source() {

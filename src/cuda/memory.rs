@@ -73,10 +73,11 @@ pub(super) const STAGE_BYTES: usize = 32 << 20;
 
 /// `values` on the device. Large slices go through the device's two page-locked staging buffers:
 /// while one is copied to the device, the worker threads fill the other, so a 1 GB side moves at
-/// DMA speed instead of the few GB/s of a copy from pageable memory (docs/optimisations.md, v12). Smaller ones
+/// DMA speed instead of the few GB/s of a copy from pageable memory (docs/design.md#gpu-transfers). Smaller ones
 /// (under two stages) are copied directly.
 pub fn upload<T: DeviceRepr + ValidAsZeroBits>(device: &GpuDevice, values: &[T]) -> Result<CudaSlice<T>> {
-    use rayon::prelude::*;
+    use rayon::iter::{IndexedParallelIterator, ParallelIterator};
+    use rayon::slice::{ParallelSlice, ParallelSliceMut};
     let stream = &device.stream;
     let copy = |e: cudarc::driver::DriverError| Error::Device(format!("copy to the GPU failed: {e}"));
     // SAFETY: `T: DeviceRepr` is plain data without padding requirements on the host side beyond

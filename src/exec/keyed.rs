@@ -17,11 +17,12 @@ use datafusion::arrow::compute::{cast, concat};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::{HashMap, Result, exec_err};
-use rayon::prelude::*;
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
+use rayon::slice::ParallelSlice;
 
-use super::stream::{ConvertedSide, OddRows, compute, scalar_pair, send_candidates};
-use crate::backend::text::Pattern;
+use crate::backend::cpu::text::Pattern;
 use crate::backend::{Backend, PairWriter, ResultSink, RunStats, ShiftedSink};
+use crate::exec::run::{ConvertedSide, OddRows, compute, scalar_pair, send_candidates};
 use crate::op::{Operation, PairOrder, SimilarityOp};
 use crate::vectors::{Row, Vectors};
 
@@ -255,7 +256,7 @@ fn compare_pairs(
     Ok(compared)
 }
 
-/// [`super::stream::scalar_pairs`] within groups: each odd row of one side against the rows of
+/// [`crate::exec::run::scalar_pairs`] within groups: each odd row of one side against the rows of
 /// its group on the other side (vectors, then odd rows), numbered as there.
 pub(super) fn scalar_pairs_by_keys(
     op: &SimilarityOp,
@@ -284,7 +285,7 @@ pub(super) fn scalar_pairs_by_keys(
     writer.flush()
 }
 
-/// [`super::stream::odd_candidates`] within groups: each query with the skipped base rows of its
+/// [`crate::exec::run::odd_candidates`] within groups: each query with the skipped base rows of its
 /// group, and each skipped query with every base row of its group; the skipped base rows are
 /// numbered from `base` on, as the output numbers them.
 pub(super) fn odd_candidates_by_keys(

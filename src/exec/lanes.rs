@@ -4,8 +4,8 @@
 //! DataFusion spreads a one-partition input over the cores by a round-robin `RepartitionExec`:
 //! one task pulls every batch and sends it on through a channel per output partition, with a
 //! memory reservation and a wake-up each. For 5·10⁷ pairs (6,100 batches) that one task spent
-//! 0.15 s sending on a 16-core H200 host, longer than the GPU's whole join (docs/optimisations.md,
-//! v163). The physical rule over aggregates (summary.rs) replaces such a repartition between a
+//! 0.15 s sending on a 16-core H200 host, longer than the GPU's whole join (docs/design.md,
+//! docs/design.md#results). The physical rule over aggregates (summary.rs) replaces such a repartition between a
 //! [`SimilarityExec`] and the partial aggregate above it by the operator itself with as many
 //! output partitions ([`spread_directly`]): each partition's stream takes the run's next batches
 //! itself (those of a chunk that are ready, up to 4 MiB), under a lock held only while it takes
@@ -48,7 +48,7 @@ pub(super) struct Lanes {
 /// The run the lanes read. Held strongly until every lane has been asked for, so a consumer that
 /// executes partitions one after the other still gets every row (the first lane then reads them
 /// all); after that only weakly, so dropping every lane drops the run's stream, which stops the
-/// backend at its next send (exec/stream/mod.rs).
+/// backend at its next send (exec/run/mod.rs).
 #[derive(Default)]
 struct Current {
     pending: Option<Arc<SharedOutput>>,
@@ -104,7 +104,7 @@ impl Lanes {
             current.pending = None;
         }
         // A lane takes, under the lock, the batch it waits for and those ready behind it (the rest
-        // of the backend's chunk, exec/stream/sink.rs): one hand-off a chunk rather than a batch.
+        // of the backend's chunk, exec/run/sink.rs): one hand-off a chunk rather than a batch.
         let next = futures::stream::unfold((running, VecDeque::new()), |(output, mut taken)| async move {
             if taken.is_empty() {
                 let mut stream = output.lock().await;
@@ -157,7 +157,7 @@ pub(super) fn spread_directly(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Ar
     {
         return Ok(None);
     }
-    let lanes: Arc<dyn ExecutionPlan> = Arc::new(exec.with_lanes(*lanes)?);
+    let lanes: Arc<dyn ExecutionPlan> = Arc::new(exec.to_builder().lanes(*lanes).build()?);
     Ok(Some(replace_children_if_necessary(node.clone(), vec![lanes])?))
 }
 

@@ -245,9 +245,15 @@ fn merge(lists: &RecordBatch, schema: &SchemaRef, k: usize, rank: Option<usize>)
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, UInt32Array};
     use datafusion::arrow::array::{Float64Array, UInt64Array};
     use datafusion::arrow::datatypes::Int64Type;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    use super::{DISTANCE_COLUMN, QUERY_ROW_COLUMN, SCAN_ORDER_COLUMN, merge};
 
     #[test]
     fn the_merge_keeps_each_querys_k_smallest_by_distance_then_scan_order() {

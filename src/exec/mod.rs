@@ -36,14 +36,14 @@ use crate::op::{IndexChoice, Metric, Operation, SimilarityOp};
 use crate::results::{OutputColumn, SummaryColumn};
 use crate::vectors::VectorSource;
 
+mod base_by_parts;
 mod cache;
 mod keyed;
 mod lanes;
 mod merge;
 mod progress;
+mod run;
 mod share;
-mod stream;
-mod streamed;
 mod summary;
 mod whole;
 
@@ -98,93 +98,117 @@ pub fn task_numbers(tasks: usize) -> Result<Arc<dyn ExecutionPlan>> {
     Ok(MemorySourceConfig::try_new_exec(&partitions, schema, None)?)
 }
 
-impl SimilarityExec {
-    /// A new operator; `schema` is the projected output schema and `columns` the source of each of
-    /// its columns.
-    pub fn try_new(
-        op: Arc<SimilarityOp>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-        left: InputSide,
-        right: InputSide,
-        columns: Vec<OutputColumn>,
-        schema: SchemaRef,
-        backend: Arc<dyn Backend>,
-    ) -> Result<Self> {
+/// Builds a [`SimilarityExec`]: the operation and the backend that runs it, the children and the
+/// sides they feed, the output (its columns and schema, or a summary row a partition), and on a
+/// cluster its tasks, in one process its lanes.
+pub struct SimilarityExecBuilder {
+    op: Arc<SimilarityOp>,
+    backend: Arc<dyn Backend>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+    sides: Option<(InputSide, InputSide)>,
+    output: Option<(Vec<OutputColumn>, SchemaRef)>,
+    tasks: Option<usize>,
+    summary: Vec<SummaryColumn>,
+    lanes: usize,
+}
+
+impl SimilarityExecBuilder {
+    /// An operator running `op` with `backend`, in one process, its rows read by one partition.
+    pub fn new(op: Arc<SimilarityOp>, backend: Arc<dyn Backend>) -> Self {
+        Self {
+            op,
+            backend,
+            children: Vec::new(),
+            sides: None,
+            output: None,
+            tasks: None,
+            summary: Vec::new(),
+            lanes: 1,
+        }
+    }
+
+    /// Its children, and the sides of the operation they feed (`left.child`, `right.child`).
+    pub fn inputs(self, children: Vec<Arc<dyn ExecutionPlan>>, left: InputSide, right: InputSide) -> Self {
+        Self { children, sides: Some((left, right)), ..self }
+    }
+
+    /// Its output: `schema`, the projected output schema, and `columns`, the source of each of its
+    /// columns.
+    pub fn output(self, columns: Vec<OutputColumn>, schema: SchemaRef) -> Self {
+        Self { output: Some((columns, schema)), summary: Vec::new(), ..self }
+    }
+
+    /// One row a partition of `summary` in `schema` instead of its result rows (summary.rs).
+    pub fn summary(self, summary: Vec<SummaryColumn>, schema: SchemaRef) -> Self {
+        Self { output: Some((Vec::new(), schema)), summary, ..self }
+    }
+
+    /// Its work divided into `tasks` shares on a cluster, its last child being the task-numbering
+    /// leaf ([`task_numbers`]); `None`: one process.
+    pub fn tasks(self, tasks: Option<usize>) -> Self {
+        Self { tasks, ..self }
+    }
+
+    /// Its rows read by `lanes` output partitions in one process (lanes.rs).
+    pub fn lanes(self, lanes: usize) -> Self {
+        Self { lanes: lanes.max(1), ..self }
+    }
+
+    /// The operator, or an internal error where its parts do not fit together.
+    pub fn build(self) -> Result<SimilarityExec> {
+        let (Some((left, right)), Some((columns, schema))) = (self.sides, self.output) else {
+            return internal_err!("SimilarityExec: built without its inputs or its output");
+        };
+        let children = self.children;
         if children.is_empty() || left.child >= children.len() || right.child >= children.len() {
             return internal_err!("SimilarityExec: inputs do not match its {} children", children.len());
         }
-        let cache = Self::properties_for(&schema, 1);
-        let metrics = ExecutionPlanMetricsSet::new();
-        Ok(Self {
-            op,
+        let partitions = match self.tasks {
+            None => self.lanes,
+            Some(count) => {
+                let inputs = children.len() - 1;
+                if count == 0 || inputs == 0 || left.child >= inputs || right.child >= inputs {
+                    return internal_err!("SimilarityExec: {count} tasks over {} children", children.len());
+                }
+                if self.lanes > 1 {
+                    return internal_err!("SimilarityExec: output lanes asked for a cluster's task");
+                }
+                // As many output partitions as the task-numbering leaf has left after the scheduler
+                // gave this task its slice of them.
+                children[inputs].output_partitioning().partition_count()
+            }
+        };
+        Ok(SimilarityExec {
+            op: self.op,
+            cache: SimilarityExec::properties_for(&schema, partitions),
             children,
             left,
             right,
             columns,
             schema,
-            backend,
-            tasks: None,
-            summary: Vec::new(),
-            lanes: Lanes::new(1),
-            cache,
-            metrics,
+            backend: self.backend,
+            tasks: self.tasks,
+            summary: self.summary,
+            lanes: Lanes::new(self.lanes),
+            metrics: ExecutionPlanMetricsSet::new(),
         })
     }
+}
 
-    /// This operator with its work divided into `tasks` shares on a cluster, its last child being
-    /// the task-numbering leaf ([`task_numbers`]); `None`: one process.
-    pub fn with_tasks(self, tasks: Option<usize>) -> Result<Self> {
-        let Some(count) = tasks else {
-            return Ok(Self { tasks, cache: Self::properties_for(&self.schema, self.lanes.count()), ..self });
-        };
-        let inputs = self.children.len() - 1;
-        if count == 0 || inputs == 0 || self.left.child >= inputs || self.right.child >= inputs {
-            return internal_err!("SimilarityExec: {count} tasks over {} children", self.children.len());
+impl SimilarityExec {
+    /// A builder holding everything this operator was built from, to build a copy with some of it
+    /// changed (its metrics start anew).
+    pub fn to_builder(&self) -> SimilarityExecBuilder {
+        SimilarityExecBuilder {
+            op: self.op.clone(),
+            backend: self.backend.clone(),
+            children: self.children.clone(),
+            sides: Some((self.left.clone(), self.right.clone())),
+            output: Some((self.columns.clone(), self.schema.clone())),
+            tasks: self.tasks,
+            summary: self.summary.clone(),
+            lanes: self.lanes.count(),
         }
-        // As many output partitions as the task-numbering leaf has left after the scheduler gave
-        // this task its slice of them.
-        let partitions = self.children[inputs].output_partitioning().partition_count();
-        Ok(Self { tasks, cache: Self::properties_for(&self.schema, partitions), ..self })
-    }
-
-    /// This operator asked for one row a partition of `summary` in `schema` instead of its result
-    /// rows (summary.rs).
-    pub fn with_summary(&self, summary: Vec<SummaryColumn>, schema: SchemaRef) -> Result<Self> {
-        let exec = Self::try_new(
-            self.op.clone(),
-            self.children.clone(),
-            self.left.clone(),
-            self.right.clone(),
-            Vec::new(),
-            schema,
-            self.backend.clone(),
-        )?
-        .with_tasks(self.tasks)?;
-        Ok(Self { summary, ..exec })
-    }
-
-    /// This operator with its rows read by `lanes` output partitions in one process (lanes.rs).
-    pub fn with_lanes(&self, lanes: usize) -> Result<Self> {
-        if self.tasks.is_some() {
-            return internal_err!("SimilarityExec: output lanes asked for a cluster's task");
-        }
-        let exec = self.with_children(self.children.clone())?;
-        Ok(Self { lanes: Lanes::new(lanes), cache: Self::properties_for(&self.schema, lanes.max(1)), ..exec })
-    }
-
-    /// A copy over `children`, with the same tasks, lanes and summary.
-    fn with_children(&self, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Self> {
-        let exec = Self::try_new(
-            self.op.clone(),
-            children,
-            self.left.clone(),
-            self.right.clone(),
-            self.columns.clone(),
-            self.schema.clone(),
-            self.backend.clone(),
-        )?;
-        let exec = Self { lanes: Lanes::new(self.lanes.count()), ..exec }.with_tasks(self.tasks)?;
-        Ok(Self { summary: self.summary.clone(), ..exec })
     }
 
     /// Where not empty, the columns of the output's one summary row a partition.
@@ -346,7 +370,7 @@ impl DisplayAs for SimilarityExec {
                 )?;
             }
             match approx.recall {
-                // The effort is chosen on a sample of the queries (backend/approx_recall.rs).
+                // The effort is chosen on a sample of the queries (backend/plan/recall.rs).
                 Some(target) => write!(f, ", approx_recall={target}")?,
                 None => write!(f, ", approx_effort={}", approx.effort)?,
             }
@@ -377,7 +401,7 @@ impl DisplayAs for SimilarityExec {
         } else if self.columns.is_empty() && counted {
             write!(f, ", output=pair_count, pairs_listed=false")?;
         }
-        if self.tasks.is_none() && streamed::streams_base(self) {
+        if self.tasks.is_none() && base_by_parts::streams_base(self) {
             write!(f, ", base=streamed")?;
             if verbose {
                 write!(f, "(searched part by part as it is read)")?;
@@ -429,7 +453,8 @@ impl ExecutionPlan for SimilarityExec {
         if children.len() != self.children.len() {
             return internal_err!("SimilarityExec: expected {} children, got {}", self.children.len(), children.len());
         }
-        Ok(Arc::new(self.with_children(children)?))
+        let (left, right) = (self.left.clone(), self.right.clone());
+        Ok(Arc::new(self.to_builder().inputs(children, left, right).build()?))
     }
 
     /// The operator gathers every partition of its inputs itself (in order, concurrently), so a
@@ -456,7 +481,7 @@ impl ExecutionPlan for SimilarityExec {
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let share = match (self.tasks, self.children.last()) {
             (None, _) if self.lanes.count() > 1 => {
-                return self.lanes.lane(partition, self, || stream::execute(self, context, None));
+                return self.lanes.lane(partition, self, || run::execute(self, context, None));
             }
             (None, _) if partition != 0 => {
                 return internal_err!("SimilarityExec has one output partition, asked for {partition}");
@@ -465,7 +490,7 @@ impl ExecutionPlan for SimilarityExec {
             (Some(tasks), Some(numbers)) => Some((tasks, numbers.execute(partition, context.clone())?)),
             (Some(_), None) => return internal_err!("SimilarityExec: no task-numbering leaf"),
         };
-        stream::execute(self, context, share)
+        run::execute(self, context, share)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

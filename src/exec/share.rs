@@ -18,10 +18,9 @@
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 
+use super::InputSide;
 use crate::backend::ResultChunk;
 use crate::op::{Operation, PairOrder, SimilarityOp};
-
-use super::InputSide;
 
 /// Which share of the left rows a task answers for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +153,9 @@ pub(super) fn self_join_pairs_only<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use datafusion::arrow::array::RecordBatch;
+
+    use super::{SelfJoinPairs, Share, slice_rows};
 
     #[test]
     fn shares_cover_every_row_once() {

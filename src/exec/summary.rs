@@ -123,7 +123,7 @@ fn summarised(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionP
     if schema.fields().len() != columns.len() {
         return Ok(None);
     }
-    Ok(Some(Arc::new(exec.with_summary(columns, schema)?)))
+    Ok(Some(Arc::new(exec.to_builder().summary(columns, schema).build()?)))
 }
 
 /// The operator's output stream of one partition folded into its one summary row: the backend's

@@ -254,8 +254,13 @@ where
 #[cfg(test)]
 mod tests {
     use datafusion::common::Column;
+    use datafusion::common::{ScalarValue, TableReference};
+    use datafusion::logical_expr::Expr;
 
-    use super::*;
+    use super::{TableArg, table_arg};
+    use crate::functions::args::count_arg;
+    use crate::functions::args::number_arg;
+    use crate::functions::args::vector_literal;
 
     #[test]
     fn table_arguments() {

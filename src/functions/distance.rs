@@ -146,7 +146,7 @@ impl ScalarUDFImpl for DistanceFunction {
 enum Vectors {
     /// A column of fixed-size Float32 lists (what Parquet writers give embeddings), read in place:
     /// widening every value into a new f64 list column first took more time than the distances
-    /// (docs/optimisations.md, v151).
+    /// (docs/design.md#results).
     FixedF32(FixedSizeListArray),
     Column(LargeListArray),
     Constant(Option<Vec<f64>>),

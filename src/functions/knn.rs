@@ -21,7 +21,7 @@ impl TableFunctionImpl for KnnFunc {
         };
         let options = args::options(call.session(), F, rest)?;
         let k = args::count_arg(F, "k", k)?;
-        let op = super::similarity_op(Operation::Knn { k }, &options);
+        let op = options.similarity_op(Operation::Knn { k })?;
         let (base, query) = super::query_and_base(call.session(), F, base, query, &options)?;
         Ok(super::table(op, query, Some(base), ["query", "base"], options.cluster)?)
     }

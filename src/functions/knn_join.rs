@@ -25,7 +25,7 @@
 //! d*, and C holds every pair nearer than d*; the window's k first rows of C are therefore every
 //! pair nearer than d* and some at d* — an answer of the SQL as written (rows tied at the k-th
 //! distance are its to choose). The rows knn's contract skips are candidates too: each skipped
-//! base row with every query, each skipped query with every base row (exec/stream/odd_rows.rs,
+//! base row with every query, each skipped query with every base row (exec/run/odd_rows.rs,
 //! `odd_candidates`): their distances are NULL or NaN, which SQL orders (NULLs last ascending,
 //! first descending; a NaN with its sign bit set first) and the window computes itself.
 //!
@@ -147,7 +147,7 @@ pub(super) fn rewrite_knn_join(filter: &Filter, options: &SimJoinOptions) -> Opt
     let op = SimilarityOp {
         scalar_semantics: true,
         approx: None,
-        ..super::similarity_op(Operation::Knn { k: usize::try_from(k).ok()? }, &options)
+        ..options.similarity_op(Operation::Knn { k: usize::try_from(k).ok()? }).ok()?
     };
     let table = super::table(op, query, Some(base), ["query", "base"], options.cluster).ok()?;
     // The join's columns in order: the left input's, then the right's.
@@ -196,8 +196,10 @@ fn upper_bound(conjunct: &Expr, number: &Column) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use datafusion::common::Column;
     use datafusion::logical_expr::{col, lit};
+
+    use super::upper_bound;
 
     #[test]
     fn bounds_on_the_row_number() {

@@ -8,7 +8,7 @@ use datafusion::catalog::{Session, TableFunctionImpl};
 use datafusion::common::{DataFusionError, Result, plan_err};
 
 use crate::backend;
-use crate::op::{IndexChoice, Operation, SimilarityOp};
+use crate::op::SimilarityOp;
 use crate::options::SimJoinOptions;
 use crate::table::{SimilarityTable, TableInput};
 use crate::vectors::VectorSource;
@@ -60,34 +60,6 @@ fn input(
     Ok(TableInput { provider, source, describe: format!("argument '{argument}'") })
 }
 
-/// `operation` with the options that say how and where it runs. `approx` reaches kNN alone: the
-/// other functions always answer exactly (a call that asks otherwise fails in `options`).
-fn similarity_op(operation: Operation, options: &SimJoinOptions) -> SimilarityOp {
-    let approx = (options.approx && matches!(operation, Operation::Knn { .. })).then_some(crate::op::Approx {
-        effort: options.approx_effort.unwrap_or(crate::op::DEFAULT_APPROX_EFFORT),
-        recall: options.approx_effort.is_none().then_some(options.approx_recall),
-        planned_queries: None,
-        curves_alone: options.checks.curves_alone,
-    });
-    let SimJoinOptions { metric, device, index, grid_dims, gpu_memory_limit, cache_size, tasks, .. } = *options;
-    let devices = options.devices.clone();
-    SimilarityOp {
-        operation,
-        metric,
-        device,
-        index,
-        grid_dims,
-        gpu_memory_limit,
-        devices,
-        cache_size,
-        tasks,
-        scalar_semantics: false,
-        approx,
-        keys: options.keys(),
-        checks: options.checks,
-    }
-}
-
 /// The table of a call: checks what the schemas alone can (dimensions) and picks the backend (on
 /// a `cluster`, each executor picks its own: see `cluster`).
 fn table(
@@ -108,40 +80,6 @@ fn table(
             names[1]
         );
     }
-    let function = op.function_name();
-    match (&op.operation, op.index) {
-        (Operation::Knn { .. }, IndexChoice::Grid | IndexChoice::Directory) => {
-            return plan_err!(
-                "{function}: option index={} is not available: kNN always scans every base row (index=auto, brute_force or list_of_clusters)",
-                op.index
-            );
-        }
-        (_, IndexChoice::Grid | IndexChoice::Directory) if op.metric.coordinate_bound(0.0).is_none() => {
-            return plan_err!(
-                "{function}: option index={} needs a metric that bounds coordinates (l2, l2sq, cosine, l1, linf), not {}",
-                op.index,
-                op.metric
-            );
-        }
-        (_, IndexChoice::ListOfClusters) if !op.metric.is_metric() => {
-            return plan_err!(
-                "{function}: option index=list_of_clusters needs a metric with the triangle inequality (l2, l1, linf, cosine, levenshtein), not {}",
-                op.metric
-            );
-        }
-        (_, IndexChoice::ListOfClusters) if op.approx.is_some() => {
-            return plan_err!(
-                "{function}: option index=list_of_clusters finds the exact neighbours; approx=true searches the Multicurves index instead (use one or the other)"
-            );
-        }
-        _ => {}
-    }
-    if op.approx.is_some() && crate::index::curves::Geometry::of(op.metric).is_none() {
-        return plan_err!(
-            "{function}: option approx=true needs a metric the Multicurves index can serve (l2, l2sq, cosine, l1, linf), not {}",
-            op.metric
-        );
-    }
     let mut op = op;
     if !op.keys.is_empty() {
         check_keys(&op, &first, second.as_ref(), names, cluster)?;
@@ -151,7 +89,7 @@ fn table(
             op.device = crate::op::Device::Cpu;
         }
     }
-    let backend = if cluster { backend::on_executor(&op)? } else { backend::choose(&op)? };
+    let backend = if cluster { backend::on_executor() } else { backend::choose(&op)? };
     Ok(Arc::new(SimilarityTable::new(op, first, second, backend)))
 }
 

@@ -24,7 +24,7 @@ impl TableFunctionImpl for RangeQueryFunc {
         };
         let options = args::options(call.session(), F, rest)?;
         let radius = validate_threshold(F, "r", args::number_arg(F, "r", r)?, options.metric)?;
-        let op = super::similarity_op(Operation::RangeQuery { radius }, &options);
+        let op = options.similarity_op(Operation::RangeQuery { radius })?;
         let (base, query) = super::query_and_base(call.session(), F, base, query, &options)?;
         Ok(super::table(op, query, Some(base), ["query", "base"], options.cluster)?)
     }

@@ -128,7 +128,7 @@ fn rewrite_join(join: &Join, options: &SimJoinOptions) -> Option<LogicalPlan> {
     let right = view_input(&right_plan, &bound.right, bound.metric, "right")?;
     let eps = checked_threshold(bound.threshold, bound.metric)?;
     let operation = Operation::SimJoin { eps, self_join: false, include_self: false, pairs: PairOrder::Ordered };
-    let op = SimilarityOp { scalar_semantics: true, ..super::similarity_op(operation, &options) };
+    let op = SimilarityOp { scalar_semantics: true, ..options.similarity_op(operation).ok()? };
     let table = super::table(op, left, Some(right), ["left", "right"], options.cluster).ok()?;
 
     // The join's columns in order: the left input's, then the right's.
@@ -225,8 +225,7 @@ fn rewrite_range(filter: &Filter, options: &SimJoinOptions) -> Option<LogicalPla
     let base = view_input(&filter.input, &column, metric, "base")?;
     let query = query_input(constant, metric)?;
     let radius = checked_threshold(threshold, metric)?;
-    let op =
-        SimilarityOp { scalar_semantics: true, ..super::similarity_op(Operation::RangeQuery { radius }, &options) };
+    let op = SimilarityOp { scalar_semantics: true, ..options.similarity_op(Operation::RangeQuery { radius }).ok()? };
     let table = super::table(op, query, Some(base), ["query", "base"], options.cluster).ok()?;
     let mut builder = scan_as(table, SCAN, filter.input.schema(), |_| "base_")?;
     if let Some(rest) = conjunction(rest) {
@@ -269,11 +268,8 @@ fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan>
     let options = SimJoinOptions { metric, keys: String::new(), ..options.clone() };
     let base = view_input(input, &column, metric, "base")?;
     let query = query_input(constant, metric)?;
-    let op = SimilarityOp {
-        scalar_semantics: true,
-        approx: None,
-        ..super::similarity_op(Operation::Knn { k: n }, &options)
-    };
+    let op =
+        SimilarityOp { scalar_semantics: true, approx: None, ..options.similarity_op(Operation::Knn { k: n }).ok()? };
     let table = super::table(op, query, Some(base), ["query", "base"], options.cluster).ok()?;
     let candidates = scan_as(table, NEAREST, input.schema(), |_| "base_")?.build().ok()?;
     let sorted_input = match projection {

@@ -32,7 +32,7 @@ impl TableFunctionImpl for SimJoinFunc {
         let options = args::options(call.session(), F, rest)?;
         let eps = validate_threshold(F, "eps", args::number_arg(F, "eps", eps)?, options.metric)?;
         let operation = Operation::SimJoin { eps, self_join, include_self: options.include_self, pairs: options.pairs };
-        let op = super::similarity_op(operation, &options);
+        let op = options.similarity_op(operation)?;
         let mut inputs = tables
             .iter()
             .map(|(name, expr)| {

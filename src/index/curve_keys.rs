@@ -9,7 +9,8 @@
 //! fused multiply-add and quantise with the same operations, and both break ties between keys by
 //! position, so an index is the same bit for bit wherever its curves were ordered.
 
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use rayon::slice::{ParallelSlice, ParallelSliceMut};
 
 /// Most dimensions of a curve.
 pub const MAX_CURVE_DIMS: usize = 8;
@@ -177,7 +178,7 @@ pub fn hilbert_key(cells: &mut [u32], bits: u32) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{CurveFrame, KeyInputs, hilbert_key, order_on_cores};
 
     #[test]
     fn hilbert_keys_number_every_cell_once_and_neighbours_are_adjacent() {

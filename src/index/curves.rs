@@ -18,8 +18,8 @@
 //! the data varies most, each with its boundaries elsewhere. Measured on Fashion-MNIST, 8 curves
 //! over 8-dimensional rotations of the leading 16 axes reach recall@10 0.95 with ~3,000 candidates a
 //! query, where 8 curves over disjoint slices of the leading 32 axes reach 0.81 with 3,800
-//! (docs/optimisations.md, v105); 16 such curves reach 0.94 with 128 entries a curve, where 8 need
-//! 512 (v142), for twice the curves' memory (76 bytes a row a curve).
+//! (docs/design.md#approx); 16 such curves reach 0.94 with 128 entries a curve, where 8 need
+//! 512 (docs/design.md#approx), for twice the curves' memory (76 bytes a row a curve).
 //!
 //! The principal coordinates also rank the candidates cheaply: the axes are orthonormal, so the
 //! squared distance over the leading `projected_dims` coordinates is the squared Euclidean distance
@@ -27,12 +27,12 @@
 //! remainder (its residual), and the query's half of its own: their squared difference estimates
 //! what the remaining directions add (`RESIDUAL_WEIGHT`). The proxy reads 256 bytes of a
 //! candidate, where the whole vector of Fashion-MNIST is 3 KB, and the share of its first 16
-//! coordinates is a lower bound of it, read from one cache line (backend/approx.rs).
+//! coordinates is a lower bound of it, read from one cache line (backend/cpu/approx.rs).
 //!
 //! The best of the proxy are ranked again over more principal coordinates (up to
 //! [`PRINCIPAL_DIMS`], kept in a second array with their own residual norm) before any whole
 //! vector is read: on Fashion-MNIST the true 10 nearest among the proxy's best 80 are nearly all
-//! among the best 30 over 192 coordinates (docs/optimisations.md, v142), so 30 whole vectors are
+//! among the best 30 over 192 coordinates (docs/design.md#approx), so 30 whole vectors are
 //! read a query instead of 80. Where the vectors have at most [`PRINCIPAL_DIMS`] dimensions the
 //! coordinates are a rotation of the whole vector, and that ranking is the Euclidean one.
 //!
@@ -40,14 +40,15 @@
 //! cores or, for the device's search, on the device (`Multicurves::build_with`), to the same lists.
 
 use rand::{Rng, SeedableRng};
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use rayon::slice::ParallelSliceMut;
 
 use super::curve_keys::{CurveFrame, CurveOrder, KeyInputs, MAX_CURVE_DIMS, order_on_cores};
 use super::graph::NeighbourGraph;
 use crate::op::{Metric, dot};
 use crate::vectors::{Row, Vectors};
 
-/// Curves of an index (16 rather than 8: docs/optimisations.md, v142).
+/// Curves of an index (16 rather than 8: docs/design.md#approx).
 pub const CURVES: usize = 16;
 /// Leading principal axes the curves' rotations mix.
 const CURVE_AXES: usize = 16;
@@ -60,7 +61,7 @@ const PROJECTED_DIMS: usize = 63;
 /// term for a base row of residual norm `r` is then `(r − s/2)² = r² − r·s + s²/4`, the expected
 /// `‖r_x − r_q‖² = r² + s² − 2·r·s·cos θ` at cos θ = ½ less what is the same for every row of the
 /// query. Measured on Fashion-MNIST and blobs against 0.3, 0.7 and 1 (1 makes it the lower bound
-/// `(r − s)²`, which ranked worst), docs/optimisations.md v140.
+/// `(r − s)²`, which ranked worst), docs/design.md#approx.
 const RESIDUAL_WEIGHT: f32 = 0.5;
 /// Principal coordinates kept in all: the proxy's [`PROJECTED_DIMS`], then those of the second
 /// ranking (`Multicurves::refined`).
@@ -154,7 +155,7 @@ pub struct Multicurves {
     /// The kNN graph the cores' search walks (index/graph.rs), built on their first search: the
     /// device's search does not use it.
     graph: std::sync::OnceLock<NeighbourGraph>,
-    /// The efforts chosen for recall targets on samples of base rows (backend/approx_recall.rs),
+    /// The efforts chosen for recall targets on samples of base rows (backend/plan/recall.rs),
     /// by searcher, metric, k and target: later small batches of queries reuse them.
     calibrations: std::sync::Mutex<Vec<(String, Calibration)>>,
 }
@@ -726,7 +727,12 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use rand::Rng;
+    use rand::SeedableRng;
+
+    use super::{CURVES, Curve, FENCE, Geometry, LEAD, Multicurves, principal_axes};
+    use crate::index::curve_keys::CurveFrame;
+    use crate::vectors::Vectors;
 
     #[test]
     fn the_fence_finds_what_a_search_over_every_key_finds() {

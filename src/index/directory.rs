@@ -15,7 +15,7 @@
 //! dimensions do not, at `2·d` comparisons a node).
 //!
 //! Why no pair is lost: a pair within the threshold differs by at most `r` in every coordinate
-//! (`Metric::coordinate_bound`). For a left point `x` of a block with box `[bₗ, bₕ]` and a right
+//! (`backend::plan::bounds::coordinate_bound`). For a left point `x` of a block with box `[bₗ, bₕ]` and a right
 //! point `y` of a node with box `[nₗ, nₕ]`: `nₗ ≤ y ≤ x + r ≤ bₕ + r`, so the real `nₗ − bₕ ≤ r`,
 //! and the f64 subtraction rounds it to at most `r·(1 + 2⁻⁵³) < r·(1 + 2⁻²⁰)` (rounding is
 //! monotonic, and a difference `≤ 0` rounds to `≤ 0`); likewise `bₗ − nₕ`. A node is skipped only
@@ -24,17 +24,18 @@
 //! position in the sorted order, not by value, so every point lies in exactly one leaf whatever
 //! values repeat, and the boxes are taken from the points each node holds.
 
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
+use rayon::slice::ParallelSliceMut;
 
 use crate::on_coords;
 use crate::vectors::{Coord, Coords};
 
 /// Consecutive left slots that share one bounding box and one walk of the directory: Böhm et al.'s
 /// thread groups of 64 (two warps on the GPU). Blocks of 128 visited 1.2–2.5× the candidates on
-/// 10⁵ points at d = 2 and 8 (docs/optimisations.md, v152).
+/// 10⁵ points at d = 2 and 8 (docs/design.md#directory).
 pub const DIRECTORY_BLOCK: usize = 64;
 /// Points a leaf page holds on average: the paper's pages (3 levels × 16 over 2.5·10⁵ points hold
-/// 61); pages of 256 visited up to 2.5× the candidates at d = 2 (v152).
+/// 61); pages of 256 visited up to 2.5× the candidates at d = 2 (docs/design.md#directory).
 const LEAF_POINTS: usize = 64;
 /// Most levels: the paper's three (kernels/directory_join.cu walks at most this many).
 pub const MAX_LEVELS: usize = 3;
@@ -305,7 +306,8 @@ fn level_offset(shape: &DirectoryShape, level: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{DIRECTORY_BLOCK, Directory, DirectoryShape, ranked_by_spread};
+    use crate::vectors::Coords;
 
     /// Skewed, with many ties: exponential values (λ = 40) rounded to multiples of 1/64.
     fn points(n: usize, dim: usize, seed: u64) -> Vec<f64> {

@@ -8,7 +8,7 @@
 //! cluster of isotropic noise (the blobs) no curve orders the points. A row's nearest rows are
 //! near the query too wherever the row is, so once the curves have led a search to the query's
 //! neighbourhood, following the graph's edges from the nearest found reaches the rest in a few
-//! hundred distances (docs/optimisations.md, v146).
+//! hundred distances (docs/design.md#approx).
 //!
 //! How it is built: NN-descent (Dong, Charikar and Li, "Efficient k-nearest neighbor graph
 //! construction for generic similarity measures") started from the curves. Each row's first
@@ -20,9 +20,10 @@
 //! Every row finally also lists up to [`DEGREE`] of the rows that list it (the reverse edges),
 //! which connect the graph where nearest-neighbour relations are one-sided. A GPU search of an
 //! index without a graph builds it on the device by the same rounds ([`NeighbourGraph::build_by`]),
-//! each row's candidates measured there (backend/gpu/approx.rs; docs/optimisations.md, v159).
+//! each row's candidates measured there (backend/gpu/approx.rs; docs/design.md#approx).
 
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
+use rayon::slice::ParallelSliceMut;
 
 use super::curves::Multicurves;
 
@@ -211,8 +212,9 @@ fn reverse_edges(nearest: &[u32], n: usize) -> Vec<u32> {
 mod tests {
     use rand::{Rng, SeedableRng};
 
-    use super::*;
+    use super::{DEGREE, NeighbourGraph, WIDTH};
     use crate::index::curves::Geometry;
+    use crate::index::curves::Multicurves;
     use crate::vectors::Vectors;
 
     /// Points of 12 dimensions in 20 tight clusters: nearest neighbours are well defined.

@@ -5,12 +5,13 @@
 //! favour of brute force (high d, or `r` as large as the data's extent).
 //!
 //! Why no pair is lost: a pair within the threshold differs by at most `r` in every coordinate
-//! (`Metric::coordinate_bound`). Cell widths are `w ≥ r·(1 + 2⁻²⁰)` and cell coordinates are
+//! (`backend::plan::bounds::coordinate_bound`). Cell widths are `w ≥ r·(1 + 2⁻²⁰)` and cell coordinates are
 //! `floor((x - origin) / w)` with fewer than 2³¹ cells per dimension, so the computed quotients of
 //! two such coordinates differ by at most `r/w + 2⁻⁴⁸ < 1`, and their cells by at most one: every
 //! partner lies in one of the 3^k neighbouring cells, inside the `±r` window of the sort dimension.
 
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
+use rayon::slice::{ParallelSlice, ParallelSliceMut};
 
 use super::directory::{DirectoryShape, ranked_by_spread};
 use crate::costs::{
@@ -162,12 +163,6 @@ pub struct CostInputs<'a> {
     pub grid_dims: usize,
 }
 
-/// Chooses between the grid (and its `k`) and brute force by estimated time (Gowanlock & Karsin, GPU-Join, §5.6):
-/// index search ≈ cells·3^k·log₂|G|, refinement ≈ sampled candidate pairs × (pair + d·dimension).
-pub fn choose_strategy(inputs: &CostInputs) -> JoinStrategy {
-    estimate_strategy(inputs).0
-}
-
 /// Estimated nanoseconds of one CPU core comparing every pair of `n_left × n_right` rows (half of
 /// them for a self-join) by brute force.
 pub fn brute_force_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: bool, self_join: bool) -> f64 {
@@ -182,7 +177,7 @@ pub fn brute_force_run_ns(n_left: usize, n_right: usize, dim: usize, gemm_form: 
     brute_force_ns(n_left, n_right, dim, gemm_form, self_join) * BRUTE_RUN_FACTOR
 }
 
-/// [`choose_strategy`]'s choice and the absolute time of the run it chose on one CPU core
+/// The strategy the cost model chooses and the absolute time of the run it chose on one CPU core
 /// (nanoseconds; the choice itself compares the relative weights).
 pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
     let CostInputs { left, right, dim, radius, self_join, index, grid_dims, .. } = *inputs;
@@ -453,7 +448,9 @@ impl GridIndex {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{CostInputs, GridIndex, JoinStrategy, estimate_strategy, geometry};
+    use crate::op::IndexChoice;
+    use crate::vectors::Coords;
 
     fn uniform(n: usize, dim: usize, seed: u64) -> Vec<f64> {
         let mut s = seed;
@@ -532,8 +529,8 @@ mod tests {
             index: IndexChoice::Auto,
             grid_dims: 0,
         };
-        assert!(matches!(choose_strategy(&inputs(0.01)), JoinStrategy::Grid(g) if g.dims.len() == 2));
-        assert_eq!(choose_strategy(&inputs(2.0)), JoinStrategy::BruteForce);
+        assert!(matches!(estimate_strategy(&inputs(0.01)).0, JoinStrategy::Grid(g) if g.dims.len() == 2));
+        assert_eq!(estimate_strategy(&inputs(2.0)).0, JoinStrategy::BruteForce);
     }
 
     #[test]

@@ -251,7 +251,7 @@ impl ListOfClusters {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{ListOfClusters, MetricSpace, Probe, Rounding};
 
     /// Points on a line: the distance is |a − b|.
     struct Line(Vec<f64>);

@@ -12,7 +12,5 @@ pub mod segments;
 
 pub use directory::{DIRECTORY_BLOCK, DirectoryShape, JoinDirectories};
 pub use grid::brute_force_run_ns;
-#[cfg(feature = "gpu")]
-pub use grid::estimate_strategy;
-pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, choose_strategy, extent};
+pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, estimate_strategy, extent};
 pub use kept::KeptIndexes;

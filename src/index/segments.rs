@@ -127,8 +127,8 @@ impl Hasher for PassThrough {
 mod tests {
     use rand::{Rng, SeedableRng};
 
-    use super::*;
-    use crate::backend::text::levenshtein;
+    use super::{SegmentIndex, cuts};
+    use crate::backend::cpu::text::levenshtein;
 
     #[test]
     fn segments_cover_the_string() {

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::data::Dataset;
 use crate::Metric;
 use crate::datagen::{self, Distribution};
-
-use super::data::Dataset;
 
 /// The Multicurves index with its curves ordered on the device (`build_on_device`) against the
 /// one ordered on the cores: every curve's keys and positions the same, and the queries keyed the
@@ -61,7 +60,7 @@ pub(super) fn check_device_graph(device: &Arc<crate::cuda::GpuDevice>, datasets:
         let base = crate::vectors::Vectors::new(*dim, values.clone());
         let index = Multicurves::build(&base, Geometry::of(metric).expect("an approximate metric"));
         let started = Instant::now();
-        let cores = crate::backend::build_graph(&index);
+        let cores = crate::backend::cpu::approx::build_graph(&index);
         let cores_ms = started.elapsed().as_secs_f64() * 1e3;
         let started = Instant::now();
         let built = crate::backend::gpu::graph_built_on_device(device, &index, *dim, metric);
@@ -87,7 +86,7 @@ pub(super) fn check_device_graph(device: &Arc<crate::cuda::GpuDevice>, datasets:
         };
         let sample: Vec<usize> = (0..n).step_by(50).collect();
         let recall = |graph: &NeighbourGraph| {
-            use rayon::prelude::*;
+            use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
             let found: usize = sample
                 .par_iter()
                 .map(|&i| {

@@ -19,8 +19,11 @@ use crate::options::SimJoinOptions;
 mod data;
 mod device_index;
 
-use data::*;
-use device_index::*;
+use crate::selftest::data::{
+    Dataset, datasets, null_coordinate, register, register_batch, register_pair, register_with_nulls, reversed_half,
+    text_batch,
+};
+use crate::selftest::device_index::{check_device_curves, check_device_graph};
 
 /// (left or query id, right or base id, distance bits, kNN rank or 0).
 type Row = (i64, i64, u64, i64);

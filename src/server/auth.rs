@@ -88,7 +88,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
+
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD as BASE64;
+    use tonic::Request;
+
+    use super::{Authenticator, Credentials};
 
     fn authenticator(credentials: Credentials, token: Option<&str>) -> Authenticator {
         Authenticator { credentials, token: token.map(str::to_string), stats: Arc::default() }

@@ -272,9 +272,16 @@ impl ObjectStoreRegistry for ConfinedRegistry {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::path::{Path as FsPath, PathBuf};
+    use std::sync::Arc;
+
+    use futures::StreamExt;
+    use object_store::ObjectStore;
     use object_store::ObjectStoreExt as _;
     use object_store::local::LocalFileSystem;
+    use object_store::path::Path;
+
+    use super::{ConfinedFiles, DataRoots};
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("simjoin-confined-{name}-{}", std::process::id()));

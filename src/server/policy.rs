@@ -113,8 +113,9 @@ fn sql_writing_kind(statement: &Statement) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use datafusion::prelude::SessionContext;
+
+    use crate::server::policy::writing_kind;
 
     fn kind(sql: &str) -> Option<String> {
         let state = SessionContext::new().state();

@@ -21,11 +21,12 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_empty_
 use datafusion::arrow::compute::{cast, concat};
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::common::{Result, exec_err};
-use rayon::prelude::*;
 
 mod source;
 mod values;
 
+use rayon::iter::{IntoParallelRefIterator, ParallelExtend, ParallelIterator};
+use rayon::slice::{ParallelSlice, ParallelSliceMut};
 pub use source::VectorSource;
 pub use values::{Coord, Coords, Row, Values};
 
@@ -237,7 +238,7 @@ impl Vectors {
     }
 
     /// A copy of the vectors scaled to unit length, each row divided by `√(Σx²)` summed in order
-    /// (cosine's filter space, `backend::plan::filter_space`, and [`Vectors::unit_rows`]).
+    /// (cosine's filter space, `backend::plan::FilterSpaces`, and [`Vectors::unit_rows`]).
     pub fn unit_values(&self) -> Vec<f64> {
         let mut values = self.values.to_f64().into_owned();
         values.par_chunks_mut(self.dim.max(1)).for_each(|row| {
@@ -494,7 +495,7 @@ fn list_rows<T: Coord>(
 /// The common case in one parallel pass: FixedSizeList columns (one per batch of an input) of
 /// Float32/Float64 with no NULL row or value and only finite values, copied into one row-major
 /// buffer of their own type without concatenating the lists first (a 1M × 128 concatenation alone took longer
-/// than the widening: docs/optimisations.md, v13). `None` sends the input through the general, row-by-row path.
+/// than the widening: docs/design.md#gpu-transfers). `None` sends the input through the general, row-by-row path.
 fn dense_fixed_size_lists(columns: &[ArrayRef]) -> Result<Option<Vectors>> {
     let Some(DataType::FixedSizeList(field, n)) = columns.first().map(|c| c.data_type().clone()) else {
         return Ok(None);
@@ -623,10 +624,15 @@ fn from_columns(columns: &[ArrayRef], num_rows: usize) -> Vectors {
 mod tests {
     use std::sync::Arc;
 
+    use datafusion::arrow::array::{ArrayRef, RecordBatch};
     use datafusion::arrow::array::{Float32Array, Float64Array, ListArray};
+    use datafusion::arrow::compute::cast;
+    use datafusion::arrow::datatypes::{DataType, Float32Type};
     use datafusion::arrow::datatypes::{Field, Schema};
 
-    use super::*;
+    use super::Vectors;
+    use crate::vectors::source::VectorSource;
+    use crate::vectors::values::Values;
 
     #[test]
     fn lists_skip_null_and_non_finite_rows() {

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use rayon::prelude::*;
+use rayon::iter::{IntoParallelRefIterator, ParallelIterator};
 
 /// The values of a set of vectors, row-major, as kept: f32 for inputs whose type f32 holds
 /// exactly, else f64.

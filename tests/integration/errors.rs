@@ -105,7 +105,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'grid_dims=9')",
-            "Error during planning: sim_join: options string 'grid_dims=9': grid_dims must be an integer from 0 to 8, got '9'",
+            "Error during planning: sim_join: options string 'grid_dims=9': grid_dims must be a whole number from 0 to 8, got '9'",
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'index=grid, metric=inner_product')",

@@ -1,4 +1,4 @@
-//! A base read from files is searched part by part as it is decoded (exec/streamed.rs): kNN,
+//! A base read from files is searched part by part as it is decoded (exec/base_by_parts.rs): kNN,
 //! range queries and the plain SQL they come from answer exactly as over the same rows held whole
 //! in memory — ties broken by the same scan order, NULL, NaN and zero rows treated the same —
 //! and EXPLAIN says which way a base is read.

@@ -4,16 +4,17 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use datafusion::common::Result;
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use rayon::slice::ParallelSliceMut;
 
-use crate::backend::exact::ExactCheck;
-use crate::backend::plan::FilterLimit;
-use crate::backend::simd::{Columns, LANES, tile_hits};
-use crate::backend::topk::{KSmallest, Neighbour};
+use crate::backend::cpu::context::{JoinContext, TILE_QUERIES};
+use crate::backend::plan::bounds::FilterLimit;
+use crate::backend::plan::exact::ExactCheck;
+use crate::backend::plan::exact::offer_exact;
+use crate::backend::plan::simd::{Columns, LANES, tile_hits};
+use crate::backend::plan::topk::{KSmallest, Neighbour};
 use crate::backend::{JoinRequest, KnnRequest};
 use crate::vectors::Vectors;
-
-use super::*;
 
 /// Brute force for L1 and L∞: each right tile through the vectorised f32 filter for a block of
 /// left rows at the threshold's FilterLimit (no pair within the threshold is lost), the pairs that
@@ -82,7 +83,7 @@ pub(super) fn direct_join(ctx: &JoinContext, columns: Option<&DirectColumns>) ->
 /// filter: offsets from the base's (right side's) mean, dimension-major; the base in tiles of
 /// `tile_rows` rows (a multiple of LANES, about 32 KB), each tile's columns contiguous, so that a
 /// tile stays in the L1 cache while every query of a block passes over it. (One column per dimension across the whole base put a 128-d lane
-/// block's values on 128 pages: 2.5× slower than computing every exact distance, docs/optimisations.md, v38.)
+/// block's values on 128 pages: 2.5× slower than computing every exact distance, docs/design.md#cpu-knn.)
 pub(super) struct DirectColumns {
     queries: Vec<f32>,
     base: Vec<f32>,
@@ -126,7 +127,7 @@ impl DirectColumns {
 /// vectorised f32 filter for every query of the block, at the limit of the query's current k-th
 /// distance bound (`FilterLimit`: every row within the bound passes, and only such a row can
 /// enter the k nearest); the rows that pass by their exact distance. Computing every exact
-/// distance took 4–6 ns a pair (docs/optimisations.md, v38). Without f32 columns, every distance is exact.
+/// distance took 4–6 ns a pair (docs/design.md#cpu-knn). Without f32 columns, every distance is exact.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn knn_direct_unit(
     request: &KnnRequest,

@@ -6,17 +6,27 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use datafusion::common::Result;
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
+use rayon::slice::{ParallelSlice, ParallelSliceMut};
 
-use crate::backend::exact::ExactCheck;
-use crate::backend::plan::{gemm_form, score_threshold};
-use crate::backend::simd::gemm_lower_bounds;
-use crate::backend::topk::{KSmallest, Neighbour};
+use crate::backend::cpu::context::{JoinContext, TILE_QUERIES};
+use crate::backend::plan::bounds::score_threshold;
+use crate::backend::plan::exact::ExactCheck;
+use crate::backend::plan::exact::offer_exact;
+use crate::backend::plan::gemm_form;
+use crate::backend::plan::simd::gemm_lower_bounds;
+use crate::backend::plan::topk::{KSmallest, Neighbour};
 use crate::backend::{JoinRequest, KnnRequest};
 use crate::op::{Metric, dot};
 use crate::vectors::{Coord, Values, Vectors};
 
-use super::*;
+/// Base rows per GEMM tile (a 64 × 1024 f32 tile is 256 KiB, within L2).
+const TILE_BASE: usize = 1024;
+
+/// Left rows up to which a tile's dot products are computed directly rather than by a GEMM, whose
+/// packing of the right rows costs more than the products of so few left rows
+/// (docs/design.md#inputs).
+const DIRECT_DOT_ROWS: usize = 16;
 
 /// The f32 filter sides of a GEMM-form metric (the right one omitted for a self-join), centred on
 /// the right input's mean; `None` when the metric has no GEMM form or the values exceed f32 scores.
@@ -134,7 +144,8 @@ impl<'v> GemmSide<'v> {
                 Cow::Owned(data)
             }
         };
-        let sq_norms: Vec<f32> = data.par_chunks(dim).map(|r| crate::backend::simd::sum_squares(r) as f32).collect();
+        let sq_norms: Vec<f32> =
+            data.par_chunks(dim).map(|r| crate::backend::plan::simd::sum_squares(r) as f32).collect();
         if sq_norms.iter().any(|s| s.is_nan() || *s > 1e36) {
             return None;
         }
@@ -155,7 +166,7 @@ impl<'v> GemmSide<'v> {
         tile.resize(m * n, 0.0);
         if m <= DIRECT_DOT_ROWS {
             let (a, b) = (&self.data[q.start * k..q.end * k], &other.data[b.start * k..b.end * k]);
-            return crate::backend::simd::dot_rows(a, m, b, n, k, tile);
+            return crate::backend::plan::simd::dot_rows(a, m, b, n, k, tile);
         }
         // SAFETY: `a` holds m rows of k values (row stride k), `b` holds n rows of k values read as
         // a k × n matrix (row stride 1, column stride k), `c` holds m × n values (row stride n);

@@ -16,24 +16,27 @@ use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use datafusion::common::Result;
-use rayon::prelude::*;
+use rayon::iter::{IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
 
-use super::exact::{ExactCheck, write_self_pairs};
-use super::plan::{gemm_form, plan_join};
-use super::topk::{KSmallest, Neighbour, k_smallest, push_ranked};
-use super::{Backend, JoinRequest, KnnRequest, PairWriter, ResultChunk, ResultSink, RunStats};
+use crate::backend::cpu::context::JoinContext;
+use crate::backend::cpu::direct::{DirectColumns, direct_join, knn_direct_unit};
+use crate::backend::cpu::gemm::{gemm_join, gemm_sides, knn_gemm_unit};
+use crate::backend::plan::exact::ExactCheck;
+use crate::backend::plan::gemm_form;
+use crate::backend::plan::topk::{Neighbour, k_smallest, push_ranked};
+use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::index::{GridIndex, JoinStrategy, brute_force_run_ns};
 use crate::op::IndexChoice;
-use crate::vectors::Row;
 
+pub mod approx;
+mod context;
 mod direct;
+pub mod directory;
 mod gemm;
+pub mod grid_join;
+pub mod list_of_clusters;
+pub mod text;
 
-use direct::*;
-use gemm::*;
-
-/// Left rows per join tile (brute-force joins and range queries).
-const TILE_QUERIES: usize = 64;
 /// Query rows per kNN GEMM tile: the query block is packed once per base tile, so larger blocks
 /// pack it fewer times (measured on the 100k×128, 1k-query bench: 64 → 0.345 s, 256 → 0.254 s).
 const KNN_TILE_QUERIES: usize = 256;
@@ -46,12 +49,6 @@ const KNN_WORKING_BYTES: usize = 128 << 20;
 const KNN_QUERY_BYTES_PER_NEIGHBOUR: usize = 80;
 /// Bytes of results a wave of kNN units holds at most (unless the cores outnumber its blocks).
 const KNN_WAVE_BYTES: usize = 64 << 20;
-/// Base rows per GEMM tile (a 64 × 1024 f32 tile is 256 KiB, within L2).
-const TILE_BASE: usize = 1024;
-/// Left rows up to which a tile's dot products are computed directly rather than by a GEMM, whose
-/// packing of the right rows costs more than the products of so few left rows
-/// (docs/optimisations.md, v131).
-const DIRECT_DOT_ROWS: usize = 16;
 
 /// The exact backend on every CPU core.
 #[derive(Debug, Default, Clone, Copy)]
@@ -67,12 +64,11 @@ impl Backend for CpuBackend {
     }
 
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
-        if request.index == IndexChoice::ListOfClusters && super::list_of_clusters::usable(request.left, request.right)
-        {
-            return super::list_of_clusters::join(request, sink);
+        if request.index == IndexChoice::ListOfClusters && list_of_clusters::usable(request.left, request.right) {
+            return list_of_clusters::join(request, sink);
         }
         if request.metric.is_text() {
-            return super::text::join(request, sink);
+            return text::join(request, sink);
         }
         let start = Instant::now();
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
@@ -84,7 +80,7 @@ impl Backend for CpuBackend {
         let candidates = AtomicU64::new(0);
         let context = JoinContext { request, exact: &exact, candidates: &candidates, sink };
 
-        let (spaces, strategy) = plan_join(request);
+        let (strategy, spaces) = (&request.plan().strategy, request.spaces());
         match strategy {
             JoinStrategy::Grid(geometry) => {
                 stats.indexed_dims = geometry.dims.len();
@@ -95,7 +91,7 @@ impl Backend for CpuBackend {
                 };
                 stats.build_time = start.elapsed();
                 let probe = Instant::now();
-                super::grid_join::grid_join(
+                grid_join::grid_join(
                     &context,
                     &geometry,
                     &left_index,
@@ -106,7 +102,7 @@ impl Backend for CpuBackend {
                 stats.probe_time = probe.elapsed();
             }
             JoinStrategy::Directory(shape) => {
-                super::directory::join(&context, &shape, spaces.left(), spaces.right(), &mut stats)?;
+                directory::join(&context, &shape, spaces.left(), spaces.right(), &mut stats)?;
             }
             JoinStrategy::BruteForce => {
                 let sides = gemm_sides(left, right, metric, self_join.is_some());
@@ -132,14 +128,14 @@ impl Backend for CpuBackend {
         }
         let clusters = match request.index {
             IndexChoice::ListOfClusters => true,
-            IndexChoice::Auto => super::list_of_clusters::pays(request, k),
+            IndexChoice::Auto => list_of_clusters::pays(request, k),
             _ => false,
         };
-        if clusters && super::list_of_clusters::usable(queries, base) {
-            return super::list_of_clusters::knn(request, k, sink);
+        if clusters && list_of_clusters::usable(queries, base) {
+            return list_of_clusters::knn(request, k, sink);
         }
         if request.metric.is_text() {
-            return super::text::knn(request, sink);
+            return text::knn(request, sink);
         }
         let start = Instant::now();
         let mut stats = RunStats::default();
@@ -148,9 +144,11 @@ impl Backend for CpuBackend {
                 let exact_ns = brute_force_run_ns(queries.len(), base.len(), base.dim, gemm_form(metric), false)
                     / rayon::current_num_threads() as f64;
                 let run = |request: &KnnRequest, sink: &dyn ResultSink| self.knn(request, sink);
-                return super::approx_recall::knn_to_recall(request, approx, target, "cores", exact_ns, &run, sink);
+                return crate::backend::plan::recall::knn_to_recall(
+                    request, approx, target, "cores", exact_ns, &run, sink,
+                );
             }
-            return super::approx::knn(request, approx, k, sink);
+            return approx::knn(request, approx, k, sink);
         }
         let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
         let sides = gemm_sides(queries, base, metric, false).and_then(|(q, b)| Some((q, b?)));
@@ -219,77 +217,4 @@ impl Backend for CpuBackend {
         stats.probe_time = probe.elapsed();
         Ok(stats)
     }
-}
-
-/// Everything a join worker needs.
-pub(super) struct JoinContext<'a> {
-    pub(super) request: &'a JoinRequest<'a>,
-    pub(super) exact: &'a ExactCheck,
-    pub(super) candidates: &'a AtomicU64,
-    pub(super) sink: &'a dyn ResultSink,
-}
-
-impl JoinContext<'_> {
-    pub(super) fn writer(&self) -> PairWriter<'_> {
-        PairWriter::new(self.sink, self.request.self_join.is_some_and(|s| s.ordered))
-    }
-
-    /// Writes a self-join pair with its smaller position first.
-    #[inline]
-    pub(super) fn push(&self, writer: &mut PairWriter, a: u32, b: u32, distance: f64) -> Result<()> {
-        if self.request.self_join.is_some() && a > b {
-            writer.push(b, a, distance)
-        } else {
-            writer.push(a, b, distance)
-        }
-    }
-
-    /// Self-join with `include_self`: each vector against itself, by the same exact test.
-    pub(super) fn self_pairs(&self, positions: impl IntoIterator<Item = usize>, writer: &mut PairWriter) -> Result<()> {
-        if !self.request.self_join.is_some_and(|s| s.include_self) {
-            return Ok(());
-        }
-        write_self_pairs(self.exact, self.request.left, positions, writer)
-    }
-}
-
-/// Offers query `i` to `best` at its exact distance to each base row of `positions`, four rows at a
-/// time (`ExactCheck::distances4`); the number offered.
-pub(super) fn offer_exact(
-    request: &KnnRequest,
-    exact: &ExactCheck,
-    i: usize,
-    positions: impl Iterator<Item = usize>,
-    best: &mut KSmallest,
-) -> u64 {
-    offer_exact_rows(request.queries.row(i), exact, i, positions, |j| request.base.row(j), best)
-}
-
-/// [`offer_exact`] with base row `j` read as `base_row(j)`, which must hold the base's values
-/// exactly (so that the distances are bit for bit the same).
-pub(super) fn offer_exact_rows<'a>(
-    query: Row,
-    exact: &ExactCheck,
-    i: usize,
-    positions: impl Iterator<Item = usize>,
-    base_row: impl Fn(usize) -> Row<'a>,
-    best: &mut KSmallest,
-) -> u64 {
-    let (mut group, mut filled, mut offered) = ([0usize; 4], 0, 0);
-    for j in positions {
-        group[filled] = j;
-        filled += 1;
-        offered += 1;
-        if filled == 4 {
-            let distances = exact.distances4(query, i, group.map(&base_row), group);
-            for (distance, j) in distances.into_iter().zip(group) {
-                best.push(Neighbour { distance, position: j as u32 });
-            }
-            filled = 0;
-        }
-    }
-    for &j in &group[..filled] {
-        best.push(Neighbour { distance: exact.distance(query, base_row(j), i, j), position: j as u32 });
-    }
-    offered
 }

@@ -2,8 +2,15 @@
 //! searches): a launch over a range of left rows reports how many pairs it found; one that found
 //! more than its output holds runs again in halves (a single row, with room for all of its pairs).
 
-use super::*;
+use std::time::Instant;
+
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use datafusion::common::Result;
+
+use crate::backend::RunStats;
+use crate::backend::gpu::{RunResult, copy_failed};
 use crate::cuda::launch::PairOutput;
+use crate::cuda::{Error as GpuError, GpuDevice};
 
 /// Most pairs one output holds (12 or 16 bytes each on the device: 768 MiB or 1 GiB).
 const MAX_APPENDED_PAIRS: usize = 1 << 26;

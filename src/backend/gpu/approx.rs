@@ -1,5 +1,5 @@
 //! Approximate kNN on the GPU (`knn(…, 'approx=true')` where the cost model sends it to the
-//! device and finds the index's search faster there than the exact one: backend/auto.rs). The
+//! device and finds the index's search faster there than the exact one: backend/auto/mod.rs). The
 //! Multicurves index is the one the cores search (kept with the vectors: index/curves.rs; its
 //! curves ordered on the device where this run builds it: approx_build.rs). Its curves' keys and
 //! positions and its f32 rows are on the device (uploaded where the cores ordered the curves), the
@@ -9,22 +9,36 @@
 //! the graph itself where the index has none yet: `graph_on_device`): the
 //! curves give each query `seeds_per_curve` entries a curve, their `pool` nearest start the walk
 //! (approx_walk), and the pool it ends with are the best candidates. The host measures the k best
-//! and any within f32 rounding of them exactly (as the cores' search does: backend/approx.rs), so
+//! and any within f32 rounding of them exactly (as the cores' search does: backend/cpu/approx.rs), so
 //! each returned row carries its exact distance and its rank among the returned rows.
 
-use datafusion::common::exec_datafusion_err;
+use std::time::Instant;
 
-use super::*;
+use cudarc::driver::CudaSlice;
+use datafusion::common::Result;
+use datafusion::common::exec_datafusion_err;
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
+
 use crate::backend::ResultChunk;
-use crate::backend::approx::{build_graph, measured, walks_graph, within_rounding};
-use crate::backend::topk::push_ranked;
+use crate::backend::cpu::approx::{build_graph, measured, walks_graph, within_rounding};
+use crate::backend::gpu::{GpuBackend, RunError, RunResult, copy_failed};
+use crate::backend::plan::exact::ExactCheck;
+use crate::backend::plan::topk::Neighbour;
+use crate::backend::plan::topk::push_ranked;
+use crate::backend::{DeviceRun, KnnRequest, ResultSink, RunStats};
+use crate::cuda::abi::FilterCode;
+use crate::cuda::kernels::Kernel;
 use crate::cuda::launch::{
     ApproxBest, ApproxQueries, DeviceCurves, GraphCandidates, WALK_MAX_WIDTH, approx_capacity, approx_fits, approx_knn,
     approx_walk, curve_ranks, graph_nearest, walk_fits,
 };
+use crate::cuda::memory::{upload, zeroed};
+use crate::cuda::{Error as GpuError, GpuDevice, ResidentKey};
 use crate::index::curves::{Geometry, Multicurves};
 use crate::index::graph::{DEGREE, NeighbourGraph, Offer, WIDTH, WINDOW};
 use crate::op::Approx;
+use crate::op::Metric;
+use crate::vectors::Vectors;
 
 /// Best candidates a query sends back per neighbour asked for: the k best by f32 distance and
 /// room for those within rounding of the k-th, which the host measures exactly.
@@ -222,7 +236,7 @@ impl GpuBackend {
 /// The kNN graph of an index's rows (`on_device`: its curves and rows on `device`) built on the
 /// device: the cores' rounds (index/graph.rs), each row's candidates measured by graph_nearest by
 /// their whole f32 score under `filter`, where the cores measure a principal-coordinate proxy
-/// (docs/optimisations.md, v159).
+/// (docs/design.md#approx).
 pub(super) fn graph_on_device(
     device: &GpuDevice,
     on_device: &DeviceCurves,

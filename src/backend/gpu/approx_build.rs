@@ -1,17 +1,26 @@
 //! The Multicurves index built for the device's search with its curves ordered on the device
-//! (gpu/curves.rs): the cores compute the principal axes and every row's principal coordinates
+//! (cuda/curves.rs): the cores compute the principal axes and every row's principal coordinates
 //! (index/curves.rs); the device computes each curve's bounds, keys and sorted lists, which come
 //! back for the host's index (the one kept with the vectors, which the cores search too) and stay
 //! on the device for the search, so that only the rows are uploaded after. The device's lists are
 //! the cores' entry for entry (index/curve_keys.rs says why), so an index is the same wherever its
 //! curves were ordered.
 
-use super::*;
+use std::sync::Arc;
+
+use datafusion::common::Result;
+use rayon::iter::ParallelIterator;
+use rayon::slice::ParallelSlice;
+
+use crate::backend::gpu::{GpuBackend, copy_failed};
 use crate::cuda::curves::{DeviceCurveLists, order_curves};
 use crate::cuda::launch::{CurveInputs, curve_bounds};
+use crate::cuda::memory::upload;
+use crate::cuda::{Error as GpuError, GpuDevice};
 use crate::index::KeptIndexes;
 use crate::index::curve_keys::{CurveOrder, KeyInputs, cell_scale, order_on_cores};
 use crate::index::curves::{Geometry, Multicurves};
+use crate::vectors::Vectors;
 
 /// Fewest base rows whose curves the device orders: below, the cores' sorts take less than the
 /// device's launches (8 radix passes of 3 kernels a curve) and copies.

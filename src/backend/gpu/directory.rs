@@ -4,8 +4,17 @@
 //! hundredths of the join at a million points, and whose boxes and leaf starts are a few
 //! megabytes to copy; the join itself runs in kernels/directory_join.cu.
 
-use super::*;
+use cudarc::driver::CudaSlice;
+use datafusion::common::Result;
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
+
+use crate::backend::gpu::{GpuBackend, copy_failed};
+use crate::backend::plan::FilterSpaces;
+use crate::backend::{JoinRequest, RunStats};
+use crate::cuda::Error as GpuError;
+use crate::cuda::abi::JoinParams;
 use crate::cuda::buffers::DirectoryBuffers;
+use crate::cuda::launch::GRID_WORK_SAMPLE;
 use crate::index::{DIRECTORY_BLOCK, DirectoryShape, JoinDirectories};
 
 /// The directory's buffers and, for a join divided among GPUs, the estimated work of every

@@ -1,18 +1,27 @@
 //! A join divided among several GPUs (multi.rs): the plan every GPU shares, and the ranges of left
 //! slots each takes, of about equal work (GPU-Join's division by workload, Gowanlock & Karsin).
 
-use super::*;
+use std::time::Instant;
+
+use datafusion::common::Result;
+
+use crate::backend::gpu::sides::HostSide;
+use crate::backend::gpu::{GpuBackend, MAX_PASS_ROWS, copy_failed};
+use crate::backend::{JoinRequest, RunStats};
+use crate::cuda::Error as GpuError;
+use crate::cuda::abi::JoinParams;
+use crate::cuda::buffers::{JoinInputs, PassBuffers};
+use crate::cuda::launch::{GRID_WORK_SAMPLE, PassKind, join_pass};
 
 /// A side's grid cell of every row and, under a window, every row's sort key.
 type CellKeys = (Vec<u64>, Option<Vec<f64>>);
 
-/// A join divided among several GPUs (multi.rs), planned once for all of them: the filter spaces,
-/// the strategy, the host's rows of each side and, under a grid, every row's cell and sort key —
-/// work on the host's cores, which every GPU's thread made again at the same time on the same
-/// cores (10M × 8 on two H100s: build_time 0.62 s on each against 0.20 s on one GPU alone).
+/// A join divided among several GPUs (multi.rs), prepared once for all of them (with the plan of
+/// their shared request, [`JoinRequest::plan`]): the host's rows of each side and, under a grid,
+/// every row's cell and sort key — work on the host's cores, which every GPU's thread made again at
+/// the same time on the same cores (10M × 8 on two H100s: build_time 0.62 s on each against 0.20 s
+/// on one GPU alone).
 pub struct JoinParts<'a> {
-    pub(super) spaces: FilterSpaces<'a>,
-    pub(super) strategy: JoinStrategy,
     /// Each side's cells and sort keys (the left's, then the right's; a self-join's right is its left).
     pub(super) keys: [std::sync::OnceLock<CellKeys>; 2],
     /// Each side's host rows (the right's unused by a self-join).
@@ -23,8 +32,9 @@ pub struct JoinParts<'a> {
 impl<'a> JoinParts<'a> {
     /// The plan of join `request` divided into `parts`.
     pub fn new(request: &JoinRequest<'a>, parts: usize) -> Self {
-        let (spaces, strategy) = plan_join(request);
-        Self { spaces, strategy, keys: Default::default(), sides: Default::default(), parts }
+        // Planned here, before the GPUs' threads start, so none of them waits on another's planning.
+        request.plan();
+        Self { keys: Default::default(), sides: Default::default(), parts }
     }
 }
 
@@ -102,7 +112,8 @@ impl GpuBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::part_slots;
+    use crate::cuda::launch::GRID_WORK_SAMPLE;
 
     #[test]
     fn parts_cover_every_slot_once_with_about_equal_work() {

@@ -1,6 +1,11 @@
 //! The f32 and f16 filters' parameters: metric codes, limits and the proved tensor-core margin.
 
-use super::*;
+use crate::backend::gpu::sides::HostSide;
+use crate::backend::plan::bounds::round_up;
+use crate::backend::plan::lower_corner;
+use crate::cuda::abi::{FilterCode, JoinParams, MetricCode};
+use crate::op::Metric;
+use crate::vectors::{Coords, Vectors};
 
 /// The index of `metric` in kernels/common.cuh's METRIC_* codes.
 pub(super) fn metric_code(metric: Metric) -> u32 {
@@ -132,33 +137,16 @@ pub(super) fn filter_origin<'f>(
     }
 }
 
-/// The f32 filter limit of an exact threshold: no pair within `threshold` scores above it (the
-/// proofs are on [`FilterLimit`] and, for the dot-product forms, `GemmSide` in backend/cpu/gemm.rs). `extent`
-/// matters only to the direct differences (not the GEMM form).
-pub(super) fn filter_limit(metric: Metric, threshold: f64, dim: usize, extent: f64, gemm: bool) -> f32 {
-    if gemm {
-        return score_threshold(metric, threshold);
-    }
-    if metric == Metric::InnerProduct {
-        return round_up(threshold);
-    }
-    FilterLimit::new(metric, threshold, dim, extent).limit
-}
-
 /// The largest |coordinate| of the f32 filter rows of both sides (the filter margins scale with it).
 pub(super) fn filter_extent(sides: &[&HostSide]) -> f64 {
     sides.iter().flat_map(|h| h.filter.iter()).fold(0f64, |m, v| m.max(v.abs() as f64))
 }
 
-/// `x` as f32, rounded up.
-pub(super) fn round_up(x: f64) -> f32 {
-    let f = x as f32;
-    if (f as f64) < x { f.next_up() } else { f }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{TensorCoreMargin, filter_params, gemm_metric, tc_scale_exponent, tensor_core_margin};
+    use crate::backend::plan::bounds::round_up;
+    use crate::op::Metric;
 
     #[test]
     fn tensor_cores_serve_only_the_dot_product_filters() {

@@ -1,6 +1,23 @@
 //! kNN on the GPU: sample radii, count passes with candidate slots, settle, write passes, rank.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use datafusion::common::Result;
+use rayon::iter::{IndexedParallelIterator, ParallelIterator};
+use rayon::slice::ParallelSliceMut;
+
+use crate::backend::gpu::knn_plan::KnnPlan;
+use crate::backend::gpu::sides::subset_side;
+use crate::backend::gpu::{GpuBackend, MAX_PASS_ROWS, RunResult, copy_failed};
+use crate::backend::plan::topk::{Neighbour, k_smallest};
+use crate::backend::{KnnRequest, ResultSink, RunStats};
+use crate::cuda::Error as GpuError;
+use crate::cuda::abi::JoinParams;
+use crate::cuda::buffers::{JoinInputs, PassBuffers};
+use crate::cuda::download::{KEPT_RANKED, host_ranked, host_results};
+use crate::cuda::kernels::Kernel;
+use crate::cuda::launch::{KNN_LEVELS, KNN_RANK_SLOTS, KNN_SELECT_SLOTS_K, PassKind, join_pass, rank_slots};
+use crate::op::Metric;
 
 impl GpuBackend {
     /// The count pass over left slots `0..slots`, in launches of at most MAX_PASS_ROWS slots:
@@ -96,7 +113,7 @@ impl GpuBackend {
         // the slots are small (knn_slot_capacity): a query found with at least k and at most a
         // slot of candidates is then ranked from its slot, on the device where slots are at most
         // KNN_RANK_SLOTS long (k entries a query come back instead of whole slots: P1 k = 10,
-        // 1.2 MB instead of 154 MB, docs/optimisations.md, v32), and only the others need a write pass.
+        // 1.2 MB instead of 154 MB, docs/design.md#gpu-knn), and only the others need a write pass.
         let slot_values = nq * first_capacity as usize;
         pass.size_outputs(&self.device, slot_values)?;
         let ranked_on_device = first_capacity > 0 && first_capacity as usize <= KNN_RANK_SLOTS;
@@ -106,7 +123,7 @@ impl GpuBackend {
         // dozen of 10,000 queries need a second radius) and, where the slots are ranked on the
         // device, those that overflowed the first pass's slots: the later passes' few queries
         // share the same buffers in longer slots (P2 at k = 10: 204 queries in slots of 4,096
-        // instead of a write pass, docs/optimisations.md, v54). A query's level only rises, and level
+        // instead of a write pass, docs/design.md#gpu-knn). A query's level only rises, and level
         // KNN_LEVELS (+∞) counts all n ≥ k rows, so this ends. A count depends only on the exact
         // distances (the filter passes every row within the radius), so a later pass or the
         // write pass re-finds it exactly.
@@ -315,7 +332,8 @@ pub(super) fn knn_slot_capacity(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::knn_slot_capacity;
+    use crate::backend::gpu::MAX_PASS_ROWS;
 
     #[test]
     fn knn_slots_fit_the_expected_count_with_room() {
@@ -323,7 +341,7 @@ mod tests {
         assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 1, 10_000, 80 << 30), 1285);
         // The whole base as the sample: k itself, plus room for ties.
         assert_eq!(knn_slot_capacity(10, 3000, 3000, 10, 100, 80 << 30), 87);
-        // Rank 2 (P1, k = 10 since v49): 488 expected, 1,934 a slot, 1.9·10⁷ values ranked on the
+        // Rank 2 (P1, k = 10; docs/design.md#gpu-knn): 488 expected, 1,934 a slot, 1.9·10⁷ values ranked on the
         // device, so within the budget alone.
         assert_eq!(knn_slot_capacity(10, 1_000_000, 4096, 2, 10_000, 80 << 30), 1934);
         // Large k (P1, k = 1,000: rank 9, slots beyond KNN_RANK_SLOTS to copy) or too many

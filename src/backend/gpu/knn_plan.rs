@@ -1,7 +1,25 @@
 //! kNN's plan: both sides on the device (kept ones reused) and each query's radii from the
 //! sample, which every pass of the run reads.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::common::Result;
+
+use crate::backend::gpu::filter::{filter_extent, filter_origin, filter_params, gemm_metric, metric_code};
+use crate::backend::gpu::sides::{HostSide, device_side, host_side, resident_key};
+use crate::backend::gpu::{GpuBackend, copy_failed};
+use crate::backend::plan::FilterSpaces;
+use crate::backend::plan::bounds::filter_limit;
+use crate::backend::{KnnRequest, RunStats};
+use crate::cuda::abi::JoinParams;
+use crate::cuda::buffers::SideBuffers;
+use crate::cuda::launch::{
+    KNN_LEVELS, KNN_SAMPLE, KnnSample, byte_sides, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
+};
+use crate::cuda::memory::zeroed;
+use crate::cuda::{DerivedSide, Error as GpuError, ResidentKey};
+use crate::op::Metric;
 
 impl GpuBackend {
     /// The kNN's sides and radii: both sides on the device (kept ones reused, the tensor cores'
@@ -40,7 +58,7 @@ impl GpuBackend {
         // mean alone), as an earlier query built it: its filter rows, f16 rows and largest
         // coordinate are not built again (DerivedSide). Likewise a kept query table's side,
         // centred on that kept base's mean, for a service's repeated queries (build_time −0.2 ms
-        // on 60,000 × 784, docs/optimisations.md, v75).
+        // on 60,000 × 784, docs/design.md#memory).
         let keep_key = resident_key(base).filter(|_| gemm && metric != Metric::Cosine);
         let query_key = resident_key(queries).filter(|_| keep_key.is_some());
         let mut kept = keep_key.as_ref().and_then(|key| self.device.derived_side(key, metric_code(metric), None));
@@ -96,7 +114,7 @@ impl GpuBackend {
         stats.byte_row_tiles = base_bytes.is_some().into();
         stats.resident_inputs =
             usize::from(query_reused || query_buffers.resident) + usize::from(reused || base_buffers.resident);
-        // Where the tensor cores filter, the sample's distances come from them too (docs/optimisations.md, v54),
+        // Where the tensor cores filter, the sample's distances come from them too (docs/design.md#gpu-knn),
         // but for a sample of the whole base: its rank is then k, and the k-th smallest key, f16's
         // rounding below the k-th distance about half the time, would leave those queries short.
         // On byte rows, from theirs: exact keys on the integer tensor cores.
@@ -246,12 +264,12 @@ impl KnnPlan {
 /// Base rows in kNN's radius sample (at most [`KNN_SAMPLE`]), from which each query's ranks are
 /// picked. Where the tensor cores filter (`tensor_cores`), they take the sample's distances too, and
 /// the sample is KNN_SAMPLE rows (or the whole base): a sample row then costs about 1.5 count-pass
-/// rows (P2: 0.63 ms of keys for 4,096 rows against 6.1 ms for the pass's 60,000, docs/optimisations.md, v55),
+/// rows (P2: 0.63 ms of keys for 4,096 rows against 6.1 ms for the pass's 60,000, docs/design.md#gpu-knn),
 /// and the larger sample gives tighter radii, fewer candidates for the same share of queries
 /// short (P2, 60,000 rows of 784 at k = 10: 64 candidates a query and 4 % short with 1,875
-/// rows at rank 2, 44 and 3 % with 4,096 at rank 3; docs/optimisations.md, v54). On f32 CUDA cores a sample
+/// rows at rank 2, 44 and 3 % with 4,096 at rank 3; docs/design.md#gpu-knn). On f32 CUDA cores a sample
 /// row cost about as much as 8 of the count pass's base rows (P2: a sample of 4,096 took 10.7 ms
-/// against the count pass's 9.2 ms, v45), so there it is a 32nd of the base, at least 1,024 rows,
+/// against the count pass's 9.2 ms, docs/design.md#gpu-knn), so there it is a 32nd of the base, at least 1,024 rows,
 /// and the whole base up to that. A smaller sample only makes the candidate counts vary more (a
 /// query short of k takes another count pass at its next radius), never an answer.
 pub(super) fn knn_sample_len(n: usize, tensor_cores: bool) -> usize {
@@ -275,12 +293,12 @@ pub(super) fn knn_sample_len(n: usize, tensor_cores: bool) -> usize {
 ///
 /// For small λ the rank is the first, or the second where larger but at most 2: each rank adds
 /// n/s candidates a query, each an exact f64 check whose cost grows with d. Measured on the H100
-/// (docs/optimisations.md, v49): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
+/// (docs/design.md#gpu-knn): P1 (k = 10, λ = 0.04) at rank 2 instead of 1 left 0.1 % of its queries short
 /// instead of 4.5 % and ran ~2 ms faster; 60,000 × 784 rows (k = 10, λ = 0.31) at rank 3 instead
 /// of 2 ran 2.5–3 ms slower. For large λ the second rank, about λ + 2.3√λ, is the smaller, and is
 /// the one: the sample's own variation is what leaves a query short, and c·k then only adds
 /// candidates (P1 at k = 10,000, λ = 41: rank 58 instead of 85, 1.4·10⁴ candidates a query
-/// instead of 2.1·10⁴, docs/optimisations.md, v78).
+/// instead of 2.1·10⁴, docs/design.md#gpu-knn).
 pub(super) fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
     if sample_len >= n {
         return k as u32;
@@ -302,7 +320,8 @@ pub(super) fn knn_sample_rank(k: usize, n: usize, sample_len: usize) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{knn_sample_len, knn_sample_rank};
+    use crate::cuda::launch::KNN_SAMPLE;
 
     #[test]
     fn knn_samples_within_their_limits() {

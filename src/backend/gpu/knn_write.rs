@@ -1,9 +1,26 @@
 //! kNN's write passes and emission: the queries not ranked from their slots, pipelined on the
 //! device's streams, and every query's k nearest sent in query order.
 
-use super::knn::Counted;
-use super::*;
 use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaEvent, CudaStream};
+use datafusion::common::Result;
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
+
+use super::knn::Counted;
+use crate::backend::gpu::batches::{exclusive_offsets, write_batches};
+use crate::backend::gpu::knn_plan::KnnPlan;
+use crate::backend::gpu::sides::subset_side;
+use crate::backend::gpu::{GpuBackend, MAX_BATCH_PAIRS, RunResult, copy_failed, finish_queued, output_pairs};
+use crate::backend::plan::topk::{Neighbour, Ranked, k_smallest, send_ranked};
+use crate::backend::{ResultSink, RunStats};
+use crate::cuda::buffers::{JoinInputs, PassBuffers, RankedLists, SideBuffers};
+use crate::cuda::download::{HostPairs, host_results};
+use crate::cuda::launch::{PassKind, launch_join_pass, rank_lists_most_k, start_rank_lists};
+use crate::cuda::memory::zeroed;
+use crate::cuda::{Error as GpuError, PIPELINE_STREAMS};
 
 impl GpuBackend {
     /// The write passes of the queries not ranked from slots (pipelined on PIPELINE_STREAMS
@@ -49,7 +66,7 @@ impl GpuBackend {
         // rest's radii and limits, and a part of the host buffers of its own, as the joins' do:
         // batch i is queued on stream i mod 3 once the host is done with batch i − 3's part, so
         // the kernels of the next batches run while the host emits this one (P1 k = 10,000: 23
-        // passes, docs/optimisations.md, v76, v77).
+        // passes, docs/design.md#gpu-knn).
         let lanes_needed = batches.len().min(PIPELINE_STREAMS);
         let slots_most = batches.iter().map(|&(begin, end, _)| end - begin).max().unwrap_or(1);
         let (mut lanes, mut ranked_lanes) =

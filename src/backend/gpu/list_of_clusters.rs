@@ -1,19 +1,35 @@
 //! Joins and range queries through the List of Clusters on the GPU (`index=list_of_clusters`
 //! with `device=gpu`, kernels/clusters.cu): the index over the right input is built on the host
-//! (the same one, kept with the vectors, that the CPU searches: `backend::clusters`), its arrays
+//! (the same one, kept with the vectors, that the CPU searches: `backend::cpu::list_of_clusters`), its arrays
 //! are uploaded, and one block per left row runs Barrientos et al.'s search. The index's space is
 //! the CPU's (the rows under L2, L1 or L∞, cosine's unit rows under L2, the strings under the edit
 //! distance) with its rounding slack, and the exact test decides every candidate, so the pairs are
 //! the CPU's and the scan's, bit for bit.
 
+use std::time::Instant;
+
+use datafusion::common::Result;
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
+
 use super::appended::appended_pairs;
 use super::text::{alphabet_of, coded, pattern_words};
-use super::*;
-use crate::backend::list_of_clusters::{index_of, radius};
+use crate::backend::cpu::list_of_clusters::index_of;
+use crate::backend::gpu::filter::metric_code;
+use crate::backend::gpu::sides::ExactRows;
+use crate::backend::gpu::{GpuBackend, RunResult};
+use crate::backend::plan::bounds::radius;
+use crate::backend::plan::exact::{ExactCheck, write_self_pairs};
+use crate::backend::{JoinRequest, PairWriter, ResultSink, RunStats};
+use crate::cuda::Error as GpuError;
+use crate::cuda::abi::JoinParams;
+use crate::cuda::kernels::Kernel;
 use crate::cuda::launch::{
     ClusterTextInputs, ClusterVectorInputs, DeviceClusterList, DeviceStrings, clusters_range_text,
     clusters_range_vectors,
 };
+use crate::cuda::memory::upload;
+use crate::op::{Metric, row_norm};
+use crate::vectors::Vectors;
 
 impl GpuBackend {
     pub(super) fn gpu_clusters_join(

@@ -8,38 +8,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cudarc::driver::{CudaEvent, CudaStream};
 use datafusion::common::{DataFusionError, Result, resources_err};
 
-use super::exact::{ExactCheck, write_self_pairs};
-use super::plan::{FilterLimit, FilterSpaces, gather, lower_corner, plan_join, score_threshold};
-use super::topk::{Neighbour, Ranked, k_smallest, send_ranked};
-use super::{Backend, DeviceRun, JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats, Wanted, tiles};
-use crate::cuda::abi::{FilterCode, JoinParams, MetricCode};
-use crate::cuda::buffers::{ByteRows, GridBuffers, JoinInputs, PassBuffers, RankedLists, SideBuffers};
-use crate::cuda::download::{DownloadedPairs, HostPairs, HostResults, KEPT_RANKED, host_ranked, host_results};
+use crate::backend::plan::tiles;
+use crate::backend::{Backend, JoinRequest, KnnRequest, ResultSink, RunStats};
 use crate::cuda::error::format_size;
-use crate::cuda::grid::{DeviceGrid, build_grid};
-use crate::cuda::kernels::Kernel;
-use crate::cuda::launch::{
-    GRID_WORK_SAMPLE, KNN_LEVELS, KNN_RANK_SLOTS, KNN_SAMPLE, KNN_SELECT_SLOTS_K, KnnSample, PassKind, byte_row_words,
-    byte_rows, byte_sides, filter_max_abs, filter_rows, gather_rows, identity_order, join_pass, launch_join_pass,
-    pack_half_rows, rank_lists_most_k, rank_slots, sample_byte_rows, sample_half_rows, sample_radius_pass, sample_rows,
-    start_rank_lists, tc_row_words, widen_rows,
-};
-use crate::cuda::memory::{available_memory, upload, zeroed};
-use crate::cuda::{DerivedSide, Error as GpuError, GpuDevice, PIPELINE_STREAMS, ResidentKey};
-use crate::index::JoinStrategy;
+use crate::cuda::memory::available_memory;
+use crate::cuda::{Error as GpuError, GpuDevice};
 use crate::index::curves::CURVES;
-use crate::on_coords;
 use crate::op::IndexChoice;
-use crate::op::{Metric, row_norm};
-use crate::vectors::{Coord, Coords, Values, Vectors};
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use rayon::prelude::*;
 
 mod appended;
 mod approx;
 mod approx_build;
+mod batches;
 mod directory;
 mod divided;
 mod filter;
@@ -57,11 +40,7 @@ pub use approx_build::build_on_device;
 pub use multi::MultiGpuBackend;
 pub(crate) use multi::open_devices;
 
-use divided::*;
-use filter::*;
-use join::*;
-use knn_plan::*;
-use sides::*;
+use crate::backend::gpu::divided::JoinParts;
 
 /// Most result pairs one write pass produces (16 bytes each: 512 MiB of device memory).
 const MAX_BATCH_PAIRS: u64 = 1 << 25;
@@ -161,7 +140,7 @@ impl Backend for GpuBackend {
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats> {
         let budget = self.memory_budget()?;
         if request.index == IndexChoice::ListOfClusters
-            && crate::backend::list_of_clusters::usable(request.left, request.right)
+            && crate::backend::cpu::list_of_clusters::usable(request.left, request.right)
         {
             return self.gpu_clusters_join(request, sink, budget).map_err(|e| e.in_context("GPU List of Clusters"));
         }
@@ -185,9 +164,11 @@ impl Backend for GpuBackend {
         if let Some(approx) = request.approx {
             if let Some(target) = approx.recall {
                 let (queries, base) = (request.queries.len(), request.base.len());
-                let exact_ns = super::approx_estimate::exact_knn_gpu_ns(queries, base, request.base.dim);
+                let exact_ns = crate::costs::exact_knn_gpu_ns(queries, base, request.base.dim);
                 let run = |request: &KnnRequest, sink: &dyn ResultSink| self.knn(request, sink);
-                return super::approx_recall::knn_to_recall(request, approx, target, "gpu", exact_ns, &run, sink);
+                return crate::backend::plan::recall::knn_to_recall(
+                    request, approx, target, "gpu", exact_ns, &run, sink,
+                );
             }
             let run = |tile: &KnnRequest, sink: &dyn ResultSink| {
                 self.gpu_approx_knn(tile, approx, sink, budget).map_err(|e| e.in_context("GPU approximate kNN"))
@@ -248,7 +229,7 @@ fn output_pairs(budget: usize) -> u64 {
 /// cancelled, a batch could not be built), or a request the device cannot take (an approximate
 /// search's candidates beyond a block's shared memory). Either ends a `device=gpu` run with its
 /// message. Under `device=auto` a run that failed before sending a row runs again on the cores
-/// (`Scheduled::run` in backend/auto.rs, counted in `gpu_fallbacks`): there a device failure or a
+/// (`Scheduled::run` in backend/auto/mod.rs, counted in `gpu_fallbacks`): there a device failure or a
 /// request the device could not take succeeds, and a query's own error recurs.
 #[derive(Debug)]
 pub(super) enum RunError {
@@ -313,7 +294,7 @@ pub(super) fn finish_queued(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::tile_rows;
 
     #[test]
     fn tiles_below_the_minimum_are_an_error_that_names_the_limit() {

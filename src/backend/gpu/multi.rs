@@ -5,7 +5,7 @@
 //! * kNN: while the base fits each GPU beside its share of the queries, the queries are divided
 //!   into one contiguous part per GPU (each GPU holds the whole base); a query's neighbours come
 //!   from one GPU, so its list is the single-GPU list. Below [`KNN_SPLIT_WORK`] one GPU finishes
-//!   first (docs/optimisations.md, v102), so there the first GPU runs it alone, unless the GPUs
+//!   first (docs/design.md#multi-gpu), so there the first GPU runs it alone, unless the GPUs
 //!   were named (`devices=0,1`). A base too large for that is divided instead, every GPU finds
 //!   every query's k nearest in its part, and the lists are merged per query
 //!   ([`MultiGpuBackend::knn_over_base_parts`]).
@@ -29,13 +29,15 @@
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
+use datafusion::common::{DataFusionError, Result};
+
 use super::GpuBackend;
 use super::divided::JoinParts;
-use crate::backend::tiles::merged_knn;
-use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats, join_rows, knn_rows};
+use crate::backend::plan::tiles::merged_knn;
+use crate::backend::request::{join_rows, knn_rows};
+use crate::backend::{Backend, DeviceRun, JoinRequest, KnnRequest, ResultSink, RunStats};
 use crate::costs::{JOIN_SPLIT_ROWS, KNN_SPLIT_WORK};
 use crate::cuda::{Error as GpuError, GpuDevice};
-use datafusion::common::{DataFusionError, Result};
 
 /// The GPUs of a run.
 #[derive(Debug)]

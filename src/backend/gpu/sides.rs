@@ -1,7 +1,26 @@
 //! A join's or kNN's two sides on the device: host rows in slot order, uploads (kept rows reused),
 //! the tensor cores' rows, and a subset of a side gathered on the device.
 
-use super::*;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use datafusion::common::Result;
+use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use rayon::slice::{ParallelSlice, ParallelSliceMut};
+
+use crate::backend::gpu::GpuBackend;
+use crate::backend::gpu::filter::tc_scale_exponent;
+use crate::backend::plan::gather;
+use crate::cuda::buffers::{ByteRows, SideBuffers};
+use crate::cuda::launch::{
+    byte_row_words, byte_rows, filter_max_abs, filter_rows, gather_rows, identity_order, pack_half_rows, tc_row_words,
+    widen_rows,
+};
+use crate::cuda::memory::{upload, zeroed};
+use crate::cuda::{Error as GpuError, GpuDevice, ResidentKey};
+use crate::on_coords;
+use crate::op::{Metric, row_norm};
+use crate::vectors::{Coord, Coords, Values, Vectors};
 
 /// A side's exact rows on the host: the vectors' values as kept (input order), or a copy in slot
 /// order. Rows kept in f32 cross the bus in f32 and are widened on the device into the f64 rows
@@ -43,7 +62,7 @@ pub(super) struct HostSide<'a> {
     pub(super) filter_sq_norms: Vec<f32>,
     pub(super) rows: usize,
     /// Slot → position, or `None`: input order, which the device writes itself (P1's 1M-row base
-    /// took 1.8 ms to build here and ~1 ms to upload, docs/optimisations.md, v49).
+    /// took 1.8 ms to build here and ~1 ms to upload, docs/design.md#gpu-knn).
     pub(super) order: Option<Vec<u32>>,
     /// The origin the device builds the filter rows from (`filter`, `filter_norms` and
     /// `filter_sq_norms` are then empty), or `None`: they were built here.
@@ -147,7 +166,7 @@ pub(super) fn in_slot_order(
 /// The rows `rows` (slots of `side`, each below its length) of `side` as a side of their own, in
 /// that order, gathered on the device: the queries a kNN pass runs again. The same values as the
 /// whole side's (f16 rows included), so a query's filter and exact distances do not change; building
-/// and uploading such a side from the host took ~1 ms for 300 of P2's queries (docs/optimisations.md, v54).
+/// and uploading such a side from the host took ~1 ms for 300 of P2's queries (docs/design.md#gpu-knn).
 pub(super) fn subset_side(
     device: &GpuDevice,
     side: &SideBuffers,
@@ -291,7 +310,7 @@ impl GpuBackend {
 
     /// Whether the sides' GEMM-form squared norms stay where f32 scores are meaningful
     /// (GemmSide's 10³⁶; a NaN fails), their largest found on the device where it built them (one
-    /// value read back instead of a row's: P1's 4 MB took 1.5 ms, docs/optimisations.md, v47).
+    /// value read back instead of a row's: P1's 4 MB took 1.5 ms, docs/design.md#gpu-brute).
     pub(super) fn gemm_fits(&self, sides: &[(&HostSide, &SideBuffers)]) -> Result<bool, GpuError> {
         for (host, buffers) in sides {
             let fits = if host.device_filter.is_some() {

@@ -11,10 +11,22 @@
 //! (distance, position) are the answer, ties to the earlier base position as on the CPU. At τ ≥
 //! max(query length, longest base string) every base string is within τ, so every query ends.
 
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+use datafusion::common::Result;
+use rayon::slice::ParallelSliceMut;
+
 use super::appended::appended_pairs;
-use super::*;
-use crate::backend::text::LengthOrder;
+use crate::backend::cpu::text::LengthOrder;
+use crate::backend::gpu::{GpuBackend, RunResult};
+use crate::backend::plan::topk::{Neighbour, Ranked, k_smallest, send_ranked};
+use crate::backend::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
+use crate::cuda::Error as GpuError;
+use crate::cuda::kernels::Kernel;
 use crate::cuda::launch::{DeviceStrings, TEXT_MAX_WORDS, TextJoinInputs, text_join};
+use crate::cuda::memory::upload;
+use crate::vectors::Vectors;
 
 /// The kNN's first radius: most queries of a dictionary have their nearest strings within 1 edit;
 /// each round after doubles it.

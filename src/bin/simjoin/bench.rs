@@ -147,7 +147,7 @@ fn gpu_workloads(quick: bool) -> Vec<Workload> {
             ..gpu_knn(scale(1_000_000), 1000)
         },
         Workload { name: "P1-knn-128d-gaussian-1m-10k-k10000", ..gpu_knn(scale(1_000_000), 10_000) },
-        // Low-d kNN (k ≤ 32, d ≤ 32): where a fused top-k kernel was tried (docs/optimisations.md, v24, v40).
+        // Low-d kNN (k ≤ 32, d ≤ 32): the case of a fused top-k kernel (docs/design.md#gpu-knn, #gpu-brute).
         Workload { name: "knn-16d-gaussian-1m-10k-k10", dim: 16, ..gpu_knn(scale(1_000_000), 10) },
         Workload { name: "knn-16d-gaussian-1m-10k-k32", dim: 16, ..gpu_knn(scale(1_000_000), 32) },
         Workload {

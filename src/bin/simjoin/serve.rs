@@ -235,8 +235,9 @@ fn register_remote_store(ctx: &SessionContext, url: &Url) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_bytes, parse_duration};
     use std::time::Duration;
+
+    use super::{parse_bytes, parse_duration};
 
     #[test]
     fn durations() {

@@ -1,6 +1,15 @@
 //! Approximate kNN from the Multicurves index (kernels/approx.cu).
 
-use super::*;
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, LaunchConfig};
+
+use crate::cuda::abi::FilterCode;
+use crate::cuda::device::GpuDevice;
+use crate::cuda::kernels::Kernel;
+use crate::cuda::launch::allow_shared;
+use crate::cuda::launch::primitives::{GRID_BUILD_BLOCK, strided};
+use crate::cuda::memory::zeroed;
+use crate::cuda::{Error, Result};
 
 /// Threads per block (`APPROX_THREADS` in kernels/approx.cu): one block per query.
 const APPROX_THREADS: u32 = 256;

@@ -1,7 +1,11 @@
 //! The launch geometry of the tensor-core join (runs of right tiles, queue lengths, pipeline stages
 //! and shared memory) and its TMA tensor maps.
 
-use super::*;
+use cudarc::driver::DevicePtr;
+use cudarc::driver::{CudaSlice, DeviceRepr, sys};
+
+use crate::cuda::device::GpuDevice;
+use crate::cuda::{Error, Result};
 
 /// Threads per block of the join kernels.
 pub(super) const BLOCK: u32 = 256;
@@ -11,18 +15,18 @@ pub(super) const BRUTE_TILE: usize = 128;
 /// for its left tile's copies and bounds, its pipeline's filling and its queue's draining, so
 /// longer runs pay off where the grid is large: 64 where it still has at least 16 waves of two
 /// blocks an SM (P1, 79 left tiles × 123 runs of 64: kernel time 8.6–8.7 → 8.1–8.3 ms against
-/// 16, docs/optimisations.md, v73; 16 against 8 was 11.2 → 9.3 ms, v62). But fewer, longer blocks leave the
+/// 16, docs/design.md#gpu-brute; 16 against 8 was 11.2 → 9.3 ms, docs/design.md#gpu-brute). But fewer, longer blocks leave the
 /// last wave emptier: 60,000 × 784 (79 × 30 blocks of 16, 8.7 waves) took 5.3–5.4 → 5.9–6.0 ms
-/// (v62), so 8 there. A small grid (kNN's later passes over a few hundred queries) takes the
+/// (docs/design.md#gpu-brute), so 8 there. A small grid (kNN's later passes over a few hundred queries) takes the
 /// longest run of at most 8 that still fills 4 waves, else runs of one tile: 60,000 × 784's
 /// second pass (2 left tiles) took 0.72 ms as 118 blocks of 8 on 132 SMs, 0.41 ms as 938 blocks
-/// of one (v63).
+/// of one (docs/design.md#gpu-brute).
 ///
 /// A pass expected to find many pairs (kNN at large k: `per_tile`, twice the pairs it expects a
 /// tile) takes runs short enough that its queue holds them ([`tc_queue`], at most `queue_most`):
 /// a pair beyond the queue is decided by its thread at once, and at P1 k = 10,000 (~230 pairs a
 /// tile) runs of 64 decided most of them that way: 0.33 s against 0.15 with runs of 4 and a queue
-/// of 2,048 (docs/optimisations.md, v79).
+/// of 2,048 (docs/design.md#gpu-brute).
 pub(super) fn tc_run(
     device: &GpuDevice,
     left_tiles: usize,
@@ -46,9 +50,9 @@ pub(super) fn tc_run(
 /// Pairs brute_join_tc's queue holds for a run of `run` right tiles (`p.tc_queue`): 16 a tile, at
 /// least 256, or where more are expected (`per_tile`, twice the pairs expected a tile) those of
 /// the run, at most `queue_most`. A pair beyond the queue is decided by its thread at once, which
-/// holds up the block (docs/optimisations.md, v35-2): P1 at k = 10 queues ~7 pairs a tile and block on average
+/// holds up the block (docs/design.md#gpu-brute): P1 at k = 10 queues ~7 pairs a tile and block on average
 /// (4.5 M in 617,000 tiles), and its runs of 32 with a queue of 256 ran 8.9–9.1 ms against 8.2–8.3
-/// with 512 (v73). Shared memory spent on a longer queue is not spent on stages: 60,000 × 784
+/// with 512 (docs/design.md#gpu-brute). Shared memory spent on a longer queue is not spent on stages: 60,000 × 784
 /// (runs of 8) took 4.0 → 4.7 ms with a queue of 512, whose 2 KB more left two stages instead of
 /// three.
 pub(super) fn tc_queue(run: usize, per_tile: f64, queue_most: usize) -> usize {
@@ -181,7 +185,8 @@ pub(super) fn tc_row_map(device: &GpuDevice, rows: &CudaSlice<u32>, row_words: u
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{TC_QUEUE_ENTRY_BYTES, TC_RESIDENT_BYTES, TC_STAGE_BYTES, tc_dynamic_bytes, tc_queue, tc_queue_most};
+    use crate::cuda::launch::pack::{byte_row_words, tc_row_words};
 
     #[test]
     fn dense_passes_take_longer_queues_that_leave_two_blocks_a_multiprocessor() {

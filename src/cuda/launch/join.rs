@@ -1,6 +1,19 @@
 //! A pass of a join (count, collect, write, or kNN's scores pass with its settle step).
 
-use super::*;
+use std::sync::Arc;
+
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaStream, LaunchConfig};
+
+use crate::cuda::abi::JoinParams;
+use crate::cuda::buffers::{JoinInputs, PassBuffers};
+use crate::cuda::device::GpuDevice;
+use crate::cuda::kernels::Kernel;
+use crate::cuda::launch::geometry::{
+    BLOCK, BRUTE_TILE, tc_queue, tc_queue_most, tc_row_map, tc_run, tc_shared_bytes, warpgroup_mma,
+};
+use crate::cuda::launch::pack::{byte_row_words, byte_sides, tc_row_words};
+use crate::cuda::{Error, Result};
 
 /// What a pass of the join kernels does (kernels/join_pairs.cuh).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

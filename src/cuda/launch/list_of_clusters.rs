@@ -1,6 +1,14 @@
 //! Range searches through the List of Clusters (kernels/clusters.cu).
 
-use super::*;
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, LaunchConfig};
+
+use crate::cuda::abi::{JoinParams, MetricCode};
+use crate::cuda::device::GpuDevice;
+use crate::cuda::kernels::Kernel;
+use crate::cuda::launch::allow_shared;
+use crate::cuda::launch::text::{DeviceStrings, PairOutput, TEXT_MAX_WORDS, text_join_shared_bytes};
+use crate::cuda::{Error, Result};
 
 /// Static shared memory of the List of Clusters' kernels (kernels/clusters.cu: one u32).
 const CLUSTERS_STATIC_BYTES: usize = 4;

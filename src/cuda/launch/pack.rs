@@ -1,6 +1,16 @@
 //! The rows the tensor cores read, made on the device: f32 filter rows, f16 rows, byte rows.
 
-use super::*;
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, LaunchConfig};
+
+use crate::cuda::abi::JoinParams;
+use crate::cuda::buffers::{ByteRows, SideBuffers};
+use crate::cuda::device::GpuDevice;
+use crate::cuda::kernels::Kernel;
+use crate::cuda::launch::geometry::{BLOCK, warpgroup_mma};
+use crate::cuda::launch::primitives::strided;
+use crate::cuda::memory::zeroed;
+use crate::cuda::{Error, Result};
 
 /// Words of a brute_join_tc row of `dim` coordinates (`tc_row_words` in kernels/pack_rows.cuh): two
 /// f16 a word, padded to whole groups of four words.

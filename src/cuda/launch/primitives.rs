@@ -1,6 +1,12 @@
 //! Grid-building primitives: stable radix passes, exclusive scans, cell bounds and row gathers.
 
-use super::*;
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+
+use crate::cuda::device::GpuDevice;
+use crate::cuda::kernels::Kernel;
+use crate::cuda::memory::zeroed;
+use crate::cuda::{Error, Result};
 
 /// Threads per block of the grid-building kernels (kernels/grid.cu: `RADIX_WARPS` warps).
 pub(super) const GRID_BUILD_BLOCK: u32 = 256;

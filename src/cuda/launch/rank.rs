@@ -1,10 +1,20 @@
 //! kNN's ranking on the device: each query's slot sorted, or its list's k smallest selected.
 
-use super::*;
+use std::sync::Arc;
+
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaStream, LaunchConfig};
+
+use crate::cuda::buffers::{PassBuffers, RankedLists};
+use crate::cuda::device::GpuDevice;
+use crate::cuda::kernels::Kernel;
+use crate::cuda::launch::geometry::BLOCK;
+use crate::cuda::memory::zeroed;
+use crate::cuda::{Error, Result};
 
 /// The largest k knn_select_slots ranks (kernels/knn.cu): a warp per query takes the smallest
 /// remaining candidate k times, where knn_rank_slots sorts the whole slot. Beyond a few dozen its
-/// rounds cost more than the sort (k = 100: 1.53 ms against 0.72, docs/optimisations.md, v67).
+/// rounds cost more than the sort (k = 100: 1.53 ms against 0.72, docs/design.md#gpu-knn).
 pub const KNN_SELECT_SLOTS_K: usize = 32;
 
 /// Most candidates knn_rank_slots sorts per query (`RANK_SLOTS` in kernels/knn.cu).
@@ -181,7 +191,7 @@ pub fn start_rank_lists(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{RANK_LISTS_STATIC_BYTES, rank_lists_most_entries};
 
     #[test]
     fn rank_lists_sort_the_largest_power_of_two_that_fits_a_block() {

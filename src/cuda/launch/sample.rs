@@ -1,6 +1,17 @@
 //! kNN's sample: each query's distances to evenly spread base rows, and the radii picked from them.
 
-use super::*;
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
+
+use crate::cuda::abi::JoinParams;
+use crate::cuda::buffers::{ByteRows, SideBuffers};
+use crate::cuda::device::GpuDevice;
+use crate::cuda::kernels::Kernel;
+use crate::cuda::launch::geometry::{BLOCK, BRUTE_TILE, TensorMap, tc_row_map, tc_run, tc_shared_bytes, warpgroup_mma};
+use crate::cuda::launch::pack::{byte_row_words, tc_row_words};
+use crate::cuda::launch::primitives::gather_rows;
+use crate::cuda::memory::zeroed;
+use crate::cuda::{Error, Result};
 
 /// Queries and sample rows per block of knn_sample_distances (`SAMPLE_QUERIES`, `SAMPLE_COLUMNS` in
 /// kernels/knn.cu).

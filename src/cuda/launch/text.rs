@@ -1,6 +1,12 @@
 //! The edit-distance join (kernels/text.cu).
 
-use super::*;
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits, sys};
+
+use crate::cuda::device::GpuDevice;
+use crate::cuda::kernels::Kernel;
+use crate::cuda::memory::zeroed;
+use crate::cuda::{Error, Result};
 
 /// Threads per block of text_join: one block per left string.
 const TEXT_BLOCK: u32 = 128;

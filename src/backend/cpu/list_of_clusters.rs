@@ -8,7 +8,7 @@
 //! * Cosine distance `1 − cos` is not a metric, but the chord between unit vectors is
 //!   (`‖â − b̂‖ = √(2·(1 − cos))`, a Euclidean distance): the index holds the unit vectors under
 //!   L2, and a threshold `t` becomes the radius `√(2t)`, widened by the error of the cosine
-//!   distance the exact test computes (see [`chord_radius`]).
+//!   distance the exact test computes (see `backend::plan::bounds::radius`).
 //! * L2² and the inner product break the triangle inequality and are refused at planning.
 //!
 //! The index is built over the right input (the base) on first use and kept with its vectors
@@ -19,12 +19,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datafusion::common::Result;
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
 
-use super::exact::{ExactCheck, write_self_pairs};
-use super::text::Pattern;
-use super::topk::{KSmallest, Neighbour, rank_in_waves};
-use super::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
+use crate::backend::cpu::text::Pattern;
+use crate::backend::plan::bounds::radius;
+use crate::backend::plan::exact::{ExactCheck, write_self_pairs};
+use crate::backend::plan::topk::{KSmallest, Neighbour, rank_in_waves};
+use crate::backend::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
 use crate::costs::{BUILD_COST, SEARCH_COST};
 use crate::index::KeptIndexes;
 use crate::index::list_of_clusters::{ListOfClusters, MetricSpace, Probe, Rounding};
@@ -136,24 +137,6 @@ impl<'a> Query<'a> {
             (Query::Row(a), _) => base.vector_distance(*a, base.row(b)),
             _ => unreachable!("a query and its base are in the same space"),
         }
-    }
-}
-
-/// The chord radius holding every pair whose computed cosine distance is at most `t`: the exact
-/// test's `1 − dot/√(na·nb)` is within `2(d + 3)` units of rounding of the true value, so the
-/// true chord is at most `√(2t + 2(d + 3)u) ≤ √(2t) + √(2(d + 3)u)`; the second term is doubled.
-fn chord_radius(t: f64, dim: usize) -> f64 {
-    if t.is_infinite() {
-        return f64::INFINITY;
-    }
-    (2.0 * t.max(0.0)).sqrt() + (8.0 * (dim as f64 + 4.0) * f64::EPSILON).sqrt()
-}
-
-/// The radius in the index's space holding every pair within `threshold` by the exact test.
-pub(crate) fn radius(metric: Metric, threshold: f64, dim: usize) -> f64 {
-    match metric {
-        Metric::Cosine => chord_radius(threshold, dim),
-        _ => threshold,
     }
 }
 

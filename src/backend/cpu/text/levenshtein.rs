@@ -164,7 +164,7 @@ mod tests {
     use datafusion::common::utils::datafusion_strsim;
     use rand::{Rng, SeedableRng};
 
-    use super::*;
+    use super::{Pattern, levenshtein};
 
     fn chars(s: &str) -> Vec<u32> {
         s.chars().map(u32::from).collect()

@@ -10,13 +10,14 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use datafusion::common::Result;
-use rayon::prelude::*;
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
 
-use super::RunStats;
-use super::cpu::JoinContext;
-use super::grid_join::{SlotFilter, exact_pair};
-use super::plan::{FilterLimit, gather, lower_corner};
-use super::simd::{LANES, tile_hits};
+use crate::backend::RunStats;
+use crate::backend::cpu::context::JoinContext;
+use crate::backend::cpu::grid_join::{SlotFilter, exact_pair};
+use crate::backend::plan::bounds::FilterLimit;
+use crate::backend::plan::simd::{LANES, tile_hits};
+use crate::backend::plan::{gather, lower_corner};
 use crate::index::{DIRECTORY_BLOCK, DirectoryShape, GridIndex, JoinDirectories};
 use crate::vectors::Coords;
 

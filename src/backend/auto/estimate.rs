@@ -1,25 +1,19 @@
 //! The cost model of an approximate kNN (`approx=true`): the cores' search of the Multicurves
 //! index (by its curves alone or with its kNN graph), the GPU's search of it, and the exact kNN on the GPU, which `device=auto` weighs
-//! (backend/auto.rs). Its constants (in costs.rs) were fitted on the H100 host (docs/optimisations.md, v143); as
+//! (backend/auto/mod.rs). Its constants (in costs.rs) were fitted on the H100 host (docs/design.md#approx); as
 //! the other estimates, it only has to be right where the choices are far apart.
 
-use super::KnnRequest;
-use super::approx::walks_graph;
-use super::approx_recall::curves_build_one_core_ns;
+use crate::backend::KnnRequest;
+use crate::backend::cpu::approx::walks_graph;
+use crate::backend::plan::recall::curves_build_one_core_ns;
 use crate::costs::{
     APPROX_CPU_NS_PER_ENTRY, APPROX_GPU_NS_PER_ENTRY, APPROX_GPU_NS_PER_ENTRY_DIM, APPROX_HOST_NS_PER_QUERY,
-    APPROX_HOST_NS_PER_QUERY_DIM, EXACT_KNN_GPU_NS_PER_PAIR_DIM, EXACT_KNN_GPU_PASSES_NS, GRAPH_BUILD_NS_PER_ROW,
-    GRAPH_NS_PER_POOL_ROW, UPLOAD_BYTES_PER_SECOND,
+    APPROX_HOST_NS_PER_QUERY_DIM, GRAPH_BUILD_NS_PER_ROW, GRAPH_NS_PER_POOL_ROW, UPLOAD_BYTES_PER_SECOND,
 };
 use crate::index::KeptIndexes;
 use crate::index::curves::{CURVES, Geometry};
 
-/// [`EXACT_KNN_GPU_NS_PER_PAIR_DIM`]'s estimate of `queries` over `n` rows of `dim` values.
-pub(super) fn exact_knn_gpu_ns(queries: usize, n: usize, dim: usize) -> f64 {
-    (queries as f64 * n as f64 * dim as f64 * EXACT_KNN_GPU_NS_PER_PAIR_DIM).max(EXACT_KNN_GPU_PASSES_NS)
-}
-
-/// How the cores search the index (backend/approx.rs).
+/// How the cores search the index (backend/cpu/approx.rs).
 #[derive(Debug, Clone, Copy)]
 enum CoresSearch {
     /// By the curves alone.
@@ -99,11 +93,12 @@ impl ApproxEstimate {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{ApproxEstimate, CoresSearch};
+    use crate::costs::exact_knn_gpu_ns;
 
     #[test]
     fn an_approximate_knn_searches_the_index_on_the_gpu_only_where_that_beats_the_exact_knn() {
-        // Measured on the H100 (docs/optimisations.md, v143): 1,000 queries over the 200,000 blobs
+        // Measured on the H100 (docs/design.md#approx): 1,000 queries over the 200,000 blobs
         // of 128 dimensions, index kept, effort 1: the index's search at 2.3× the exact kNN's
         // throughput; 10,000 Fashion-MNIST queries over 60,000 of 784: the exact kNN at 11×.
         let exact = exact_knn_gpu_ns;
@@ -123,7 +118,7 @@ mod tests {
 
     #[test]
     fn the_graph_search_is_priced_below_the_curves_once_its_graph_is_built() {
-        // Fashion-MNIST's 10,000 queries at effort 1 (v146): the walk with a pool of 32 against
+        // Fashion-MNIST's 10,000 queries at effort 1 (docs/design.md#approx): the walk with a pool of 32 against
         // 160 entries a curve; its graph's build (60,000 rows) costs more than it saves in one run.
         let fashion = |cores_search| ApproxEstimate::for_sizes(60_000, 784, 10_000, 160, false, cores_search, 2);
         let curves = fashion(CoresSearch::Curves);

@@ -56,7 +56,7 @@ pub(super) struct Run {
     pub(super) progress: Option<Arc<dyn ProgressListener>>,
     /// The session's converted vectors kept across queries (exec/cache.rs).
     pub(super) cache: Option<Arc<VectorCache>>,
-    /// The base is read and searched part by part (exec/streamed.rs).
+    /// The base is read and searched part by part (exec/base_by_parts.rs).
     streamed: bool,
 }
 
@@ -116,7 +116,7 @@ pub(super) fn execute(
         metrics,
         progress: context.session_config().get_extension::<Progress>().map(|p| p.0.clone()),
         cache: context.session_config().get_extension::<VectorCache>(),
-        streamed: share.is_none() && super::streamed::streams_base(exec),
+        streamed: share.is_none() && crate::exec::base_by_parts::streams_base(exec),
     };
     let stream = futures::stream::once(run.start(inputs, share, reservation)).try_flatten();
     let stream: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(exec.schema.clone(), stream));
@@ -152,7 +152,7 @@ impl Run {
         }
         // Every partition of every input on a task of its own: a partition decodes (Parquet, CSV)
         // as its stream is polled, so one task polling them all decoded on one thread (P1 from a
-        // file: docs/optimisations.md, v96). Batches are kept in partition order; dropping the
+        // file: docs/design.md#inputs). Batches are kept in partition order; dropping the
         // tasks (an error, a cancelled query) stops them.
         let tasks: Vec<(SchemaRef, Vec<PartitionTask>)> = inputs
             .into_iter()
@@ -229,7 +229,7 @@ impl Run {
         reservation: MemoryReservation,
     ) -> Result<futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>>> {
         if self.streamed {
-            return super::streamed::start(self, inputs, reservation).await;
+            return crate::exec::base_by_parts::start(self, inputs, reservation).await;
         }
         let share = match share {
             Some((count, numbers)) => Some(Share { index: share_number(numbers).await?, count }),
@@ -275,7 +275,7 @@ impl Run {
         let Run { op, backend, builder, metrics, progress, .. } = self;
         // Chunks of 8 batches: each chunk is one hand-off between a backend thread and the
         // consumer, and at one batch per chunk those hand-offs were a visible part of emitting
-        // 5·10⁷ pairs (docs/optimisations.md, v18); the consumer still yields batches of `batch_size` rows.
+        // 5·10⁷ pairs (docs/design.md#gpu-transfers); the consumer still yields batches of `batch_size` rows.
         let chunk_rows = (8 * builder.batch_size).max(1024);
         // No column projected (`SELECT count(*) FROM sim_join(…)`) or a summary row: only the
         // rows' count (and distance range) is needed.
@@ -400,6 +400,7 @@ pub(super) fn compute(
                 self_join,
                 index: op.index,
                 grid_dims: op.grid_dims,
+                plan: Default::default(),
             };
             backend.join(&request, sink)
         }
@@ -412,6 +413,7 @@ pub(super) fn compute(
                 self_join: None,
                 index: op.index,
                 grid_dims: op.grid_dims,
+                plan: Default::default(),
             };
             backend.join(&request, sink)
         }

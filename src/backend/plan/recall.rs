@@ -42,8 +42,8 @@ use std::time::{Duration, Instant};
 
 use datafusion::common::Result;
 
-use super::topk::Collector;
-use super::{KnnRequest, ResultSink, RunStats};
+use crate::backend::plan::topk::Collector;
+use crate::backend::{KnnRequest, ResultSink, RunStats};
 use crate::costs::{APPROX_BUILD_NS_PER_FLOP, APPROX_BUILD_NS_PER_KEY};
 use crate::index::KeptIndexes;
 use crate::index::curves::{CURVES, Calibration, Geometry, PCA_SAMPLE, PRINCIPAL_DIMS};
@@ -70,7 +70,7 @@ pub(super) type KnnRun<'a> = &'a dyn Fn(&KnnRequest, &dyn ResultSink) -> Result<
 /// calibration chooses, or exactly where that is the cheaper way to the target. `searcher` names
 /// the backend's search (a kept calibration is its own), `exact_ns` estimates the exact kNN of the
 /// whole request on that backend.
-pub(super) fn knn_to_recall(
+pub(crate) fn knn_to_recall(
     request: &KnnRequest,
     approx: Approx,
     target: f64,
@@ -146,7 +146,7 @@ pub(super) fn knn_to_recall(
 /// One core's time to build the Multicurves index of `n` rows of `dim` values: the projections
 /// (the sample's covariance, the base onto up to 192 axes) and the keys (a Hilbert key a row and
 /// curve, its share of the sorts).
-pub(super) fn curves_build_one_core_ns(n: usize, dim: usize) -> f64 {
+pub(crate) fn curves_build_one_core_ns(n: usize, dim: usize) -> f64 {
     let axes = dim.min(PRINCIPAL_DIMS);
     let flops = 2.0 * (PCA_SAMPLE * dim * dim) as f64 + 2.0 * (n * dim * axes) as f64;
     flops * APPROX_BUILD_NS_PER_FLOP + (n * CURVES) as f64 * APPROX_BUILD_NS_PER_KEY
@@ -272,7 +272,7 @@ fn recall(truth: &[Vec<(f64, u32)>], found: &[Vec<(f64, u32)>], k: usize, target
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{evenly, recall};
 
     #[test]
     fn ties_at_the_kth_distance_count_and_the_bound_widens_with_the_spread() {

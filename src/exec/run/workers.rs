@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use datafusion::common::Result;
 
 /// Worker pools of finished runs, kept for the next: starting a pool's threads took 0.3–0.5 ms of a
-/// 19-ms GPU kNN on a 16-core host (docs/optimisations.md, v54). At most [`IDLE_POOLS`] wait; a run whose
+/// 19-ms GPU kNN on a 16-core host (docs/design.md#gpu-knn). At most [`IDLE_POOLS`] wait; a run whose
 /// backend panicked does not return its pool. The process's, not a session's: threads on the same
 /// cores, which a run of any session uses whole.
 static IDLE_WORKERS: Mutex<Vec<rayon::ThreadPool>> = Mutex::new(Vec::new());

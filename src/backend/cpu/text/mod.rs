@@ -13,10 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datafusion::common::Result;
-use rayon::prelude::*;
 
-use super::topk::{Neighbour, rank_in_waves};
-use super::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
+use crate::backend::plan::topk::{Neighbour, rank_in_waves};
+use crate::backend::{JoinRequest, KnnRequest, PairWriter, ResultSink, RunStats};
 use crate::index::segments::SegmentIndex;
 use crate::op::IndexChoice;
 use crate::vectors::Vectors;
@@ -26,6 +25,8 @@ mod levenshtein;
 pub use levenshtein::Pattern;
 #[cfg(test)]
 pub use levenshtein::levenshtein;
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
+use rayon::slice::ParallelSliceMut;
 
 /// Left strings per unit of parallel work.
 const BLOCK: usize = 256;

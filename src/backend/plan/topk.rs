@@ -5,9 +5,9 @@ use std::cmp::Ordering;
 use std::sync::Mutex;
 
 use datafusion::common::Result;
-use rayon::prelude::*;
+use rayon::iter::{IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
 
-use super::{ResultChunk, ResultSink};
+use crate::backend::{ResultChunk, ResultSink};
 
 /// Keeps the chunks of a kNN over a part of the base for merging.
 pub(crate) struct Collector {
@@ -54,7 +54,7 @@ impl PartialOrd for Neighbour {
 /// kept — the buffered selection of Hanák, kNN on GPU accelerators, §4.1, at about five comparisons per neighbour kept.
 /// A binary heap replaced its top and sifted it down log₂ k levels per improvement, each level a
 /// cache miss once the heaps of a block of queries outgrew the caches: 81 % of a 1,000-query kNN
-/// at k = 10,000 (8.5 s, now 1.7–2.0 s; docs/optimisations.md, v35). A smaller buffer keeps the bound that
+/// at k = 10,000 (8.5 s, now 1.7–2.0 s; docs/design.md#cpu-knn). A smaller buffer keeps the bound that
 /// filters rows tighter (k = 100: 0.19 s against 0.25 s with 2k).
 #[derive(Debug)]
 pub struct KSmallest {
@@ -119,7 +119,7 @@ pub(crate) enum Ranked<'a> {
     /// A list of its own.
     List(Vec<Neighbour>),
     /// Entries of arrays that hold many queries' lists (the GPU's, ranked on the device: without a
-    /// list per query, P1's 10⁴ lists of 10 took 0.6–2.5 ms to build, docs/optimisations.md, v54).
+    /// list per query, P1's 10⁴ lists of 10 took 0.6–2.5 ms to build, docs/design.md#gpu-knn).
     #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
     Arrays { distances: &'a [f64], positions: &'a [u32] },
 }
@@ -134,14 +134,11 @@ impl Ranked<'_> {
 }
 
 /// Sends neighbour lists, each (query, list nearest first), in the order given, ranked from 1 (the
-/// order [`super::Backend::knn`] promises), in chunks of about the sink's size filled on every
+/// order [`crate::backend::Backend::knn`] promises), in chunks of about the sink's size filled on every
 /// core, a wave of one chunk per worker at a time. Filled one row after another, the 10⁸ rows of
 /// a k = 10,000 kNN over 10⁴ queries held up the run for most of its 1.6 s of emission
-/// (docs/optimisations.md, v42).
-pub(crate) fn send_ranked(
-    sink: &dyn super::ResultSink,
-    mut lists: Vec<(usize, Ranked)>,
-) -> datafusion::common::Result<()> {
+/// (docs/design.md#gpu-transfers).
+pub(crate) fn send_ranked(sink: &dyn ResultSink, mut lists: Vec<(usize, Ranked)>) -> datafusion::common::Result<()> {
     let chunk_rows = sink.chunk_rows().max(1);
     let mut chunks = Vec::new(); // (lists, rows) per chunk
     let (mut begin, mut rows) = (0, 0);
@@ -156,10 +153,10 @@ pub(crate) fn send_ranked(
         chunks.push((begin..lists.len(), rows));
     }
     for wave in chunks.chunks(rayon::current_num_threads().max(1)) {
-        let filled: Vec<super::ResultChunk> = wave
+        let filled: Vec<ResultChunk> = wave
             .par_iter()
             .map(|(range, rows)| {
-                let mut chunk = super::ResultChunk::with_capacity(*rows);
+                let mut chunk = ResultChunk::with_capacity(*rows);
                 chunk.rank.reserve(*rows);
                 for (query, ranked) in &lists[range.clone()] {
                     match ranked {
@@ -190,7 +187,7 @@ pub(crate) fn send_ranked(
 /// blocks of `block` queries, a wave of a few blocks per core at a time, and sends them ranked, in
 /// query order, one chunk per block.
 pub(crate) fn rank_in_waves(
-    sink: &dyn super::ResultSink,
+    sink: &dyn ResultSink,
     queries: usize,
     block: usize,
     nearest: impl Fn(usize) -> Vec<Neighbour> + Sync,
@@ -199,10 +196,10 @@ pub(crate) fn rank_in_waves(
     sink.start(blocks as u64);
     let wave = 4 * rayon::current_num_threads().max(1);
     for first in (0..blocks).step_by(wave) {
-        let chunks: Vec<super::ResultChunk> = (first..(first + wave).min(blocks))
+        let chunks: Vec<ResultChunk> = (first..(first + wave).min(blocks))
             .into_par_iter()
             .map(|b| {
-                let mut chunk = super::ResultChunk::default();
+                let mut chunk = ResultChunk::default();
                 for q in b * block..((b + 1) * block).min(queries) {
                     push_ranked(&mut chunk, q, &nearest(q));
                 }
@@ -218,7 +215,7 @@ pub(crate) fn rank_in_waves(
 }
 
 /// Appends `query`'s neighbours, nearest first, to `chunk` with ranks from 1.
-pub(crate) fn push_ranked(chunk: &mut super::ResultChunk, query: usize, list: &[Neighbour]) {
+pub(crate) fn push_ranked(chunk: &mut ResultChunk, query: usize, list: &[Neighbour]) {
     for (rank, neighbour) in list.iter().enumerate() {
         chunk.left.push(query as u32);
         chunk.right.push(neighbour.position);
@@ -240,7 +237,7 @@ pub fn k_smallest(mut all: Vec<Neighbour>, k: usize) -> Vec<Neighbour> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{KSmallest, Neighbour, Ranked, k_smallest, push_ranked, send_ranked};
 
     #[test]
     fn ties_go_to_the_earlier_position() {

@@ -1,7 +1,7 @@
 //! `device=auto`: each run goes where it is expected to finish first — the GPU or every CPU
 //! core — counting what the GPU has not paid yet (opening the device and loading kernels, which
 //! planning started on a background thread), copying the inputs to it, and the work other runs
-//! have queued on each (the process's scheduler, backend/scheduler.rs, which also corrects the
+//! have queued on each (the process's scheduler, backend/auto/scheduler.rs, which also corrects the
 //! estimates by measured times and starts waiting runs shortest first). `device=gpu` takes the
 //! same path without the choice, so that its device too opens while the inputs are read, and
 //! queues on the GPU.
@@ -18,22 +18,28 @@ use std::time::{Duration, Instant};
 
 use datafusion::common::{DataFusionError, Result, exec_datafusion_err, exec_err};
 
-use super::approx_estimate::{ApproxEstimate, exact_knn_gpu_ns};
-use super::gpu::{MultiGpuBackend, open_devices};
-use super::plan::{FilterSpaces, gemm_form};
-use super::scheduler::{Choice, Scheduler, Ticket, Unit, Work};
-use super::{
-    Backend, CpuBackend, DividedRun, GpuBackend, JoinRequest, KnnRequest, KnownSizes, MapSink, ResultChunk, ResultSink,
-    RunStats, join_rows, knn_rows,
+use crate::backend::auto::estimate::ApproxEstimate;
+use crate::backend::auto::scheduler::{Choice, Scheduler, Ticket, Unit, Work};
+use crate::backend::cpu::CpuBackend;
+use crate::backend::gpu::GpuBackend;
+use crate::backend::gpu::{MultiGpuBackend, open_devices};
+use crate::backend::plan::gemm_form;
+use crate::backend::request::{join_rows, knn_rows};
+use crate::backend::{
+    Backend, DividedRun, JoinRequest, KnnRequest, KnownSizes, MapSink, ResultChunk, ResultSink, RunStats,
 };
+use crate::costs::exact_knn_gpu_ns;
 use crate::costs::{CPU_RUN, GPU_OVER_ONE_CORE_BRUTE, GPU_OVER_ONE_CORE_GRID, GPU_RUN, UPLOAD_BYTES_PER_SECOND};
 use crate::cuda::kernels::KernelModule;
 use crate::cuda::startup::{cached_startup, startup_left, warm_up};
 use crate::cuda::{GpuDevice, MAX_DEVICES, ResidentKey};
 use crate::index::KeptIndexes;
-use crate::index::{CostInputs, JoinStrategy, brute_force_run_ns, estimate_strategy};
+use crate::index::{JoinStrategy, brute_force_run_ns};
 use crate::op::{Checks, Devices};
 use crate::vectors::Vectors;
+
+mod estimate;
+mod scheduler;
 
 /// A join's inputs (rows × values per row) from which its plan starts the GPU's start-up before
 /// the sample has chosen the device: 2²⁴ f32 values take ~40 ms to decode on the H100 host's 16
@@ -185,7 +191,7 @@ impl AutoBackend {
 
     /// Runs `call` where the scheduler sends `work` of `cpu_ns` (one core's estimate of the whole
     /// run) and `gpu_over_one_core` (the GPU's speed against one core on this work) on `inputs`,
-    /// once its unit is free (backend/scheduler.rs). A GPU run that fails before sending anything
+    /// once its unit is free (backend/auto/scheduler.rs). A GPU run that fails before sending anything
     /// (out of memory, a launch error) runs again on the CPU, counted in `gpu_fallbacks`. `rows`:
     /// the left rows (queries) `call` can run in parts (`call(backend, sink, Some(range))`), which
     /// the GPU and the CPU then share when that finishes first ([`Choice::gpu_share`]).
@@ -511,32 +517,10 @@ impl Backend for AutoBackend {
             return self.text_join(request, sink);
         }
         let self_join = request.self_join.is_some();
-        let (strategy, cpu_ns) = match request.metric.coordinate_bound(request.threshold) {
-            Some(radius) => {
-                let spaces = FilterSpaces::of(request.left, request.right, request.metric, self_join);
-                estimate_strategy(&CostInputs {
-                    left: spaces.left(),
-                    right: spaces.right(),
-                    dim: request.left.dim,
-                    radius,
-                    self_join,
-                    gemm_form: gemm_form(request.metric),
-                    index: request.index,
-                    grid_dims: request.grid_dims,
-                })
-            }
-            None => (
-                JoinStrategy::BruteForce,
-                brute_force_run_ns(
-                    request.left.len(),
-                    request.right.len(),
-                    request.left.dim,
-                    gemm_form(request.metric),
-                    self_join,
-                ),
-            ),
-        };
-        let gpu_over_one_core = match strategy {
+        // The plan the run is priced with is the one the backend that runs it reads.
+        let plan = request.plan();
+        let cpu_ns = plan.one_core_ns;
+        let gpu_over_one_core = match plan.strategy {
             JoinStrategy::Grid(_) | JoinStrategy::Directory(_) => GPU_OVER_ONE_CORE_GRID,
             JoinStrategy::BruteForce => GPU_OVER_ONE_CORE_BRUTE,
         };
@@ -615,7 +599,10 @@ impl Backend for AutoBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::{AtPlanning, at_planning, on_cores};
+    use crate::index::brute_force_run_ns;
 
     /// The cores' bound of [`AutoBackend::for_inputs`] on 16 cores, L2.
     fn on_16_cores(first: usize, second: usize, dim: usize, self_join: bool) -> Duration {

@@ -202,7 +202,7 @@ pub fn prefetch(values: &[f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{dot_rows, sum_squares};
 
     /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: u64) -> Vec<f32> {

@@ -13,10 +13,10 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use datafusion::common::{Result, exec_err};
-use rayon::prelude::*;
+use rayon::iter::{IntoParallelRefMutIterator, ParallelIterator};
 
-use super::topk::{Collector, Neighbour, Ranked, k_smallest, send_ranked};
-use super::{JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, Wanted};
+use crate::backend::plan::topk::{Collector, Neighbour, Ranked, k_smallest, send_ranked};
+use crate::backend::{JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats, Wanted};
 
 /// `0..len` in consecutive ranges of at most `tile_rows` positions.
 pub(crate) fn tile_ranges(len: usize, tile_rows: usize) -> Vec<Range<usize>> {
@@ -55,7 +55,7 @@ pub(crate) fn tiled_join(
         let right_copy = (!diagonal).then(|| request.right.slice(right_range.clone()));
         let right = right_copy.as_ref().unwrap_or(left);
         let self_join = if diagonal { request.self_join } else { None };
-        let tile = JoinRequest { left, right, self_join, ..*request };
+        let tile = request.over(left, right, self_join);
         // Off the diagonal of an ordered self-join, each pair is also reported the other way.
         let mirror = !diagonal && request.self_join.is_some_and(|s| s.ordered);
         let offsets =
@@ -186,8 +186,15 @@ impl ResultSink for OffsetSink<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::backend::{Backend, CpuBackend, SelfJoin};
+    use std::ops::Range;
+    use std::sync::Mutex;
+
+    use datafusion::common::Result;
+
+    use super::{merged_knn, tile_ranges, tiled_join, tiled_knn};
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::{Backend, SelfJoin};
+    use crate::backend::{JoinRequest, KnnRequest, ResultChunk, ResultSink};
     use crate::datagen::{self, Distribution};
     use crate::op::{IndexChoice, Metric};
     use crate::vectors::Vectors;
@@ -251,6 +258,7 @@ mod tests {
                 self_join,
                 index: IndexChoice::Auto,
                 grid_dims: 0,
+                plan: Default::default(),
             };
             let (whole, tiled) = (Rows::default(), Rows::default());
             CpuBackend.join(&request, &whole).unwrap();

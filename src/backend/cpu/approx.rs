@@ -34,14 +34,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datafusion::common::Result;
-use rayon::prelude::*;
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
 
-use super::cpu::{offer_exact, offer_exact_rows};
-use super::exact::ExactCheck;
-use super::plan::filter_kind;
-use super::simd::{FilterKind, prefetch, row_score};
-use super::topk::{KSmallest, Neighbour, push_ranked};
-use super::{KnnRequest, ResultChunk, ResultSink, RunStats};
+use crate::backend::plan::bounds::filter_kind;
+use crate::backend::plan::exact::{ExactCheck, offer_exact, offer_exact_rows};
+use crate::backend::plan::simd::{FilterKind, prefetch, row_score};
+use crate::backend::plan::topk::{KSmallest, Neighbour, push_ranked};
+use crate::backend::{KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::index::KeptIndexes;
 use crate::index::curves::{CURVES, Geometry, LEAD, Multicurves, Query, ranks_twice};
 use crate::index::graph::NeighbourGraph;
@@ -52,7 +51,7 @@ use crate::op::Approx;
 const RERANK: usize = 8;
 /// Candidates whose whole vectors are read per neighbour asked for, under a Euclidean order: the
 /// best by [`principal_distance`]. On Fashion-MNIST the best 30 over 192 principal coordinates
-/// hold 99.8 % of the true 10 nearest among the proxy's best 80 (docs/optimisations.md, v142).
+/// hold 99.8 % of the true 10 nearest among the proxy's best 80 (docs/design.md#approx).
 const REFINE: usize = 3;
 /// Relative rounding allowance of the f32 re-rank: a candidate within it of the k-th best is
 /// measured exactly too, so rounding cannot decide the answer among the re-ranked.
@@ -77,7 +76,7 @@ const BOUND_SLACK: f32 = 1e-4;
 /// Queries per base row from which the graph is built for a base that is not kept: its build
 /// costs about what the curves' search of half as many queries as rows costs more than the
 /// graph's (Fashion-MNIST: 2 core-seconds, against ~85 µs saved a query at recall 0.95;
-/// docs/optimisations.md, v146).
+/// docs/design.md#approx).
 const GRAPH_QUERIES_PER_ROW: f64 = 0.5;
 
 /// Whether the cores search `base` with the kNN graph (built first where it is not): where the
@@ -146,7 +145,7 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
             )
             .collect();
         // Sent as soon as a chunk is full (a block of 2,048 queries at k = 100 is 204,800 rows), as
-        // the exact kNN sends (docs/optimisations.md, v160).
+        // the exact kNN sends (docs/design.md#cpu-knn).
         for (i, list) in lists.iter().flatten().enumerate() {
             push_ranked(&mut chunk, first + i, list);
             if chunk.len() >= sink.chunk_rows() {
@@ -181,7 +180,7 @@ pub(crate) fn build_graph(index: &Multicurves) -> NeighbourGraph {
 /// The squared distance over the principal coordinates between a row in the index's terms
 /// (`terms`: a query's, or a base row's from [`Multicurves::row_terms`]) and base row `p`: over
 /// the proxy's coordinates and, where the index keeps more, over those and the residual after
-/// them (the second ranking of docs/optimisations.md v142; the Euclidean distance itself where the
+/// them (the second ranking, docs/design.md#approx; the Euclidean distance itself where the
 /// vectors have at most 192 dimensions).
 #[inline]
 fn principal_distance(index: &Multicurves, (projected, refined): (&[f32], &[f32]), p: usize) -> f32 {
@@ -452,7 +451,7 @@ impl Search<'_> {
 /// Keeps of `best` (f32 score, base position) the `k` smallest scores and any within f32 rounding
 /// of the k-th: those go on to the exact measure ([`measured`]), so rounding cannot decide the
 /// answer among them.
-pub(super) fn within_rounding(best: &mut Vec<(f32, u32)>, k: usize) {
+pub(crate) fn within_rounding(best: &mut Vec<(f32, u32)>, k: usize) {
     if k == 0 || k >= best.len() {
         return;
     }
@@ -471,7 +470,7 @@ pub(super) fn within_rounding(best: &mut Vec<(f32, u32)>, k: usize) {
 /// The `request.k` nearest of base rows `positions` to query `q` by exact distance, ranked (ties
 /// by base position). Where the index's f32 copy holds the base exactly, the distances are
 /// measured from its rows, which the f32 ranking has just read (bit for bit the same distances).
-pub(super) fn measured(
+pub(crate) fn measured(
     request: &KnnRequest,
     exact: &ExactCheck,
     index: &Multicurves,

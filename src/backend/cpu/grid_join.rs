@@ -1,17 +1,19 @@
 //! The ε-grid join on every core (Gowanlock & Karsin, GPU-Join, §3.2.1, §4): each left cell
 //! against its neighbour cells on the right, the `±r` window of the sort dimension (sortidu), the
 //! vectorised f32 filter of the slots, and the exact check; the slot filter and the exact pair
-//! check are shared with the directory join (backend/directory.rs).
+//! check are shared with the directory join (backend/cpu/directory.rs).
 
 use std::sync::atomic::Ordering;
 
 use datafusion::common::Result;
-use rayon::prelude::*;
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
+use rayon::slice::ParallelSliceMut;
 
-use super::PairWriter;
-use super::cpu::JoinContext;
-use super::plan::{FilterLimit, gather, lower_corner};
-use super::simd::{Columns, LANES, tile_hits};
+use crate::backend::PairWriter;
+use crate::backend::cpu::context::JoinContext;
+use crate::backend::plan::bounds::FilterLimit;
+use crate::backend::plan::simd::{Columns, LANES, tile_hits};
+use crate::backend::plan::{gather, lower_corner};
 use crate::index::{GridGeometry, GridIndex};
 use crate::on_coords;
 use crate::vectors::{Coord, Coords};

@@ -54,7 +54,7 @@ const LEARNING_RATE: f64 = 0.3;
 const CORRECTION_RANGE: (f64, f64) = (0.01, 100.0);
 /// CPU runs predicted at most this long run several at once ...
 const SMALL_CPU_RUN: Duration = Duration::from_millis(10);
-/// ... up to this many (docs/optimisations.md, v132).
+/// ... up to this many (docs/design.md#scheduling).
 const SMALL_CPU_RUNS: usize = 8;
 
 /// The expected finish of a run on each unit, as the choice saw it.
@@ -341,7 +341,10 @@ impl Drop for Ticket<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use super::{Choice, MAX_WAIT, Scheduler, Unit, Work};
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)

@@ -17,7 +17,7 @@
 //! in-memory table: exec/cache.rs), and no index over the whole base is asked for (`approx`, the
 //! List of Clusters) and no keys group the rows (exec/keyed.rs). Edit distances keep the whole
 //! path. A range query planned from SQL also
-//! pairs the rows the operator skips by the scalar formula, part by part (stream.rs, `scalar_pairs`).
+//! pairs the rows the operator skips by the scalar formula, part by part (exec/run/mod.rs, `scalar_pairs`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -36,13 +36,12 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::mpsc;
 
-use super::stream::{
+use super::{InputSide, SimilarityExec};
+use crate::backend::plan::topk::{Collector, Neighbour, Ranked, k_smallest, send_ranked};
+use crate::backend::{Backend, ResultChunk, ResultSink, RunStats, Wanted};
+use crate::exec::run::{
     ConvertedSide, OddRows, Run, SimilarityMetrics, check_dimensions, collect_partition, compute, convert_side,
     numbered_with_odd_rows, odd_candidates, projected_columns, return_worker_pool, scalar_pairs, worker_pool,
-};
-use super::{InputSide, SimilarityExec};
-use crate::backend::{
-    Backend, Collector, Neighbour, Ranked, ResultChunk, ResultSink, RunStats, Wanted, k_smallest, send_ranked,
 };
 use crate::op::{IndexChoice, Operation, SimilarityOp};
 use crate::results::{BatchBuilder, InputColumn, OutputColumn, SideData};
@@ -63,7 +62,7 @@ pub(super) fn streams_base(exec: &SimilarityExec) -> bool {
         // the search finds k candidates per query in every part, and the lists of every partition
         // are held until the end; with many queries the search, not decoding, is the cost, and a
         // base held whole is searched faster (P1's 10,000 queries on 16 cores: 4.1 s whole, 4.3–4.4 s
-        // by parts; docs/optimisations.md, v127).
+        // by parts; docs/design.md#inputs).
         Operation::Knn { k } => {
             let statistics = StatisticsContext::new().compute(inputs[exec.left.child].as_ref(), &StatisticsArgs::new());
             let queries = statistics.ok().and_then(|s| s.num_rows.get_value().copied());
@@ -402,7 +401,7 @@ impl Search {
                     }
                 }
                 self.pool.install(|| {
-                    use rayon::prelude::*;
+                    use rayon::iter::{IntoParallelRefMutIterator, ParallelIterator};
                     found
                         .lists
                         .par_iter_mut()
@@ -410,7 +409,7 @@ impl Search {
                         .for_each(|l| *l = k_smallest(std::mem::take(l), k))
                 });
                 found.skipped.extend(odd.iter().map(|(row, _)| offset + row));
-                // A skipped query is a candidate with every base row (stream.rs, `odd_candidates`).
+                // A skipped query is a candidate with every base row (exec/run/mod.rs, `odd_candidates`).
                 let keep_all = self.builder.columns.contains(&OutputColumn::ScanOrder) || !self.query_odd.is_empty();
                 let span = (offset, part.num_rows as u32);
                 let kept_part = KeptPart::new(&part.columns, span, &found.lists, &found.skipped, keep_all)?;

@@ -1,6 +1,10 @@
 //! The exact f64 test every backend applies to its candidate pairs: [`Metric::distance`] evaluated
 //! term by term in natural dimension order, with a short-circuit that cannot change the answer.
 
+use crate::backend::KnnRequest;
+use crate::backend::plan::bounds::largest_square_within;
+use crate::backend::plan::topk::KSmallest;
+use crate::backend::plan::topk::Neighbour;
 use crate::op::{Metric, cosine_from_parts, dot, row_norm};
 use crate::vectors::{Coord, Row, Vectors};
 
@@ -145,7 +149,7 @@ impl ExactCheck {
     /// `distance(a, rows[l], ia, ibs[l])` for four rows at once, bit for bit: the same operations
     /// in the same order per row, four independent chains in flight. One distance is a chain of d
     /// dependent additions, each waiting out the latency of the one before; four interleaved fill
-    /// those waits (the exact re-rank of a kNN at large k is mostly such chains, docs/optimisations.md, v37).
+    /// those waits (the exact re-rank of a kNN at large k is mostly such chains, docs/design.md#cpu-knn).
     #[inline]
     pub fn distances4(&self, a: Row, ia: usize, rows: [Row; 4], ibs: [usize; 4]) -> [f64; 4] {
         match rows[0] {
@@ -216,7 +220,7 @@ pub(crate) fn write_self_pairs(
     exact: &ExactCheck,
     vectors: &Vectors,
     positions: impl IntoIterator<Item = usize>,
-    writer: &mut super::PairWriter,
+    writer: &mut crate::backend::PairWriter,
 ) -> datafusion::common::Result<()> {
     for i in positions {
         if let Some(d) = exact.within(vectors.row(i), vectors.row(i), i, i) {
@@ -226,28 +230,55 @@ pub(crate) fn write_self_pairs(
     Ok(())
 }
 
-/// The largest f64 whose correctly rounded square root is at most `threshold` (for ε ≥ 0): ε²
-/// rounded is within an ulp or two of it, so a few steps of the neighbouring floats find it.
-fn largest_square_within(threshold: f64) -> f64 {
-    if threshold.is_nan() || threshold < 0.0 || threshold == f64::INFINITY {
-        // Nothing qualifies, or everything does.
-        return threshold;
+/// Offers query `i` to `best` at its exact distance to each base row of `positions`, four rows at a
+/// time (`ExactCheck::distances4`); the number offered.
+pub(crate) fn offer_exact(
+    request: &KnnRequest,
+    exact: &ExactCheck,
+    i: usize,
+    positions: impl Iterator<Item = usize>,
+    best: &mut KSmallest,
+) -> u64 {
+    offer_exact_rows(request.queries.row(i), exact, i, positions, |j| request.base.row(j), best)
+}
+
+/// [`offer_exact`] with base row `j` read as `base_row(j)`, which must hold the base's values
+/// exactly (so that the distances are bit for bit the same).
+pub(crate) fn offer_exact_rows<'a>(
+    query: Row,
+    exact: &ExactCheck,
+    i: usize,
+    positions: impl Iterator<Item = usize>,
+    base_row: impl Fn(usize) -> Row<'a>,
+    best: &mut KSmallest,
+) -> u64 {
+    let (mut group, mut filled, mut offered) = ([0usize; 4], 0, 0);
+    for j in positions {
+        group[filled] = j;
+        filled += 1;
+        offered += 1;
+        if filled == 4 {
+            let distances = exact.distances4(query, i, group.map(&base_row), group);
+            for (distance, j) in distances.into_iter().zip(group) {
+                best.push(Neighbour { distance, position: j as u32 });
+            }
+            filled = 0;
+        }
     }
-    let mut sum = threshold * threshold;
-    while sum.sqrt() > threshold {
-        sum = sum.next_down();
+    for &j in &group[..filled] {
+        best.push(Neighbour { distance: exact.distance(query, base_row(j), i, j), position: j as u32 });
     }
-    while sum.next_up().sqrt() <= threshold {
-        sum = sum.next_up();
-    }
-    sum
+    offered
 }
 
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};
 
-    use super::*;
+    use super::ExactCheck;
+    use crate::backend::plan::bounds::largest_square_within;
+    use crate::op::Metric;
+    use crate::vectors::Vectors;
 
     #[test]
     fn counting_decides_as_listing_does() {

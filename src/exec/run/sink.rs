@@ -11,7 +11,7 @@ use crate::exec::progress::ProgressListener;
 use crate::results::{BatchBuilder, SideData};
 
 /// Turns each chunk into batches on the thread that sends it — the backend's workers, in
-/// parallel, rather than the one consumer (docs/optimisations.md, v156) — and sends them to the
+/// parallel, rather than the one consumer (docs/design.md#results) — and sends them to the
 /// output stream, blocking while it is two chunks behind.
 pub(super) struct ChannelSink {
     pub(super) sender: mpsc::Sender<Result<Vec<RecordBatch>>>,
