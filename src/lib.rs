@@ -89,8 +89,9 @@ pub mod internal {
 /// - the table functions `sim_join`, `range_query` and `knn` (and `SIM_JOIN`, `RANGE_QUERY`, `KNN`);
 /// - the scalar distance functions `l2_distance`, `l2sq_distance`, `cosine_distance`,
 ///   `array_cosine_distance`, `l1_distance`, `linf_distance`, `inner_product`,
-///   `array_inner_product` and `array_negative_inner_product`, replacing functions of the same
-///   names (DataFusion's `inner_product` among them);
+///   `array_inner_product`, `array_negative_inner_product`, `jaccard_distance` and
+///   `hamming_distance`, replacing functions of the same names (DataFusion's `inner_product`
+///   among them), and `shingles` and `qgrams`, which make token sets of text;
 /// - the `simjoin.*` options ([`SimJoinOptions`], a `ConfigExtension`), unless the session has
 ///   them already (options set before stay as they are);
 /// - the session's cache of converted vectors kept across its queries (`simjoin.cache_size`; with
@@ -133,7 +134,7 @@ pub fn register(ctx: &SessionContext) {
     for (name, function) in functions::all() {
         ctx.register_udtf(name, function);
     }
-    for function in functions::distance::all() {
+    for function in functions::scalar_functions() {
         ctx.register_udf(function);
     }
     let rewrite = functions::rewrite::SimilarityJoinRewrite;
@@ -150,9 +151,10 @@ pub fn table_functions() -> Vec<(&'static str, Arc<dyn datafusion::catalog::Tabl
     functions::all()
 }
 
-/// The scalar distance functions [`register`] adds (`l2_distance`, `cosine_distance`, …).
+/// The scalar functions [`register`] adds: the distances (`l2_distance`, `cosine_distance`,
+/// `jaccard_distance`, `hamming_distance`, …) and the token sets of text (`shingles`, `qgrams`).
 pub fn distance_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
-    functions::distance::all()
+    functions::scalar_functions()
 }
 
 /// A new session with simjoin [`register`]ed. As [`session_context_with_config`], it encodes a

@@ -36,6 +36,12 @@ pub enum Metric {
     /// Edit distance between strings: the fewest insertions, deletions and substitutions of
     /// Unicode scalar values turning one into the other (text columns only).
     Levenshtein,
+    /// Jaccard distance `1 − |A ∩ B| / |A ∪ B|`: between sets (a list column, each row the set of
+    /// its distinct non-NULL elements) or, over a bit column, Tanimoto's
+    /// `1 − popcount(a ∧ b) / popcount(a ∨ b)`; 0 between two empty sets (or zero bit strings).
+    Jaccard,
+    /// Hamming distance `popcount(a ⊕ b)`: the bits in which two bit strings of one length differ.
+    Hamming,
 }
 
 impl Metric {
@@ -48,11 +54,27 @@ impl Metric {
         self == Metric::Levenshtein
     }
 
+    /// Whether the metric compares sets or bit strings (a list, binary or 64-bit integer column).
+    pub fn is_set_or_bits(self) -> bool {
+        matches!(self, Metric::Jaccard | Metric::Hamming)
+    }
+
+    /// Whether the metric compares vectors (the six of [`Metric::ALL`]).
+    pub fn is_vector(self) -> bool {
+        !self.is_text() && !self.is_set_or_bits()
+    }
+
+    /// Whether its distances are whole numbers (edits, bits), so that a fractional threshold could
+    /// only be a typo.
+    pub fn counts(self) -> bool {
+        matches!(self, Metric::Levenshtein | Metric::Hamming)
+    }
+
     /// Whether the List of Clusters can index it: a metric in the strict sense (the triangle
     /// inequality holds), or cosine through the chord between unit vectors (`backend::cpu::list_of_clusters`).
     /// L2² and the inner product break the triangle inequality.
     pub fn is_metric(self) -> bool {
-        !matches!(self, Metric::L2Squared | Metric::InnerProduct)
+        !matches!(self, Metric::L2Squared | Metric::InnerProduct | Metric::Jaccard | Metric::Hamming)
     }
 
     /// The SQL spelling of the metric.
@@ -65,6 +87,8 @@ impl Metric {
             Metric::L1 => "l1",
             Metric::LInf => "linf",
             Metric::Levenshtein => "levenshtein",
+            Metric::Jaccard => "jaccard",
+            Metric::Hamming => "hamming",
         }
     }
 
@@ -89,7 +113,9 @@ impl Metric {
             Metric::InnerProduct => -dot(a, b),
             Metric::L1 => pairs().map(|(x, y)| (x - y).abs()).fold(0.0, |s, t| s + t),
             Metric::LInf => pairs().map(|(x, y)| (x - y).abs()).fold(0.0, f64::max),
-            Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
+            Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => {
+                unreachable!("{self} compares strings, sets or bits, never vectors")
+            }
         }
     }
 
@@ -102,7 +128,7 @@ impl Metric {
     /// directory can index the metric (`backend::plan::bounds::coordinate_bound`): not the inner
     /// product, nor the edit distance.
     pub fn bounds_coordinates(self) -> bool {
-        !matches!(self, Metric::InnerProduct | Metric::Levenshtein)
+        self.is_vector() && self != Metric::InnerProduct
     }
 
     /// Whether the threshold may be negative: only the negative inner product takes negative values.
@@ -154,9 +180,13 @@ impl FromStr for Metric {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let lower = s.trim().to_ascii_lowercase();
-        Metric::ALL.into_iter().chain([Metric::Levenshtein]).find(|m| m.name() == lower).ok_or_else(|| {
-            format!("unknown metric '{s}' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein)")
-        })
+        Metric::ALL.into_iter().chain([Metric::Levenshtein, Metric::Jaccard, Metric::Hamming]).find(|m| m.name() == lower).ok_or_else(
+            || {
+                format!(
+                    "unknown metric '{s}' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein, jaccard, hamming)"
+                )
+            },
+        )
     }
 }
 
@@ -470,6 +500,13 @@ impl SimilarityOp {
     /// the option and the value.
     pub fn validate(&self) -> Result<()> {
         let function = self.function_name();
+        if self.metric.is_set_or_bits() && !matches!(self.index, IndexChoice::Auto | IndexChoice::BruteForce) {
+            return plan_err!(
+                "{function}: option index={} is not available for metric {}: sets and bit strings are searched by their own exact filters (index=auto) or compared pair by pair (index=brute_force)",
+                self.index,
+                self.metric
+            );
+        }
         match (&self.operation, self.index) {
             (Operation::Knn { .. }, IndexChoice::Grid | IndexChoice::Directory) => {
                 return plan_err!(
@@ -529,9 +566,10 @@ pub fn validate_threshold(function: &str, argument: &str, value: f64, metric: Me
     if value < 0.0 && !metric.allows_negative_threshold() {
         return plan_err!("{function}: argument '{argument}' must be >= 0 for metric {metric}, got {value}");
     }
-    if metric.is_text() && (value.fract() != 0.0 || value > u32::MAX as f64) {
+    if metric.counts() && (value.fract() != 0.0 || value > u32::MAX as f64) {
+        let unit = if metric.is_text() { "edits" } else { "bits" };
         return plan_err!(
-            "{function}: argument '{argument}' must be a whole number of edits for metric {metric}, got {value}"
+            "{function}: argument '{argument}' must be a whole number of {unit} for metric {metric}, got {value}"
         );
     }
     Ok(value)
@@ -560,8 +598,8 @@ mod tests {
             assert_eq!(m.name().parse::<Metric>().unwrap(), m);
         }
         assert_eq!(
-            "hamming".parse::<Metric>().unwrap_err(),
-            "unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein)"
+            "hammer".parse::<Metric>().unwrap_err(),
+            "unknown metric 'hammer' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein, jaccard, hamming)"
         );
         assert_eq!("Levenshtein".parse::<Metric>().unwrap(), Metric::Levenshtein);
     }

@@ -206,6 +206,8 @@ impl InputProjection {
             VectorSource::List { index, dim } => VectorSource::List { index: self.position(*index), dim: *dim },
             VectorSource::Columns(c) => VectorSource::Columns(c.iter().map(|&i| self.position(i)).collect()),
             VectorSource::Text { index } => VectorSource::Text { index: self.position(*index) },
+            VectorSource::Set { index } => VectorSource::Set { index: self.position(*index) },
+            VectorSource::Bits { index, bits } => VectorSource::Bits { index: self.position(*index), bits: *bits },
         }
     }
 }

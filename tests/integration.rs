@@ -35,6 +35,8 @@ mod oracle;
 mod pushdown;
 #[path = "integration/rewrite.rs"]
 mod rewrite;
+#[path = "integration/sets_bits.rs"]
+mod sets_bits;
 #[path = "integration/sql_examples.rs"]
 mod sql_examples;
 #[path = "integration/streamed_base.rs"]

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from .session import SessionContext, _sql_text, as_arrow_stream, vector_table
+from .session import SessionContext, _numpy_view, _sql_text, as_arrow_stream, vector_table
 
 
 class Neighbours(NamedTuple):
@@ -49,6 +49,44 @@ def _session(session: SessionContext | None) -> SessionContext:
         if _DEFAULT is None:
             _DEFAULT = SessionContext()
         return _DEFAULT
+
+
+def _sets_or_bits(data: Any, function: str, argument: str, metric: str) -> Any:
+    """One input of ``metric='jaccard'`` or ``'hamming'`` as Arrow data: a list of token lists is a
+    set column ``set``; a numpy ``uint8`` array (rows × bytes) a FixedSizeBinary column ``bits`` over
+    the array's own buffer; a 1-D ``uint64``/``int64`` array one 64-bit hash a row (``bits``), a 2-D
+    one several words a row (as bytes, in the array's order). Arrow data goes as it is (name its
+    column with ``column=``). ``None`` where ``data`` is none of these."""
+    if isinstance(data, np.ndarray):
+        if data.dtype.kind not in "iu":
+            raise ValueError(
+                f"{function}: argument '{argument}': metric={metric} compares bit strings (uint8 bytes, or uint64 "
+                f"hashes) or sets (lists of tokens), got a numpy array of dtype {data.dtype}"
+            )
+        array = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("="))
+        rows = array.shape[0] if array.ndim else 0
+        if array.ndim == 1 and array.dtype.itemsize == 8:
+            bits = _numpy_view(array)
+        elif array.ndim == 2:
+            width = array.shape[1] * array.dtype.itemsize
+            buffer = pa.py_buffer(array.view(np.uint8).reshape(-1))
+            bits = pa.Array.from_buffers(pa.binary(width), rows, [None, buffer])
+        else:
+            raise ValueError(
+                f"{function}: argument '{argument}': expected a 2-D array of bytes or words (rows × width), "
+                f"or a 1-D array of 64-bit hashes, got shape {array.shape} of {array.dtype}"
+            )
+        return pa.table({"id": _numpy_view(np.arange(rows, dtype=np.int64)), "bits": bits})
+    if isinstance(data, (list, tuple)) and all(isinstance(row, (list, tuple, set, frozenset)) for row in data):
+        rows = [list(row) for row in data]
+        try:
+            sets = pa.array(rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            raise ValueError(f"{function}: argument '{argument}': sets of tokens of mixed types ({error})") from None
+        if pa.types.is_null(sets.type.value_type):
+            sets = pa.array(rows, type=pa.list_(pa.string()))
+        return pa.table({"id": _numpy_view(np.arange(len(rows), dtype=np.int64)), "set": sets})
+    return None
 
 
 def _input(data: Any, function: str, argument: str, text: bool) -> Any:
@@ -95,9 +133,24 @@ def _run(session: SessionContext, inputs: list[Any], sql: str) -> pa.Table:
             session.deregister(name)
 
 
-def _base_and_queries(function: str, base: Any, queries: Any, metric: str) -> tuple[Any, Any]:
+def _inputs(function: str, data: list[tuple[str, Any]], metric: str, options: dict[str, Any]) -> list[Any]:
+    """The inputs of a call as Arrow data; under ``metric='jaccard'`` or ``'hamming'``, sets and bits
+    converted here are read from the column they were given (``column=set`` or ``column=bits``)."""
+    if metric in ("jaccard", "hamming"):
+        converted = [_sets_or_bits(value, function, argument, metric) for argument, value in data]
+        columns = {t.column_names[1] for t in converted if t is not None}
+        if len(columns) > 1:
+            raise ValueError(f"{function}: a set and a bit string do not compare ({', '.join(sorted(columns))})")
+        if columns and all(t is not None for t in converted) and "column" not in options:
+            options["column"] = columns.pop()
+        return [t if t is not None else as_arrow_stream(value, function, argument) for t, (argument, value) in zip(converted, data)]
     text = metric == "levenshtein"
-    return _input(base, function, "base", text), _input(queries, function, "queries", text)
+    return [_input(value, function, argument, text) for argument, value in data]
+
+
+def _base_and_queries(function: str, base: Any, queries: Any, metric: str, options: dict[str, Any]) -> tuple[Any, Any]:
+    base_data, query_data = _inputs(function, [("base", base), ("queries", queries)], metric, options)
+    return base_data, query_data
 
 
 def _check_count(function: str, argument: str, value: Any) -> int:
@@ -131,16 +184,18 @@ def knn(
     """The ``k`` nearest rows of ``base`` to each row of ``queries``.
 
     ``base`` and ``queries`` are numpy 2-D arrays (any float or integer dtype), pyarrow list arrays,
-    Arrow tables with one vector column, or with ``metric="levenshtein"`` lists of strings.
-    ``metric`` is l2 (not squared; ``l2sq`` is), l2sq, cosine, inner_product, l1, linf or
-    levenshtein; ``device`` auto, cpu or gpu; ``approx=True`` searches the Multicurves index to
+    Arrow tables with one vector column, with ``metric="levenshtein"`` lists of strings, with
+    ``metric="jaccard"`` lists of token lists (sets), and with ``metric="hamming"`` (or
+    ``"jaccard"``: Tanimoto) bit strings as numpy ``uint8`` rows of bytes or ``uint64`` hashes.
+    ``metric`` is l2 (not squared; ``l2sq`` is), l2sq, cosine, inner_product, l1, linf,
+    levenshtein, jaccard or hamming; ``device`` auto, cpu or gpu; ``approx=True`` searches the Multicurves index to
     recall@k 0.95 (``approx_recall=…`` another target, ``approx_effort=…`` a fixed effort). Further ``simjoin.*`` options are keyword arguments.
 
     Returns :class:`Neighbours` ``(distances, ids)`` as ``(n_queries, k)`` matrices, or with
     ``output="arrow"`` the table ``query_id, base_id, distance, rank``.
     """
     k = _check_count("knn", "k", k)
-    base_data, query_data = _base_and_queries("knn", base, queries, metric)
+    base_data, query_data = _base_and_queries("knn", base, queries, metric, options)
     settings = _options("knn", {"metric": metric, "device": device, "approx": approx or None, **options})
     table = _run(
         _session(session),
@@ -198,7 +253,7 @@ def range_query(
     right=base rows, distances)``, or with ``output="arrow"`` the table ``query_id, base_id,
     distance``."""
     r = _check_threshold("range_query", "r", r)
-    base_data, query_data = _base_and_queries("range_query", base, queries, metric)
+    base_data, query_data = _base_and_queries("range_query", base, queries, metric, options)
     settings = _options("range_query", {"metric": metric, "device": device, **options})
     table = _run(
         _session(session),
@@ -228,10 +283,7 @@ def sim_join(
     ``(left, right, distances)``, or with
     ``output="arrow"`` the table ``left_id, right_id, distance``."""
     eps = _check_threshold("sim_join", "eps", eps)
-    text = metric == "levenshtein"
-    inputs = [_input(a, "sim_join", "a", text)]
-    if b is not None:
-        inputs.append(_input(b, "sim_join", "b", text))
+    inputs = _inputs("sim_join", [("a", a)] + ([("b", b)] if b is not None else []), metric, options)
     settings = {"metric": metric, "device": device, **options}
     if b is None:
         settings["pairs"] = pairs

@@ -12,9 +12,9 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::request::{JoinRequest, KnnRequest};
 use crate::backend::sink::ResultSink;
 use crate::backend::stats::RunStats;
+use crate::op::{Device, SimilarityOp};
 #[cfg(feature = "gpu")]
 use crate::op::{IndexChoice, Operation};
-use crate::op::{Device, SimilarityOp};
 
 /// The backend for `op`: the GPU under `device=gpu`; under `device=auto`, per run, the GPU or the
 /// CPU by estimated time where a GPU may be usable; otherwise (and for text metrics) every CPU
@@ -32,7 +32,7 @@ pub fn choose(op: &SimilarityOp) -> Result<Arc<dyn Backend>> {
     if text_join && op.device == Device::Auto && crate::cuda::startup::libraries_present() {
         return Ok(Arc::new(AutoBackend::text_joins(op.gpu_memory_limit, op.devices.clone())));
     }
-    let text_on_cpu = op.metric.is_text() && op.device != Device::Gpu;
+    let text_on_cpu = (op.metric.is_text() || op.metric.is_set_or_bits()) && op.device != Device::Gpu;
     let clusters_on_cpu = op.index == IndexChoice::ListOfClusters && op.device != Device::Gpu;
     if text_on_cpu || clusters_on_cpu {
         return Ok(Arc::new(CpuBackend));

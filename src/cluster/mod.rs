@@ -119,7 +119,7 @@ pub async fn connect(url: &str) -> Result<SessionContext> {
 /// `ctx` with simjoin's scalar distance functions, which Ballista's client set-up replaces by
 /// its own list of scalar functions.
 fn with_distance_functions(ctx: SessionContext) -> SessionContext {
-    for function in crate::functions::distance::all() {
+    for function in crate::functions::scalar_functions() {
         ctx.register_udf(function);
     }
     ctx

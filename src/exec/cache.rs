@@ -91,11 +91,7 @@ pub(super) fn vectors(
     // Converted outside the lock: two queries converting the same input at once both convert.
     let mut vectors = Vectors::from_batches(schema, batches, source, reject_zero, describe)?;
     // The arrays count too: the entry keeps them allocated, even once their table is gone.
-    let bytes = vectors.values.bytes()
-        + vectors.strings.chars.len() * 4
-        + vectors.strings.offsets.len() * 8
-        + vectors.rows.len() * 4
-        + buffer_bytes(&arrays);
+    let bytes = vectors.bytes() + vectors.rows.len() * 4 + buffer_bytes(&arrays);
     if bytes > capacity {
         return Ok((Arc::new(vectors), false));
     }
@@ -137,7 +133,10 @@ fn evict(entries: &mut Vec<Entry>, capacity: usize) {
 /// The columns `source` reads, of every batch.
 fn source_columns<'a>(batches: &'a [RecordBatch], source: &VectorSource) -> Vec<&'a ArrayRef> {
     let indices = match source {
-        VectorSource::List { index, .. } | VectorSource::Text { index } => std::slice::from_ref(index),
+        VectorSource::List { index, .. }
+        | VectorSource::Text { index }
+        | VectorSource::Set { index }
+        | VectorSource::Bits { index, .. } => std::slice::from_ref(index),
         VectorSource::Columns(indices) => indices.as_slice(),
     };
     batches.iter().flat_map(|b| indices.iter().map(|&i| b.column(i))).collect()

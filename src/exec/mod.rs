@@ -274,6 +274,34 @@ impl SimilarityExec {
                 ),
             );
         }
+        if self.op.metric.is_set_or_bits() {
+            let bits = matches!(self.left.source, VectorSource::Bits { .. });
+            let knn = matches!(self.op.operation, Operation::Knn { .. });
+            let (name, how) = match (bits, self.op.metric, knn, self.op.index) {
+                (false, _, true, _) => (
+                    "token_lists",
+                    "every token's base sets, rarest first, up to the k-th distance's prefix; exact verification",
+                ),
+                (false, _, false, IndexChoice::BruteForce) => ("brute_force", "size window, every pair merged"),
+                (false, _, false, _) => (
+                    "prefix_filter",
+                    "global token order rarest first, length and position filters, exact verification",
+                ),
+                (true, Metric::Hamming, true, _) => ("brute_force", "every distance, the k smallest by counting"),
+                (true, Metric::Hamming, false, IndexChoice::BruteForce) => ("brute_force", "every pair, popcount"),
+                (true, Metric::Hamming, false, _) => (
+                    "hamming_blocks",
+                    "multi-index hashing (blocks within ⌊r / m⌋ bits) where the cost model expects it to pay, else every pair",
+                ),
+                (true, _, true, _) => {
+                    ("popcount_order", "outwards from the query's popcount, stopping at the k-th distance's bound")
+                }
+                (true, _, false, _) => {
+                    ("popcount_window", "the right rows of each left row's popcount window, popcount")
+                }
+            };
+            return (name, how.into());
+        }
         if self.op.metric.is_text() {
             let (name, how) = match (&self.op.operation, self.op.index) {
                 (Operation::Knn { .. }, _) if self.op.device == crate::op::Device::Gpu => (

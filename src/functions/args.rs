@@ -152,6 +152,46 @@ pub fn text_literal(function: &str, argument: &str, expr: &Expr) -> Result<Optio
     Ok(Some(strings.iter().map(|s| s.unwrap_or_default().to_string()).collect()))
 }
 
+/// A constant query of `metric=jaccard` or `hamming`: an array literal of strings or integers is
+/// one set (`['red', 'green']`, `[3, 17]`), a binary literal one bit string (`X'0f0a'`), an
+/// integer literal one 64-bit hash; the one-row table holding it (column `set` or `bits`).
+pub fn set_or_bits_literal(function: &str, argument: &str, expr: &Expr) -> Result<Option<Arc<dyn TableProvider>>> {
+    let Expr::Literal(value, _) = expr else { return Ok(None) };
+    let column: ArrayRef = match value {
+        ScalarValue::List(_) | ScalarValue::LargeList(_) | ScalarValue::FixedSizeList(_) => {
+            let array = value.to_array_of_size(1)?;
+            let element = crate::vectors::sets::list_element(array.data_type()).cloned();
+            match element {
+                Some(e) if matches!(e, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) || e.is_integer() => {
+                    array
+                }
+                // Bytes of a bit string written as a list.
+                Some(e) if e == DataType::UInt8 => array,
+                Some(DataType::Null) => {
+                    return plan_err!(
+                        "{function}: argument '{argument}' is an empty set literal; write a set such as ['a'] (an empty set matches only empty sets)"
+                    );
+                }
+                Some(e) => {
+                    return plan_err!(
+                        "{function}: argument '{argument}' is a list of {e}, not a set of strings or integers"
+                    );
+                }
+                None => return Ok(None),
+            }
+        }
+        ScalarValue::Binary(Some(_)) | ScalarValue::LargeBinary(Some(_)) | ScalarValue::FixedSizeBinary(_, Some(_)) => {
+            value.to_array_of_size(1)?
+        }
+        ScalarValue::Int64(Some(_)) | ScalarValue::UInt64(Some(_)) => value.to_array_of_size(1)?,
+        _ => return Ok(None),
+    };
+    let name = if crate::vectors::sets::list_element(column.data_type()).is_some() { "set" } else { "bits" };
+    let schema = Arc::new(Schema::new(vec![Field::new(name, column.data_type().clone(), true)]));
+    let batch = RecordBatch::try_new(schema.clone(), vec![column])?;
+    Ok(Some(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?)))
+}
+
 /// A table with column `text` holding `strings`, one row each.
 pub fn text_table(strings: Vec<String>) -> Result<Arc<dyn TableProvider>> {
     let schema = Arc::new(Schema::new(vec![Field::new("text", DataType::Utf8, false)]));

@@ -19,7 +19,9 @@ mod knn;
 mod knn_join;
 mod range_query;
 pub mod rewrite;
+pub mod set_distance;
 mod sim_join;
+pub mod tokens;
 
 pub use knn::KnnFunc;
 pub use range_query::RangeQueryFunc;
@@ -41,6 +43,15 @@ pub fn all() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
     ]
 }
 
+/// Every scalar function `register` adds: the vectors' distances, the sets' and bits' distances,
+/// and the token functions (`shingles`, `qgrams`).
+pub fn scalar_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
+    let mut all = distance::all();
+    all.extend(set_distance::all());
+    all.extend(tokens::all());
+    all
+}
+
 /// One input table of a call, with its vector column resolved.
 fn input(
     session: &dyn Session,
@@ -55,8 +66,7 @@ fn input(
         }
         e => e,
     })?;
-    let source =
-        VectorSource::resolve(&provider.schema(), options.column(), options.metric.is_text(), function, argument)?;
+    let source = VectorSource::resolve(&provider.schema(), options.column(), options.metric, function, argument)?;
     Ok(TableInput { provider, source, describe: format!("argument '{argument}'") })
 }
 
@@ -80,6 +90,31 @@ fn table(
             names[1]
         );
     }
+    if let Some(second) = &second
+        && matches!(
+            (&first.source, &second.source),
+            (VectorSource::Set { .. }, VectorSource::Bits { .. })
+                | (VectorSource::Bits { .. }, VectorSource::Set { .. })
+        )
+    {
+        return plan_err!(
+            "{}: argument '{}' and argument '{}' hold a set and a bit string, which metric jaccard does not compare with each other",
+            op.function_name(),
+            names[0],
+            names[1]
+        );
+    }
+    if let Some(second) = &second
+        && let (Some(a), Some(b)) = (set_elements(&first), set_elements(second))
+        && a != b
+    {
+        return plan_err!(
+            "{}: argument '{}' holds sets of {a} and argument '{}' sets of {b}, which share no element",
+            op.function_name(),
+            names[0],
+            names[1]
+        );
+    }
     let mut op = op;
     if !op.keys.is_empty() {
         check_keys(&op, &first, second.as_ref(), names, cluster)?;
@@ -91,6 +126,14 @@ fn table(
     }
     let backend = if cluster { backend::on_executor() } else { backend::choose(&op)? };
     Ok(Arc::new(SimilarityTable::new(op, first, second, backend)))
+}
+
+/// What the sets of a set input hold: `strings` or `integers` (`None`: not sets).
+fn set_elements(input: &TableInput) -> Option<&'static str> {
+    let VectorSource::Set { index } = input.source else { return None };
+    let schema = input.provider.schema();
+    let element = crate::vectors::sets::list_element(schema.field(index).data_type())?;
+    Some(if element.is_integer() { "integers" } else { "strings" })
 }
 
 /// Option `keys`: not on a cluster, every key a column of both inputs whose types SQL's `=` can
@@ -143,11 +186,32 @@ fn query_and_base(
     options: &SimJoinOptions,
 ) -> Result<(TableInput, TableInput)> {
     let base = input(session, function, "base", &args::table_arg(function, "base", base)?, options)?;
+    let literal = if options.metric.is_set_or_bits() {
+        args::set_or_bits_literal(function, "query", query)?
+    } else {
+        vector_or_text_literal(function, query, options)?
+    };
+    let query = match literal {
+        Some(provider) => {
+            let source = VectorSource::resolve(&provider.schema(), None, options.metric, function, "query")?;
+            TableInput { provider, source, describe: "argument 'query'".to_string() }
+        }
+        None => input(session, function, "query", &args::table_arg(function, "query", query)?, options)?,
+    };
+    Ok((base, query))
+}
+
+/// A constant query vector or query strings, as a table.
+fn vector_or_text_literal(
+    function: &str,
+    query: &datafusion::logical_expr::Expr,
+    options: &SimJoinOptions,
+) -> Result<Option<Arc<dyn datafusion::catalog::TableProvider>>> {
     let text = options.metric.is_text();
-    let literal = match args::text_literal(function, "query", query)? {
+    Ok(match args::text_literal(function, "query", query)? {
         Some(_) if !text => {
             return plan_err!(
-                "{function}: argument 'query' is a list of strings, which metric {} cannot compare; use 'metric=levenshtein'",
+                "{function}: argument 'query' is a list of strings, which metric {} cannot compare; use 'metric=levenshtein' (query strings) or 'metric=jaccard' (one set)",
                 options.metric
             );
         }
@@ -162,13 +226,5 @@ fn query_and_base(
             Some(values) => Some(args::vector_table(values)?),
             None => None,
         },
-    };
-    let query = match literal {
-        Some(provider) => {
-            let source = VectorSource::resolve(&provider.schema(), None, text, function, "query")?;
-            TableInput { provider, source, describe: "argument 'query'".to_string() }
-        }
-        None => input(session, function, "query", &args::table_arg(function, "query", query)?, options)?,
-    };
-    Ok((base, query))
+    })
 }

@@ -192,9 +192,10 @@ fn bounded_call(conjunct: &Expr) -> Option<(&ScalarFunction, Metric, f64)> {
         (Formula::Metric(metric), Operator::LtEq | Operator::Lt) => (metric, threshold, op == Operator::Lt),
         _ => return None,
     };
-    let threshold = match (strict, metric.is_text()) {
-        (false, _) => threshold,
-        // Edit distances are whole numbers: d < t is d <= ⌈t⌉ − 1.
+    let threshold = match (strict, metric.counts()) {
+        (false, false) => threshold,
+        // Edits and bits are whole numbers: d <= t is d <= ⌊t⌋, d < t is d <= ⌈t⌉ − 1.
+        (false, true) => threshold.floor(),
         (true, true) => threshold.ceil() - 1.0,
         (true, false) => threshold.next_down(),
     };
@@ -208,6 +209,8 @@ pub(super) fn formula(function: &str) -> Option<Formula> {
     match function {
         "array_distance" | "list_distance" => Some(Formula::Metric(Metric::L2)),
         "levenshtein" => Some(Formula::Metric(Metric::Levenshtein)),
+        "jaccard_distance" => Some(Formula::Metric(Metric::Jaccard)),
+        "hamming_distance" => Some(Formula::Metric(Metric::Hamming)),
         name => super::distance::formula(name),
     }
 }
@@ -349,7 +352,7 @@ fn query_input(constant: &Expr, metric: Metric) -> Option<TableInput> {
         }
         _ => return None,
     };
-    let source = VectorSource::resolve(&provider.schema(), None, metric.is_text(), "knn", "query").ok()?;
+    let source = VectorSource::resolve(&provider.schema(), None, metric, "knn", "query").ok()?;
     Some(TableInput { provider, source, describe: "argument 'query'".to_string() })
 }
 
@@ -359,7 +362,7 @@ pub(super) fn view_input(plan: &LogicalPlan, column: &Column, metric: Metric, ar
     let provider = Arc::new(ViewTable::new(plan.clone(), None));
     let index = plan.schema().index_of_column(column).ok()?;
     let name = plan.schema().field(index).name();
-    let source = VectorSource::resolve(&provider.schema(), Some(name), metric.is_text(), "sim_join", argument).ok()?;
+    let source = VectorSource::resolve(&provider.schema(), Some(name), metric, "sim_join", argument).ok()?;
     // A name the input holds twice (columns of an inner join) resolves to the first.
     (source.columns() == [index]).then(|| TableInput { provider, source, describe: format!("argument '{argument}'") })
 }

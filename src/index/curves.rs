@@ -94,7 +94,7 @@ impl Geometry {
         match metric {
             Metric::L2 | Metric::L2Squared | Metric::L1 | Metric::LInf => Some(Geometry::Raw),
             Metric::Cosine => Some(Geometry::Unit),
-            Metric::InnerProduct | Metric::Levenshtein => None,
+            Metric::InnerProduct | Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => None,
         }
     }
 }

@@ -102,6 +102,6 @@ fn clusters_slot(metric: Metric) -> Option<usize> {
         Metric::LInf => Some(2),
         Metric::Cosine => Some(3),
         Metric::Levenshtein => Some(4),
-        Metric::L2Squared | Metric::InnerProduct => None,
+        Metric::L2Squared | Metric::InnerProduct | Metric::Jaccard | Metric::Hamming => None,
     }
 }

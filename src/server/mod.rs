@@ -199,7 +199,7 @@ impl FlightSqlServer {
         let mut state = SessionStateBuilder::new_from_existing(state).with_runtime_env(runtime.build_arc()?).build();
         // The rebuilt state registered its functions anew in no set order: DataFusion's own
         // `inner_product` (an alias of `array_dot_product`) could have replaced simjoin's.
-        for function in crate::functions::distance::all() {
+        for function in crate::functions::scalar_functions() {
             datafusion::execution::FunctionRegistry::register_udf(&mut state, Arc::new(function))?;
         }
         let service = SimjoinFlightService {

@@ -22,11 +22,15 @@ use datafusion::arrow::compute::{cast, concat};
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::common::{Result, exec_err};
 
+pub mod bits;
+pub mod sets;
 mod source;
 mod values;
 
+pub use bits::Bits;
 use rayon::iter::{IntoParallelRefIterator, ParallelExtend, ParallelIterator};
 use rayon::slice::{ParallelSlice, ParallelSliceMut};
+pub use sets::{Dictionary, Sets};
 pub use source::VectorSource;
 pub use values::{Coord, Coords, Row, Values};
 
@@ -95,6 +99,10 @@ pub struct Vectors {
     pub skipped: usize,
     /// Text metrics: the strings (`dim` is 0 and `values` empty).
     pub strings: Strings,
+    /// `metric=jaccard` over a list column: the sets (`dim` is 0 and `values` empty).
+    pub sets: Sets,
+    /// Bit columns (`metric=hamming`, `metric=jaccard` over bits): the bit strings (`dim` is 0).
+    pub bits: Bits,
     /// Set on vectors the conversion cache keeps across queries (exec/cache.rs), which nobody
     /// changes while it lives: the GPU keeps their rows resident under it.
     resident: Option<Arc<ResidentMark>>,
@@ -128,6 +136,8 @@ impl Clone for Vectors {
             rows: self.rows.clone(),
             skipped: self.skipped,
             strings: self.strings.clone(),
+            sets: self.sets.clone(),
+            bits: self.bits.clone(),
             ..Default::default()
         }
     }
@@ -166,6 +176,8 @@ impl Vectors {
             dim: self.dim,
             values: self.values.slice(positions.start * self.dim..positions.end * self.dim),
             strings: self.strings.slice(positions.clone()),
+            sets: self.sets.slice(positions.clone()),
+            bits: self.bits.slice(positions.clone()),
             rows: self.rows[positions].to_vec(),
             skipped: 0,
             ..Default::default()
@@ -178,6 +190,8 @@ impl Vectors {
             dim: self.dim,
             values: self.values.select(self.dim, positions),
             strings: self.strings.select(positions),
+            sets: self.sets.select(positions),
+            bits: self.bits.select(positions),
             rows: positions.iter().map(|&p| self.rows[p as usize]).collect(),
             skipped: self.skipped,
             ..Default::default()
@@ -210,6 +224,20 @@ impl Vectors {
     #[inline]
     pub fn string(&self, i: usize) -> &[u32] {
         self.strings.get(i)
+    }
+
+    /// Whether these are bit strings (a bit column), not sets, strings or vectors.
+    pub fn holds_bits(&self) -> bool {
+        self.bits.words > 0
+    }
+
+    /// Bytes the rows take, whatever their kind.
+    pub fn bytes(&self) -> usize {
+        self.values.bytes()
+            + self.strings.chars.len() * 4
+            + self.strings.offsets.len() * 8
+            + self.sets.bytes()
+            + self.bits.bytes()
     }
 
     /// The mark these vectors are kept across queries under, if they are.
@@ -353,6 +381,14 @@ impl Vectors {
                 from_columns(&columns, rows)
             }
             VectorSource::Text { index } => from_text(&column(*index)?, describe)?,
+            VectorSource::Set { index } => {
+                let (sets, rows, skipped) = sets::from_list(&column(*index)?, describe)?;
+                Vectors { sets, rows, skipped, ..Default::default() }
+            }
+            VectorSource::Bits { index, .. } => {
+                let (bits, rows, skipped) = bits::from_column(&column(*index)?, describe)?;
+                Vectors { bits, rows, skipped, ..Default::default() }
+            }
         };
         if reject_zero {
             vectors.skip_zero_vectors();
@@ -594,8 +630,8 @@ pub fn skipped_values(batches: &[RecordBatch], source: &VectorSource, skipped: &
                         }
                     }
                 }
-                // Only NULL strings are skipped.
-                VectorSource::Text { .. } => {}
+                // Only NULL strings, sets and bit strings are skipped, which SQL never compares.
+                VectorSource::Text { .. } | VectorSource::Set { .. } | VectorSource::Bits { .. } => {}
             }
         }
         first_row += rows;
@@ -644,7 +680,7 @@ mod tests {
             Some(vec![Some(5.0), Some(6.0)]),
         ]);
         let batch = RecordBatch::try_from_iter([("v", Arc::new(list) as ArrayRef)]).unwrap();
-        let source = VectorSource::resolve(&batch.schema(), None, false, "knn", "base").unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, crate::op::Metric::L2, "knn", "base").unwrap();
         let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
         assert_eq!((v.dim, v.rows.clone(), v.skipped), (2, vec![0, 4], 3));
         assert_eq!(v.values, Values::F32(vec![1.0, 2.0, 5.0, 6.0]));
@@ -659,7 +695,7 @@ mod tests {
         let half = DataType::new_list(DataType::Float16, true);
         let column = cast(&(Arc::new(list) as ArrayRef), &half).unwrap();
         let batch = RecordBatch::try_from_iter([("v", column)]).unwrap();
-        let source = VectorSource::resolve(&batch.schema(), None, false, "knn", "base").unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, crate::op::Metric::L2, "knn", "base").unwrap();
         let v = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap();
         assert_eq!(v.values, Values::F32(vec![0.5, -2.0, 1.25, 65504.0]));
         let ints =
@@ -678,7 +714,7 @@ mod tests {
             Some(vec![Some(1.0)]),
         ]);
         let batch = RecordBatch::try_from_iter([("v", Arc::new(list) as ArrayRef)]).unwrap();
-        let source = VectorSource::resolve(&batch.schema(), None, false, "knn", "base").unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, crate::op::Metric::L2, "knn", "base").unwrap();
         let err = Vectors::from_batch(&batch, &source, false, "knn: argument 'base'").unwrap_err();
         assert!(err.to_string().contains("vectors of different lengths: row 0 has 2 values, row 1 has 1"), "{err}");
     }
@@ -693,7 +729,7 @@ mod tests {
         let whole = list((0..7).map(|i| Some(vec![Some(i as f32), Some(-(i as f32))])).collect());
         // Slices (offsets into one child array), as a scan hands them over.
         let parts = [whole.slice(0, 3), whole.slice(3, 0), whole.slice(3, 4)];
-        let source = VectorSource::resolve(&whole.schema(), None, false, "knn", "base").unwrap();
+        let source = VectorSource::resolve(&whole.schema(), None, crate::op::Metric::L2, "knn", "base").unwrap();
         let dense = Vectors::from_batches(&whole.schema(), &parts, &source, false, "knn").unwrap();
         assert_eq!(dense.values, Values::F32((0..7).flat_map(|i| [i as f32, -(i as f32)]).collect()));
         assert_eq!((dense.rows, dense.skipped), ((0..7).collect(), 0));
@@ -712,7 +748,7 @@ mod tests {
             ("y", Arc::new(Float64Array::from(vec![0.0, 2.5])) as ArrayRef),
         ])
         .unwrap();
-        let source = VectorSource::resolve(&batch.schema(), None, false, "sim_join", "t").unwrap();
+        let source = VectorSource::resolve(&batch.schema(), None, crate::op::Metric::L2, "sim_join", "t").unwrap();
         assert_eq!(source, VectorSource::Columns(vec![1, 2]));
         let v = Vectors::from_batch(&batch, &source, true, "sim_join: argument 't'").unwrap();
         assert_eq!((v.rows.clone(), v.skipped, v.values.clone()), (vec![1], 1, Values::F64(vec![1.5, 2.5])));
@@ -730,9 +766,9 @@ mod tests {
             Field::new("a", DataType::new_list(DataType::Float32, true), true),
             Field::new("b", DataType::new_list(DataType::Float32, true), true),
         ]);
-        let err = VectorSource::resolve(&schema, None, false, "knn", "base").unwrap_err();
+        let err = VectorSource::resolve(&schema, None, crate::op::Metric::L2, "knn", "base").unwrap_err();
         assert!(err.to_string().contains("has several vector columns (a, b)"), "{err}");
-        let err = VectorSource::resolve(&schema, Some("c"), false, "knn", "base").unwrap_err();
+        let err = VectorSource::resolve(&schema, Some("c"), crate::op::Metric::L2, "knn", "base").unwrap_err();
         assert!(err.to_string().contains("has no column 'c' (columns: a, b)"), "{err}");
     }
 }

@@ -35,8 +35,8 @@ async fn planning_errors_name_function_argument_and_value() {
             "Error during planning: sim_join: argument 'eps' must be a number, got Utf8(\"x\")",
         ),
         (
-            "SELECT * FROM sim_join(t, 0.1, 'metric=hamming')",
-            "Error during planning: sim_join: options string 'metric=hamming': unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein)",
+            "SELECT * FROM sim_join(t, 0.1, 'metric=hammer')",
+            "Error during planning: sim_join: options string 'metric=hammer': unknown metric 'hammer' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein, jaccard, hamming)",
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'metrc=l1')",
@@ -152,10 +152,10 @@ async fn planning_errors_name_function_argument_and_value() {
 #[tokio::test(flavor = "multi_thread")]
 async fn set_rejects_bad_option_values() {
     let ctx = ctx();
-    let err = ctx.sql("SET simjoin.metric = 'hamming'").await.unwrap_err().strip_backtrace();
+    let err = ctx.sql("SET simjoin.metric = 'hammer'").await.unwrap_err().strip_backtrace();
     assert_eq!(
         err,
-        "Invalid or Unsupported Configuration: simjoin.metric: unknown metric 'hamming' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein)"
+        "Invalid or Unsupported Configuration: simjoin.metric: unknown metric 'hammer' (expected one of l2, l2sq, cosine, inner_product, l1, linf, levenshtein, jaccard, hamming)"
     );
     let err = ctx.sql("SET simjoin.colour = 'red'").await.unwrap_err().strip_backtrace();
     assert!(err.contains("unknown option 'colour'"), "{err}");

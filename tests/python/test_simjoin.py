@@ -168,6 +168,44 @@ def test_levenshtein_equals_rapidfuzz():
     assert np.array_equal(ids, order)
 
 
+def test_hamming_and_tanimoto_over_numpy_bits_equal_brute_force():
+    rng = np.random.default_rng(5)
+    centres = rng.integers(0, 2**63, size=6, dtype=np.uint64)
+    flips = (np.uint64(1) << rng.integers(0, 64, size=(800, 3)).astype(np.uint64)).sum(axis=1, dtype=np.uint64)
+    hashes = centres[rng.integers(0, 6, size=800)] ^ (flips * (rng.random(800) < 0.7)).astype(np.uint64)
+    popcount = np.vectorize(lambda x: bin(int(x)).count("1"))
+    differ = popcount(hashes[:, None] ^ hashes[None, :])
+    pairs = simjoin.sim_join(hashes, 3, metric="hamming", pairs="unordered", sort=True)
+    i, j = np.nonzero(np.triu(differ <= 3, 1))
+    assert np.array_equal(pairs.left, i) and np.array_equal(pairs.right, j)
+    assert np.array_equal(pairs.distances, differ[i, j].astype(np.float64))
+    # Bytes (uint8 rows) as bits; the k nearest by Hamming, ties by base row.
+    as_bytes = hashes.view(np.uint8).reshape(-1, 8)
+    distances, ids = simjoin.knn(as_bytes, as_bytes[:20], 5, metric="hamming")
+    order = np.lexsort((np.broadcast_to(np.arange(800), (20, 800)), differ[:20]), axis=1)[:, :5]
+    assert np.array_equal(ids, order)
+    both = popcount(hashes[:20, None] & hashes[None, :])
+    either = popcount(hashes[:20, None] | hashes[None, :])
+    tanimoto = np.where(either == 0, 0.0, 1.0 - both / np.maximum(either, 1))
+    distances, ids = simjoin.knn(hashes, hashes[:20], 3, metric="jaccard")
+    assert np.array_equal(distances, np.take_along_axis(tanimoto, ids, axis=1))
+
+
+def test_jaccard_over_token_lists_equals_brute_force():
+    rng = np.random.default_rng(6)
+    words = [f"w{i}" for i in range(30)]
+    sets = [list(rng.choice(words, size=rng.integers(0, 8))) for _ in range(300)]
+    def jaccard(a, b):
+        a, b = set(a), set(b)
+        return 0.0 if not a | b else 1.0 - len(a & b) / len(a | b)
+    pairs = simjoin.sim_join(sets, 0.4, metric="jaccard", pairs="unordered", sort=True)
+    want = [(i, j) for i in range(300) for j in range(i + 1, 300) if jaccard(sets[i], sets[j]) <= 0.4]
+    assert list(zip(pairs.left.tolist(), pairs.right.tolist())) == want
+    assert all(d == jaccard(sets[i], sets[j]) for i, j, d in zip(pairs.left, pairs.right, pairs.distances))
+    with pytest.raises(ValueError, match="a set and a bit string"):
+        simjoin.sim_join(sets, 0.4, np.zeros(3, dtype=np.uint64), metric="jaccard")
+
+
 def test_session_sql_over_numpy_pandas_polars_and_files(tmp_path):
     import duckdb
     import pandas
@@ -212,7 +250,7 @@ def test_options_by_keyword_and_set():
     assert np.array_equal(cosine, np.sort(brute_force("cosine", data(50, 3, 12), data(50, 3, 12)), axis=1)[:, :2].reshape(-1))
     assert np.array_equal(l1, np.sort(brute_force("l1", data(50, 3, 12), data(50, 3, 12)), axis=1)[:, :2].reshape(-1))
     with pytest.raises(ValueError, match="metric"):
-        simjoin.SessionContext(metric="hamming")
+        simjoin.SessionContext(metric="hammer")
 
 
 def test_datafusion_python_extension(tmp_path):

@@ -26,15 +26,18 @@ use crate::backend::plan::gemm_form;
 use crate::backend::plan::topk::{Neighbour, k_smallest, push_ranked};
 use crate::backend::{Backend, JoinRequest, KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::index::{GridIndex, JoinStrategy, brute_force_run_ns};
-use crate::op::IndexChoice;
+use crate::op::{IndexChoice, Metric};
+use crate::vectors::Vectors;
 
 pub mod approx;
+pub mod bits;
 mod context;
 mod direct;
 pub mod directory;
 mod gemm;
 pub mod grid_join;
 pub mod list_of_clusters;
+pub mod sets;
 pub mod text;
 
 /// Query rows per kNN GEMM tile: the query block is packed once per base tile, so larger blocks
@@ -69,6 +72,12 @@ impl Backend for CpuBackend {
         }
         if request.metric.is_text() {
             return text::join(request, sink);
+        }
+        if request.metric.is_set_or_bits() {
+            return match holds_bits(request.metric, request.left, request.right) {
+                true => bits::join(request, sink),
+                false => sets::join(request, sink),
+            };
         }
         let start = Instant::now();
         let JoinRequest { left, right, metric, threshold, self_join, .. } = *request;
@@ -136,6 +145,12 @@ impl Backend for CpuBackend {
         }
         if request.metric.is_text() {
             return text::knn(request, sink);
+        }
+        if request.metric.is_set_or_bits() {
+            return match holds_bits(request.metric, request.queries, request.base) {
+                true => bits::knn(request, sink),
+                false => sets::knn(request, sink),
+            };
         }
         let start = Instant::now();
         let mut stats = RunStats::default();
@@ -217,4 +232,9 @@ impl Backend for CpuBackend {
         stats.probe_time = probe.elapsed();
         Ok(stats)
     }
+}
+
+/// Whether a `jaccard` or `hamming` run compares bit strings (Hamming, Tanimoto) rather than sets.
+pub(crate) fn holds_bits(metric: Metric, left: &Vectors, right: &Vectors) -> bool {
+    metric == Metric::Hamming || left.holds_bits() || right.holds_bits()
 }

@@ -16,7 +16,7 @@ pub(super) fn metric_code(metric: Metric) -> u32 {
         Metric::InnerProduct => MetricCode::InnerProduct,
         Metric::L1 => MetricCode::L1,
         Metric::LInf => MetricCode::LInf,
-        Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
+        Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => unreachable!("only vectors reach the filters"),
     };
     code as u32
 }

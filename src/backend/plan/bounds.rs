@@ -21,7 +21,7 @@ pub fn coordinate_bound(metric: Metric, threshold: f64) -> Option<f64> {
         Metric::L2 | Metric::L1 | Metric::LInf => Some(threshold),
         Metric::L2Squared => Some(threshold.sqrt()),
         Metric::Cosine => Some((2.0 * threshold).min(4.0).sqrt() * (1.0 + 1e-9) + 1e-12),
-        Metric::InnerProduct | Metric::Levenshtein => None,
+        Metric::InnerProduct | Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => None,
     }
 }
 
@@ -32,7 +32,9 @@ pub(crate) fn filter_kind(metric: Metric) -> FilterKind {
         Metric::L2 | Metric::L2Squared | Metric::Cosine => FilterKind::SquaredL2,
         Metric::L1 => FilterKind::L1,
         Metric::LInf | Metric::InnerProduct => FilterKind::LInf,
-        Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
+        Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => {
+            unreachable!("{metric} compares strings, sets or bits, never vectors")
+        }
     }
 }
 
@@ -140,4 +142,96 @@ pub(crate) fn radius(metric: Metric, threshold: f64, dim: usize) -> f64 {
         Metric::Cosine => chord_radius(threshold, dim),
         _ => threshold,
     }
+}
+
+/// The Jaccard distance of two sets of `a` and `b` elements with `common` in common (or, over bit
+/// strings, of popcounts with `common` bits set in both): `1 − common / (a + b − common)` in f64,
+/// 0 between two empty sets. The definition every backend computes, so the filters below are
+/// stated against exactly this value.
+#[inline]
+pub fn jaccard_of_counts(common: u32, a: u32, b: u32) -> f64 {
+    jaccard_of_union(common, a + b - common)
+}
+
+/// [`jaccard_of_counts`] from the common and the union's counts: `1 − common / union`, 0 where the
+/// union is empty.
+#[inline]
+pub fn jaccard_of_union(common: u32, union: u32) -> f64 {
+    if union == 0 { 0.0 } else { 1.0 - common as f64 / union as f64 }
+}
+
+/// The fewest common elements sets of `a` and `b` elements need for a Jaccard distance within
+/// `eps` ([`jaccard_of_counts`] as computed), or `None` where even the most (`min(a, b)`) are too
+/// few.
+///
+/// Why a search over `i` finds it: `i / (a + b − i)` grows with `i` in exact arithmetic, and
+/// rounding to f64 is monotone, so the computed distance never grows with `i`; the first `i` that
+/// passes is the fewest, and every larger one passes too.
+pub fn min_overlap(a: u32, b: u32, eps: f64) -> Option<u32> {
+    let most = a.min(b);
+    if jaccard_of_counts(most, a, b) > eps {
+        return None;
+    }
+    // Start below the real-valued bound t·(a + b) / (1 + t), t = 1 − eps, and step up.
+    let t = (1.0 - eps).clamp(0.0, 1.0);
+    let guess = (t * (a as f64 + b as f64) / (1.0 + t)).floor() as u32;
+    let mut i = guess.saturating_sub(2).min(most);
+    while i > 0 && jaccard_of_counts(i - 1, a, b) <= eps {
+        i -= 1;
+    }
+    while jaccard_of_counts(i, a, b) > eps {
+        i += 1;
+    }
+    Some(i)
+}
+
+/// The sizes `[low, high]` a set of `a` elements can have a partner of within `eps` (`high` is
+/// `u32::MAX` for no bound): a partner of `b ≤ a` elements is at best within `1 − b / a` (all its
+/// elements common), one of `b ≥ a` at best within `1 − a / b`; each is monotone in `b`, so the
+/// window's ends are found by stepping from the real-valued bounds, `t·a` and `a / t`.
+pub fn size_window(a: u32, eps: f64) -> (u32, u32) {
+    if eps >= 1.0 {
+        return (0, u32::MAX);
+    }
+    if a == 0 {
+        // Only another empty set is within a distance below 1.
+        return (0, 0);
+    }
+    let passes = |b: u32| jaccard_of_counts(a.min(b), a, b) <= eps;
+    let t = (1.0 - eps).clamp(0.0, 1.0);
+    let mut low = ((t * a as f64).floor() as u32).saturating_sub(2).clamp(1, a);
+    while low > 1 && passes(low - 1) {
+        low -= 1;
+    }
+    while !passes(low) {
+        low += 1;
+    }
+    let mut high = if t > 0.0 { ((a as f64 / t).ceil() as u64 + 2).min(u32::MAX as u64) as u32 } else { u32::MAX };
+    while high > a && !passes(high) {
+        high -= 1;
+    }
+    while high < u32::MAX && passes(high + 1) {
+        high += 1;
+    }
+    (low, high)
+}
+
+/// The probing prefix of a set of `a` elements for partners within `eps` in `window` (its
+/// [`size_window`]): its first `a − α + 1` elements in the global order, `α` the fewest common
+/// elements any partner in the window needs ([`min_overlap`] grows with the partner's size, so
+/// the window's smallest size gives it). Two sets whose overlap is at least α share an element
+/// within their prefixes: the common elements are at least α, so the smallest of them comes
+/// within the first `a − α + 1` of either set (Chaudhuri, Ganti and Kaushik's prefix filter, as
+/// AllPairs and PPJoin use it; Mann, Augsten and Bouros evaluate them). `None`: every partner
+/// needs no common element (only where `eps ≥ 1` or between empty sets), so no prefix can find
+/// them.
+pub fn prefix_length(a: u32, eps: f64) -> Option<u32> {
+    let (low, _) = size_window(a, eps);
+    let alpha = min_overlap(a, low.min(a), eps)?;
+    (alpha > 0).then(|| a - alpha + 1)
+}
+
+/// A Hamming threshold as the largest number of differing bits within it.
+pub fn hamming_radius(eps: f64) -> u32 {
+    eps.floor().clamp(0.0, u32::MAX as f64) as u32
 }

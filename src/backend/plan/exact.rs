@@ -127,7 +127,9 @@ impl ExactCheck {
                 }
                 max
             }
-            Metric::Cosine | Metric::InnerProduct | Metric::Levenshtein => self.distance_of(a, b, ia, ib),
+            Metric::Cosine | Metric::InnerProduct | Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => {
+                self.distance_of(a, b, ia, ib)
+            }
         };
         (distance <= self.threshold).then_some(distance)
     }
@@ -197,7 +199,9 @@ impl ExactCheck {
                     }
                 }
             }
-            Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
+            Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => {
+                unreachable!("only vectors reach the exact check")
+            }
         }
         let mut out = acc;
         for (value, ib) in out.iter_mut().zip(ibs) {
@@ -206,7 +210,9 @@ impl ExactCheck {
                 Metric::Cosine => cosine_from_parts(*value, self.left_norms[ia], self.right_norms[ib]),
                 Metric::InnerProduct => -*value,
                 Metric::L2Squared | Metric::L1 | Metric::LInf => *value,
-                Metric::Levenshtein => unreachable!("levenshtein compares strings, never vectors"),
+                Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => {
+                    unreachable!("only vectors reach the exact check")
+                }
             };
         }
         out

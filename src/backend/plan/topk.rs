@@ -192,6 +192,18 @@ pub(crate) fn rank_in_waves(
     block: usize,
     nearest: impl Fn(usize) -> Vec<Neighbour> + Sync,
 ) -> datafusion::common::Result<()> {
+    rank_in_waves_with(sink, queries, block, || (), |_, q| nearest(q))
+}
+
+/// [`rank_in_waves`] with a scratch space for each block, made by `scratch()` and lent to every
+/// `nearest(scratch, q)` of the block.
+pub(crate) fn rank_in_waves_with<S>(
+    sink: &dyn ResultSink,
+    queries: usize,
+    block: usize,
+    scratch: impl Fn() -> S + Sync,
+    nearest: impl Fn(&mut S, usize) -> Vec<Neighbour> + Sync,
+) -> datafusion::common::Result<()> {
     let blocks = queries.div_ceil(block);
     sink.start(blocks as u64);
     let wave = 4 * rayon::current_num_threads().max(1);
@@ -200,8 +212,9 @@ pub(crate) fn rank_in_waves(
             .into_par_iter()
             .map(|b| {
                 let mut chunk = ResultChunk::default();
+                let mut space = scratch();
                 for q in b * block..((b + 1) * block).min(queries) {
-                    push_ranked(&mut chunk, q, &nearest(q));
+                    push_ranked(&mut chunk, q, &nearest(&mut space, q));
                 }
                 chunk
             })

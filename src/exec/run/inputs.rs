@@ -47,6 +47,16 @@ pub(in crate::exec) fn check_dimensions(
             rv.dim
         );
     }
+    if !lv.is_empty() && !rv.is_empty() && lv.bits.bits != rv.bits.bits {
+        return exec_err!(
+            "{}: bit strings of different lengths: {} has {} bits, {} has {}",
+            op.function_name(),
+            left.describe,
+            lv.bits.bits,
+            right.describe,
+            rv.bits.bits
+        );
+    }
     Ok(())
 }
 

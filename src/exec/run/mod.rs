@@ -267,7 +267,7 @@ impl Run {
         self.metrics.skipped_rows.add(lv.skipped + if same { 0 } else { rv.skipped });
         // Working memory of the backend: the vectors themselves, their f32/normalised copies and
         // the grid (ids, order, keys) — about three times the f64 vectors.
-        let side_bytes = |v: &Vectors| v.values.bytes() + v.strings.chars.len() * 4 + v.strings.offsets.len() * 8;
+        let side_bytes = |v: &Vectors| v.bytes();
         let vector_bytes = side_bytes(lv) + if same { 0 } else { side_bytes(rv) };
         reservation.try_grow(3 * vector_bytes)?;
 
