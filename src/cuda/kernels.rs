@@ -33,11 +33,13 @@ pub enum KernelModule {
     Clusters,
     /// `kernels/approx.cu`: the Multicurves index's keys, and approximate kNN from it.
     Approx,
+    /// `kernels/bits.cu`: Hamming and Tanimoto joins and Hamming kNN over bit strings.
+    Bits,
 }
 
 impl KernelModule {
     /// Every module.
-    pub const ALL: [KernelModule; 12] = [
+    pub const ALL: [KernelModule; 13] = [
         KernelModule::GridJoin,
         KernelModule::GridJoinWide,
         KernelModule::DirectoryJoin,
@@ -50,6 +52,7 @@ impl KernelModule {
         KernelModule::Text,
         KernelModule::Clusters,
         KernelModule::Approx,
+        KernelModule::Bits,
     ];
 
     /// The module's position in [`KernelModule::ALL`].
@@ -72,6 +75,7 @@ impl KernelModule {
             KernelModule::Text => TEXT,
             KernelModule::Clusters => CLUSTERS,
             KernelModule::Approx => APPROX,
+            KernelModule::Bits => BITS,
         }
     }
 
@@ -90,6 +94,7 @@ impl KernelModule {
             KernelModule::Text => "text.cu",
             KernelModule::Clusters => "clusters.cu",
             KernelModule::Approx => "approx.cu",
+            KernelModule::Bits => "bits.cu",
         }
     }
 }
@@ -138,12 +143,16 @@ pub enum Kernel {
     GraphNearest,
     CurveBounds,
     CurveKeys,
+    BitsJoin,
+    BitsKnnHistogram,
+    BitsKnnWithin,
+    BitsBlocksJoin,
 }
 
 impl Kernel {
     /// Every kernel (the test that each is defined in its module's source).
     #[cfg(test)]
-    pub const ALL: [Kernel; 41] = [
+    pub const ALL: [Kernel; 45] = [
         Kernel::GridJoin,
         Kernel::GridJoinWide,
         Kernel::GridJoinWork,
@@ -185,6 +194,10 @@ impl Kernel {
         Kernel::GraphNearest,
         Kernel::CurveBounds,
         Kernel::CurveKeys,
+        Kernel::BitsJoin,
+        Kernel::BitsKnnHistogram,
+        Kernel::BitsKnnWithin,
+        Kernel::BitsBlocksJoin,
     ];
 
     /// The entry point's name in its source.
@@ -231,6 +244,10 @@ impl Kernel {
             Kernel::GraphNearest => "graph_nearest",
             Kernel::CurveBounds => "curve_bounds",
             Kernel::CurveKeys => "curve_keys",
+            Kernel::BitsJoin => "bits_join",
+            Kernel::BitsKnnHistogram => "bits_knn_histogram",
+            Kernel::BitsKnnWithin => "bits_knn_within",
+            Kernel::BitsBlocksJoin => "bits_blocks_join",
         }
     }
 
@@ -274,6 +291,9 @@ impl Kernel {
             | Kernel::GraphNearest
             | Kernel::CurveBounds
             | Kernel::CurveKeys => KernelModule::Approx,
+            Kernel::BitsJoin | Kernel::BitsKnnHistogram | Kernel::BitsKnnWithin | Kernel::BitsBlocksJoin => {
+                KernelModule::Bits
+            }
         }
     }
 }

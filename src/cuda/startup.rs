@@ -28,7 +28,8 @@ fn compile_time(module: KernelModule) -> Duration {
         | KernelModule::Rows
         | KernelModule::Text
         | KernelModule::Clusters
-        | KernelModule::Approx => Duration::from_millis(300),
+        | KernelModule::Approx
+        | KernelModule::Bits => Duration::from_millis(300),
     }
 }
 

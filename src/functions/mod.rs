@@ -8,7 +8,7 @@ use datafusion::catalog::{Session, TableFunctionImpl};
 use datafusion::common::{DataFusionError, Result, plan_err};
 
 use crate::backend;
-use crate::op::SimilarityOp;
+use crate::op::{Operation, SimilarityOp};
 use crate::options::SimJoinOptions;
 use crate::table::{SimilarityTable, TableInput};
 use crate::vectors::VectorSource;
@@ -114,6 +114,19 @@ fn table(
             names[0],
             names[1]
         );
+    }
+    if op.device == crate::op::Device::Gpu && op.metric.is_set_or_bits() {
+        let function = op.function_name();
+        if matches!(first.source, VectorSource::Set { .. }) {
+            return plan_err!(
+                "{function}: option device=gpu is not available for sets (metric jaccard over a list column): set joins and kNN run on every CPU core (device=auto or cpu; bit strings run on the GPU)"
+            );
+        }
+        if matches!(op.operation, Operation::Knn { .. }) && op.metric == crate::op::Metric::Jaccard {
+            return plan_err!(
+                "{function}: option device=gpu is not available for kNN by Tanimoto (metric jaccard over bits): it runs on every CPU core (device=auto or cpu; Hamming kNN and both joins run on the GPU)"
+            );
+        }
     }
     let mut op = op;
     if !op.keys.is_empty() {

@@ -16,6 +16,7 @@ use crate::datagen::{self, Distribution};
 use crate::op::Checks;
 use crate::options::SimJoinOptions;
 
+mod bits;
 mod data;
 mod device_index;
 
@@ -256,6 +257,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     failures += divided_with_the_cores(&ctx, &datasets, &mut cases).await?;
     failures += approximate(&ctx, &datasets, device, &mut cases).await?;
     failures += text(&ctx, &mut cases).await?;
+    failures += bits::bits(&ctx, &mut cases).await?;
     failures += large_results(&ctx, &datasets, &mut cases).await?;
     failures += nulls(&ctx, &mut cases).await?;
     failures += tiled(&ctx, &datasets, device, &mut cases).await?;

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datafusion::common::Result;
-use rayon::iter::{IntoParallelIterator, ParallelIterator};
+use rayon::iter::{IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use rayon::slice::ParallelSliceMut;
 
 use crate::backend::plan::bounds::{hamming_radius, jaccard_of_counts, jaccard_of_union, size_window};
@@ -35,13 +35,20 @@ use crate::vectors::bits::{and_or_counts, hamming};
 const BLOCK: usize = 1024;
 /// Widest block indexed by a table of every value (2²² offsets, 16 MiB); wider blocks by a sorted
 /// list of values.
-const TABLE_BITS: usize = 22;
-/// Nanoseconds one core takes to compare a pair a word (measured: ~0.35 ns a word on the 2-core
-/// machine's AVX2, XOR, popcount and the test), and to look up a block value and read its
-/// candidates (a cache miss each).
-const NS_PAIR_WORD: f64 = 0.35;
-const NS_LOOKUP: f64 = 25.0;
-const NS_CANDIDATE: f64 = 4.0;
+pub(crate) const TABLE_BITS: usize = 22;
+/// What a Hamming join's strategies cost on a unit, in nanoseconds: comparing a pair a word, looking
+/// up a block value (a cache miss), reading a candidate a word; and the widest block it indexes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BitsCosts {
+    pub(crate) pair_word: f64,
+    pub(crate) lookup: f64,
+    pub(crate) candidate: f64,
+    pub(crate) widest_block: usize,
+}
+
+/// One CPU core's (the 2-core machine's AVX2: ~0.35 ns a pair a word, XOR, popcount and the test).
+pub(crate) const CPU_BITS_COSTS: BitsCosts =
+    BitsCosts { pair_word: 0.35, lookup: 25.0, candidate: 4.0, widest_block: 64 };
 /// Left rows whose lookups the cost model samples.
 const COST_SAMPLE: usize = 256;
 
@@ -79,10 +86,17 @@ impl BitsStrategy {
     /// The cheapest exact strategy for a join of `left` and `right` within `r` bits by the cost
     /// model: every pair compared, against multi-index hashing with each block count `m` whose
     /// blocks fit a word, its lookups and candidates counted over a sample of left rows.
-    pub(crate) fn choose(left: &Bits, right: &Bits, r: u32, self_join: bool, index: IndexChoice) -> Self {
+    pub(crate) fn choose(
+        left: &Bits,
+        right: &Bits,
+        r: u32,
+        self_join: bool,
+        index: IndexChoice,
+        costs: BitsCosts,
+    ) -> Self {
         let bits = left.bits;
         let pairs = left.len() as f64 * right.len() as f64 * if self_join { 0.5 } else { 1.0 };
-        let brute = pairs * NS_PAIR_WORD * left.words as f64;
+        let brute = pairs * costs.pair_word * left.words as f64;
         if index == IndexChoice::BruteForce || bits == 0 {
             return BitsStrategy::BruteForce;
         }
@@ -90,14 +104,14 @@ impl BitsStrategy {
         // m blocks, each within s = r / m: every m from r + 1 (s = 0) down to where s reaches 3.
         for m in (1..=(r as usize + 1).min(bits)).rev() {
             let s = r / m as u32;
-            if s > 3 || bits.div_ceil(m) > 64 {
+            if s > 3 || bits.div_ceil(m) > costs.widest_block {
                 continue;
             }
             let blocks = cut(bits, m);
             let lookups: f64 = blocks.iter().map(|b| values_within(b.len(), s)).sum();
             let candidates = sampled_candidates(left, right, &blocks, s);
-            let cost = left.len() as f64 * (lookups * NS_LOOKUP + candidates * NS_CANDIDATE * left.words as f64)
-                + (right.len() * m) as f64 * NS_LOOKUP / 4.0;
+            let cost = left.len() as f64 * (lookups * costs.lookup + candidates * costs.candidate * left.words as f64)
+                + (right.len() * m) as f64 * costs.lookup / 4.0;
             if cost < best.0 {
                 best = (cost, BitsStrategy::Blocks { blocks, s });
             }
@@ -139,31 +153,29 @@ fn block_value(words: &[u64], block: &std::ops::Range<usize>) -> u64 {
 
 /// The right rows of each block's values: a table of every value for narrow blocks, else the
 /// values sorted with their rows.
-enum BlockIndex {
+pub(crate) enum BlockIndex {
     Table { starts: Vec<u32>, rows: Vec<u32> },
     Sorted { values: Vec<u64>, rows: Vec<u32> },
 }
 
 impl BlockIndex {
-    fn build(bits: &Bits, block: &std::ops::Range<usize>) -> Self {
+    pub(crate) fn build(bits: &Bits, block: &std::ops::Range<usize>) -> Self {
         let n = bits.len();
         let value = |i: usize| block_value(bits.get(i), block);
         if block.len() <= TABLE_BITS {
+            // (value, row) in one word, sorted on every core: the rows by value, each value's
+            // rows ascending (a counting sort on one core took 0.4 s a block of 10⁷ rows).
+            let mut keys: Vec<u64> = (0..n).into_par_iter().map(|i| (value(i) << 32) | i as u64).collect();
+            keys.par_sort_unstable();
             let size = 1usize << block.len();
             let mut starts = vec![0u32; size + 1];
-            for i in 0..n {
-                starts[value(i) as usize + 1] += 1;
+            for &key in &keys {
+                starts[(key >> 32) as usize + 1] += 1;
             }
             for v in 0..size {
                 starts[v + 1] += starts[v];
             }
-            let mut fill = starts.clone();
-            let mut rows = vec![0u32; n];
-            for i in 0..n {
-                let v = value(i) as usize;
-                rows[fill[v] as usize] = i as u32;
-                fill[v] += 1;
-            }
+            let rows = keys.par_iter().map(|&key| key as u32).collect();
             return BlockIndex::Table { starts, rows };
         }
         let mut pairs: Vec<(u64, u32)> = (0..n).map(|i| (value(i), i as u32)).collect();
@@ -231,9 +243,9 @@ fn hamming_join(request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats
     let (lb, rb) = (&left.bits, &right.bits);
     let r = hamming_radius(threshold);
     let same = self_join.is_some();
-    let strategy = BitsStrategy::choose(lb, rb, r, same, index);
+    let strategy = BitsStrategy::choose(lb, rb, r, same, index, CPU_BITS_COSTS);
     let indexes: Vec<BlockIndex> = match &strategy {
-        BitsStrategy::Blocks { blocks, .. } => blocks.iter().map(|b| BlockIndex::build(rb, b)).collect(),
+        BitsStrategy::Blocks { blocks, .. } => blocks.par_iter().map(|b| BlockIndex::build(rb, b)).collect(),
         BitsStrategy::BruteForce => Vec::new(),
     };
     let mut stats = RunStats { build_time: start.elapsed(), ..Default::default() };
@@ -307,6 +319,7 @@ fn hamming_join(request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats
 }
 
 /// Rows ordered by (popcount, position), and the popcounts in that order.
+#[derive(Clone)]
 pub(crate) struct ByPopcount {
     pub(crate) order: Vec<u32>,
     pub(crate) counts: Vec<u32>,
@@ -520,7 +533,7 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    use super::{BitsStrategy, join, knn, tanimoto};
+    use super::{BitsStrategy, CPU_BITS_COSTS, join, knn, tanimoto};
     use crate::backend::plan::topk::Collector;
     use crate::backend::{JoinRequest, KnnRequest, ResultChunk, SelfJoin};
     use crate::op::{IndexChoice, Metric};
@@ -615,11 +628,11 @@ mod tests {
     fn the_cost_model_indexes_blocks_at_small_radii() {
         let (a, b) = (strings(20_000, 8, 5), strings(20_000, 8, 6));
         assert!(matches!(
-            BitsStrategy::choose(&a.bits, &b.bits, 3, false, IndexChoice::Auto),
+            BitsStrategy::choose(&a.bits, &b.bits, 3, false, IndexChoice::Auto, CPU_BITS_COSTS),
             BitsStrategy::Blocks { .. }
         ));
         assert!(matches!(
-            BitsStrategy::choose(&a.bits, &b.bits, 3, false, IndexChoice::BruteForce),
+            BitsStrategy::choose(&a.bits, &b.bits, 3, false, IndexChoice::BruteForce, CPU_BITS_COSTS),
             BitsStrategy::BruteForce
         ));
     }

@@ -23,6 +23,7 @@ mod appended;
 mod approx;
 mod approx_build;
 mod batches;
+mod bits;
 mod directory;
 mod divided;
 mod filter;
@@ -106,7 +107,7 @@ impl GpuBackend {
     /// Whether a join of vectors can run here as parts of its left slots: its inputs fit the
     /// device whole (a divided join's GPUs each hold all of them).
     pub fn takes_join_parts(&self, request: &JoinRequest) -> Result<bool> {
-        Ok(!request.metric.is_text()
+        Ok(request.metric.is_vector()
             && request.index != IndexChoice::ListOfClusters
             && Self::fits(request, self.memory_budget()?))
     }
@@ -147,6 +148,9 @@ impl Backend for GpuBackend {
         if request.metric.is_text() {
             return self.gpu_text_join(request, sink, budget).map_err(|e| e.in_context("GPU text join"));
         }
+        if request.metric.is_set_or_bits() {
+            return self.gpu_bits_join(request, sink, budget).map_err(|e| e.in_context("GPU bit-string join"));
+        }
         let run = |tile: &JoinRequest, sink: &dyn ResultSink| {
             self.gpu_join(tile, sink, budget, None).map_err(|e| e.in_context("GPU join"))
         };
@@ -160,6 +164,9 @@ impl Backend for GpuBackend {
         let budget = self.memory_budget()?;
         if request.metric.is_text() {
             return self.gpu_text_knn(request, sink, budget).map_err(|e| e.in_context("GPU text kNN"));
+        }
+        if request.metric.is_set_or_bits() {
+            return self.gpu_bits_knn(request, sink, budget).map_err(|e| e.in_context("GPU Hamming kNN"));
         }
         if let Some(approx) = request.approx {
             if let Some(target) = approx.recall {

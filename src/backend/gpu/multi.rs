@@ -195,7 +195,7 @@ impl Backend for MultiGpuBackend {
         for gpu in gpus {
             base_fits &= gpu.knn_fits(request.base.len(), query_share, request.base.dim)?;
         }
-        if base_fits || request.metric.is_text() {
+        if base_fits || !request.metric.is_vector() {
             return self.split(request.queries.len(), |gpu, rows| knn_rows(gpu, request, rows, sink));
         }
         self.knn_over_base_parts(request, sink)

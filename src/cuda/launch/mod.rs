@@ -6,6 +6,7 @@ use cudarc::driver::{CudaFunction, sys};
 use super::kernels::Kernel;
 
 mod approx;
+mod bits;
 mod geometry;
 mod join;
 mod list_of_clusters;
@@ -32,6 +33,10 @@ pub use crate::cuda::launch::approx::curve_ranks;
 pub use crate::cuda::launch::approx::graph_nearest;
 pub use crate::cuda::launch::approx::walk_fits;
 
+pub use crate::cuda::launch::bits::{
+    BITS_MAX_WORDS, BLOCKS_MAX_WIDTH, BitsJoinInputs, DeviceBits, DeviceBlocks, bits_blocks_join, bits_join,
+    bits_knn_fits, bits_knn_histogram, bits_knn_within,
+};
 pub use crate::cuda::launch::join::GRID_WORK_SAMPLE;
 pub use crate::cuda::launch::join::PassKind;
 pub use crate::cuda::launch::join::grid_kernel;
