@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 
 def synthetic(n, mean, vocabulary, seed):
     rng = np.random.default_rng(seed)
-    sizes = np.maximum(1, rng.poisson(mean, size=n))
+    # Zipf draws repeat tokens: a quarter more draws leaves about `mean` distinct ones.
+    sizes = np.maximum(1, rng.poisson(mean * 1.25, size=n))
     weights = 1.0 / np.arange(1, vocabulary + 1) ** 1.05
     tokens = rng.choice(vocabulary, size=int(sizes.sum()), p=weights / weights.sum())
     sets = np.split(tokens, np.cumsum(sizes)[:-1])
@@ -75,11 +76,14 @@ def simjoin_count(binary, path, threshold):
     return time.perf_counter() - started, int(out.strip().splitlines()[-1])
 
 
-def exact_pairs(sets, threshold):
-    """The pairs within the threshold, for recall: SetSimilaritySearch's own exact answer."""
-    from SetSimilaritySearch import all_pairs
-
-    return {(min(a, b), max(a, b)) for a, b, _ in all_pairs([list(s) for s in sets], similarity_func_name="jaccard", similarity_threshold=threshold)}
+def exact_pairs(binary, path, threshold, directory):
+    """The pairs within the threshold, for the recall of the approximate peer: simjoin's exact
+    answer (the exact peers' counts agree with it), written to Parquet and read back."""
+    out = os.path.join(directory, "pairs.parquet")
+    sql = f"SELECT left_id, right_id FROM sim_join('{path}', {1 - threshold!r}, 'metric=jaccard, pairs=unordered')"
+    subprocess.run([binary, "sql", "-o", out, sql], capture_output=True, text=True, check=True)
+    pairs = pq.read_table(out)
+    return set(zip(pairs.column("left_id").to_pylist(), pairs.column("right_id").to_pylist()))
 
 
 def set_similarity_search(sets, threshold):
@@ -117,7 +121,7 @@ def duckdb_count(path, threshold, n):
         SELECT count(*) FROM t a JOIN t b ON a.id < b.id
         WHERE len(list_intersect(a.s, b.s)) >= {threshold} * len(list_distinct(list_concat(a.s, b.s)))"""
     started = time.perf_counter()
-    count = duckdb.sql(sql).fetchone()[0]
+    count = duckdb.sql(sql).fetchall()[0][0]
     return time.perf_counter() - started, count
 
 
@@ -155,7 +159,8 @@ def main():
         rows.append((peer_n, "SetSimilaritySearch all_pairs", seconds, count, "exact"))
         failed |= count != simjoin_peer_count
     if "lsh" not in args.skip:
-        truth = exact_pairs(peer_sets, args.threshold)
+        peer_file = path if peer_n == len(sets) else os.path.join(args.dir, f"{name}-first-{peer_n}.parquet")
+        truth = exact_pairs(args.simjoin, peer_file, args.threshold, args.dir)
         seconds, candidates, recall = minhash_lsh(peer_sets, args.threshold, truth)
         rows.append((peer_n, "datasketch MinHashLSH (128 perm, candidates)", seconds, candidates, f"recall {recall:.3f}"))
     if "duckdb" not in args.skip:

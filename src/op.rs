@@ -418,6 +418,16 @@ pub enum Operation {
         /// How many neighbours per query (all base rows when the base is smaller).
         k: usize,
     },
+    /// DBSCAN over the ε-graph of one input (`dbscan`): a row with at least `min_points` rows
+    /// within `eps` (itself included) is a core row; core rows within `eps` of each other share a
+    /// cluster (the connected components of the ε-graph where `min_points` is 1); a row within
+    /// `eps` of a core row but not one itself is a border row, in its nearest core row's cluster.
+    Clusters {
+        /// Largest distance of an edge of the ε-graph.
+        eps: f64,
+        /// Rows within `eps` (itself included) that make a row a core row.
+        min_points: usize,
+    },
 }
 
 /// A validated request: what to compute, with which metric, where.
@@ -482,13 +492,14 @@ impl SimilarityOp {
             Operation::SimJoin { .. } => "sim_join",
             Operation::RangeQuery { .. } => "range_query",
             Operation::Knn { .. } => "knn",
+            Operation::Clusters { .. } => "dbscan",
         }
     }
 
-    /// The distance threshold of a join or range query (`None` for kNN).
+    /// The distance threshold of a join, range query or clustering (`None` for kNN).
     pub fn threshold(&self) -> Option<f64> {
         match self.operation {
-            Operation::SimJoin { eps, .. } => Some(eps),
+            Operation::SimJoin { eps, .. } | Operation::Clusters { eps, .. } => Some(eps),
             Operation::RangeQuery { radius } => Some(radius),
             Operation::Knn { .. } => None,
         }

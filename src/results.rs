@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
+    Array, ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
 };
 use datafusion::arrow::compute::{concat, interleave, take};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{Result, internal_err};
 
-use crate::backend::{ResultChunk, Wanted, widened};
+use crate::backend::{NOISE, ResultChunk, Wanted, widened};
 use crate::vectors::Vectors;
 
 /// One column of an operator whose output is a summary of its result rows (exec/summary.rs):
@@ -85,6 +85,11 @@ pub enum OutputColumn {
     /// On a cluster, for the merge of kNN lists: the base row's place in the base's scan order,
     /// its task's share in the high 32 bits and its row within the share in the low (UInt64).
     ScanOrder,
+    /// `dbscan`: the row's cluster, the input row of its first core row in scan order (Int64; NULL
+    /// for noise).
+    Cluster,
+    /// `dbscan`: whether the row is a core row (Boolean).
+    Core,
 }
 
 /// One column of an input that the output takes rows from: one array, or the arrays of the
@@ -285,6 +290,13 @@ impl BatchBuilder {
                     let share = (self.share as u64) << 32;
                     Arc::new(idx.values().iter().map(|&r| share | r as u64).collect::<UInt64Array>())
                 }
+                OutputColumn::Cluster => Arc::new(
+                    chunk.cluster[range.clone()]
+                        .iter()
+                        .map(|&root| (root != NOISE).then(|| left.vectors.rows[root as usize] as i64))
+                        .collect::<Int64Array>(),
+                ),
+                OutputColumn::Core => Arc::new(BooleanArray::from(chunk.core[range.clone()].to_vec())),
             });
         }
         let options = RecordBatchOptions::new().with_row_count(Some(range.len()));

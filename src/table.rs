@@ -31,6 +31,11 @@ use crate::op::{Operation, SimilarityOp};
 use crate::results::OutputColumn;
 use crate::vectors::VectorSource;
 
+/// The output columns `dbscan` adds to its input's: the cluster (NULL for noise) and whether the
+/// row is a core row. (`cluster` itself is a keyword to DataFusion's SQL parser.)
+pub const CLUSTER_ID: &str = "cluster_id";
+pub const CORE: &str = "core";
+
 /// One input table of a call.
 #[derive(Debug, Clone)]
 pub struct TableInput {
@@ -61,6 +66,17 @@ pub struct SimilarityTable {
 impl SimilarityTable {
     /// The table for `op` over `left` and `right` (`None`: self-join of `left`).
     pub fn new(op: SimilarityOp, left: TableInput, right: Option<TableInput>, backend: Arc<dyn Backend>) -> Self {
+        if let Operation::Clusters { .. } = op.operation {
+            // One row per input row: its columns as they are, its cluster and whether it is core.
+            let mut fields: Vec<Field> = left.provider.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+            let mut columns: Vec<OutputColumn> = (0..fields.len()).map(OutputColumn::Left).collect();
+            fields.push(Field::new(CLUSTER_ID, DataType::Int64, true));
+            columns.push(OutputColumn::Cluster);
+            fields.push(Field::new(CORE, DataType::Boolean, false));
+            columns.push(OutputColumn::Core);
+            let schema = Arc::new(Schema::new(fields));
+            return Self { op: Arc::new(op), left, right: None, schema, columns, backend, on_cluster: false };
+        }
         let (left_prefix, right_prefix) = match op.operation {
             Operation::SimJoin { .. } => ("left_", "right_"),
             _ => ("query_", "base_"),

@@ -5,6 +5,8 @@ mod approx;
 #[cfg(feature = "cluster")]
 #[path = "integration/cluster.rs"]
 mod cluster;
+#[path = "integration/clusters.rs"]
+mod clusters;
 #[path = "integration/common.rs"]
 mod common;
 #[path = "integration/directory.rs"]

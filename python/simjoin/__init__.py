@@ -2,8 +2,9 @@
 
 Three ways in, one engine (the Rust library, in this process; its GPU where there is one):
 
-- ``simjoin.knn``, ``simjoin.range_query`` and ``simjoin.sim_join`` take numpy arrays, pyarrow
-  arrays or lists of strings and return numpy arrays (or a pyarrow Table);
+- ``simjoin.knn``, ``simjoin.range_query``, ``simjoin.sim_join`` and ``simjoin.dbscan`` take numpy
+  arrays, pyarrow arrays, lists of strings or of token lists and return numpy arrays (or a pyarrow
+  Table);
 - ``simjoin.SessionContext()`` runs SQL (``knn(base, queries, 10)``, ``JOIN … ON l2_distance(…) <= r``)
   over tables registered from Parquet, CSV, pyarrow, pandas, polars or numpy;
 - ``simjoin.register(ctx)`` adds the table and distance functions to a datafusion-python 55
@@ -13,7 +14,7 @@ Answers equal an f64 brute force on every device; ``approx=True`` (kNN alone) is
 """
 
 from ._simjoin import GPU
-from .arrays import Neighbours, Pairs, knn, range_query, sim_join
+from .arrays import Neighbours, Pairs, dbscan, knn, range_query, sim_join
 from .datafusion_extension import register
 from .session import SessionContext, connect
 
@@ -23,6 +24,7 @@ __all__ = [
     "Pairs",
     "SessionContext",
     "connect",
+    "dbscan",
     "knn",
     "range_query",
     "register",

@@ -294,3 +294,44 @@ def sim_join(
         f"SELECT left_id, right_id, distance FROM sim_join({tables}, {eps!r}, '{_options('sim_join', settings)}')",
     )
     return _pairs(table, "left_id", "right_id", output, sort)
+
+
+def dbscan(
+    data: Any,
+    eps: float,
+    min_points: int = 5,
+    *,
+    metric: str = "l2",
+    device: str = "auto",
+    output: str = "numpy",
+    session: SessionContext | None = None,
+    **options: Any,
+) -> np.ndarray | pa.Table:
+    """DBSCAN of the rows of ``data`` (the inputs :func:`sim_join` takes: vectors, strings, sets or
+    bits) over the ε-graph of ``metric``: a row with at least ``min_points`` rows within ``eps``
+    (itself included, as scikit-learn counts) is a core row; core rows within ``eps`` of each other
+    share a cluster; a row within ``eps`` of a core row takes its nearest core row's cluster; the rest
+    are noise. ``min_points=1`` gives the connected components of the ε-graph.
+
+    Returns the labels as scikit-learn's ``fit_predict`` does: an int64 array, one label a row,
+    ``-1`` for noise, clusters numbered 0, 1, … in the order of their first core row. With
+    ``output="arrow"``, the table ``id, cluster_id, core`` (``cluster_id`` the row of the cluster's
+    first core row, NULL for noise)."""
+    eps = _check_threshold("dbscan", "eps", eps)
+    min_points = _check_count("dbscan", "min_points", min_points)
+    inputs = _inputs("dbscan", [("data", data)], metric, options)
+    settings = {"metric": metric, "device": device, **options}
+    table = _run(
+        _session(session),
+        inputs,
+        f"SELECT id, cluster_id, core FROM dbscan({{0}}, {eps!r}, {min_points}, '{_options('dbscan', settings)}') ORDER BY id",
+    )
+    if output == "arrow":
+        return table
+    roots = table.column("cluster_id").to_numpy(zero_copy_only=False)
+    labels = np.full(len(roots), -1, dtype=np.int64)
+    clustered = ~np.isnan(roots) if roots.dtype.kind == "f" else np.ones(len(roots), dtype=bool)
+    if clustered.any():
+        _, numbered = np.unique(roots[clustered].astype(np.int64), return_inverse=True)
+        labels[clustered] = numbered
+    return labels

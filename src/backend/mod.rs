@@ -12,6 +12,7 @@ use crate::op::SimilarityOp;
 #[cfg(feature = "gpu")]
 pub mod auto;
 mod choose;
+pub mod clusters;
 pub mod cpu;
 #[cfg(feature = "gpu")]
 pub mod gpu;
@@ -23,9 +24,10 @@ pub mod stats;
 #[cfg(all(feature = "gpu", feature = "server"))]
 pub use choose::start_gpu;
 pub use choose::{choose, on_executor};
+pub use clusters::ClusterRequest;
 pub use request::{JoinRequest, KnnRequest, KnownSizes, SelfJoin};
 pub(crate) use sink::{MapSink, PairWriter, ShiftedSink};
-pub use sink::{ResultChunk, ResultSink, Wanted, widened};
+pub use sink::{NOISE, ResultChunk, ResultSink, Wanted, widened};
 pub use stats::RunStats;
 #[cfg(feature = "gpu")]
 pub use stats::{DeviceRun, DividedRun};
@@ -38,6 +40,11 @@ pub trait Backend: Debug + Send + Sync {
     fn join(&self, request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats>;
     /// The `k` nearest base vectors of every query, in query order, each query's neighbours by rank.
     fn knn(&self, request: &KnnRequest, sink: &dyn ResultSink) -> Result<RunStats>;
+    /// DBSCAN over the ε-graph (`dbscan`): each row's cluster and whether it is a core row, in row
+    /// order. By default from two of this backend's self-joins (backend/clusters.rs).
+    fn clusters(&self, request: &ClusterRequest, sink: &dyn ResultSink) -> Result<RunStats> {
+        clusters::by_joins(|pairs, sink| self.join(pairs, sink), request, sink)
+    }
     /// Whether every search runs on the CPU cores, so that a base searched part by part
     /// (exec/base_by_parts.rs) gives the same answer as a whole one at no extra cost.
     fn searches_parts_on_cpu(&self) -> bool {

@@ -16,6 +16,11 @@ pub struct ResultChunk {
     pub distance: Vec<f64>,
     /// kNN only: 1 for the nearest neighbour of the query.
     pub rank: Vec<u32>,
+    /// A clustering (`dbscan`) only: each row's cluster as the position of its root, the cluster's
+    /// first core row ([`NOISE`] for a row of none), beside `left`, the row's own position.
+    pub cluster: Vec<u32>,
+    /// A clustering only: whether the row is a core row.
+    pub core: Vec<bool>,
     /// Result rows counted but not listed, beyond those listed: sent only to a sink that wants
     /// less than the rows ([`ResultSink::wants`]).
     pub counted: u64,
@@ -23,6 +28,9 @@ pub struct ResultChunk {
     /// Arrow's `min`/`max` order floats), where the sink wants them ([`Wanted::CountAndRange`]).
     pub counted_range: Option<(f64, f64)>,
 }
+
+/// The cluster of a row in no cluster (DBSCAN's noise).
+pub const NOISE: u32 = u32::MAX;
 
 impl ResultChunk {
     /// Number of result rows.
@@ -106,6 +114,8 @@ pub(crate) struct ShiftedSink<'a> {
 impl ResultSink for ShiftedSink<'_> {
     fn send(&self, mut chunk: ResultChunk) -> Result<()> {
         chunk.left.iter_mut().for_each(|p| *p += self.left);
+        // A clustering's roots are positions of its one input, as `left` is.
+        chunk.cluster.iter_mut().filter(|p| **p != NOISE).for_each(|p| *p += self.left);
         if self.right != 0 {
             chunk.right.iter_mut().for_each(|p| *p += self.right);
         }

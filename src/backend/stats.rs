@@ -61,6 +61,11 @@ pub struct RunStats {
     pub gpu_fallbacks: usize,
     /// `device=auto`: the run's left rows divided between the GPU and the CPU cores.
     pub divided: Option<DividedRun>,
+    /// A clustering (`dbscan`): its core rows, the pairs of core rows it united, and the joins it
+    /// ran (the degrees' and the components').
+    pub cluster_cores: u64,
+    pub cluster_edges: u64,
+    pub union_passes: u64,
 }
 
 /// A run whose left rows (queries) were divided between the GPU and the CPU cores: each part's
@@ -125,5 +130,8 @@ impl RunStats {
         if self.divided.is_none() {
             self.divided.clone_from(&other.divided);
         }
+        self.cluster_cores += other.cluster_cores;
+        self.cluster_edges += other.cluster_edges;
+        self.union_passes += other.union_passes;
     }
 }

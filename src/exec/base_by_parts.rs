@@ -69,7 +69,7 @@ pub(super) fn streams_base(exec: &SimilarityExec) -> bool {
             queries.is_some_and(|queries| queries.saturating_mul(k) <= LIST_ENTRIES)
         }
         Operation::RangeQuery { .. } => true,
-        Operation::SimJoin { .. } => false,
+        Operation::SimJoin { .. } | Operation::Clusters { .. } => false,
     };
     function
         && exec.left.child != exec.right.child

@@ -373,6 +373,9 @@ impl DisplayAs for SimilarityExec {
             }
             Operation::RangeQuery { radius } => write!(f, ", r={radius}, metric={}", op.metric)?,
             Operation::Knn { k } => write!(f, ", k={k}, metric={}", op.metric)?,
+            Operation::Clusters { eps, min_points } => {
+                write!(f, ", eps={eps}, min_points={min_points}, metric={}", op.metric)?
+            }
         }
         if !op.keys.is_empty() {
             write!(f, ", keys=[{}]", op.keys.join(", "))?;
@@ -449,6 +452,7 @@ impl DisplayAs for SimilarityExec {
                     Operation::SimJoin { .. } => "a share of the left input against the whole right input",
                     Operation::RangeQuery { .. } => "every query against a share of the base",
                     Operation::Knn { .. } => "every query's k nearest in a share of the base, merged per query",
+                    Operation::Clusters { .. } => "the whole input (a clustering is not divided)",
                 };
                 write!(f, "(each: {each})")?;
             }

@@ -57,7 +57,7 @@ fn slice_rows(batches: &[RecordBatch], start: usize, end: usize) -> Vec<RecordBa
 /// the base of kNN and range queries.
 pub(super) fn divided_child(op: &SimilarityOp, left: &InputSide, right: &InputSide) -> usize {
     match op.operation {
-        Operation::SimJoin { .. } => left.child,
+        Operation::SimJoin { .. } | Operation::Clusters { .. } => left.child,
         Operation::RangeQuery { .. } | Operation::Knn { .. } => right.child,
     }
 }

@@ -14,6 +14,7 @@ use crate::table::{SimilarityTable, TableInput};
 use crate::vectors::VectorSource;
 
 mod args;
+mod dbscan;
 pub mod distance;
 mod knn;
 mod knn_join;
@@ -23,6 +24,7 @@ pub mod set_distance;
 mod sim_join;
 pub mod tokens;
 
+pub use dbscan::DbscanFunc;
 pub use knn::KnnFunc;
 pub use range_query::RangeQueryFunc;
 pub use sim_join::SimJoinFunc;
@@ -33,7 +35,10 @@ pub fn all() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
     let sim_join: Arc<dyn TableFunctionImpl> = Arc::new(SimJoinFunc);
     let range_query: Arc<dyn TableFunctionImpl> = Arc::new(RangeQueryFunc);
     let knn: Arc<dyn TableFunctionImpl> = Arc::new(KnnFunc);
+    let dbscan: Arc<dyn TableFunctionImpl> = Arc::new(DbscanFunc);
     vec![
+        ("dbscan", dbscan.clone()),
+        ("DBSCAN", dbscan),
         ("sim_join", sim_join.clone()),
         ("SIM_JOIN", sim_join),
         ("range_query", range_query.clone()),

@@ -17,6 +17,7 @@ use crate::op::Checks;
 use crate::options::SimJoinOptions;
 
 mod bits;
+mod clusters;
 mod data;
 mod device_index;
 
@@ -258,6 +259,7 @@ pub async fn run(allow_cpu_only: bool, only: Option<&str>) -> Result<()> {
     failures += approximate(&ctx, &datasets, device, &mut cases).await?;
     failures += text(&ctx, &mut cases).await?;
     failures += bits::bits(&ctx, &mut cases).await?;
+    failures += clusters::clusters(&ctx, &mut cases).await?;
     failures += large_results(&ctx, &datasets, &mut cases).await?;
     failures += nulls(&ctx, &mut cases).await?;
     failures += tiled(&ctx, &datasets, device, &mut cases).await?;

@@ -206,6 +206,25 @@ def test_jaccard_over_token_lists_equals_brute_force():
         simjoin.sim_join(sets, 0.4, np.zeros(3, dtype=np.uint64), metric="jaccard")
 
 
+def test_dbscan_labels_equal_scikit_learns_on_core_points_and_noise():
+    from sklearn.cluster import DBSCAN
+
+    rng = np.random.default_rng(8)
+    centres = rng.random((6, 2))
+    points = np.concatenate([centres[rng.integers(0, 6, 3000)] + rng.normal(0, 0.02, (3000, 2)), rng.random((300, 2))])
+    for eps, min_points in [(0.02, 5), (0.03, 10), (0.01, 1)]:
+        ours = simjoin.dbscan(points, eps, min_points)
+        reference = DBSCAN(eps=eps, min_samples=min_points).fit(points)
+        core = np.zeros(len(points), dtype=bool)
+        core[reference.core_sample_indices_] = True
+        assert np.array_equal(ours == -1, reference.labels_ == -1)
+        # The same partition of the core points, up to the clusters' numbers.
+        pairs = set(zip(ours[core].tolist(), reference.labels_[core].tolist()))
+        assert len(pairs) == len(set(ours[core].tolist())) == len(set(reference.labels_[core].tolist()))
+    table = simjoin.dbscan(points, 0.02, 5, output="arrow")
+    assert table.column_names == ["id", "cluster_id", "core"]
+
+
 def test_session_sql_over_numpy_pandas_polars_and_files(tmp_path):
     import duckdb
     import pandas

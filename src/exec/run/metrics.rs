@@ -10,7 +10,7 @@ use crate::backend::RunStats;
 /// Each statistic of a run (`RunStats`) that EXPLAIN ANALYZE shows, declared once: its metric's
 /// name, and its value in a run. Counters and times add up over the runs of an operator (its
 /// tiles, parts and partitions); a gauge keeps the last run's value where the run has one.
-const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 13] = [
+const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 16] = [
     ("candidate_pairs", |s| s.candidates as usize),
     // Approximate kNN to a recall target: queries the exact kNN answered, the cheaper way to it.
     ("exact_queries", |s| s.exact_queries as usize),
@@ -33,6 +33,10 @@ const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 13] = [
     ("resident_inputs", |s| s.resident_inputs),
     // GPU: tiles whose brute-force passes ran on byte rows (exact integer filter).
     ("byte_row_tiles", |s| s.byte_row_tiles as usize),
+    // dbscan: its core rows, the pairs of core rows united, and the joins it ran.
+    ("core_rows", |s| s.cluster_cores as usize),
+    ("core_edges", |s| s.cluster_edges as usize),
+    ("union_passes", |s| s.union_passes as usize),
 ];
 const RUN_TIMES: [(&str, fn(&RunStats) -> Duration); 7] = [
     // The scheduler's predicted time and the wait for the device.

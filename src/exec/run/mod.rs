@@ -18,14 +18,16 @@ use datafusion::physical_plan::{ExecutionPlanProperties, SendableRecordBatchStre
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 
-use crate::backend::{Backend, JoinRequest, KnnRequest, MapSink, ResultSink, RunStats, SelfJoin};
+use crate::backend::{
+    Backend, ClusterRequest, JoinRequest, KnnRequest, MapSink, NOISE, ResultChunk, ResultSink, RunStats, SelfJoin,
+};
 use crate::exec::cache::VectorCache;
 use crate::exec::keyed::{KeyGroups, compute_by_keys, odd_candidates_by_keys, order_by_keys, scalar_pairs_by_keys};
 use crate::exec::progress::{Progress, ProgressListener};
 use crate::exec::share::{Share, divided_child, self_join_pairs_only, share_partitions, take_share};
 use crate::exec::{InputSide, SimilarityExec, WholeInputExec};
 use crate::op::{Operation, PairOrder, SimilarityOp};
-use crate::results::{BatchBuilder, InputColumn};
+use crate::results::{BatchBuilder, InputColumn, SideData};
 use crate::vectors::Vectors;
 
 mod inputs;
@@ -283,6 +285,19 @@ impl Run {
         let (lv, rv) = (lv.clone(), rv.clone());
         // The output numbers each side's skipped-but-compared rows after its vectors.
         let (left, right) = (numbered_with_odd_rows(&left, &left_odd), numbered_with_odd_rows(&right, &right_odd));
+        // A clustering outputs every input row: its skipped ones (NULL, NaN, …) as noise, numbered
+        // after its vectors.
+        let unclustered = match op.operation {
+            Operation::Clusters { .. } => lv.skipped_rows(left.num_rows),
+            _ => Vec::new(),
+        };
+        let left = match unclustered.is_empty() {
+            true => left,
+            false => {
+                let rows = lv.rows.iter().chain(&unclustered).copied().collect();
+                SideData { vectors: Arc::new(Vectors::numbering(rows)), ..left }
+            }
+        };
         tokio::task::spawn_blocking(move || {
             let sink = ChannelSink {
                 sender,
@@ -317,6 +332,17 @@ impl Run {
                             compute(&op, backend.as_ref(), &lv, &rv, same, &sink)?
                         }
                     };
+                    if !unclustered.is_empty() {
+                        let first = lv.len() as u32;
+                        let count = unclustered.len();
+                        let chunk = ResultChunk {
+                            left: (first..first + count as u32).collect(),
+                            cluster: vec![NOISE; count],
+                            core: vec![false; count],
+                            ..Default::default()
+                        };
+                        sink.send(chunk)?;
+                    }
                     match op.threshold() {
                         Some(threshold) if !left_odd.is_empty() || !right_odd.is_empty() => {
                             let sides = [(lv.as_ref(), &left_odd), (rv.as_ref(), &right_odd)];
@@ -421,6 +447,17 @@ pub(super) fn compute(
             let request =
                 KnnRequest { base: right, queries: left, metric: op.metric, k, approx: op.approx, index: op.index };
             backend.knn(&request, sink)
+        }
+        Operation::Clusters { eps, min_points } => {
+            let request = ClusterRequest {
+                rows: left,
+                metric: op.metric,
+                eps,
+                min_points,
+                index: op.index,
+                grid_dims: op.grid_dims,
+            };
+            backend.clusters(&request, sink)
         }
     }
 }
