@@ -3,8 +3,11 @@
 //!
 //! 1. The degrees: an unordered self-join within ε whose pairs only add one to each end's count;
 //!    a row is a core row when its count plus one (itself, as scikit-learn counts) reaches
-//!    `min_points`. With `min_points` ≤ 1 every row is a core row and this pass is skipped.
-//! 2. The components: the same join again, each pair of core rows united in a concurrent
+//!    `min_points`. With `min_points` ≤ 1 every row is a core row and this pass is skipped. While
+//!    the pairs number at most [`KEPT_PAIRS_PER_ROW`] a row, the pass also keeps them (16 bytes a
+//!    pair: memory linear in the rows, as the degrees'), and step 2 reads them instead of running
+//!    the join again; past that bound it drops them and step 2 joins again.
+//! 2. The components: the same join's pairs, each pair of core rows united in a concurrent
 //!    union-find that always links the larger root under the smaller, so that a component's root
 //!    is its smallest position — the cluster's id, whatever order the pairs come in; each pair of
 //!    a core and a non-core row offers the core row to the non-core one, which keeps the nearest
@@ -47,6 +50,11 @@ pub struct ClusterRequest<'a> {
 const PASS_CHUNK_ROWS: usize = 1 << 16;
 /// Locks over the border rows' nearest core rows.
 const BORDER_SHARDS: usize = 64;
+/// Pairs a row, on average, that the degrees' pass keeps for the components' pass: at 16 bytes a
+/// pair, 128 bytes a row at most. The join a second pass would repeat costs about as much as the
+/// first (P3's 10⁶ points: 140 ms of 520 ms on 2 cores), and a graph this sparse is what DBSCAN's
+/// useful ε gives (P3: 4.6 pairs a row).
+pub const KEPT_PAIRS_PER_ROW: usize = 8;
 
 /// The clustering of `request` by `join` (a backend's self-join), its labels sent to `sink` as
 /// chunks of (row, cluster root or [`NOISE`], core), in row order.
@@ -69,12 +77,19 @@ pub fn by_joins(
         plan: Default::default(),
     };
     let mut stats = RunStats::default();
+    let mut kept = None;
     let core: Vec<bool> = if min_points <= 1 {
         vec![true; n]
     } else {
-        let degrees = Degrees { counts: (0..n).map(|_| AtomicU32::new(1)).collect() };
+        let degrees = Degrees {
+            counts: (0..n).map(|_| AtomicU32::new(1)).collect(),
+            kept: Mutex::new(Some(Vec::new())),
+            kept_pairs: AtomicU64::new(0),
+            kept_limit: (n * KEPT_PAIRS_PER_ROW) as u64,
+        };
         stats.add(&join(&pairs, &degrees)?);
         stats.union_passes += 1;
+        kept = degrees.kept.into_inner().unwrap_or_else(|e| e.into_inner());
         degrees.counts.into_iter().map(|c| c.into_inner() as usize >= min_points).collect()
     };
     stats.cluster_cores = core.iter().filter(|&&c| c).count() as u64;
@@ -84,8 +99,10 @@ pub fn by_joins(
         nearest: (0..BORDER_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
         edges: AtomicU64::new(0),
     };
-    // A run of one row has no pair to find.
-    if n > 1 {
+    if let Some(chunks) = kept {
+        chunks.into_par_iter().try_for_each(|chunk| components.send(chunk))?;
+    } else if n > 1 {
+        // (A run of one row has no pair to find.)
         let run = join(&pairs, &components)?;
         stats.add(&run);
         stats.union_passes += 1;
@@ -119,9 +136,13 @@ pub fn by_joins(
     Ok(stats)
 }
 
-/// The first pass's sink: every pair adds one to each end's count.
+/// The first pass's sink: every pair adds one to each end's count, and the chunks are kept while
+/// their pairs number at most `kept_limit` (then `kept` is `None`).
 struct Degrees {
     counts: Vec<AtomicU32>,
+    kept: Mutex<Option<Vec<ResultChunk>>>,
+    kept_pairs: AtomicU64,
+    kept_limit: u64,
 }
 
 impl ResultSink for Degrees {
@@ -129,6 +150,14 @@ impl ResultSink for Degrees {
         for (&a, &b) in chunk.left.iter().zip(&chunk.right) {
             self.counts[a as usize].fetch_add(1, Ordering::Relaxed);
             self.counts[b as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        let pairs = chunk.left.len() as u64;
+        if self.kept_pairs.fetch_add(pairs, Ordering::Relaxed) + pairs <= self.kept_limit {
+            if let Some(kept) = self.kept.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                kept.push(chunk);
+            }
+        } else {
+            *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         Ok(())
     }
@@ -226,8 +255,7 @@ mod tests {
     fn concurrent_unions_leave_each_set_rooted_at_its_smallest_member() {
         let n = 100_000u32;
         let parent: Vec<AtomicU32> = (0..n).map(AtomicU32::new).collect();
-        // Every row united with a row 7 or 13 away, in both directions, on every core: the sets
-        // are the residues modulo gcd(7, 13, n)… here one set per residue of 1 (gcd 1): one set.
+        // Two rows of every three united with another row, on every core, in no fixed order.
         (0..n).into_par_iter().for_each(|i| {
             if i % 3 != 0 {
                 union(&parent, i, (i * 7 + 13) % n);
