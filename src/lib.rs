@@ -96,9 +96,11 @@ pub mod internal {
 ///   them already (options set before stay as they are);
 /// - the session's cache of converted vectors kept across its queries (`simjoin.cache_size`; with
 ///   the indexes built over them and, on a GPU, their rows left on the device);
-/// - the logical optimizer rule that plans a join on a distance bound as `sim_join` (and, under
-///   `simjoin.rewrite_scans`, a filter or `ORDER BY … LIMIT` on the distance to a constant as
-///   `range_query` or `knn`);
+/// - the logical optimizer rule that plans a join on a distance bound as `sim_join`, a ranked kNN
+///   join as `knn` (and, as `simjoin.rewrite_scans` says, a filter or `ORDER BY … LIMIT` on the
+///   distance to a constant as `range_query` or `knn`);
+/// - the relation planner that makes a CTE's name or a subquery a table argument of the table
+///   functions;
 /// - the physical optimizer rule that computes `count(*)`, `min(distance)` and `max(distance)`
 ///   over a join in the operator, and gives the operator's rows straight to the partial
 ///   aggregates that consume other functions of them on every core, where DataFusion would spread
@@ -133,6 +135,10 @@ pub fn register(ctx: &SessionContext) {
     }
     for (name, function) in functions::all() {
         ctx.register_udtf(name, function);
+    }
+    if !ctx.state().relation_planners().iter().any(|p| format!("{p:?}") == "TableArgumentPlanner") {
+        ctx.register_relation_planner(Arc::new(functions::table_arguments::TableArgumentPlanner))
+            .expect("registering a relation planner on a session cannot fail");
     }
     for function in functions::scalar_functions() {
         ctx.register_udf(function);

@@ -430,6 +430,31 @@ pub enum Operation {
     },
 }
 
+/// kNN only: the base rows tied with the k nearest that a list keeps besides its k. A window
+/// that ranks by more than the distance (`ORDER BY dist, id`), or by `RANK` or `DENSE_RANK`, may
+/// choose rows that a list of k, ties broken by base row order, left out (functions/knn_join.rs
+/// has the proof that these lists hold every row it can choose; backend/plan/ties.rs finds them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum KnnTies {
+    /// The k nearest, ties broken by base row order.
+    #[default]
+    None,
+    /// Also every base row at the k-th smallest distance.
+    Kth,
+    /// Every base row whose distance is one of the k smallest distinct distances.
+    Distinct,
+}
+
+impl fmt::Display for KnnTies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KnnTies::None => "none",
+            KnnTies::Kth => "kth",
+            KnnTies::Distinct => "distinct_distances",
+        })
+    }
+}
+
 /// A validated request: what to compute, with which metric, where.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimilarityOp {
@@ -461,6 +486,10 @@ pub struct SimilarityOp {
     /// kNN only: answer approximately from the Multicurves index (`approx=true`).
     #[serde(default)]
     pub approx: Option<Approx>,
+    /// kNN only: the rows tied with the k nearest that each list keeps too (set by the rewrite of
+    /// a window that ranks them).
+    #[serde(default)]
+    pub ties: KnnTies,
     /// Columns both inputs hold (by name) whose values a pair must share — the operation runs
     /// within each group of equal keys (exec/keyed.rs); NULL keys match nothing.
     #[serde(default)]

@@ -43,7 +43,7 @@ use crate::exec::run::{
     ConvertedSide, OddRows, Run, SimilarityMetrics, check_dimensions, collect_partition, compute, convert_side,
     numbered_with_odd_rows, odd_candidates, projected_columns, return_worker_pool, scalar_pairs, worker_pool,
 };
-use crate::op::{IndexChoice, Operation, SimilarityOp};
+use crate::op::{IndexChoice, KnnTies, Operation, SimilarityOp};
 use crate::results::{BatchBuilder, InputColumn, OutputColumn, SideData};
 use crate::vectors::Vectors;
 
@@ -75,6 +75,8 @@ pub(super) fn streams_base(exec: &SimilarityExec) -> bool {
         && exec.left.child != exec.right.child
         && exec.backend.searches_parts_on_cpu()
         && op.approx.is_none()
+        // The partitions' lists merge to k a query; lists widened to their ties search whole.
+        && op.ties == KnnTies::None
         && op.keys.is_empty()
         && op.index != IndexChoice::ListOfClusters
         && !op.metric.is_text()

@@ -32,7 +32,7 @@ use datafusion::physical_plan::{
 };
 
 use crate::backend::Backend;
-use crate::op::{IndexChoice, Metric, Operation, SimilarityOp};
+use crate::op::{IndexChoice, KnnTies, Metric, Operation, SimilarityOp};
 use crate::results::{OutputColumn, SummaryColumn};
 use crate::vectors::VectorSource;
 
@@ -372,7 +372,12 @@ impl DisplayAs for SimilarityExec {
                 }
             }
             Operation::RangeQuery { radius } => write!(f, ", r={radius}, metric={}", op.metric)?,
-            Operation::Knn { k } => write!(f, ", k={k}, metric={}", op.metric)?,
+            Operation::Knn { k } => {
+                write!(f, ", k={k}, metric={}", op.metric)?;
+                if op.ties != KnnTies::None {
+                    write!(f, ", ties={}", op.ties)?;
+                }
+            }
             Operation::Clusters { eps, min_points } => {
                 write!(f, ", eps={eps}, min_points={min_points}, metric={}", op.metric)?
             }

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema};
+use datafusion::catalog::view::ViewTable;
 use datafusion::catalog::{MemTable, Session, TableProvider};
 use datafusion::common::{Result, ScalarValue, TableReference, exec_datafusion_err, plan_datafusion_err, plan_err};
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::csv::CsvFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::{Expr, LogicalPlan};
 use futures::FutureExt;
 
 use crate::options::SimJoinOptions;
@@ -26,6 +27,8 @@ pub enum TableArg {
     Name(TableReference),
     /// `'data/points.parquet'`, `'s3://bucket/dir/'`.
     Path(String),
+    /// A subquery or a CTE's name, planned by the SQL planner (`table_arguments.rs`).
+    Plan(Arc<LogicalPlan>),
 }
 
 /// Reads argument `argument` of `function` as a table name or path.
@@ -40,6 +43,7 @@ pub fn table_arg(function: &str, argument: &str, expr: &Expr) -> Result<TableArg
             Some(s) if !s.trim().is_empty() => Ok(TableArg::Name(TableReference::from(s))),
             _ => plan_err!("{function}: argument '{argument}' must be a table name or a file path, got {value}"),
         },
+        Expr::ScalarSubquery(subquery) => Ok(TableArg::Plan(subquery.subquery.clone())),
         other => plan_err!("{function}: argument '{argument}' must be a table name or a file path, got {other}"),
     }
 }
@@ -249,6 +253,7 @@ pub fn resolve_table(
             found?.ok_or_else(|| plan_datafusion_err!("{function}: argument '{argument}': table '{name}' not found"))
         }
         TableArg::Path(path) => open_path(session, function, argument, path),
+        TableArg::Plan(plan) => Ok(Arc::new(ViewTable::new(plan.as_ref().clone(), None))),
     }
 }
 

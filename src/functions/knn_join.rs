@@ -29,10 +29,22 @@
 //! `odd_candidates`): their distances are NULL or NaN, which SQL orders (NULLs last ascending,
 //! first descending; a NaN with its sign bit set first) and the window computes itself.
 //!
-//! Left as planned: RANK and DENSE_RANK (they keep every row tied at the k-th distance, which k
-//! lists need not hold), several window functions in one node, a second ORDER BY key (a
-//! tie-break the lists do not follow), partition keys that read the base side, and a join
-//! condition between the two inputs (`WHERE q.id <> b.id`). DataFusion parses
+//! More ORDER BY keys after the distance (`ORDER BY dist, b.id`: a tie-break the lists do not
+//! follow), RANK, and DENSE_RANK take lists widened to their ties (backend/plan/ties.rs): every
+//! base row at the k-th distance (`ties=kth`; for DENSE_RANK, at one of the k smallest distinct
+//! distances, `ties=distinct_distances`). Let D be P × B's k-th smallest distance (for DENSE_RANK
+//! its k-th smallest distinct one). Every row the window keeps has distance ≤ D: k rows at D or
+//! nearer precede (RANK, ROW_NUMBER) or k distinct distances ≤ D do (DENSE_RANK) any farther row.
+//! A query q of P has fewer than k pairs (distinct distances) below D, so its k-th (distinct)
+//! distance is at least D and its widened list holds every pair of q within D: C holds every row
+//! the window can keep, with every row that precedes one. A row of C the window would not keep in
+//! P × B is not kept in C either: a pair of P × B missing from C and preceding it lies beyond its
+//! query's list, whose k rows (distinct distances) then precede it in C too. So the window ranks
+//! each row of C it keeps exactly as over P × B.
+//!
+//! Left as planned: several window functions in one node, partition keys that read the base side,
+//! a join condition between the two inputs (`WHERE q.id <> b.id`), and widened lists on a cluster
+//! (its tasks' lists merge to k). DataFusion parses
 //! `CROSS JOIN LATERAL (SELECT … ORDER BY dist(q.v, b.v) LIMIT k)` but cannot plan its outer
 //! reference; the window form is the one to write.
 
@@ -45,7 +57,7 @@ use datafusion::logical_expr::{BinaryExpr, Expr, Filter, JoinType, LogicalPlan, 
 
 use super::distance::Formula;
 use super::rewrite::{Side, formula, keyed_inputs, operand, scan_as, side, sort_call, view_input};
-use crate::op::{Metric, Operation, SimilarityOp};
+use crate::op::{KnnTies, Metric, Operation, SimilarityOp};
 use crate::options::SimJoinOptions;
 
 /// The qualifier of a rewritten kNN join's candidate scan.
@@ -84,10 +96,22 @@ pub(super) fn rewrite_knn_join(filter: &Filter, options: &SimJoinOptions) -> Opt
     let [window_expr] = window.window_expr.as_slice() else { return None };
     let Expr::WindowFunction(function) = unaliased(window_expr) else { return None };
     let WindowFunction { fun, params } = function.as_ref();
-    if fun.name() != "row_number" || params.filter.is_some() || params.distinct {
+    if params.filter.is_some() || params.distinct {
         return None;
     }
-    let [key] = params.order_by.as_slice() else { return None };
+    // A row number by the distance alone takes knn's lists as they are; more sort keys, or a rank
+    // that keeps every row tied at the k-th, take the lists widened to their ties (module docs).
+    let ties = match (fun.name(), params.order_by.len()) {
+        ("row_number", 1) => KnnTies::None,
+        ("row_number" | "rank", _) => KnnTies::Kth,
+        ("dense_rank", _) => KnnTies::Distinct,
+        _ => return None,
+    };
+    // On a cluster the tasks' lists merge to k a query.
+    if ties != KnnTies::None && options.cluster {
+        return None;
+    }
+    let [key, ..] = params.order_by.as_slice() else { return None };
 
     // The row number's column as the filter sees it, and the smallest upper bound put on it.
     let number = window.schema.qualified_field(window.input.schema().fields().len());
@@ -147,6 +171,7 @@ pub(super) fn rewrite_knn_join(filter: &Filter, options: &SimJoinOptions) -> Opt
     let op = SimilarityOp {
         scalar_semantics: true,
         approx: None,
+        ties,
         ..options.similarity_op(Operation::Knn { k: usize::try_from(k).ok()? }).ok()?
     };
     let table = super::table(op, query, Some(base), ["query", "base"], options.cluster).ok()?;

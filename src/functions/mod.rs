@@ -22,6 +22,7 @@ mod range_query;
 pub mod rewrite;
 pub mod set_distance;
 mod sim_join;
+pub mod table_arguments;
 pub mod tokens;
 
 pub use dbscan::DbscanFunc;

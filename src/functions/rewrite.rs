@@ -6,7 +6,7 @@
 //! SELECT … FROM a JOIN b ON a.zip = b.zip AND levenshtein(a.n, b.n) <= 2
 //!                                      -- sim_join(a, b, 2, 'metric=levenshtein, keys=…'), per zip
 //! SELECT … FROM t WHERE l2_distance(v, [0.1, 0.2]) <= 0.5 [AND …]   -- range_query(t, [0.1, 0.2], 0.5)
-//! SELECT … FROM t ORDER BY l2_distance(v, [0.1, 0.2]) LIMIT 10      -- knn(t, [0.1, 0.2], 10) candidates
+//! SELECT … FROM t ORDER BY l2_distance(v, [0.1, 0.2]) [, id] LIMIT 10 -- knn(t, [0.1, 0.2], 10) candidates
 //! SELECT … FROM q, b QUALIFY ROW_NUMBER() OVER (PARTITION BY q.id
 //!     ORDER BY l2_distance(q.v, b.v)) <= 10                           -- knn(q, b, 10) candidates
 //! ```
@@ -49,8 +49,8 @@ use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
 use super::distance::Formula;
-use crate::op::{Metric, Operation, PairOrder, SimilarityOp, validate_threshold};
-use crate::options::SimJoinOptions;
+use crate::op::{Device, KnnTies, Metric, Operation, PairOrder, SimilarityOp, validate_threshold};
+use crate::options::{ScanRewrite, SimJoinOptions};
 use crate::table::TableInput;
 use crate::vectors::VectorSource;
 
@@ -89,14 +89,27 @@ impl OptimizerRule for SimilarityJoinRewrite {
                 .rewrite_joins
                 .then(|| super::knn_join::rewrite_knn_join(filter, &options))
                 .flatten()
-                .or_else(|| options.rewrite_scans.then(|| rewrite_range(filter, &options)).flatten()),
-            LogicalPlan::Sort(sort) if options.rewrite_scans => rewrite_nearest(sort, &options),
+                .or_else(|| rewrites_scans(&options).then(|| rewrite_range(filter, &options)).flatten()),
+            LogicalPlan::Sort(sort) if rewrites_scans(&options) => rewrite_nearest(sort, &options),
             _ => None,
         };
         Ok(match rewritten {
             Some(rewritten) => Transformed::yes(rewritten),
             None => Transformed::no(plan),
         })
+    }
+}
+
+/// Whether one-table filters and sorts on a distance are planned as the operator: as the option
+/// says, or under `auto` where the operator is estimated faster — a GPU this process has open
+/// and may use (no start-up to pay; the rows' distances on the device), not on the cores, where
+/// DataFusion's scalar function over each row costs less than the operator's conversion of them
+/// for one query.
+fn rewrites_scans(options: &SimJoinOptions) -> bool {
+    match options.rewrite_scans {
+        ScanRewrite::Always => true,
+        ScanRewrite::Never => false,
+        ScanRewrite::Auto => options.device != Device::Cpu && !options.cluster && crate::backend::gpu_ready(),
     }
 }
 
@@ -245,7 +258,14 @@ fn rewrite_range(filter: &Filter, options: &SimJoinOptions) -> Option<LogicalPla
 /// (rows tied at the n-th distance are SQL's to choose either way).
 fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan> {
     let n = sort.fetch?;
-    let [key] = sort.expr.as_slice() else { return None };
+    let [key, more_keys @ ..] = sort.expr.as_slice() else { return None };
+    // More sort keys break the distance's ties their own way: the candidates are every row at
+    // the n-th distance or nearer (backend/plan/ties.rs), of which the sort keeps its n first.
+    // Not on a cluster, whose tasks' lists merge to n.
+    let ties = if more_keys.is_empty() { KnnTies::None } else { KnnTies::Kth };
+    if ties != KnnTies::None && options.cluster {
+        return None;
+    }
     // The call, and the projection that computes it when the sort names its output column.
     let (call, projection) = match &key.expr {
         Expr::Column(column) => {
@@ -271,8 +291,12 @@ fn rewrite_nearest(sort: &Sort, options: &SimJoinOptions) -> Option<LogicalPlan>
     let options = SimJoinOptions { metric, keys: String::new(), ..options.clone() };
     let base = view_input(input, &column, metric, "base")?;
     let query = query_input(constant, metric)?;
-    let op =
-        SimilarityOp { scalar_semantics: true, approx: None, ..options.similarity_op(Operation::Knn { k: n }).ok()? };
+    let op = SimilarityOp {
+        scalar_semantics: true,
+        approx: None,
+        ties,
+        ..options.similarity_op(Operation::Knn { k: n }).ok()?
+    };
     let table = super::table(op, query, Some(base), ["query", "base"], options.cluster).ok()?;
     let candidates = scan_as(table, NEAREST, input.schema(), |_| "base_")?.build().ok()?;
     let sorted_input = match projection {

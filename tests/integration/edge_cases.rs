@@ -171,3 +171,65 @@ async fn values_far_from_the_origin_and_beyond_f32_stay_exact() {
         }
     }
 }
+
+/// A CTE's name, a view and a subquery are table arguments of every function, each meaning the
+/// rows its query gives, as a table of those rows would.
+#[tokio::test]
+async fn cte_names_views_and_subqueries_are_table_arguments() {
+    let ctx = ctx();
+    let base = crate::common::vectors(200, 3, 51);
+    register(&ctx, "b", &base, 3, Shape::ListF64);
+    register(&ctx, "q", &crate::common::vectors(6, 3, 52), 3, Shape::FixedF32);
+    ctx.sql("CREATE TABLE even AS SELECT * FROM b WHERE id % 2 = 0").await.unwrap().collect().await.unwrap();
+    ctx.sql("CREATE VIEW even_view AS SELECT * FROM b WHERE id % 2 = 0").await.unwrap().collect().await.unwrap();
+    for (with_table, with_argument) in [
+        (
+            "SELECT query_id, base_id, distance, rank FROM knn(even, q, 4)",
+            [
+                "WITH e AS (SELECT * FROM b WHERE id % 2 = 0) SELECT query_id, base_id, distance, rank FROM knn(e, q, 4)",
+                "SELECT query_id, base_id, distance, rank FROM knn((SELECT * FROM b WHERE id % 2 = 0), q, 4)",
+                "SELECT query_id, base_id, distance, rank FROM knn(even_view, q, 4)",
+            ],
+        ),
+        (
+            "SELECT left_id, right_id, distance FROM sim_join(even, 0.2)",
+            [
+                "WITH e AS (SELECT * FROM b WHERE id % 2 = 0) SELECT left_id, right_id, distance FROM sim_join(e, 0.2)",
+                "SELECT left_id, right_id, distance FROM sim_join((SELECT id, vector FROM b WHERE id % 2 = 0), 0.2)",
+                "WITH e AS (SELECT * FROM b WHERE id % 2 = 0) SELECT left_id, right_id, distance FROM sim_join((SELECT * FROM e), 0.2)",
+            ],
+        ),
+        (
+            "SELECT query_id, base_id, distance FROM range_query(even, q, 0.3)",
+            [
+                "WITH e AS (SELECT * FROM b WHERE id % 2 = 0), w AS (SELECT * FROM q) SELECT query_id, base_id, distance FROM range_query(e, w, 0.3)",
+                "SELECT query_id, base_id, distance FROM range_query((SELECT * FROM b WHERE id % 2 = 0), (SELECT * FROM q), 0.3)",
+                "SELECT query_id, base_id, distance FROM range_query(even_view, q, 0.3)",
+            ],
+        ),
+        (
+            "SELECT id, coalesce(cluster_id, -1), CAST(core AS DOUBLE) FROM dbscan(even, 0.2, 2)",
+            [
+                "WITH e AS (SELECT * FROM b WHERE id % 2 = 0) SELECT id, coalesce(cluster_id, -1), CAST(core AS DOUBLE) FROM dbscan(e, 0.2, 2)",
+                "SELECT id, coalesce(cluster_id, -1), CAST(core AS DOUBLE) FROM dbscan((SELECT * FROM b WHERE id % 2 = 0), 0.2, 2)",
+                "SELECT id, coalesce(cluster_id, -1), CAST(core AS DOUBLE) FROM dbscan(even_view, 0.2, 2)",
+            ],
+        ),
+    ] {
+        let want = rows(&ctx, with_table).await;
+        assert!(!want.is_empty(), "{with_table}");
+        for sql in with_argument {
+            check(&ctx, sql, &want).await;
+        }
+    }
+    // A CTE shadows a table of the same name, as SQL resolves names.
+    let shadowed = rows(
+        &ctx,
+        "WITH b AS (SELECT * FROM b WHERE id % 2 = 0) SELECT query_id, base_id, distance, rank FROM knn(b, q, 4)",
+    )
+    .await;
+    assert_eq!(shadowed, rows(&ctx, "SELECT query_id, base_id, distance, rank FROM knn(even, q, 4)").await);
+    // A name nothing defines still names the function and the argument.
+    let err = ctx.sql("WITH e AS (SELECT 1) SELECT * FROM knn(nowhere, q, 2)").await.unwrap_err().to_string();
+    assert!(err.contains("knn: argument 'base': table 'nowhere' not found"), "{err}");
+}

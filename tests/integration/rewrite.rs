@@ -290,20 +290,79 @@ async fn row_number_per_query_is_a_knn_join() {
     assert_eq!(same_with_and_without_rule(&ctx, sql).await.0.len(), 100);
 }
 
+/// Vectors of few distinct coordinates (multiples of ½ in [0, 2]), so that many base rows tie at
+/// each distance, with [`awkward`]'s rows the operator skips.
+fn tied(n: usize, dim: usize, seed: u64) -> Vec<Option<Vec<f64>>> {
+    let mut v: Vec<_> = vectors(n, dim, seed)
+        .into_iter()
+        .map(|v| v.map(|v| v.iter().map(|x| (x * 4.0).floor() / 2.0).collect()))
+        .collect();
+    v[3] = None;
+    v[10] = Some(vec![0.0; dim]);
+    v[17].as_mut().unwrap()[1] = f64::NAN;
+    v
+}
+
 #[tokio::test]
-async fn ranks_and_other_windows_stay_as_planned() {
+async fn tie_broken_rank_and_dense_rank_windows_are_knn_joins_with_their_ties() {
+    let ctx = ctx();
+    register(&ctx, "q", &tied(24, 3, 41), 3, Shape::ListF64);
+    register(&ctx, "b", &tied(300, 3, 42), 3, Shape::FixedF32);
+    let d = "l2_distance(q.vector, b.vector)";
+    for (window, ties) in [
+        // A tie-break of the SQL's own: every row it can choose is a candidate.
+        (format!("ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d}, b.id)"), "ties=kth"),
+        (format!("ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d} ASC, b.id DESC)"), "ties=kth"),
+        (format!("RANK() OVER (PARTITION BY q.id ORDER BY {d})"), "ties=kth"),
+        (format!("RANK() OVER (PARTITION BY q.id ORDER BY {d}, b.id % 3)"), "ties=kth"),
+        (format!("DENSE_RANK() OVER (PARTITION BY q.id ORDER BY {d})"), "ties=distinct_distances"),
+        (format!("DENSE_RANK() OVER (PARTITION BY q.id ORDER BY {d}, b.id % 2 DESC)"), "ties=distinct_distances"),
+        // Partitions of several queries; a dot product, largest first.
+        (format!("RANK() OVER (PARTITION BY q.id % 5 ORDER BY l1_distance(q.vector, b.vector), b.id)"), "ties=kth"),
+        (
+            "DENSE_RANK() OVER (PARTITION BY q.id ORDER BY inner_product(q.vector, b.vector) DESC)".to_string(),
+            "ties=distinct",
+        ),
+    ] {
+        for bound in ["<= 1", "<= 4", "< 9"] {
+            for sql in [
+                format!(
+                    "SELECT q.id, b.id, coalesce({d}, -1.0), CAST({window} AS BIGINT) FROM q, b QUALIFY {window} {bound}"
+                ),
+                format!(
+                    "SELECT qid, bid, coalesce(dist, -1.0), CAST(r AS BIGINT) FROM (SELECT q.id AS qid, b.id AS bid, {d} AS dist, \
+                     {window} AS r FROM q CROSS JOIN b) WHERE r {bound}"
+                ),
+            ] {
+                let (want, plan) = same_with_and_without_rule(&ctx, &sql).await;
+                assert!(plan.contains("SimilarityExec: op=knn") && plan.contains(ties), "{sql}\n{plan}");
+                assert!(!want.is_empty(), "{sql}");
+            }
+        }
+    }
+    // ORDER BY the distance then another key, LIMIT: every row at the limit's distance is a candidate.
+    let q = "[1.0, 0.5, 1.5]";
+    for sql in [
+        format!("SELECT id, id AS same_id, l2_distance(vector, {q}) AS d FROM b ORDER BY d, id LIMIT 7"),
+        format!("SELECT id, id AS same_id, l1_distance(vector, {q}) AS d FROM b ORDER BY d, id DESC LIMIT 5 OFFSET 3"),
+    ] {
+        let (want, plan) = same_with_and_without_rule(&ctx, &sql).await;
+        assert!(plan.contains("ties=kth") && want.len() >= 5, "{sql}\n{plan}");
+    }
+}
+
+#[tokio::test]
+async fn other_windows_stay_as_planned() {
     let ctx = ctx();
     register(&ctx, "q", &vectors(20, 3, 15), 3, Shape::FixedF32);
     register(&ctx, "b", &vectors(60, 3, 16), 3, Shape::FixedF32);
     let d = "l2_distance(q.vector, b.vector)";
     for window in [
-        // RANK keeps every row tied at the k-th distance.
-        format!("RANK() OVER (PARTITION BY q.id ORDER BY {d})"),
-        // A tie-break the lists do not follow; a partition key of the base side.
-        format!("ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d}, b.id DESC)"),
+        // A partition key of the base side.
         format!("ROW_NUMBER() OVER (PARTITION BY q.id, b.id % 2 ORDER BY {d})"),
         // Farthest first.
         format!("ROW_NUMBER() OVER (PARTITION BY q.id ORDER BY {d} DESC)"),
+        format!("RANK() OVER (PARTITION BY q.id ORDER BY b.id, {d})"),
     ] {
         let sql = format!("SELECT q.id, b.id, {d} FROM q, b QUALIFY {window} <= 3");
         let plan = explain(&ctx, &format!("EXPLAIN {sql}")).await;

@@ -1,7 +1,8 @@
 //! What both backends share: the filter space of a metric and the row layouts the filters read
 //! (here), the bounds a threshold implies (`bounds`), the exact test (`exact`), the selection of
 //! the k nearest (`topk`), the vectorised filters (`simd`), tiles of inputs larger than a device
-//! (`tiles`) and the recall sampler of approximate kNN (`recall`).
+//! (`tiles`), the recall sampler of approximate kNN (`recall`) and kNN lists widened to their ties
+//! (`ties`).
 
 use rayon::iter::{IndexedParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use rayon::slice::ParallelSliceMut;
@@ -14,6 +15,7 @@ pub mod bounds;
 pub mod exact;
 pub mod recall;
 pub mod simd;
+pub mod ties;
 #[cfg(feature = "gpu")]
 pub mod tiles;
 pub mod topk;

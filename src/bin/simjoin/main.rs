@@ -89,6 +89,37 @@ struct SessionArgs {
     /// encoded on every core, so smaller groups spread a small file over more cores.
     #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u64).range(1..))]
     row_group_size: Option<u64>,
+    /// Memory that the queries of this process may hold at once (e.g. 512M, 8G; default three
+    /// quarters of the machine's, or of the container's limit): sorts and joins spill to disk past
+    /// it where they can, and a query that cannot fails with a resources error naming the limit,
+    /// instead of exhausting the machine.
+    #[arg(long, value_name = "SIZE", value_parser = serve::parse_bytes)]
+    memory_limit: Option<usize>,
+}
+
+impl SessionArgs {
+    /// The memory pool's size: `--memory-limit`, or three quarters of the memory this process may
+    /// use.
+    fn memory_limit(&self) -> usize {
+        self.memory_limit.unwrap_or_else(|| available_memory() / 4 * 3)
+    }
+}
+
+/// The machine's memory (`MemTotal`), or its container's limit (cgroup v2 `memory.max`, v1
+/// `memory.limit_in_bytes`) where lower; 8 GiB where neither can be read.
+fn available_memory() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| {
+        let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+        line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kib| kib << 10)
+    });
+    let container = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok()?.trim().parse::<usize>().ok())
+        .min();
+    match (total, container) {
+        (Some(total), Some(container)) => total.min(container),
+        (total, container) => total.or(container).unwrap_or(8 << 30),
+    }
 }
 
 #[derive(Args)]

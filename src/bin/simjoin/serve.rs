@@ -37,10 +37,6 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Memory for query inputs, shared by all queries (e.g. 512M, 8G); a query that needs more fails
-    /// with a resources error instead of exhausting the machine.
-    #[arg(long, value_parser = parse_bytes)]
-    memory_limit: Option<usize>,
     /// Let clients run DDL, DML, COPY and SET: tables a client creates or drops are those every
     /// client sees, and COPY writes files inside the --data-dir directories. Without it the
     /// server answers queries only.
@@ -124,10 +120,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         }
     }
 
-    let mut runtime = RuntimeEnvBuilder::new();
-    if let Some(bytes) = args.memory_limit {
-        runtime = runtime.with_memory_limit(bytes, 1.0);
-    }
+    let runtime = RuntimeEnvBuilder::new().with_memory_limit(args.session.memory_limit(), 1.0);
     // On a cluster the executors compute; the server plans, checks and streams the answers.
     let ctx = match &args.session.cluster {
         Some(url) => simjoin::cluster::connect(url).await?,

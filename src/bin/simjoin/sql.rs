@@ -5,6 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::dataframe::DataFrameWriteOptions;
 use datafusion::datasource::MemTable;
@@ -30,6 +33,7 @@ pub async fn session(args: &SessionArgs) -> Result<SessionContext> {
     // s3://, gs://, az:// and http(s):// paths work with credentials from the environment.
     let runtime = RuntimeEnvBuilder::new()
         .with_object_store_registry(Arc::new(simjoin::stores::RemoteStoreRegistry::new()))
+        .with_memory_limit(args.memory_limit(), 1.0)
         .build_arc()?;
     // `SELECT … FROM 'points.parquet'` reads the file, as in datafusion-cli.
     register_tables(simjoin::session_context_with_config_rt(config, runtime).enable_url_table(), args).await
@@ -115,7 +119,41 @@ async fn run_statements(ctx: &SessionContext, text: &str, format: Format, output
     Ok(())
 }
 
+/// Writes `df` to `path`, or, stopped by SIGINT or SIGTERM or failing, leaves no file behind: the
+/// writer stages its rows in `path#N` files and renames one onto `path` only when complete, so an
+/// existing file is replaced whole or not at all, and the staging files of a write that did not
+/// complete are removed here.
 async fn write_file(df: datafusion::dataframe::DataFrame, path: &Path) -> Result<()> {
+    let staged_before = staging_files(path);
+    let result = tokio::select! {
+        written = write_whole(df, path) => written,
+        _ = super::serve::shutdown_signal() => Err(DataFusionError::Execution(format!("--output {}: stopped; no file written", path.display()))),
+    };
+    if result.is_err() {
+        for staged in staging_files(path).difference(&staged_before) {
+            let _ = std::fs::remove_file(staged);
+        }
+    }
+    result
+}
+
+/// The writer's staging files of `path` (`path#1`, `path#2`, …) that exist now.
+fn staging_files(path: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return Default::default() };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let prefix = format!("{}#", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else { return Default::default() };
+    entries
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| {
+            let file = entry.file_name().to_string_lossy().to_string();
+            file.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|entry| entry.path())
+        .collect()
+}
+
+async fn write_whole(df: datafusion::dataframe::DataFrame, path: &Path) -> Result<()> {
     let name = path.to_string_lossy().to_string();
     let options = DataFrameWriteOptions::new().with_single_file_output(true);
     let lower = name.to_ascii_lowercase();
@@ -156,7 +194,7 @@ async fn print(df: datafusion::dataframe::DataFrame, format: Format) -> Result<(
                 rows += batch.num_rows();
                 if shown_rows < MAX_TABLE_ROWS {
                     let take = batch.num_rows().min(MAX_TABLE_ROWS - shown_rows);
-                    shown.push(batch.slice(0, take));
+                    shown.push(shortened_lists(&batch.slice(0, take))?);
                     shown_rows += take;
                 }
             }
@@ -186,7 +224,58 @@ async fn print(df: datafusion::dataframe::DataFrame, format: Format) -> Result<(
     Ok(())
 }
 
-/// The interactive prompt: statements end with `;` and may span lines; `\q` quits.
+/// Elements a list shows in table output before the rest is elided.
+const SHOWN_ELEMENTS: usize = 3;
+
+/// `batch` with its list columns as text, a list of more than `SHOWN_ELEMENTS` + 1 elements
+/// shortened to its first `SHOWN_ELEMENTS` and its last (`[0.49, -0.77, 0.12, …, -0.97]`), as
+/// DuckDB prints vectors: a table row stays one screen line. CSV, JSON and files keep them whole.
+fn shortened_lists(batch: &RecordBatch) -> Result<RecordBatch> {
+    let is_list = |t: &DataType| matches!(t, DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..));
+    if !batch.schema().fields().iter().any(|f| is_list(f.data_type())) {
+        return Ok(batch.clone());
+    }
+    let options = FormatOptions::default().with_null("NULL");
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if !is_list(field.data_type()) {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+            continue;
+        }
+        let text: StringArray = (0..column.len())
+            .map(|row| -> Result<Option<String>> {
+                if column.is_null(row) {
+                    return Ok(None);
+                }
+                let values: ArrayRef = match column.data_type() {
+                    DataType::List(_) => column.as_list::<i32>().value(row),
+                    DataType::LargeList(_) => column.as_list::<i64>().value(row),
+                    _ => column.as_fixed_size_list().value(row),
+                };
+                let format = ArrayFormatter::try_new(values.as_ref(), &options)?;
+                let n = values.len();
+                let shown: Vec<String> = if n > SHOWN_ELEMENTS + 1 {
+                    let mut shown: Vec<String> = (0..SHOWN_ELEMENTS).map(|i| format.value(i).to_string()).collect();
+                    shown.push("…".to_string());
+                    shown.push(format.value(n - 1).to_string());
+                    shown
+                } else {
+                    (0..n).map(|i| format.value(i).to_string()).collect()
+                };
+                Ok(Some(format!("[{}]", shown.join(", "))))
+            })
+            .collect::<Result<_>>()?;
+        fields.push(Field::new(field.name(), DataType::Utf8, field.is_nullable()));
+        columns.push(Arc::new(text) as ArrayRef);
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+/// The interactive prompt: statements end with `;` and may span lines. Ctrl-C while a statement
+/// runs cancels it (the session and its tables stay); at the prompt it clears the line, and a
+/// second one at an empty prompt quits, as `\q` and Ctrl-D do.
 async fn repl(ctx: &SessionContext, format: Format) -> Result<()> {
     let mut editor = rustyline::DefaultEditor::new()
         .map_err(|e| DataFusionError::Execution(format!("cannot start the prompt: {e}")))?;
@@ -199,9 +288,14 @@ async fn repl(ctx: &SessionContext, format: Format) -> Result<()> {
         env!("CARGO_PKG_VERSION")
     );
     let mut buffer = String::new();
+    let mut interrupted_empty = false;
     loop {
         let prompt = if buffer.is_empty() { "simjoin> " } else { "     ..> " };
-        match editor.readline(prompt) {
+        let read = editor.readline(prompt);
+        if !matches!(read, Err(ReadlineError::Interrupted)) {
+            interrupted_empty = false;
+        }
+        match read {
             Ok(line) => {
                 let trimmed = line.trim();
                 if buffer.is_empty() && (trimmed == "\\q" || trimmed == "quit" || trimmed == "exit") {
@@ -211,13 +305,31 @@ async fn repl(ctx: &SessionContext, format: Format) -> Result<()> {
                 buffer.push('\n');
                 if trimmed.ends_with(';') {
                     let _ = editor.add_history_entry(buffer.trim());
-                    if let Err(e) = run_statements(ctx, &buffer, format, None).await {
-                        eprintln!("error: {}", e.strip_backtrace());
+                    // Dropping the statement's future cancels its streams and tasks.
+                    tokio::select! {
+                        done = run_statements(ctx, &buffer, format, None) => {
+                            if let Err(e) = done {
+                                eprintln!("error: {}", e.strip_backtrace());
+                            }
+                        }
+                        _ = tokio::signal::ctrl_c() => {
+                            if let Some(progress) = ctx.state().config().get_extension::<simjoin::Progress>() {
+                                progress.0.finish();
+                            }
+                            eprintln!("cancelled");
+                        }
                     }
                     buffer.clear();
                 }
             }
-            Err(ReadlineError::Interrupted) => buffer.clear(),
+            Err(ReadlineError::Interrupted) if buffer.is_empty() && interrupted_empty => break,
+            Err(ReadlineError::Interrupted) => {
+                if buffer.is_empty() {
+                    eprintln!("(Ctrl-C again, \\q or Ctrl-D quits)");
+                }
+                interrupted_empty = buffer.is_empty();
+                buffer.clear();
+            }
             Err(ReadlineError::Eof) => break,
             Err(e) => return Err(DataFusionError::Execution(format!("prompt failed: {e}"))),
         }

@@ -446,7 +446,7 @@ pub(super) fn compute(
         Operation::Knn { k } => {
             let request =
                 KnnRequest { base: right, queries: left, metric: op.metric, k, approx: op.approx, index: op.index };
-            backend.knn(&request, sink)
+            crate::backend::plan::ties::knn_with_ties(backend, &request, op.ties, sink)
         }
         Operation::Clusters { eps, min_points } => {
             let request = ClusterRequest {
