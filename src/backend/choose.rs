@@ -80,19 +80,6 @@ pub fn start_gpu() {
     crate::cuda::startup::warm_up(&modules);
 }
 
-/// Whether GPU 0 of this process is open and usable now, so that a run may take it without
-/// paying the start-up.
-pub fn gpu_ready() -> bool {
-    #[cfg(feature = "gpu")]
-    {
-        matches!(crate::cuda::GpuDevice::opened(), Some(Ok(_)))
-    }
-    #[cfg(not(feature = "gpu"))]
-    {
-        false
-    }
-}
-
 /// For a plan that runs on a cluster: a backend that only stands for the one each executor
 /// chooses when it decodes its part of the plan (`cluster::codec`); this machine opens no GPU.
 pub fn on_executor() -> Arc<dyn Backend> {

@@ -23,7 +23,7 @@ pub mod stats;
 
 #[cfg(all(feature = "gpu", feature = "server"))]
 pub use choose::start_gpu;
-pub use choose::{choose, gpu_ready, on_executor};
+pub use choose::{choose, on_executor};
 pub use clusters::ClusterRequest;
 pub use request::{JoinRequest, KnnRequest, KnownSizes, SelfJoin};
 pub(crate) use sink::{MapSink, PairWriter, ShiftedSink};

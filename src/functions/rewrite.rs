@@ -49,7 +49,7 @@ use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
 use super::distance::Formula;
-use crate::op::{Device, KnnTies, Metric, Operation, PairOrder, SimilarityOp, validate_threshold};
+use crate::op::{KnnTies, Metric, Operation, PairOrder, SimilarityOp, validate_threshold};
 use crate::options::{ScanRewrite, SimJoinOptions};
 use crate::table::TableInput;
 use crate::vectors::VectorSource;
@@ -101,15 +101,11 @@ impl OptimizerRule for SimilarityJoinRewrite {
 }
 
 /// Whether one-table filters and sorts on a distance are planned as the operator: as the option
-/// says, or under `auto` where the operator is estimated faster — a GPU this process has open
-/// and may use (no start-up to pay; the rows' distances on the device), not on the cores, where
-/// DataFusion's scalar function over each row costs less than the operator's conversion of them
-/// for one query.
+/// says, or under `auto` where the operator is estimated faster ([`ScanRewrite::Auto`]).
 fn rewrites_scans(options: &SimJoinOptions) -> bool {
     match options.rewrite_scans {
         ScanRewrite::Always => true,
-        ScanRewrite::Never => false,
-        ScanRewrite::Auto => options.device != Device::Cpu && !options.cluster && crate::backend::gpu_ready(),
+        ScanRewrite::Never | ScanRewrite::Auto => false,
     }
 }
 
