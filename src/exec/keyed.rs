@@ -1,5 +1,7 @@
-//! Joins, range queries and kNN within groups of equal keys: `sim_join(a, b, 2,
-//! 'metric=levenshtein, keys=zip')`, `knn(docs, questions, 5, 'keys=tenant')`, and SQL's `JOIN …
+//! Joins, range queries, kNN and clusterings within groups of equal keys: `sim_join(a, b, 2,
+//! 'metric=levenshtein, keys=zip')`, `knn(docs, questions, 5, 'keys=tenant')`, `dbscan(t, 0.1, 5,
+//! 'keys=city')` (each group's clusters named by its first core row, a group's rows kept in scan
+//! order by the stable counting sort below), and SQL's `JOIN …
 //! ON a.zip = b.zip AND levenshtein(a.name, b.name) <= 2` (functions/rewrite.rs) — the blocking
 //! rule of record linkage — or a kNN join ranked per query within a key (functions/knn_join.rs). Each input's vectors are put in key order (a counting sort
 //! by group), so that a key's rows are consecutive; then each key's rows of the left input are
@@ -180,8 +182,11 @@ pub(super) fn compute_by_keys(
         _ => (false, false),
     };
     let pairs = |g: usize| groups.left_range(g).len() * groups.right_range(g).len();
-    // kNN's lists come from the backend alone.
-    let direct_pairs = if op.threshold().is_some() { DIRECT_PAIRS } else { 0 };
+    // kNN's lists and a clustering's labels come from the backend alone.
+    let direct_pairs = match op.operation {
+        Operation::SimJoin { .. } | Operation::RangeQuery { .. } => DIRECT_PAIRS,
+        Operation::Knn { .. } | Operation::Clusters { .. } => 0,
+    };
     let (direct, indexed): (Vec<usize>, Vec<usize>) =
         (0..groups.len()).filter(|&g| pairs(g) > 0).partition(|&g| pairs(g) <= direct_pairs);
     let run = |group: usize| -> Result<RunStats> {

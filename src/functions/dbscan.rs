@@ -1,7 +1,9 @@
 //! `dbscan(t, eps, min_points [, options])`: each row of `t` with its cluster (`cluster_id`, the
 //! input row of the cluster's first core row in scan order; NULL for noise) and whether it is a
 //! core row (`core`), by DBSCAN over the ε-graph of any metric (backend/clusters.rs).
-//! `min_points` = 1 gives the connected components of the ε-graph.
+//! `min_points` = 1 gives the connected components of the ε-graph. With `keys`, rows are within ε
+//! only where their keys are equal (each key's rows clustered alone, exec/keyed.rs); a row of a
+//! NULL key is noise.
 
 use std::sync::Arc;
 
@@ -40,11 +42,6 @@ impl TableFunctionImpl for DbscanFunc {
         if options.cluster {
             return plan_err!(
                 "{F}: a clustering does not run on a cluster yet (its components span the tasks' shares); run it in one process"
-            );
-        }
-        if !options.keys().is_empty() {
-            return plan_err!(
-                "{F}: option keys: clusters within blocking keys are not available; filter the input by its key instead"
             );
         }
         Ok(super::table(op, input, None, ["table", "table"], false)?)

@@ -214,10 +214,16 @@ impl Vectors {
         Vectors { rows, ..Default::default() }
     }
 
-    /// The input rows (of `num_rows`) that were skipped, ascending.
+    /// The input rows (of `num_rows`) that were skipped, ascending, whatever order the positions
+    /// hold the rows in (keys put them in key order: exec/keyed.rs).
     pub fn skipped_rows(&self, num_rows: usize) -> Vec<u32> {
-        let mut usable = self.rows.iter().copied().peekable();
-        (0..num_rows as u32).filter(|&r| usable.next_if_eq(&r).is_none()).collect()
+        let mut usable = vec![false; num_rows];
+        for &row in &self.rows {
+            if let Some(seen) = usable.get_mut(row as usize) {
+                *seen = true;
+            }
+        }
+        (0..num_rows as u32).filter(|&r| !usable[r as usize]).collect()
     }
 
     /// The `i`-th string (text metrics).
