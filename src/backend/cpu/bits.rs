@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datafusion::common::Result;
+use multiversion::multiversion;
 use rayon::iter::{IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use rayon::slice::ParallelSliceMut;
 
@@ -261,6 +262,7 @@ fn hamming_join(request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats
     (0..blocks_of_rows).into_par_iter().try_for_each(|b| -> Result<()> {
         let mut writer = PairWriter::new(sink, ordered);
         let mut count = 0u64;
+        let mut within = Vec::new();
         for a in b * BLOCK..((b + 1) * BLOCK).min(left.len()) {
             let x = lb.get(a);
             match &strategy {
@@ -268,11 +270,10 @@ fn hamming_join(request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats
                     // A self-join's pairs from their smaller position.
                     let first = if same { a + 1 } else { 0 };
                     count += (rb.len() - first.min(rb.len())) as u64;
-                    for p in first..rb.len() {
-                        let d = hamming(x, rb.get(p));
-                        if d <= r {
-                            writer.push(a as u32, p as u32, d as f64)?;
-                        }
+                    within.clear();
+                    rows_within(x, rb, first..rb.len(), r, &mut within);
+                    for &(p, d) in &within {
+                        writer.push(a as u32, p, d as f64)?;
                     }
                 }
                 BitsStrategy::Blocks { blocks, s } => {
@@ -316,6 +317,92 @@ fn hamming_join(request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStats
     stats.candidates = checked.into_inner();
     stats.probe_time = probe.elapsed();
     Ok(stats)
+}
+
+/// The rows of `rows` within `r` bits of `x`, with their distances, into `out`. Compiled for the
+/// CPU's popcount instruction where it has one (baseline x86-64 has none: `count_ones` is then a
+/// dozen shifts and masks a word), picked at run time.
+#[multiversion(targets("x86_64+avx2+popcnt", "x86_64+popcnt", "aarch64+neon"))]
+fn rows_within(x: &[u64], rows: &Bits, range: std::ops::Range<usize>, r: u32, out: &mut Vec<(u32, u32)>) {
+    for p in range {
+        let d = hamming(x, rows.get(p));
+        if d <= r {
+            out.push((p as u32, d));
+        }
+    }
+}
+
+/// The rows at `ranks` of `order` (after position `after`, where given) within Tanimoto distance
+/// `eps` of `x`, with their distances, into `out`; the rows compared. Compiled for the CPU's
+/// popcount as [`rows_within`].
+#[multiversion(targets("x86_64+avx2+popcnt", "x86_64+popcnt", "aarch64+neon"))]
+fn tanimoto_within(
+    x: &[u64],
+    rows: &Bits,
+    order: &ByPopcount,
+    ranks: std::ops::Range<usize>,
+    after: Option<u32>,
+    eps: f64,
+    out: &mut Vec<(u32, f64)>,
+) -> u64 {
+    let mut compared = 0;
+    for rank in ranks {
+        let p = order.order[rank];
+        if after.is_some_and(|a| p <= a) {
+            continue;
+        }
+        compared += 1;
+        let d = tanimoto(x, rows.get(p as usize));
+        if d <= eps {
+            out.push((p, d));
+        }
+    }
+    compared
+}
+
+/// Every row's Hamming distance to `query` into `distances` (capped at `u16::MAX`) and their
+/// histogram into `histogram`; compiled for the CPU's popcount as [`rows_within`]. Common widths
+/// (64 to 512 bits) run with the row's words unrolled: four scalar `popcnt`s for a 256-bit row, not
+/// a vector popcount and its horizontal sum (1,000 × 100,000 × 256 bits on 2 cores: 0.124 s against
+/// 0.226 s for the generic loop, and 0.317 s without the popcount instruction). The histogram is counted four ways and summed, so that consecutive rows at
+/// one distance do not wait on each other's increment.
+#[multiversion(targets("x86_64+popcnt", "aarch64+neon"))]
+fn distances_to(base: &Bits, query: &[u64], distances: &mut [u16], histogram: &mut [u32]) {
+    fn fixed<const W: usize>(base: &Bits, query: &[u64], distances: &mut [u16]) {
+        let query: [u64; W] = std::array::from_fn(|i| query[i]);
+        for (row, d) in base.data.chunks_exact(W).zip(distances.iter_mut()) {
+            let mut distance = 0;
+            for i in 0..W {
+                distance += (row[i] ^ query[i]).count_ones();
+            }
+            *d = distance.min(u16::MAX as u32) as u16;
+        }
+    }
+    match base.words {
+        1 => fixed::<1>(base, query, distances),
+        2 => fixed::<2>(base, query, distances),
+        4 => fixed::<4>(base, query, distances),
+        8 => fixed::<8>(base, query, distances),
+        _ => {
+            for (p, d) in distances.iter_mut().enumerate() {
+                *d = hamming(query, base.get(p)).min(u16::MAX as u32) as u16;
+            }
+        }
+    }
+    let bins = histogram.len();
+    let mut ways = vec![0u32; 4 * bins];
+    let mut quads = distances.chunks_exact(4);
+    for quad in &mut quads {
+        for (way, &d) in quad.iter().enumerate() {
+            ways[way * bins + d as usize] += 1;
+        }
+    }
+    for &d in quads.remainder() {
+        ways[d as usize] += 1;
+    }
+    for (bin, count) in histogram.iter_mut().enumerate() {
+        *count += ways[bin] + ways[bins + bin] + ways[2 * bins + bin] + ways[3 * bins + bin];
+    }
 }
 
 /// Rows ordered by (popcount, position), and the popcounts in that order.
@@ -365,19 +452,16 @@ fn tanimoto_join(request: &JoinRequest, sink: &dyn ResultSink) -> Result<RunStat
     (0..blocks).into_par_iter().try_for_each(|b| -> Result<()> {
         let mut writer = PairWriter::new(sink, ordered);
         let mut count = 0u64;
+        let mut within = Vec::new();
         for a in b * BLOCK..((b + 1) * BLOCK).min(left.len()) {
             let x = lb.get(a);
             let ones: u32 = x.iter().map(|w| w.count_ones()).sum();
-            for rank in order.window(size_window(ones, eps)) {
-                let p = order.order[rank];
-                if same && p as usize <= a {
-                    continue;
-                }
-                count += 1;
-                let d = tanimoto(x, rb.get(p as usize));
-                if d <= eps {
-                    writer.push(a as u32, p, d)?;
-                }
+            within.clear();
+            // A self-join's pairs from their smaller position.
+            let after = same.then_some(a as u32);
+            count += tanimoto_within(x, rb, &order, order.window(size_window(ones, eps)), after, eps, &mut within);
+            for &(p, d) in &within {
+                writer.push(a as u32, p, d)?;
             }
             if include_self {
                 writer.push(a as u32, a as u32, 0.0)?;
@@ -456,11 +540,7 @@ fn nearest_by_counting(
     histogram: &mut [u32],
 ) -> Vec<Neighbour> {
     histogram.iter_mut().for_each(|h| *h = 0);
-    for (p, d) in distances.iter_mut().enumerate() {
-        let distance = hamming(query, base.get(p));
-        *d = distance.min(u16::MAX as u32) as u16;
-        histogram[*d as usize] += 1;
-    }
+    distances_to(base, query, distances, histogram);
     let (mut below, mut cut) = (0usize, 0usize);
     while below + (histogram[cut] as usize) < k {
         below += histogram[cut] as usize;
@@ -639,7 +719,14 @@ mod tests {
 
     #[test]
     fn knn_equals_every_distance_ranked_ties_by_position() {
-        let (base, queries) = (strings(800, 16, 3), strings(50, 16, 4));
+        // Widths of 1 to 9 words: the unrolled ones (1, 2, 4, 8) and the generic loop.
+        for bytes in [8, 16, 24, 32, 40, 64, 72] {
+            knn_at_width(bytes);
+        }
+    }
+
+    fn knn_at_width(bytes: usize) {
+        let (base, queries) = (strings(800, bytes, 3), strings(50, bytes, 4));
         for metric in [Metric::Hamming, Metric::Jaccard] {
             for k in [1, 7, 100, 5000] {
                 let sink = Collector { chunks: Default::default(), chunk_rows: 1000 };
@@ -657,7 +744,7 @@ mod tests {
                     }
                 }
                 expected.sort_unstable();
-                assert_eq!(rows_of(sink.chunks.into_inner().unwrap()), expected, "{metric} k {k}");
+                assert_eq!(rows_of(sink.chunks.into_inner().unwrap()), expected, "{bytes} bytes {metric} k {k}");
             }
         }
     }
