@@ -8,11 +8,11 @@ a Zipf vocabulary (skewed, as words and shingles are), a fifth of them near copi
 about a tenth of their tokens replaced, so that near duplicates exist; or, with `--debian`, the word
 sets of the package descriptions of `apt-cache dumpavail` (templated descriptions are real near
 duplicates). simjoin runs as a user runs it: one new `simjoin sql` process over the Parquet file,
-start-up and reading included. Each peer gets at most `--budget` seconds (estimated from a smaller
-run) or is skipped, and is run on the first `--peer-sets` sets when that is fewer.
+start-up and reading included. The peers run on the first `--peer-sets` sets where that is fewer
+(simjoin again on those, for the same count), DuckDB on at most 5,000; `--skip` leaves peers out.
 
 Usage: benches/sets.py [--dir DIR] [--simjoin BIN] [--sets N] [--mean M] [--vocabulary V]
-                       [--threshold T] [--peer-sets N] [--budget S] [--debian] [--skip PEER …]
+                       [--threshold T] [--peer-sets N] [--debian] [--skip PEER …]
 Prints a Markdown table; exits 1 when an exact peer's count differs from simjoin's."""
 import argparse
 import os
