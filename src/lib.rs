@@ -72,7 +72,7 @@ use datafusion::prelude::SessionConfig;
 
 pub use exec::{Progress, ProgressListener, SimilarityExec};
 pub use op::{Device, Devices, IndexChoice, Metric, PairOrder};
-pub use options::SimJoinOptions;
+pub use options::{SimJoinOptions, available_memory};
 
 /// Hooks of the `simjoin` binary's benchmarks and process exit; not part of the API.
 #[doc(hidden)]

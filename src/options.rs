@@ -184,15 +184,26 @@ pub const DEFAULT_CACHE_SIZE: usize = 4 << 30;
 /// the tables themselves and the runs.
 pub fn default_cache_size() -> usize {
     static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *SIZE.get_or_init(|| physical_memory().map_or(DEFAULT_CACHE_SIZE, |bytes| (bytes / 8).max(DEFAULT_CACHE_SIZE)))
+    *SIZE.get_or_init(|| available_memory().map_or(DEFAULT_CACHE_SIZE, |bytes| (bytes / 8).max(DEFAULT_CACHE_SIZE)))
 }
 
-/// The machine's memory in bytes (Linux: `MemTotal` of /proc/meminfo), if known.
-fn physical_memory() -> Option<usize> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+/// The memory this process may use, in bytes, if known: the machine's (Linux: `MemTotal` of
+/// /proc/meminfo), or its container's limit (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`)
+/// where lower.
+pub fn available_memory() -> Option<usize> {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|meminfo| {
+        let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    let container = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok()?.trim().parse::<usize>().ok())
+        .min();
+    match (total, container) {
+        (Some(total), Some(container)) => Some(total.min(container)),
+        (total, container) => total.or(container),
+    }
 }
 
 impl SimJoinOptions {

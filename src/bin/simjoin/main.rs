@@ -99,26 +99,9 @@ struct SessionArgs {
 
 impl SessionArgs {
     /// The memory pool's size: `--memory-limit`, or three quarters of the memory this process may
-    /// use.
+    /// use (8 GiB where that cannot be read).
     fn memory_limit(&self) -> usize {
-        self.memory_limit.unwrap_or_else(|| available_memory() / 4 * 3)
-    }
-}
-
-/// The machine's memory (`MemTotal`), or its container's limit (cgroup v2 `memory.max`, v1
-/// `memory.limit_in_bytes`) where lower; 8 GiB where neither can be read.
-fn available_memory() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| {
-        let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-        line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kib| kib << 10)
-    });
-    let container = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
-        .iter()
-        .filter_map(|path| std::fs::read_to_string(path).ok()?.trim().parse::<usize>().ok())
-        .min();
-    match (total, container) {
-        (Some(total), Some(container)) => total.min(container),
-        (total, container) => total.or(container).unwrap_or(8 << 30),
+        self.memory_limit.unwrap_or_else(|| simjoin::available_memory().unwrap_or(8 << 30) / 4 * 3)
     }
 }
 
