@@ -3,7 +3,9 @@
 added to its results (approx.json in --dir) and plotted as recall@10 against queries per second.
 
 FAISS (faiss-cpu, all cores) runs on the same Parquet files, k = 10: `IndexHNSWFlat` (M = 32,
-efConstruction = 80) at several efSearch, `IndexIVFFlat` (4·√n lists) at several nprobe. Recall
+efConstruction = 80) at several efSearch, `IndexIVFFlat` (4·√n lists) at several nprobe; hnswlib
+(M = 16, ef_construction = 100) and usearch (connectivity 16, expansion_add 128) at several search
+efforts, all on every core. Recall
 is counted against FAISS's own exact `IndexFlatL2`, whose lists equal simjoin's exact ones up to
 ties; simjoin's rows come from approx.json (its recall against its own exact answer). Build times
 are reported apart from search.
@@ -16,7 +18,9 @@ import os
 import time
 
 import faiss
+import hnswlib
 import numpy as np
+import usearch.index
 import pyarrow.parquet as pq
 
 K = 10
@@ -53,6 +57,22 @@ def peers(base, queries):
         hnsw.hnsw.efSearch = ef
         (_, found), seconds = timed(lambda: hnsw.search(queries, K))
         rows.append(("faiss IndexHNSWFlat", f"efSearch={ef}", recall(found, truth), seconds, build if ef == 16 else None))
+    threads = faiss.omp_get_max_threads()
+    graph = hnswlib.Index(space="l2", dim=base.shape[1])
+    graph.init_index(max_elements=len(base), M=16, ef_construction=100, random_seed=1)
+    graph.set_num_threads(threads)
+    _, build = timed(lambda: graph.add_items(base, np.arange(len(base))))
+    for ef in [16, 32, 64, 128, 256]:
+        graph.set_ef(max(ef, K))
+        (found, _), seconds = timed(lambda: graph.knn_query(queries, K, num_threads=threads))
+        rows.append(("hnswlib", f"ef={ef}", recall(found, truth), seconds, build if ef == 16 else None))
+    usearch_index = usearch.index.Index(ndim=base.shape[1], metric="l2sq", dtype="f32", connectivity=16,
+                                        expansion_add=128)
+    _, build = timed(lambda: usearch_index.add(np.arange(len(base)), base, threads=threads))
+    for ef in [16, 32, 64, 128, 256]:
+        usearch_index.expansion_search = ef
+        found, seconds = timed(lambda: usearch_index.search(queries, K, threads=threads).keys)
+        rows.append(("usearch", f"expansion_search={ef}", recall(found, truth), seconds, build if ef == 16 else None))
     lists = int(4 * math.sqrt(len(base)))
     ivf = faiss.IndexIVFFlat(faiss.IndexFlatL2(base.shape[1]), base.shape[1], lists)
     _, build = timed(lambda: (ivf.train(base), ivf.add(base)))

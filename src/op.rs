@@ -494,6 +494,10 @@ pub struct SimilarityOp {
     /// within each group of equal keys (exec/keyed.rs); NULL keys match nothing.
     #[serde(default)]
     pub keys: Vec<String>,
+    /// Approximate kNN: where the base's index is kept across processes (`simjoin.index_store`:
+    /// `auto`, `off` or a folder, resolved by each process that runs the operation).
+    #[serde(default)]
+    pub index_store: String,
     /// The self-test's and benchmarks' switches ([`Checks`]).
     #[serde(default)]
     pub checks: Checks,

@@ -95,6 +95,8 @@ simjoin_options! {
         "Approximate knn: the recall@k to reach, from 0.5 to 1; the effort is chosen on a sample of the queries (default 0.95)";
     approx_effort: Option<f64> = None, |key, value| parse_auto_or_number(key, value, 0.01, crate::op::MAX_APPROX_EFFORT),
         "Approximate knn: a fixed effort instead of approx_recall's choice, from 0.01 to 1000; higher is slower and more accurate (candidates per curve: 160 × effort; on the cores, graph seeds 16 × effort and pool 32 × effort; default auto)";
+    index_store: String = String::from("auto"), parse_text,
+        "Approximate knn: where a base's index (its curves, graph and calibrations) is kept across processes, keyed by the vectors themselves: auto (the cache folder: $SIMJOIN_CACHE_DIR, else $XDG_CACHE_HOME/simjoin, else ~/.cache/simjoin; its indexes/ folder, at most 16 GiB), off, or a folder (default auto)";
     }
     hidden {
         /// Set for a session whose plans run on a DataFusion Ballista cluster (its configuration
@@ -185,6 +187,16 @@ pub const DEFAULT_CACHE_SIZE: usize = 4 << 30;
 pub fn default_cache_size() -> usize {
     static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *SIZE.get_or_init(|| available_memory().map_or(DEFAULT_CACHE_SIZE, |bytes| (bytes / 8).max(DEFAULT_CACHE_SIZE)))
+}
+
+/// The folder simjoin keeps its disk caches in (compiled kernels, stored indexes), if the
+/// environment names one: `$SIMJOIN_CACHE_DIR`, else `$XDG_CACHE_HOME/simjoin`, else
+/// `~/.cache/simjoin`.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    let from_env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+    from_env("SIMJOIN_CACHE_DIR")
+        .or_else(|| from_env("XDG_CACHE_HOME").map(|d| d.join("simjoin")))
+        .or_else(|| from_env("HOME").map(|d| d.join(".cache").join("simjoin")))
 }
 
 /// The memory this process may use, in bytes, if known: the machine's (Linux: `MemTotal` of
@@ -304,6 +316,7 @@ impl SimJoinOptions {
             approx,
             ties: crate::op::KnnTies::None,
             keys: self.keys(),
+            index_store: self.index_store.clone(),
             checks: self.checks,
         };
         op.validate()?;
@@ -449,7 +462,7 @@ mod tests {
         assert_eq!(
             err.strip_backtrace(),
             "Error during planning: knn: options string 'metrc=l1': unknown option 'metrc' \
-             (expected one of metric, device, include_self, pairs, column, keys, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_recall, approx_effort)"
+             (expected one of metric, device, include_self, pairs, column, keys, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_recall, approx_effort, index_store)"
         );
         let err = SimJoinOptions::default().with_call_options("knn", "cosine").unwrap_err();
         assert!(err.to_string().contains("expected key=value, got 'cosine'"), "{err}");

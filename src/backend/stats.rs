@@ -40,6 +40,9 @@ pub struct RunStats {
     pub graph_rows: u64,
     /// Approximate kNN: indexes kept from an earlier query rather than built (0 or 1 a run).
     pub kept_indexes: usize,
+    /// Approximate kNN: indexes loaded from the index store, and stored there by this run.
+    pub loaded_indexes: usize,
+    pub stored_indexes: usize,
     /// Approximate kNN to a recall target (backend/plan/recall.rs): the effort chosen (the
     /// largest of the parts' where a run was divided), the true neighbours of the calibration's
     /// sample the search found and those there were, and the queries the exact kNN answered
@@ -114,6 +117,8 @@ impl RunStats {
         self.curve_candidates += other.curve_candidates;
         self.graph_rows += other.graph_rows;
         self.kept_indexes += other.kept_indexes;
+        self.loaded_indexes += other.loaded_indexes;
+        self.stored_indexes += other.stored_indexes;
         self.chosen_effort = match (self.chosen_effort, other.chosen_effort) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),

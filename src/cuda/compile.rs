@@ -29,11 +29,7 @@ use super::nvrtc_options::nvrtc_options as options;
 
 /// The folder compiled images are kept in, if the environment names one.
 pub fn cache_dir() -> Option<PathBuf> {
-    let from_env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    from_env("SIMJOIN_CACHE_DIR")
-        .or_else(|| from_env("XDG_CACHE_HOME").map(|d| d.join("simjoin")))
-        .or_else(|| from_env("HOME").map(|d| d.join(".cache").join("simjoin")))
-        .map(|d| d.join("kernels"))
+    crate::options::cache_dir().map(|d| d.join("kernels"))
 }
 
 /// Where an image came from: an embedded or cached one the driver refuses is compiled again.

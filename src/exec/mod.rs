@@ -391,8 +391,9 @@ impl DisplayAs for SimilarityExec {
                 write!(
                     f,
                     "({}, candidates={} per curve at effort {}{}; on the cores where the base is kept or the queries are at \
-                     least half its rows, and it has more rows than the curves' candidates: a kNN graph of {} nearest a row \
-                     and reverse edges, searched from {} seeds a curve with a pool of {})",
+                     least half its rows, or its graph is built, and it has more rows than the curves' candidates: a graph of \
+                     {} diverse edges a row from its search of a kNN graph and up to {} in all, searched from {} seeds a \
+                     curve with a pool of {})",
                     crate::index::curves::describe_for(self.right.source.static_dim().unwrap_or(usize::MAX), op.metric),
                     approx.per_curve(*k),
                     approx.effort,
@@ -400,7 +401,8 @@ impl DisplayAs for SimilarityExec {
                         Some(target) => format!(", effort chosen on a sample for recall@{k} ≥ {target}"),
                         None => String::new(),
                     },
-                    crate::index::graph::DEGREE,
+                    crate::index::graph::OUT_DEGREE,
+                    crate::index::graph::WIDTH,
                     approx.seeds_per_curve(*k),
                     approx.pool(*k),
                 )?;

@@ -53,8 +53,9 @@ pub struct CurveOrder {
 pub struct CurveFrame {
     /// `axes × dims`, row-major: coordinate j of the curve is Σᵢ lead[i]·rotation[i·dims + j].
     pub rotation: Vec<f32>,
-    /// Per curve dimension: the smallest base coordinate and cells per unit.
+    /// Per curve dimension: the smallest base coordinate, the largest and cells per unit.
     pub low: Vec<f32>,
+    pub high: Vec<f32>,
     pub scale: Vec<f32>,
 }
 
@@ -62,7 +63,7 @@ impl CurveFrame {
     /// The frame of a curve whose base coordinates span `low ..= high` ([`cell_scale`]).
     pub fn new(rotation: Vec<f32>, low: Vec<f32>, high: &[f32], bits: u32) -> Self {
         let scale = cell_scale(&low, high, bits);
-        Self { rotation, low, scale }
+        Self { rotation, low, high: high.to_vec(), scale }
     }
 
     /// The key of a row whose leading principal coordinates are `lead` (`axes` of them).

@@ -48,6 +48,16 @@ use super::graph::NeighbourGraph;
 use crate::op::{Metric, dot};
 use crate::vectors::{Row, Vectors};
 
+/// What decides the index's build besides the vectors: its parameters and its graph's, one
+/// string (part of a stored index's key, index/stored.rs).
+pub fn build_parameters() -> String {
+    format!(
+        "curves={CURVES} axes={CURVE_AXES} dims={CURVE_DIMS} projected={PROJECTED_DIMS} principal={PRINCIPAL_DIMS} \
+         sample={PCA_SAMPLE} rounds={PCA_ROUNDS}; {}",
+        super::graph::build_parameters()
+    )
+}
+
 /// Curves of an index (16 rather than 8: docs/design.md#approx).
 pub const CURVES: usize = 16;
 /// Leading principal axes the curves' rotations mix.
@@ -255,6 +265,33 @@ impl Multicurves {
             graph: std::sync::OnceLock::new(),
             calibrations: std::sync::Mutex::default(),
         }
+    }
+
+    /// The graph over the rows, where it is built.
+    pub fn built_graph(&self) -> Option<&NeighbourGraph> {
+        self.graph.get()
+    }
+
+    /// The calibrations kept (see `calibrations`), in the order they were made.
+    pub fn calibrations(&self) -> Vec<(String, Calibration)> {
+        self.calibrations.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The coordinates the index is built over.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Dimension of the vectors.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Curve `c`'s order as the build made it ([`CurveOrder`]'s parts: the span of each of its
+    /// dimensions, its keys and their positions), which [`Multicurves::build_with`] takes back.
+    pub fn curve_order(&self, c: usize) -> (&[f32], &[f32], &[u64], &[u32]) {
+        let curve = &self.curves[c];
+        (&curve.frame.low, &curve.frame.high, &curve.keys, &curve.positions)
     }
 
     /// Whether the kNN graph over the rows is built.

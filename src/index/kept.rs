@@ -42,7 +42,6 @@ pub trait KeptIndexes {
     fn forgo_curves(&self, ns: f64) -> f64;
 
     /// Whether the Multicurves index in `geometry` was built already with its kNN graph.
-    #[cfg(feature = "gpu")]
     fn curves_graph_built(&self, geometry: Geometry) -> bool;
 
     /// Whether the Multicurves index in `geometry` was built already.
@@ -73,7 +72,6 @@ impl KeptIndexes for Vectors {
         (self.kept::<Slots>().curves_forgone.fetch_add(ns, Ordering::Relaxed) + ns) as f64
     }
 
-    #[cfg(feature = "gpu")]
     fn curves_graph_built(&self, geometry: Geometry) -> bool {
         self.kept::<Slots>().curves[geometry as usize].get().is_some_and(|index| index.graph_built())
     }

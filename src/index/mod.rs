@@ -9,6 +9,7 @@ pub mod grid;
 pub mod kept;
 pub mod list_of_clusters;
 pub mod segments;
+pub mod stored;
 
 pub use directory::{DIRECTORY_BLOCK, DirectoryShape, JoinDirectories};
 pub use grid::brute_force_run_ns;

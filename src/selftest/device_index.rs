@@ -60,7 +60,7 @@ pub(super) fn check_device_graph(device: &Arc<crate::cuda::GpuDevice>, datasets:
         let base = crate::vectors::Vectors::new(*dim, values.clone());
         let index = Multicurves::build(&base, Geometry::of(metric).expect("an approximate metric"));
         let started = Instant::now();
-        let cores = crate::backend::cpu::approx::build_graph(&index);
+        let cores = crate::backend::cpu::approx::nearest_graph(&index);
         let cores_ms = started.elapsed().as_secs_f64() * 1e3;
         let started = Instant::now();
         let built = crate::backend::gpu::graph_built_on_device(device, &index, *dim, metric);

@@ -135,7 +135,7 @@ async fn the_index_is_kept_for_an_in_memory_base_and_explain_says_approx() {
     assert!(plan.contains("candidates=80 per curve at effort 0.5"), "{plan}");
     assert!(
         plan.contains(
-            "a kNN graph of 16 nearest a row and reverse edges, searched from 8 seeds a curve with a pool of 16"
+            "a graph of 24 diverse edges a row from its search of a kNN graph and up to 32 in all, searched from 8 seeds a curve with a pool of 16"
         ),
         "{plan}"
     );
@@ -282,6 +282,60 @@ async fn few_queries_are_answered_exactly_over_a_file_and_by_a_kept_calibration_
     // Recall 1 is the exact answer.
     let all = "SELECT query_id, base_id, distance, rank FROM knn(base, queries, 10, 'approx=true, approx_recall=1')";
     check(&ctx, all, &oracle_knn("l2", &base, &queries, 10)).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_session_over_the_same_file_loads_the_stored_index_and_a_damaged_one_is_rebuilt() {
+    let (base, queries) = (clustered(20_000, 24, 91), clustered(300, 24, 92));
+    let dir = std::env::temp_dir().join(format!("simjoin-index-store-{}", std::process::id()));
+    let store = dir.join("indexes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("base.parquet");
+    let flat: Vec<f64> = base.iter().flat_map(|v| v.clone().unwrap()).collect();
+    simjoin::datagen::write(&flat, 24, &file).unwrap();
+    let sql = format!(
+        "SELECT query_id, base_id, distance, rank FROM knn('{}', queries, 10, 'approx=true, approx_effort=0.5')",
+        file.display()
+    );
+    // Each session is what a new process is: its vectors and indexes are its own, the store is shared.
+    let session = || {
+        let ctx = ctx();
+        ctx.state_ref().write().config_mut().options_mut().set("simjoin.index_store", store.to_str().unwrap()).unwrap();
+        register(&ctx, "queries", &queries, 24, Shape::FixedF32);
+        ctx
+    };
+    let first = session();
+    let built = rows(&first, &sql).await;
+    assert!(recall("l2", &built, &base, &queries, 10) >= 0.9);
+    let plan = explain(&first, &format!("EXPLAIN ANALYZE {sql}")).await;
+    // The file is read afresh for every query: the second finds the index the first stored.
+    assert_eq!(metric_text(&plan, "index_loaded"), Some("1"), "{plan}");
+    let stored: Vec<_> = std::fs::read_dir(&store).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    // A new session loads it, and answers as the index built for it does, row for row.
+    let second = session();
+    let mut loaded = rows(&second, &sql).await;
+    let mut first_rows = built.clone();
+    loaded.sort();
+    first_rows.sort();
+    assert_eq!(loaded, first_rows);
+    // A damaged file is not trusted: the index is built again, stored again, and answers the same.
+    let mut bytes = std::fs::read(&stored[0]).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&stored[0], &bytes).unwrap();
+    let plan = explain(&session(), &format!("EXPLAIN ANALYZE {sql}")).await;
+    assert_eq!(metric_text(&plan, "index_loaded"), Some("0"), "{plan}");
+    assert_eq!(metric_text(&plan, "index_stored"), Some("1"), "{plan}");
+    let mut rebuilt = rows(&session(), &sql).await;
+    rebuilt.sort();
+    assert_eq!(rebuilt, first_rows);
+    // Off: nothing is read or written.
+    let off = ctx();
+    register(&off, "queries", &queries, 24, Shape::FixedF32);
+    let plan = explain(&off, &format!("EXPLAIN ANALYZE {sql}")).await;
+    assert_eq!(metric_text(&plan, "index_loaded"), Some("0"), "{plan}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

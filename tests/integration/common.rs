@@ -12,7 +12,10 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 /// A session with a small batch size, so that results cross many batch edges.
 pub fn ctx() -> SessionContext {
-    simjoin::session_context_with_config(SessionConfig::new().with_batch_size(97).with_target_partitions(3))
+    let ctx = simjoin::session_context_with_config(SessionConfig::new().with_batch_size(97).with_target_partitions(3));
+    // The tests' indexes stay out of the user's store (approx.rs tests the store in a folder of its own).
+    ctx.state_ref().write().config_mut().options_mut().set("simjoin.index_store", "off").expect("a simjoin option");
+    ctx
 }
 
 /// Deterministic pseudo-random values in [0, 1) (SplitMix64), rounded to f32.

@@ -40,7 +40,7 @@ async fn planning_errors_name_function_argument_and_value() {
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'metrc=l1')",
-            "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, keys, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_recall, approx_effort)",
+            "Error during planning: sim_join: options string 'metrc=l1': unknown option 'metrc' (expected one of metric, device, include_self, pairs, column, keys, index, grid_dims, gpu_memory_limit, devices, cache_size, rewrite_joins, rewrite_scans, tasks, approx, approx_recall, approx_effort, index_store)",
         ),
         (
             "SELECT * FROM sim_join(t, 0.1, 'gpu_memory_limit=2X')",

@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datafusion::common::Result;
-use rayon::iter::{IntoParallelIterator, ParallelIterator};
+use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterator};
+use rayon::slice::ParallelSliceMut;
 
 use crate::backend::plan::bounds::filter_kind;
 use crate::backend::plan::exact::{ExactCheck, offer_exact, offer_exact_rows};
@@ -43,7 +44,7 @@ use crate::backend::plan::topk::{KSmallest, Neighbour, push_ranked};
 use crate::backend::{KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::index::KeptIndexes;
 use crate::index::curves::{CURVES, Geometry, LEAD, Multicurves, Query, ranks_twice};
-use crate::index::graph::NeighbourGraph;
+use crate::index::graph::{self, BUILD_PASSES, BUILD_POOL, BUILD_SEEDS, NeighbourGraph, OUT_DEGREE, diverse};
 use crate::op::Approx;
 
 /// Candidates ranked again per neighbour asked for by the curves' search: the best by proxy
@@ -79,18 +80,20 @@ const BOUND_SLACK: f32 = 1e-4;
 /// docs/design.md#approx).
 const GRAPH_QUERIES_PER_ROW: f64 = 0.5;
 
-/// Whether the cores search `base` with the kNN graph (built first where it is not): where the
-/// base is kept (later queries reuse the graph) or the queries (the whole run's, for a
-/// calibration's sample) are many enough to repay its build, and the base has more rows than the curves' search takes entries (otherwise that search
-/// reads about every row, and answers exactly where it does).
+/// Whether the cores search `base` with the graph (built first where it is not): where it is
+/// built already (kept with a kept base, or loaded from the index store), the base is kept (later
+/// queries reuse the graph) or the queries (the whole run's, for a calibration's sample) are many
+/// enough to repay its build, and the base has more rows than the curves' search takes entries
+/// (otherwise that search reads about every row, and answers exactly where it does).
 pub(in crate::backend) fn walks_graph(request: &KnnRequest, approx: Approx, k: usize) -> bool {
     let n = request.base.len();
     let queries = approx.planned_queries.unwrap_or(request.queries.len());
+    let built = Geometry::of(request.metric).is_some_and(|g| request.base.curves_graph_built(g));
     // The self-test compares the GPU's search, which ranks the same candidates by their whole
     // distance, with the curves' alone (`Checks::curves_alone`).
     !approx.curves_alone
         && n > CURVES * approx.per_curve(k)
-        && (request.base.resident().is_some() || queries as f64 >= GRAPH_QUERIES_PER_ROW * n as f64)
+        && (built || request.base.resident().is_some() || queries as f64 >= GRAPH_QUERIES_PER_ROW * n as f64)
 }
 
 /// The approximate `k` nearest base vectors of each query (`k` at most the base's size, and
@@ -164,8 +167,19 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
     Ok(stats)
 }
 
-/// The kNN graph of `index`'s rows by [`principal_distance`], on every core.
+/// The graph the search walks over `index`'s rows, on every core: the kNN graph by NN-descent
+/// ([`nearest_graph`]), then every row's own edges chosen for diversity among the rows a search of
+/// that graph finds for it, and the edges into each row ([`diverse_graph`]).
 pub(crate) fn build_graph(index: &Multicurves) -> NeighbourGraph {
+    let mut graph = diverse_graph(index, &nearest_graph(index));
+    for _ in 1..BUILD_PASSES {
+        graph = diverse_graph(index, &graph);
+    }
+    graph
+}
+
+/// The kNN graph of `index`'s rows by [`principal_distance`] (NN-descent from the curves).
+pub(crate) fn nearest_graph(index: &Multicurves) -> NeighbourGraph {
     NeighbourGraph::build(index, |i, rows, out| {
         let terms = index.row_terms(i);
         for (r, &j) in rows.iter().enumerate() {
@@ -175,6 +189,29 @@ pub(crate) fn build_graph(index: &Multicurves) -> NeighbourGraph {
             out.push((principal_distance(index, terms, j as usize), j));
         }
     })
+}
+
+/// The searched graph from `nearest` (a kNN graph of `index`'s rows): each row searched for as a
+/// query through `nearest`, from the curves' entries around it, keeping [`BUILD_POOL`] rows; its
+/// own edges the [`OUT_DEGREE`] most diverse of them ([`graph::diverse`]), and the rows whose own
+/// edges name it. A search's pool holds rows in every direction around the row, where a kNN
+/// list holds the nearest, often all on one side (HNSW builds its layers from such searches;
+/// NSG from searches of a kNN graph, as here). The searches read `nearest` alone, so the rows are
+/// searched in parallel and the graph is the same on any number of cores.
+pub(crate) fn diverse_graph(index: &Multicurves, nearest: &NeighbourGraph) -> NeighbourGraph {
+    let n = index.len();
+    let walk = Walk { graph: nearest, seeds_per_curve: BUILD_SEEDS, pool: BUILD_POOL };
+    let distance = |a: u32, b: u32| principal_distance(index, index.row_terms(a as usize), b as usize);
+    let mut out = vec![graph::NONE; n * OUT_DEGREE];
+    out.par_chunks_mut(OUT_DEGREE).enumerate().with_min_len(64).for_each_init(
+        || Scratch::new(n),
+        |scratch, (p, edges)| {
+            let (projected, refined) = index.row_terms(p);
+            walk_graph(index, &walk, Query { values: index.values(p), projected, refined }, scratch);
+            diverse(p as u32, &mut scratch.best, distance, edges);
+        },
+    );
+    NeighbourGraph::with_edges_into(&out, n, distance)
 }
 
 /// The squared distance over the principal coordinates between a row in the index's terms
@@ -296,7 +333,7 @@ impl Search<'_> {
     /// distinct candidates the curves gave and the rows reached through the graph.
     fn run(&self, query: Query, scratch: &mut Scratch) -> (usize, usize) {
         let counts = match &self.walk {
-            Some(walk) => self.walk(walk, query, scratch),
+            Some(walk) => walk_graph(self.index, walk, query, scratch),
             None => (self.by_curves(query, scratch), 0),
         };
         if let Some(refine) = self.refine.filter(|&r| r < scratch.best.len()) {
@@ -316,72 +353,6 @@ impl Search<'_> {
         }
         within_rounding(&mut scratch.best, self.k);
         counts
-    }
-
-    /// The graph search: leaves the pool in `scratch.best`, scored by [`principal_distance`].
-    /// Returns the distinct candidates the curves gave and the rows reached through the graph.
-    fn walk(&self, walk: &Walk, query: Query, scratch: &mut Scratch) -> (usize, usize) {
-        let index = self.index;
-        let terms = (query.projected, query.refined);
-        let distance = |p: u32| principal_distance(index, terms, p as usize);
-        scratch.visited.clear();
-        scratch.gather(index.candidate_runs(query.projected, walk.seeds_per_curve), query.projected);
-        let gathered = scratch.bounded.len();
-        // The search starts from the `pool` seeds nearest over the leading coordinates; the
-        // others may still be reached through the graph.
-        let starts = walk.pool.min(scratch.bounded.len());
-        if starts < scratch.bounded.len() {
-            scratch.bounded.select_nth_unstable_by(starts, |a, b| a.0.total_cmp(&b.0));
-            for i in starts..scratch.bounded.len() {
-                scratch.forget(scratch.bounded[i].1);
-            }
-            scratch.bounded.truncate(starts);
-        }
-        scratch.pool.clear();
-        scratch.frontier.clear();
-        for i in 0..starts {
-            if let Some(&(_, ahead)) = scratch.bounded.get(i + 1) {
-                fetch_terms(index, ahead);
-            }
-            let p = scratch.bounded[i].1;
-            let d = Score(distance(p));
-            scratch.pool.push((d, p));
-            scratch.frontier.push(Reverse((d, p)));
-        }
-        // Best first (as in the lowest layer of Malkov and Yashunin's HNSW): follow the edges of
-        // the nearest row not yet followed, until it is farther than every row of the full pool.
-        while let Some(Reverse((d, c))) = scratch.frontier.pop() {
-            let full = scratch.pool.len() >= walk.pool;
-            if full && scratch.pool.peek().is_some_and(|worst| d > worst.0) {
-                break;
-            }
-            scratch.fresh.clear();
-            for j in walk.graph.neighbours(c as usize) {
-                if scratch.reach(j) {
-                    fetch_terms(index, j);
-                    scratch.fresh.push(j);
-                }
-            }
-            scratch.visited.extend_from_slice(&scratch.fresh);
-            for &j in &scratch.fresh {
-                let d = Score(distance(j));
-                if scratch.pool.len() < walk.pool {
-                    scratch.pool.push((d, j));
-                } else if scratch.pool.peek().is_some_and(|worst| d < worst.0) {
-                    scratch.pool.pop();
-                    scratch.pool.push((d, j));
-                } else {
-                    continue;
-                }
-                scratch.frontier.push(Reverse((d, j)));
-            }
-        }
-        for &p in scratch.bounded.iter().map(|(_, p)| p).chain(&scratch.visited) {
-            scratch.seen[p as usize / 64] = 0;
-        }
-        scratch.best.clear();
-        scratch.best.extend(scratch.pool.drain().map(|(d, p)| (d.0, p)));
-        (gathered, scratch.visited.len())
     }
 
     /// The curves' search: leaves the proxy's best `rerank` in `scratch.best`, scored again by
@@ -446,6 +417,72 @@ impl Search<'_> {
         }
         gathered
     }
+}
+
+/// The graph search of `query` over `index`'s rows: leaves the pool in `scratch.best`, scored by
+/// [`principal_distance`]. Returns the distinct candidates the curves gave and the rows reached
+/// through the graph.
+fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scratch) -> (usize, usize) {
+    let terms = (query.projected, query.refined);
+    let distance = |p: u32| principal_distance(index, terms, p as usize);
+    scratch.visited.clear();
+    scratch.gather(index.candidate_runs(query.projected, walk.seeds_per_curve), query.projected);
+    let gathered = scratch.bounded.len();
+    // The search starts from the `pool` seeds nearest over the leading coordinates; the
+    // others may still be reached through the graph.
+    let starts = walk.pool.min(scratch.bounded.len());
+    if starts < scratch.bounded.len() {
+        scratch.bounded.select_nth_unstable_by(starts, |a, b| a.0.total_cmp(&b.0));
+        for i in starts..scratch.bounded.len() {
+            scratch.forget(scratch.bounded[i].1);
+        }
+        scratch.bounded.truncate(starts);
+    }
+    scratch.pool.clear();
+    scratch.frontier.clear();
+    for i in 0..starts {
+        if let Some(&(_, ahead)) = scratch.bounded.get(i + 1) {
+            fetch_terms(index, ahead);
+        }
+        let p = scratch.bounded[i].1;
+        let d = Score(distance(p));
+        scratch.pool.push((d, p));
+        scratch.frontier.push(Reverse((d, p)));
+    }
+    // Best first (as in the lowest layer of Malkov and Yashunin's HNSW): follow the edges of
+    // the nearest row not yet followed, until it is farther than every row of the full pool.
+    while let Some(Reverse((d, c))) = scratch.frontier.pop() {
+        let full = scratch.pool.len() >= walk.pool;
+        if full && scratch.pool.peek().is_some_and(|worst| d > worst.0) {
+            break;
+        }
+        scratch.fresh.clear();
+        for j in walk.graph.neighbours(c as usize) {
+            if scratch.reach(j) {
+                fetch_terms(index, j);
+                scratch.fresh.push(j);
+            }
+        }
+        scratch.visited.extend_from_slice(&scratch.fresh);
+        for &j in &scratch.fresh {
+            let d = Score(distance(j));
+            if scratch.pool.len() < walk.pool {
+                scratch.pool.push((d, j));
+            } else if scratch.pool.peek().is_some_and(|worst| d < worst.0) {
+                scratch.pool.pop();
+                scratch.pool.push((d, j));
+            } else {
+                continue;
+            }
+            scratch.frontier.push(Reverse((d, j)));
+        }
+    }
+    for &p in scratch.bounded.iter().map(|(_, p)| p).chain(&scratch.visited) {
+        scratch.seen[p as usize / 64] = 0;
+    }
+    scratch.best.clear();
+    scratch.best.extend(scratch.pool.drain().map(|(d, p)| (d.0, p)));
+    (gathered, scratch.visited.len())
 }
 
 /// Keeps of `best` (f32 score, base position) the `k` smallest scores and any within f32 rounding

@@ -216,6 +216,9 @@ impl GpuBackend {
         let graph = if index.graph_built() {
             index.graph(build_graph).0
         } else {
+            // The kNN graph by NN-descent on the device. The cores' passes that choose diverse
+            // edges search for every row twice, which the host would add to the device's build;
+            // until the device runs them, its graph is the kNN one (docs/approx.md, "The index").
             let built = graph_on_device(&self.device, device_index, filter)?;
             index.graph(|_| built).0
         };

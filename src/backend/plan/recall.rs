@@ -94,11 +94,12 @@ pub(crate) fn knn_to_recall(
     let built = request.base.curves_kept(geometry);
     let build_ns =
         if built { 0.0 } else { curves_build_one_core_ns(n, request.base.dim) / rayon::current_num_threads() as f64 };
-    // A kept base keeps its index, and the index the choices made for it.
-    let kept_choice = || (kept && built).then(|| request.base.curves(geometry).0.calibration(&key)).flatten();
+    // An index keeps the choices made for it: one kept with a kept base, or loaded from the index
+    // store (exec/run/stored.rs, which stores it again with the new choice).
+    let kept_choice = || built.then(|| request.base.curves(geometry).0.calibration(&key)).flatten();
     let keep = |choice: Calibration| {
         // The calibration built the index where it searched at all.
-        if kept && request.base.curves_kept(geometry) {
+        if request.base.curves_kept(geometry) {
             request.base.curves(geometry).0.keep_calibration(key.clone(), choice);
         }
     };

@@ -10,7 +10,7 @@ use crate::backend::RunStats;
 /// Each statistic of a run (`RunStats`) that EXPLAIN ANALYZE shows, declared once: its metric's
 /// name, and its value in a run. Counters and times add up over the runs of an operator (its
 /// tiles, parts and partitions); a gauge keeps the last run's value where the run has one.
-const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 16] = [
+const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 18] = [
     ("candidate_pairs", |s| s.candidates as usize),
     // Approximate kNN to a recall target: queries the exact kNN answered, the cheaper way to it.
     ("exact_queries", |s| s.exact_queries as usize),
@@ -20,6 +20,9 @@ const RUN_COUNTERS: [(&str, fn(&RunStats) -> usize); 16] = [
     ("graph_rows", |s| s.graph_rows as usize),
     // Approximate kNN and the List of Clusters: indexes kept from an earlier query.
     ("kept_indexes", |s| s.kept_indexes),
+    // Approximate kNN: indexes loaded from `simjoin.index_store`, and stored there.
+    ("index_loaded", |s| s.loaded_indexes),
+    ("index_stored", |s| s.stored_indexes),
     // The List of Clusters: distance computations it saved against a scan.
     ("saved_distances", |s| s.saved_distances as usize),
     // The directory: the leaf pages the left blocks visited.

@@ -34,6 +34,7 @@ mod inputs;
 mod metrics;
 mod odd_rows;
 mod sink;
+mod stored;
 mod workers;
 
 pub(super) use inputs::{ConvertedSide, check_dimensions, collect_partition, convert_side, projected_columns};
@@ -446,7 +447,9 @@ pub(super) fn compute(
         Operation::Knn { k } => {
             let request =
                 KnnRequest { base: right, queries: left, metric: op.metric, k, approx: op.approx, index: op.index };
-            crate::backend::plan::ties::knn_with_ties(backend, &request, op.ties, sink)
+            stored::with_index_store(op, right, || {
+                crate::backend::plan::ties::knn_with_ties(backend, &request, op.ties, sink)
+            })
         }
         Operation::Clusters { eps, min_points } => {
             let request = ClusterRequest {
