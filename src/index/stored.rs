@@ -170,26 +170,30 @@ fn key(base: &Vectors, geometry: Geometry) -> blake3::Hash {
     hasher.update(&(base.dim as u64).to_le_bytes());
     hasher.update(&(base.len() as u64).to_le_bytes());
     match &base.values {
-        Values::F32(values) => hash_values(&mut hasher, b"f32", values, |x| x.to_le_bytes()),
-        Values::F64(values) => hash_values(&mut hasher, b"f64", values, |x| x.to_le_bytes()),
+        // blake3's hasher is a writer: the values go in as they would go to a file.
+        Values::F32(values) => {
+            hasher.update(b"f32");
+            put(&mut hasher, values, f32::to_le_bytes)
+        }
+        Values::F64(values) => {
+            hasher.update(b"f64");
+            put(&mut hasher, values, f64::to_le_bytes)
+        }
     }
+    .expect("a hasher's writes cannot fail");
     hasher.finalize()
 }
 
-/// Adds `values` to `hasher` as their bytes (`bytes` of each), a block at a time, after `tag`.
-fn hash_values<T: Copy, const N: usize>(
-    hasher: &mut blake3::Hasher,
-    tag: &[u8],
-    values: &[T],
-    bytes: fn(T) -> [u8; N],
-) {
-    hasher.update(tag);
-    let mut block = Vec::with_capacity(1 << 16);
+/// Writes `values` as their bytes (`bytes` of each), a block at a time.
+fn put<T: Copy, const N: usize>(out: &mut impl Write, values: &[T], bytes: fn(T) -> [u8; N]) -> std::io::Result<()> {
+    let mut block = vec![0u8; 1 << 16];
     for chunk in values.chunks((1 << 16) / N) {
-        block.clear();
-        block.extend(chunk.iter().flat_map(|&x| bytes(x)));
-        hasher.update(&block);
+        for (slot, &x) in block.chunks_exact_mut(N).zip(chunk) {
+            slot.copy_from_slice(&bytes(x));
+        }
+        out.write_all(&block[..chunk.len() * N])?;
     }
+    Ok(())
 }
 
 /// A writer that hashes what it writes.
@@ -217,31 +221,19 @@ fn write(path: &Path, key: &blake3::Hash, index: &Multicurves) -> std::io::Resul
     let mut file = std::fs::File::create(path)?;
     file.write_all(&[0u8; HEADER])?;
     let mut out = Hashing { inner: BufWriter::with_capacity(1 << 20, file), hasher: blake3::Hasher::new(), written: 0 };
-    let words = |out: &mut Hashing<_>, values: &mut dyn Iterator<Item = [u8; 8]>| -> std::io::Result<()> {
-        for v in values {
-            out.write_all(&v)?;
-        }
-        Ok(())
-    };
-    let u64s = |x: u64| x.to_le_bytes();
-    words(&mut out, &mut [index.len() as u64, index.dim() as u64, index.curve_count() as u64].into_iter().map(u64s))?;
+    put(&mut out, &[index.len() as u64, index.dim() as u64, index.curve_count() as u64], u64::to_le_bytes)?;
     for c in 0..index.curve_count() {
         let (low, high, keys, positions) = index.curve_order(c);
-        out.write_all(&(low.len() as u64).to_le_bytes())?;
-        for x in low.iter().chain(high) {
-            out.write_all(&x.to_le_bytes())?;
-        }
-        words(&mut out, &mut keys.iter().map(|&k| k.to_le_bytes()))?;
-        for p in positions {
-            out.write_all(&p.to_le_bytes())?;
-        }
+        put(&mut out, &[low.len() as u64], u64::to_le_bytes)?;
+        put(&mut out, low, f32::to_le_bytes)?;
+        put(&mut out, high, f32::to_le_bytes)?;
+        put(&mut out, keys, u64::to_le_bytes)?;
+        put(&mut out, positions, u32::to_le_bytes)?;
     }
     match index.built_graph() {
         Some(graph) => {
             out.write_all(&[1])?;
-            for e in graph.edges() {
-                out.write_all(&e.to_le_bytes())?;
-            }
+            put(&mut out, graph.edges(), u32::to_le_bytes)?;
         }
         None => out.write_all(&[0])?,
     }
@@ -298,7 +290,7 @@ fn parse(bytes: &[u8], key: &blake3::Hash, len: usize) -> Result<Stored, String>
         }
         let low = at.f32s(dims)?;
         let high = at.f32s(dims)?;
-        let keys = at.take(len * 8)?.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8"))).collect();
+        let keys = at.words(len, u64::from_le_bytes)?;
         let positions: Vec<u32> = at.u32s(len)?;
         if positions.iter().any(|&p| p as usize >= len) {
             return Err("a curve lists a row past the base".into());
@@ -344,12 +336,23 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
+    /// `n` values of `N` bytes each, read by `from`.
+    fn words<T: Copy + Default, const N: usize>(&mut self, n: usize, from: fn([u8; N]) -> T) -> Result<Vec<T>, String> {
+        let bytes = self.take(n.checked_mul(N).ok_or("a length past memory")?)?;
+        let mut values = vec![T::default(); n];
+        // Sized reads into a sized vector: the loop compiles to a copy.
+        for (value, word) in values.iter_mut().zip(bytes.chunks_exact(N)) {
+            *value = from(word.try_into().expect("N bytes"));
+        }
+        Ok(values)
+    }
+
     fn u32s(&mut self, n: usize) -> Result<Vec<u32>, String> {
-        Ok(self.take(n * 4)?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4"))).collect())
+        self.words(n, u32::from_le_bytes)
     }
 
     fn f32s(&mut self, n: usize) -> Result<Vec<f32>, String> {
-        Ok(self.take(n * 4)?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4"))).collect())
+        self.words(n, f32::from_le_bytes)
     }
 }
 
