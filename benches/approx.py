@@ -10,7 +10,7 @@ is counted against FAISS's own exact `IndexFlatL2`, whose lists equal simjoin's 
 ties; simjoin's rows come from approx.json (its recall against its own exact answer). Build times
 are reported apart from search.
 
-Usage: benches/approx.py [--dir DIR] [--plot PNG]   (after `simjoin bench --approx --dir DIR`)"""
+Usage: pip install faiss-cpu hnswlib usearch; benches/approx.py [--dir DIR] [--plot PNG]   (after `simjoin bench --approx --dir DIR`)"""
 import argparse
 import json
 import math

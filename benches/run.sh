@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 dir=${1:-bench-out}
 cargo build --release --bin simjoin
 python3 -m venv "$dir/venv"
-"$dir/venv/bin/pip" install -q numpy scipy pyarrow faiss-cpu scikit-learn duckdb matplotlib rapidfuzz
+"$dir/venv/bin/pip" install -q numpy scipy pyarrow faiss-cpu hnswlib usearch scikit-learn duckdb matplotlib rapidfuzz
 [ -f /usr/share/dict/american-english ] || apt-get install -y -q wamerican
 ./target/release/simjoin bench --dir "$dir"
 "$dir/venv/bin/python" benches/peers.py --dir "$dir"
