@@ -277,11 +277,6 @@ impl Multicurves {
         self.calibrations.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The coordinates the index is built over.
-    pub fn geometry(&self) -> Geometry {
-        self.geometry
-    }
-
     /// Dimension of the vectors.
     pub fn dim(&self) -> usize {
         self.dim

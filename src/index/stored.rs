@@ -72,12 +72,12 @@ impl IndexStore {
         &self.dir
     }
 
-    /// The stored index of `base` in `geometry`, where one is stored and sound.
-    pub fn load(&self, base: &Vectors, geometry: Geometry) -> Loaded {
-        let key = key(base, geometry);
-        let path = self.path(&key);
+    /// The stored index of `base` in `geometry` under `key` ([`key`] of them), where one is stored
+    /// and sound.
+    pub fn load(&self, base: &Vectors, geometry: Geometry, key: &blake3::Hash) -> Loaded {
+        let path = self.path(key);
         let Ok(bytes) = std::fs::read(&path) else { return Loaded::Missing };
-        match parse(&bytes, &key, base.len()) {
+        match parse(&bytes, key, base.len()) {
             Ok(stored) => {
                 let mut orders = Some(stored.orders);
                 let mut fitted = true;
@@ -115,14 +115,13 @@ impl IndexStore {
         }
     }
 
-    /// Stores `index` of `base` (replacing what was stored for it), then removes the least
-    /// recently used files past [`STORE_BYTES`].
-    pub fn save(&self, base: &Vectors, index: &Multicurves) -> std::io::Result<()> {
-        let key = key(base, index.geometry());
+    /// Stores `index` under `key` (its base's [`key`]), replacing what was stored for it, then
+    /// removes the least recently used files past [`STORE_BYTES`].
+    pub fn save(&self, key: &blake3::Hash, index: &Multicurves) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
-        let path = self.path(&key);
+        let path = self.path(key);
         let staging = self.dir.join(format!(".{}.{}.tmp", key.to_hex(), std::process::id()));
-        let written = write(&staging, &key, index).and_then(|()| std::fs::rename(&staging, &path));
+        let written = write(&staging, key, index).and_then(|()| std::fs::rename(&staging, &path));
         if written.is_err() {
             let _ = std::fs::remove_file(&staging);
         }
@@ -160,8 +159,9 @@ impl IndexStore {
     }
 }
 
-/// The key of `base`'s index in `geometry`: a hash of every value and of what decides the build.
-fn key(base: &Vectors, geometry: Geometry) -> blake3::Hash {
+/// What the index of `base` in `geometry` is stored under: a hash of every value and of what
+/// decides the build (it reads the whole base: computed once a run).
+pub fn key(base: &Vectors, geometry: Geometry) -> blake3::Hash {
     let mut hasher = blake3::Hasher::new();
     hasher.update(MAGIC);
     hasher.update(env!("CARGO_PKG_VERSION").as_bytes());
@@ -360,7 +360,7 @@ impl<'a> Reader<'a> {
 mod tests {
     use rand::{Rng, SeedableRng};
 
-    use super::{IndexStore, Loaded};
+    use super::{IndexStore, Loaded, key};
     use crate::backend::cpu::approx::build_graph;
     use crate::index::curves::{Calibration, Geometry, Multicurves};
     use crate::vectors::Vectors;
@@ -375,15 +375,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("simjoin-store-test-{}", std::process::id()));
         let store = IndexStore::from_setting(dir.to_str().unwrap()).unwrap();
         let vectors = base(3000, 1);
-        assert!(matches!(store.load(&vectors, Geometry::Raw), Loaded::Missing));
+        let (raw, unit) = (key(&vectors, Geometry::Raw), key(&vectors, Geometry::Unit));
+        assert!(matches!(store.load(&vectors, Geometry::Raw, &raw), Loaded::Missing));
         let built = Multicurves::build(&vectors, Geometry::Raw);
         built.graph(build_graph);
         built.keep_calibration(
             "cpu, l2, k=10, recall=0.95".into(),
             Calibration { effort: Some(2.0), found: 9, truth: 10 },
         );
-        store.save(&vectors, &built).unwrap();
-        let Loaded::Index(loaded) = store.load(&vectors, Geometry::Raw) else { panic!("not loaded") };
+        store.save(&raw, &built).unwrap();
+        let Loaded::Index(loaded) = store.load(&vectors, Geometry::Raw, &raw) else { panic!("not loaded") };
         for c in 0..built.curve_count() {
             assert_eq!(loaded.curve(c), built.curve(c));
         }
@@ -393,15 +394,16 @@ mod tests {
             assert_eq!(loaded.projected(i), built.projected(i));
         }
         // Other vectors find nothing; a flipped byte is refused and removed.
-        assert!(matches!(store.load(&base(3000, 2), Geometry::Raw), Loaded::Missing));
-        assert!(matches!(store.load(&vectors, Geometry::Unit), Loaded::Missing));
+        let other = base(3000, 2);
+        assert!(matches!(store.load(&other, Geometry::Raw, &key(&other, Geometry::Raw)), Loaded::Missing));
+        assert!(matches!(store.load(&vectors, Geometry::Unit, &unit), Loaded::Missing));
         let file = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
         let mut bytes = std::fs::read(&file).unwrap();
         let middle = bytes.len() / 2;
         bytes[middle] ^= 1;
         std::fs::write(&file, &bytes).unwrap();
-        assert!(matches!(store.load(&vectors, Geometry::Raw), Loaded::Unsound(_)));
-        assert!(matches!(store.load(&vectors, Geometry::Raw), Loaded::Missing));
+        assert!(matches!(store.load(&vectors, Geometry::Raw, &raw), Loaded::Unsound(_)));
+        assert!(matches!(store.load(&vectors, Geometry::Raw, &raw), Loaded::Missing));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -10,7 +10,7 @@ use datafusion::common::Result;
 use crate::backend::RunStats;
 use crate::index::KeptIndexes;
 use crate::index::curves::Geometry;
-use crate::index::stored::{IndexStore, Loaded, STORE_MIN_ROWS};
+use crate::index::stored::{IndexStore, Loaded, STORE_MIN_ROWS, key as index_key};
 use crate::op::SimilarityOp;
 use crate::vectors::Vectors;
 
@@ -29,9 +29,13 @@ pub(super) fn with_index_store(
         return run();
     }
     let started = Instant::now();
+    // Hashed once, for the load and the store alike (it reads the whole base); a kept base with
+    // its index and no new build or calibration hashes nothing.
+    let hashed = std::sync::OnceLock::new();
+    let key = || hashed.get_or_init(|| index_key(base, geometry));
     let mut loaded = false;
     if !base.curves_kept(geometry) {
-        match store.load(base, geometry) {
+        match store.load(base, geometry, key()) {
             Loaded::Index(index) => {
                 base.curves_built_by(geometry, || index);
                 loaded = true;
@@ -47,7 +51,7 @@ pub(super) fn with_index_store(
     stats.loaded_indexes += usize::from(loaded);
     if state(base, geometry) != before && base.curves_kept(geometry) {
         let index = base.curves(geometry).0;
-        match store.save(base, &index) {
+        match store.save(key(), &index) {
             Ok(()) => stats.stored_indexes += 1,
             Err(e) => log::warn!("simjoin.index_store: could not store an index in {}: {e}", store.dir().display()),
         }
