@@ -91,3 +91,36 @@ async fn count_min_and_max_over_a_join_are_computed_in_the_operator() {
     let want_min = listed.iter().map(|d| d + 1.0).min_by(f64::total_cmp).map(f64::to_bits);
     assert_eq!(one_row(&ctx, &sql).await, vec![Some(want_below), want_min], "{sql}");
 }
+
+/// A count alone wants no distance, so the grid and the directory count the pairs their f32 filter
+/// proves within the threshold without an exact check: the count still equals the rows listed,
+/// on a lattice, whose pairs lie exactly at the thresholds by the thousand, and on random points;
+/// self-joins ordered and unordered, two inputs, L2 and L2².
+#[tokio::test(flavor = "multi_thread")]
+async fn a_count_alone_equals_the_rows_listed_even_with_pairs_on_the_threshold() {
+    let ctx = ctx();
+    let lattice: Vec<Option<Vec<f64>>> = (0..1600).map(|i| Some(vec![(i % 40) as f64, (i / 40) as f64])).collect();
+    register(&ctx, "g", &lattice, 2, Shape::FixedF32);
+    register(&ctx, "t", &vectors(3000, 2, 5), 2, Shape::FixedF32);
+    register(&ctx, "q", &vectors(300, 2, 6), 2, Shape::ListF64);
+    register(&ctx, "w", &vectors(2000, 4, 7), 4, Shape::Columns);
+    let inputs = [
+        "sim_join(g, 1.0)",
+        "sim_join(g, 2.0, 'pairs=unordered')",
+        "sim_join(g, 1.4142135623730951, 'index=grid')",
+        "sim_join(g, 5.0, 'index=directory')",
+        "sim_join(g, 4.0, 'metric=l2sq')",
+        "sim_join(t, 0.02)",
+        "sim_join(t, 0.02, 'index=directory, pairs=unordered')",
+        "sim_join(q, t, 0.03)",
+        "sim_join(q, t, 0.03, 'index=directory')",
+        "sim_join(w, 0.1, 'index=grid')",
+        "range_query(t, q, 0.05)",
+    ];
+    for from in inputs {
+        let listed = distances(&ctx, from).await.len() as u64;
+        assert!(listed > 0, "{from}");
+        let sql = format!("SELECT count(*) FROM {from}");
+        assert_eq!(one_row(&ctx, &sql).await, vec![Some(listed)], "{sql}");
+    }
+}

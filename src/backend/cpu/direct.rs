@@ -11,7 +11,7 @@ use crate::backend::cpu::context::{JoinContext, TILE_QUERIES};
 use crate::backend::plan::bounds::FilterLimit;
 use crate::backend::plan::exact::ExactCheck;
 use crate::backend::plan::exact::offer_exact;
-use crate::backend::plan::simd::{Columns, LANES, tile_hits};
+use crate::backend::plan::simd::{Columns, LANES, SureCount, tile_hits};
 use crate::backend::plan::topk::{KSmallest, Neighbour};
 use crate::backend::{JoinRequest, KnnRequest};
 use crate::vectors::Vectors;
@@ -46,6 +46,7 @@ pub(super) fn direct_join(ctx: &JoinContext, columns: Option<&DirectColumns>) ->
                         tile_columns,
                         0..tile_rows,
                         limit.limit,
+                        SureCount::NONE,
                         &mut hits,
                     );
                     for &(row, offset) in &hits {
@@ -160,7 +161,18 @@ pub(super) fn knn_direct_unit(
         let first = t * tile_rows;
         for (i, best) in q.clone().zip(bests.iter_mut()) {
             let limit = FilterLimit::new(metric, best.bound(), dim, columns.extent);
-            tile_hits(limit.kind, dim, query_columns, i..i + 1, tile_columns, 0..tile_rows, limit.limit, &mut hits);
+            let none = SureCount::NONE;
+            tile_hits(
+                limit.kind,
+                dim,
+                query_columns,
+                i..i + 1,
+                tile_columns,
+                0..tile_rows,
+                limit.limit,
+                none,
+                &mut hits,
+            );
             let passing = hits.iter().map(|&(_, offset)| first + offset as usize).filter(|j| r.contains(j));
             tested += offer_exact(request, exact, i, passing, best);
         }

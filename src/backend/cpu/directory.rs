@@ -16,7 +16,7 @@ use crate::backend::RunStats;
 use crate::backend::cpu::context::JoinContext;
 use crate::backend::cpu::grid_join::{SlotFilter, exact_pair};
 use crate::backend::plan::bounds::FilterLimit;
-use crate::backend::plan::simd::{LANES, tile_hits};
+use crate::backend::plan::simd::{LANES, SureCount, tile_hits};
 use crate::backend::plan::{gather, lower_corner};
 use crate::index::{DIRECTORY_BLOCK, DirectoryShape, GridIndex, JoinDirectories};
 use crate::vectors::Coords;
@@ -61,6 +61,9 @@ pub(super) fn join(
         let mut writer = ctx.writer();
         let (mut hits, mut leaves) = (Vec::new(), Vec::new());
         let (mut tested, mut visited) = (0u64, 0u64);
+        // A count of pairs needs no exact check of those the filter proves within the threshold.
+        let sure_limit = if writer.counts_only() { limit.sure } else { f32::NEG_INFINITY };
+        let mut counted = 0u64;
         for b in range.clone() {
             let sources = left_groups.slots(b);
             leaves.clear();
@@ -72,7 +75,11 @@ pub(super) fn join(
             for &l in &leaves {
                 let targets = right_groups.slots(l);
                 let padded = right_slots.start[l]..right_slots.start[l] + targets.len().next_multiple_of(LANES);
-                tile_hits(
+                // A self-join's pair counts from its earlier slot: `targets.start + column` after
+                // `sources.start + row`.
+                let after = if same { sources.start as i64 - targets.start as i64 } else { i64::MIN };
+                let sure = SureCount { limit: sure_limit, from: 0, to: targets.len(), after };
+                counted += tile_hits(
                     limit.kind,
                     dim,
                     left_slots.columns(),
@@ -80,6 +87,7 @@ pub(super) fn join(
                     right_slots.columns(),
                     padded,
                     limit.limit,
+                    sure,
                     &mut hits,
                 );
                 tested += (sources.len() * targets.len()) as u64;
@@ -99,6 +107,9 @@ pub(super) fn join(
             if same {
                 ctx.self_pairs(sources.map(|s| left_groups.order[s] as usize), &mut writer)?;
             }
+        }
+        if counted > 0 {
+            writer.count(counted, counted);
         }
         ctx.candidates.fetch_add(tested, Ordering::Relaxed);
         pages.fetch_add(visited, Ordering::Relaxed);

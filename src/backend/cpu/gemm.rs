@@ -14,7 +14,7 @@ use crate::backend::plan::bounds::score_threshold;
 use crate::backend::plan::exact::ExactCheck;
 use crate::backend::plan::exact::offer_exact;
 use crate::backend::plan::gemm_form;
-use crate::backend::plan::simd::gemm_lower_bounds;
+use crate::backend::plan::simd::gemm_candidates;
 use crate::backend::plan::topk::{KSmallest, Neighbour};
 use crate::backend::{JoinRequest, KnnRequest};
 use crate::op::{Metric, dot};
@@ -197,11 +197,20 @@ impl<'v> GemmSide<'v> {
         if self.inner_product { -dot } else { self.sq_norms[i] + other.sq_norms[j] - 2.0 * dot }
     }
 
-    /// Lower bounds `score − slack` of row `i` against rows `js` of `other`, given their dots.
+    /// The rows of `js` (as offsets into it, each with its lower bound `score − slack`) that row
+    /// `i` of `self` may be within `bound` of, given their dot products.
     #[inline]
-    fn lower_bounds(&self, other: &GemmSide, i: usize, js: std::ops::Range<usize>, dots: &[f32], out: &mut Vec<f32>) {
+    fn candidates(
+        &self,
+        other: &GemmSide,
+        i: usize,
+        js: std::ops::Range<usize>,
+        dots: &[f32],
+        bound: f32,
+        hits: &mut Vec<(u32, f32)>,
+    ) {
         let (sq, norms) = (&other.sq_norms[js.clone()], &other.norms[js]);
-        gemm_lower_bounds(
+        gemm_candidates(
             dots,
             self.sq_norms[i],
             self.norms[i],
@@ -210,7 +219,8 @@ impl<'v> GemmSide<'v> {
             self.margin,
             self.floor,
             self.inner_product,
-            out,
+            bound,
+            hits,
         );
     }
 
@@ -230,7 +240,7 @@ pub(super) fn gemm_join(ctx: &JoinContext, left: &GemmSide, right: &GemmSide) ->
     ctx.sink.start(blocks as u64);
     (0..blocks).into_par_iter().try_for_each(|b| -> Result<()> {
         let mut writer = ctx.writer();
-        let (mut tile, mut lower) = (Vec::new(), Vec::new());
+        let (mut tile, mut hits) = (Vec::new(), Vec::new());
         let q = b * TILE_QUERIES..((b + 1) * TILE_QUERIES).min(left.len());
         let first = if self_join.is_some() { q.start } else { 0 };
         let mut tested = 0u64;
@@ -238,9 +248,9 @@ pub(super) fn gemm_join(ctx: &JoinContext, left: &GemmSide, right: &GemmSide) ->
             let r = b0..(b0 + TILE_BASE).min(right.len());
             left.dot_tile(right, q.clone(), r.clone(), &mut tile);
             for (i, row) in q.clone().zip(tile.chunks_exact(r.len())) {
-                left.lower_bounds(right, i, r.clone(), row, &mut lower);
-                for (j, &low) in r.clone().zip(&lower) {
-                    if low <= limit && !(self_join.is_some() && j <= i) {
+                left.candidates(right, i, r.clone(), row, limit, &mut hits);
+                for j in hits.iter().map(|&(offset, _)| r.start + offset as usize) {
+                    if !(self_join.is_some() && j <= i) {
                         tested += 1;
                         if let Some(dist) = ctx.exact.within(lv.row(i), rv.row(j), i, j) {
                             ctx.push(&mut writer, i as u32, j as u32, dist)?;
@@ -272,16 +282,19 @@ pub(super) fn knn_gemm_unit(
 ) -> Vec<Vec<Neighbour>> {
     let mut uppers: Vec<KSmallest> = q.clone().map(|_| KSmallest::new(k)).collect();
     let mut lists: Vec<Vec<(f32, u32)>> = q.clone().map(|_| Vec::new()).collect();
-    let (mut tile, mut lower) = (Vec::new(), Vec::new());
+    let (mut tile, mut hits) = (Vec::new(), Vec::new());
     for b0 in r.clone().step_by(TILE_BASE) {
         let br = b0..(b0 + TILE_BASE).min(r.end);
         queries.dot_tile(base, q.clone(), br.clone(), &mut tile);
         for ((i, row), (upper, list)) in
             q.clone().zip(tile.chunks_exact(br.len())).zip(uppers.iter_mut().zip(lists.iter_mut()))
         {
+            // The scan's bound is the one the row starts with; each candidate is then held to the
+            // bound as it tightens, as one pass over the rows would.
             let mut bound = upper.bound() as f32;
-            queries.lower_bounds(base, i, br.clone(), row, &mut lower);
-            for ((j, &d), &low) in br.clone().zip(row).zip(&lower) {
+            queries.candidates(base, i, br.clone(), row, bound, &mut hits);
+            for &(offset, low) in &hits {
+                let (j, d) = (br.start + offset as usize, row[offset as usize]);
                 if low <= bound {
                     list.push((low, j as u32));
                     let upper_bound = queries.score(base, i, j, d) + queries.slack(base, i, j);

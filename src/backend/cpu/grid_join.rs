@@ -12,7 +12,7 @@ use rayon::slice::ParallelSliceMut;
 use crate::backend::PairWriter;
 use crate::backend::cpu::context::JoinContext;
 use crate::backend::plan::bounds::FilterLimit;
-use crate::backend::plan::simd::{Columns, LANES, tile_hits};
+use crate::backend::plan::simd::{Columns, LANES, SureCount, tile_hits};
 use crate::backend::plan::{gather, lower_corner};
 use crate::index::{GridGeometry, GridIndex};
 use crate::on_coords;
@@ -73,6 +73,9 @@ pub(super) fn grid_join(
         let mut neighbours = Vec::with_capacity(27);
         let mut hits = Vec::new();
         let mut tested = 0u64;
+        // A count of pairs needs no exact check of those the filter proves within the threshold.
+        let sure_limit = if writer.counts_only() { limit.sure } else { f32::NEG_INFINITY };
+        let mut counted = 0u64;
         for c in cells.clone() {
             let id = left.cell_ids[c];
             neighbours.clear();
@@ -92,7 +95,9 @@ pub(super) fn grid_join(
                     // Every slot of `c` against the whole (padded) cell `nc` in one tile.
                     let block = base..base + targets.len().next_multiple_of(LANES);
                     let rows = source_start..source_start + sources.len();
-                    tile_hits(
+                    let after = if same && nc == c { 0 } else { i64::MIN };
+                    let sure = SureCount { limit: sure_limit, from: 0, to: targets.len(), after };
+                    counted += tile_hits(
                         limit.kind,
                         dim,
                         left_slots.columns(),
@@ -100,6 +105,7 @@ pub(super) fn grid_join(
                         right_slots.columns(),
                         block,
                         limit.limit,
+                        sure,
                         &mut hits,
                     );
                     tested += if same && nc == c {
@@ -131,7 +137,9 @@ pub(super) fn grid_join(
                     let block_start = base + ((lo - targets.start) / LANES) * LANES;
                     let block_end = base + (hi - targets.start).next_multiple_of(LANES);
                     let row = source_start + (sa - sources.start);
-                    tile_hits(
+                    let first = targets.start + (block_start - base);
+                    let sure = SureCount { limit: sure_limit, from: lo - first, to: hi - first, after: i64::MIN };
+                    counted += tile_hits(
                         limit.kind,
                         dim,
                         left_slots.columns(),
@@ -139,9 +147,9 @@ pub(super) fn grid_join(
                         right_slots.columns(),
                         block_start..block_end,
                         limit.limit,
+                        sure,
                         &mut hits,
                     );
-                    let first = targets.start + (block_start - base);
                     for &(_, column) in &hits {
                         let sb = first + column as usize;
                         if (lo..hi).contains(&sb) {
@@ -150,6 +158,9 @@ pub(super) fn grid_join(
                     }
                 }
             }
+        }
+        if counted > 0 {
+            writer.count(counted, counted);
         }
         ctx.candidates.fetch_add(tested, Ordering::Relaxed);
         if same {

@@ -50,10 +50,19 @@ pub(crate) fn filter_kind(metric: Metric) -> FilterKind {
 /// bounds to `T` and rounds up, so every pair within the threshold passes; the exact check decides.
 /// For cosine the space is the unit-normalised vectors (`‖â − b̂‖² = 2·(1 − cos)`), plus 10⁻¹² for
 /// the f64 normalisation.
+///
+/// # Why a pair scored at or below `sure` is within the threshold
+/// The same analysis bounds the error the other way: `S − S̃ ≤ (d+3)·u·S + 4.1·u·M·√(dS)`, at most
+/// the margin `m` computed at `T` for every `S ≤ T`. If `S ≥ T − m` then `S̃ ≥ T − 2m` (and more so
+/// for `S > T`, as `S − m(S)` grows with `S`), so `S̃ ≤ T − 3m` gives `S < T − m`. The exact test's
+/// f64 sum is within `(d+1)·2⁻⁵³·S` of `S` and its limit within an ulp of `T`, both far below
+/// `m ≥ 2(d+4)·u·T`: the exact test keeps the pair. Only L2 and L2², whose exact test is that sum.
 pub(crate) struct FilterLimit {
     pub(crate) kind: FilterKind,
     /// Scores at or below this may be within the threshold.
     pub(crate) limit: f32,
+    /// Scores at or below this are within it (−∞ where no score is known to be).
+    pub(crate) sure: f32,
 }
 
 impl FilterLimit {
@@ -73,7 +82,16 @@ impl FilterLimit {
         let bound = t + 2.0 * margin;
         let limit = bound as f32;
         let limit = if (limit as f64) < bound { limit.next_up() } else { limit };
-        Self { kind, limit }
+        // Scores near f32's subnormal range err by absolute amounts the margin does not cover.
+        let sure_bound = t - 3.0 * margin;
+        let sure = match metric {
+            Metric::L2 | Metric::L2Squared if sure_bound > 1e-30 && sure_bound.is_finite() => {
+                let sure = sure_bound as f32;
+                if (sure as f64) > sure_bound { sure.next_down() } else { sure }
+            }
+            _ => f32::NEG_INFINITY,
+        };
+        Self { kind, limit, sure }
     }
 }
 

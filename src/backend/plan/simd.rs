@@ -27,9 +27,30 @@ pub struct Columns<'a> {
     pub len: usize,
 }
 
+/// The pairs of a tile that [`tile_hits`] counts instead of listing: scores at or below `limit`
+/// (`FilterLimit::sure`: pairs the exact check would keep) in columns `from..to`, and only where
+/// `column − row > after` (a self-join's pairs met once: its earlier slot first).
+#[derive(Debug, Clone, Copy)]
+pub struct SureCount {
+    /// Scores at or below this are within the threshold.
+    pub limit: f32,
+    /// First column that counts.
+    pub from: usize,
+    /// Column past the last that counts.
+    pub to: usize,
+    /// A counted pair's column exceeds its row by more than this.
+    pub after: i64,
+}
+
+impl SureCount {
+    /// Counts nothing: every pair that may be within the limit is listed.
+    pub const NONE: Self = Self { limit: f32::NEG_INFINITY, from: 0, to: 0, after: i64::MIN };
+}
+
 /// The (row, column) offsets of the pairs whose score is `<= limit`: left position `rows.start + row`
-/// against right position `block.start + column`, for `dims` dimensions. `block.len()` is a
-/// multiple of [`LANES`]. Each lane block keeps its accumulators in registers across dimensions.
+/// against right position `block.start + column`, for `dims` dimensions, except those `sure`
+/// counts, whose number it returns. `block.len()` is a multiple of [`LANES`]. Each lane block
+/// keeps its accumulators in registers across dimensions.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma+avx", "x86_64+avx2+fma+avx", "aarch64+neon"))]
 #[allow(clippy::too_many_arguments)]
 pub fn tile_hits(
@@ -40,10 +61,14 @@ pub fn tile_hits(
     right: Columns,
     block: std::ops::Range<usize>,
     limit: f32,
+    sure: SureCount,
     hits: &mut Vec<(u32, u32)>,
-) {
+) -> u64 {
     hits.clear();
+    let mut counted = 0u64;
     for (row, a) in rows.enumerate() {
+        // Columns `first..sure.to` count for this row.
+        let first = (sure.from as i64).max((row as i64).saturating_add(sure.after).saturating_add(1));
         for lane_block in (block.start..block.end).step_by(LANES) {
             let mut acc = [0f32; LANES];
             for d in 0..dims {
@@ -68,22 +93,39 @@ pub fn tile_hits(
                     }
                 }
             }
-            if acc.iter().fold(false, |any, &s| any | (s <= limit)) {
+            let column = (lane_block - block.start) as i64;
+            let mut listed = false;
+            for (i, &s) in acc.iter().enumerate() {
+                let c = column + i as i64;
+                counted += u64::from(s <= sure.limit && c >= first && c < sure.to as i64);
+                listed |= s <= limit && !(s <= sure.limit);
+            }
+            if listed {
                 for (i, &s) in acc.iter().enumerate() {
-                    if s <= limit {
+                    if s <= limit && !(s <= sure.limit) {
                         hits.push((row as u32, (lane_block - block.start + i) as u32));
                     }
                 }
             }
         }
     }
+    counted
 }
 
-/// Lower bounds of GEMM-form scores for one query row: `out[j] = s_j − margin·(r + r_j)² − floor`
-/// with `s_j = sq + sq_j − 2·dot_j`, or `s_j = −dot_j` for inner product (see `GemmSide`).
+/// Values per block of [`gemm_candidates`] (16 f32 = one AVX-512 register).
+const CANDIDATE_LANES: usize = 16;
+
+/// The rows of one query's GEMM tile row that the filter cannot rule out: each offset `j` of `dots`
+/// whose lower bound `s_j − margin·(r + r_j)² − floor` is at most `bound`, with that bound, in
+/// order. `s_j = sq + sq_j − 2·dot_j`, or `s_j = −dot_j` for inner product (see `GemmSide`).
+///
+/// A block of [`CANDIDATE_LANES`] rows whose bounds all exceed `bound` writes nothing, so the scan
+/// costs the bound's arithmetic and one compare a row: in a kNN past its first tiles nearly every
+/// block is such, and writing every bound out for a second, scalar pass over them cost as much
+/// again.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma+avx", "x86_64+avx2+fma+avx", "aarch64+neon"))]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_lower_bounds(
+pub fn gemm_candidates(
     dots: &[f32],
     sq: f32,
     norm: f32,
@@ -92,21 +134,38 @@ pub fn gemm_lower_bounds(
     margin: f32,
     floor: f32,
     inner_product: bool,
-    out: &mut Vec<f32>,
+    bound: f32,
+    hits: &mut Vec<(u32, f32)>,
 ) {
-    out.clear();
-    out.resize(dots.len(), 0.0);
-    let items = out.iter_mut().zip(dots).zip(sq_other.iter().zip(norm_other));
-    if inner_product {
-        items.for_each(|((o, &d), (_, &r))| {
-            let n = norm + r;
-            *o = -d - (margin * n * n + floor);
-        });
-    } else {
-        items.for_each(|((o, &d), (&s, &r))| {
-            let n = norm + r;
-            *o = (sq + s - 2.0 * d) - (margin * n * n + floor);
-        });
+    hits.clear();
+    // −dot_j for inner product, sq + sq_j − 2·dot_j otherwise, with no branch in the loop: the
+    // products by 0, 1, −1 and −2 are exact, so both are the scores as written.
+    let (norm_weight, dot_weight) = if inner_product { (0.0, -1.0) } else { (1.0, -2.0) };
+    let lower = |d: f32, s: f32, n: f32| {
+        let r = norm + n;
+        (norm_weight * sq + norm_weight * s + dot_weight * d) - (margin * r * r + floor)
+    };
+    let (sq_other, norm_other) = (&sq_other[..dots.len()], &norm_other[..dots.len()]);
+    let blocks = dots.len() / CANDIDATE_LANES;
+    let rows = dots.chunks_exact(CANDIDATE_LANES).zip(sq_other.chunks_exact(CANDIDATE_LANES));
+    for (b, ((d, s), n)) in rows.zip(norm_other.chunks_exact(CANDIDATE_LANES)).enumerate() {
+        let mut low = [0f32; CANDIDATE_LANES];
+        for l in 0..CANDIDATE_LANES {
+            low[l] = lower(d[l], s[l], n[l]);
+        }
+        if low.iter().fold(false, |any, &x| any | (x <= bound)) {
+            for (l, &x) in low.iter().enumerate() {
+                if x <= bound {
+                    hits.push(((b * CANDIDATE_LANES + l) as u32, x));
+                }
+            }
+        }
+    }
+    for j in blocks * CANDIDATE_LANES..dots.len() {
+        let x = lower(dots[j], sq_other[j], norm_other[j]);
+        if x <= bound {
+            hits.push((j as u32, x));
+        }
     }
 }
 
@@ -202,7 +261,7 @@ pub fn prefetch(values: &[f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{dot_rows, sum_squares};
+    use super::{dot_rows, gemm_candidates, sum_squares};
 
     /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -231,6 +290,43 @@ mod tests {
                     let bound = dim as f64 * 2f64.powi(-24) * magnitude;
                     assert!((out[i * n + j] as f64 - exact).abs() <= bound, "m {m} n {n} dim {dim} ({i}, {j})");
                 }
+            }
+        }
+    }
+
+    /// The scan keeps exactly the rows whose lower bound, written out, is within the bound, with
+    /// that bound, on both sides of a block's edge and in the tail.
+    #[test]
+    fn candidates_are_the_rows_whose_lower_bound_is_within_the_bound() {
+        let n = 53;
+        let dots = values(n, 4);
+        let sq_other: Vec<f32> = values(n, 5).iter().map(|x| x.abs() + 0.5).collect();
+        let norm_other: Vec<f32> = sq_other.iter().map(|s| s.sqrt()).collect();
+        let (sq, norm, margin, floor) = (0.75f32, 0.75f32.sqrt(), 1e-3, 1e-30);
+        for inner_product in [false, true] {
+            for bound in [-1.0f32, 0.0, 0.8, 1.5, f32::INFINITY] {
+                let expected: Vec<(u32, f32)> = (0..n)
+                    .map(|j| {
+                        let r = norm + norm_other[j];
+                        let score = if inner_product { -dots[j] } else { sq + sq_other[j] - 2.0 * dots[j] };
+                        (j as u32, score - (margin * r * r + floor))
+                    })
+                    .filter(|&(_, low)| low <= bound)
+                    .collect();
+                let mut hits = vec![(7, 7.0)];
+                gemm_candidates(
+                    &dots,
+                    sq,
+                    norm,
+                    &sq_other,
+                    &norm_other,
+                    margin,
+                    floor,
+                    inner_product,
+                    bound,
+                    &mut hits,
+                );
+                assert_eq!(hits, expected, "inner product {inner_product}, bound {bound}");
             }
         }
     }
