@@ -161,7 +161,6 @@ pub(super) fn knn_direct_unit(
         let first = t * tile_rows;
         for (i, best) in q.clone().zip(bests.iter_mut()) {
             let limit = FilterLimit::new(metric, best.bound(), dim, columns.extent);
-            let none = SureCount::NONE;
             tile_hits(
                 limit.kind,
                 dim,
@@ -170,7 +169,7 @@ pub(super) fn knn_direct_unit(
                 tile_columns,
                 0..tile_rows,
                 limit.limit,
-                none,
+                SureCount::NONE,
                 &mut hits,
             );
             let passing = hits.iter().map(|&(_, offset)| first + offset as usize).filter(|j| r.contains(j));

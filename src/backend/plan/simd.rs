@@ -120,9 +120,8 @@ const CANDIDATE_LANES: usize = 16;
 /// order. `s_j = sq + sq_j − 2·dot_j`, or `s_j = −dot_j` for inner product (see `GemmSide`).
 ///
 /// A block of [`CANDIDATE_LANES`] rows whose bounds all exceed `bound` writes nothing, so the scan
-/// costs the bound's arithmetic and one compare a row: in a kNN past its first tiles nearly every
-/// block is such, and writing every bound out for a second, scalar pass over them cost as much
-/// again.
+/// costs the bound's arithmetic and one compare a row, with no second pass over stored bounds: in
+/// a kNN past its first tiles nearly every block is such.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma+avx", "x86_64+avx2+fma+avx", "aarch64+neon"))]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_candidates(
