@@ -220,12 +220,14 @@ fn calibrate(
             tried = trial(effort)?;
         }
     }
-    // The exact kNN where it is as fast as the search that meets the target.
-    Ok(if tried.time >= exact_time {
-        exactly
-    } else {
-        Calibration { effort: Some(effort), found: tried.found, truth: tried.truth }
-    })
+    // The exact kNN where it is as fast as the search that meets the target. One disturbed timing
+    // (another process on the cores) must not decide it: a search that looks no faster is timed
+    // again, and so is the exact kNN, the faster of each pair counting.
+    let search_wins = tried.time < exact_time || {
+        let exact_again = ask(None)?.1.min(exact_time);
+        trial(effort)?.time.min(tried.time) < exact_again
+    };
+    Ok(if search_wins { Calibration { effort: Some(effort), found: tried.found, truth: tried.truth } } else { exactly })
 }
 
 /// The collected rows as one list per sample query, ranked, each query's own entry dropped where
