@@ -99,17 +99,22 @@ impl JoinPlan {
             }
         };
         let (strategy, one_core_ns) = match coordinate_bound(metric, threshold) {
-            Some(radius) => estimate_strategy(&CostInputs {
-                left: spaces.left(),
-                right: spaces.right(),
-                dim: left.dim,
-                radius,
-                self_join: self_join.is_some(),
-                gemm_form: gemm_form(metric),
-                index,
-                grid_dims,
-            }),
-            None => (
+            // Brute force by name needs no extent (a pass over every row of both sides).
+            Some(radius) if index != IndexChoice::BruteForce => {
+                let (lo, hi) = spaces.extent(left.dim);
+                estimate_strategy(&CostInputs {
+                    left: spaces.left(),
+                    right: spaces.right(),
+                    dim: left.dim,
+                    extent: (&lo, &hi),
+                    radius,
+                    self_join: self_join.is_some(),
+                    gemm_form: gemm_form(metric),
+                    index,
+                    grid_dims,
+                })
+            }
+            _ => (
                 JoinStrategy::BruteForce,
                 brute_force_run_ns(left.len(), right.len(), left.dim, gemm_form(metric), self_join.is_some()),
             ),

@@ -151,6 +151,8 @@ pub struct CostInputs<'a> {
     pub right: Coords<'a>,
     /// Vector dimension.
     pub dim: usize,
+    /// Per-dimension minimum and maximum over both sides (`Vectors::extent`, kept with the vectors).
+    pub extent: (&'a [f64], &'a [f64]),
     /// Coordinate bound `r`.
     pub radius: f64,
     /// One input joined with itself (each unordered pair computed once).
@@ -199,7 +201,8 @@ pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
 
     let sample_left = strided_sample(left, dim, COST_SAMPLE);
     let sample_right = if self_join { sample_left.clone() } else { strided_sample(right, dim, COST_SAMPLE) };
-    let (lo, hi, variance) = extent_and_variance(left, right, dim, &sample_left, &sample_right);
+    let variance = sample_variance(dim, &sample_left, &sample_right);
+    let (lo, hi) = inputs.extent;
     let cell_edge = (radius * WIDEN).max(f64::MIN_POSITIVE);
     // Dimensions that span at least three cells can prune; highest variance first.
     // A forced grid may index any dimension.
@@ -216,7 +219,7 @@ pub fn estimate_strategy(inputs: &CostInputs) -> (JoinStrategy, f64) {
     let mut best = (if forced_grid { f64::INFINITY } else { brute_cost }, JoinStrategy::BruteForce);
     let mut best_run = brute_run;
     for k in dims_to_try {
-        let geometry = geometry(&useful[..k], &ranked, &lo, &hi, radius, dim);
+        let geometry = geometry(&useful[..k], &ranked, lo, hi, radius, dim);
         let hits = sample_candidates(&geometry, &sample_left, &sample_right, dim, self_join);
         let sample_pairs = (sample_left.len() / dim) as f64 * (sample_right.len() / dim) as f64;
         let candidates = hits / sample_pairs * n_left as f64 * n_right as f64 * pair_factor;
@@ -281,60 +284,16 @@ fn strided_sample(points: Coords, dim: usize, count: usize) -> Vec<f64> {
     })
 }
 
-/// Exact per-dimension extent of both inputs, variance from the samples.
-fn extent_and_variance(
-    left: Coords,
-    right: Coords,
-    dim: usize,
-    sl: &[f64],
-    sr: &[f64],
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (mut lo, mut hi) = extent(left, dim);
-    if !left.same(right) {
-        let (l, h) = extent(right, dim);
-        for d in 0..dim {
-            lo[d] = lo[d].min(l[d]);
-            hi[d] = hi[d].max(h[d]);
-        }
-    }
+/// Per-dimension variance of the samples of both sides.
+fn sample_variance(dim: usize, sl: &[f64], sr: &[f64]) -> Vec<f64> {
     let rows = (sl.len() + sr.len()) / dim;
-    let variance = (0..dim)
+    (0..dim)
         .map(|d| {
             let values = || sl.iter().chain(sr).skip(d).step_by(dim);
             let mean = values().sum::<f64>() / rows as f64;
             values().map(|x| (x - mean) * (x - mean)).sum::<f64>() / rows as f64
         })
-        .collect();
-    (lo, hi, variance)
-}
-
-/// Per-dimension minimum and maximum of row-major `points`, `dim` wide.
-pub fn extent(points: Coords, dim: usize) -> (Vec<f64>, Vec<f64>) {
-    on_coords!(points, |points| {
-        points
-            .par_chunks(dim * 4096)
-            .map(|block| {
-                let mut lo = vec![f64::INFINITY; dim];
-                let mut hi = vec![f64::NEG_INFINITY; dim];
-                for row in block.chunks_exact(dim) {
-                    for d in 0..dim {
-                        lo[d] = lo[d].min(row[d].f64());
-                        hi[d] = hi[d].max(row[d].f64());
-                    }
-                }
-                (lo, hi)
-            })
-            .reduce(
-                || (vec![f64::INFINITY; dim], vec![f64::NEG_INFINITY; dim]),
-                |(mut lo, mut hi), (l, h)| {
-                    for d in 0..dim {
-                        lo[d] = lo[d].min(l[d]);
-                        hi[d] = hi[d].max(h[d]);
-                    }
-                    (lo, hi)
-                },
-            )
-    })
+        .collect()
 }
 
 /// Sample pairs whose cells are neighbours in every indexed dimension (self-join: distinct rows).
@@ -519,10 +478,12 @@ mod tests {
     #[test]
     fn cost_model_picks_the_grid_at_low_d_and_brute_force_when_eps_covers_everything() {
         let points = uniform(20_000, 2, 1);
+        let (lo, hi) = Coords::F64(&points).extent(2);
         let inputs = |radius| CostInputs {
             left: Coords::F64(&points),
             right: Coords::F64(&points),
             dim: 2,
+            extent: (&lo, &hi),
             radius,
             self_join: true,
             gemm_form: true,

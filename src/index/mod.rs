@@ -13,5 +13,5 @@ pub mod stored;
 
 pub use directory::{DIRECTORY_BLOCK, DirectoryShape, JoinDirectories};
 pub use grid::brute_force_run_ns;
-pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, estimate_strategy, extent};
+pub use grid::{CostInputs, GridGeometry, GridIndex, JoinStrategy, estimate_strategy};
 pub use kept::KeptIndexes;

@@ -108,6 +108,8 @@ pub struct Vectors {
     resident: Option<Arc<ResidentMark>>,
     /// [`Vectors::mean`], computed on first use (kept vectors keep it across queries).
     mean: OnceLock<Vec<f64>>,
+    /// [`Vectors::extent`], computed on first use (kept vectors keep it across queries).
+    extent: OnceLock<(Vec<f64>, Vec<f64>)>,
     /// [`Vectors::unit_rows`], computed on first use.
     unit: OnceLock<Vec<f64>>,
     /// [`Vectors::rows_are_positions`], computed on first use.
@@ -289,6 +291,12 @@ impl Vectors {
         *self.rows_are_positions.get_or_init(|| self.rows.iter().enumerate().all(|(i, &row)| row as usize == i))
     }
 
+    /// Per-dimension minimum and maximum of the vectors ([`Coords::extent`]; the grid's cost model
+    /// reads it for every join), computed once: the values must not change after the first call.
+    pub fn extent(&self) -> &(Vec<f64>, Vec<f64>) {
+        self.extent.get_or_init(|| self.values.coords().extent(self.dim))
+    }
+
     /// The mean of the vectors, per dimension (the GEMM-form filter's centre), computed once: the
     /// values must not change after the first call.
     pub fn mean(&self) -> &[f64] {
@@ -417,6 +425,7 @@ impl Vectors {
             rows.truncate(kept);
         }
         self.mean = OnceLock::new();
+        self.extent = OnceLock::new();
         let before = self.len();
         match &mut self.values {
             Values::F64(v) => retain_nonzero(v, &mut self.rows, self.dim),
