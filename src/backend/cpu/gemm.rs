@@ -1,6 +1,6 @@
 //! The brute-force joins and kNN units of the GEMM-form metrics (L2, L2², cosine, inner product):
-//! an f32 GEMM tile filter whose error is bounded, then the exact f64 check of what it cannot rule
-//! out.
+//! a GEMM tile filter whose error is bounded (f32 products, or bf16 ones on the cores' bf16 unit,
+//! `tiles.rs`), then the exact f64 check of what it cannot rule out.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +10,7 @@ use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterato
 use rayon::slice::{ParallelSlice, ParallelSliceMut};
 
 use crate::backend::cpu::context::{JoinContext, TILE_QUERIES};
+use crate::backend::cpu::tiles::{self, TILE_MAX_NORM, TileLayout, TileRows};
 use crate::backend::plan::bounds::score_threshold;
 use crate::backend::plan::exact::ExactCheck;
 use crate::backend::plan::exact::offer_exact;
@@ -28,6 +29,16 @@ const TILE_BASE: usize = 1024;
 /// (docs/design.md#inputs).
 const DIRECT_DOT_ROWS: usize = 16;
 
+/// Left rows from which the dot products run on the CPU's bf16 unit where it has one: packing the
+/// right side in bf16 is a pass over its rows, which fewer left rows would not repay
+/// (docs/design.md#cpu-knn).
+const TILE_MIN_LEFT_ROWS: usize = 64;
+
+/// Dimensions from which the dot products run on the bf16 unit: below, a product is a small part
+/// of a pair's work and a kNN's k-th distance small beside the norms that size the bf16 margin
+/// (at 8 dimensions the kNN's candidates double and it runs slower; docs/design.md#cpu-knn).
+const TILE_MIN_DIM: usize = 16;
+
 /// The f32 filter sides of a GEMM-form metric (the right one omitted for a self-join), centred on
 /// the right input's mean; `None` when the metric has no GEMM form or the values exceed f32 scores.
 ///
@@ -35,11 +46,15 @@ const DIRECT_DOT_ROWS: usize = 16;
 /// as for embeddings and other data centred by construction) is not centred: its values are then
 /// its filter rows as they are, with no copy, and the norms, and so the margin, are larger by a
 /// few percent at most. The inner product never centres.
+///
+/// `limit` is a join's or range query's score threshold (`None` for a kNN): the bf16 unit's wider
+/// margin is taken only where it stays small beside it.
 pub(super) fn gemm_sides<'v>(
     left: &'v Vectors,
     right: &'v Vectors,
     metric: Metric,
     same: bool,
+    limit: Option<f32>,
 ) -> Option<(GemmSide<'v>, Option<GemmSide<'v>>)> {
     if !gemm_form(metric) {
         return None;
@@ -66,9 +81,38 @@ pub(super) fn gemm_sides<'v>(
         None => GemmSide::new(right, metric, origin)?,
     };
     if same {
-        return Some((right_side, None));
+        let mut side = right_side;
+        if use_tiles(&side, &side, limit) {
+            side.tiles_left = Some(TileRows::left(&side.data, side.dim));
+            side.tiles_right = Some(TileRows::right(&side.data, side.dim));
+            side.widen_for_tiles();
+        }
+        return Some((side, None));
     }
-    Some((GemmSide::new(left, metric, origin)?, Some(right_side)))
+    let (mut left_side, mut right_side) = (GemmSide::new(left, metric, origin)?, right_side);
+    if use_tiles(&left_side, &right_side, limit) {
+        left_side.tiles_left = Some(TileRows::left(&left_side.data, left_side.dim));
+        right_side.tiles_right = Some(TileRows::right(&right_side.data, right_side.dim));
+        left_side.widen_for_tiles();
+        right_side.widen_for_tiles();
+    }
+    Some((left_side, Some(right_side)))
+}
+
+/// Whether the dot products of `left` and `right` run on the CPU's bf16 unit: the cores have one,
+/// the left side has enough rows to repay packing the right, the rows enough dimensions for the
+/// products to be most of the work, the margin at the sides' mean norms is at most an eighth of
+/// the score threshold where there is one (a wider margin admits candidates by the multiple), and
+/// no norm is so large that the unit's absolute error would exceed its floor
+/// ([`tiles::tile_margin`]).
+fn use_tiles(left: &GemmSide, right: &GemmSide, limit: Option<f32>) -> bool {
+    let mean_norm = |side: &GemmSide| side.norms.iter().map(|&n| n as f64).sum::<f64>() / side.len().max(1) as f64;
+    let margin = || tiles::tile_margin(left.dim) as f64 * (mean_norm(left) + mean_norm(right)).powi(2);
+    left.len() >= TILE_MIN_LEFT_ROWS
+        && left.dim >= TILE_MIN_DIM
+        && tiles::available()
+        && limit.is_none_or(|limit| margin() <= limit as f64 / 8.0)
+        && [left, right].iter().all(|side| side.norms.iter().all(|&n| n <= TILE_MAX_NORM))
 }
 
 /// The mean of at most 1,024 rows spread evenly over `v`: enough to tell data centred near the
@@ -114,6 +158,11 @@ pub(super) struct GemmSide<'v> {
     /// Absolute margin `(d + 16)·2⁻¹⁴⁰` for scores near f32's subnormal range, where rounding
     /// errors are absolute (at most 2⁻¹⁴⁹ per operation) rather than relative.
     floor: f32,
+    /// The rows in bf16 as the left operand of the CPU's tiles, where they compute this side's
+    /// products (then `margin` and `floor` are the tiles' wider ones, [`tiles::tile_margin`]).
+    tiles_left: Option<TileRows>,
+    /// The rows in bf16 as the right operand of the tiles.
+    tiles_right: Option<TileRows>,
 }
 
 impl<'v> GemmSide<'v> {
@@ -153,20 +202,39 @@ impl<'v> GemmSide<'v> {
         let margin = (dim as f32 + 16.0) / (1u32 << 23) as f32;
         let floor = (dim as f32 + 16.0) * 2f32.powi(-140);
         let inner_product = metric == Metric::InnerProduct;
-        Some(Self { dim, data, sq_norms, norms, inner_product, margin, floor })
+        Some(Self { dim, data, sq_norms, norms, inner_product, margin, floor, tiles_left: None, tiles_right: None })
+    }
+
+    /// The margins of products from the tiles (both sides of a pair must agree on them).
+    fn widen_for_tiles(&mut self) {
+        self.margin = tiles::tile_margin(self.dim);
+        self.floor = tiles::tile_floor(self.dim);
     }
 
     fn len(&self) -> usize {
         self.norms.len()
     }
 
-    /// `tile[i * cols + j] = x̃_(q0+i) · ỹ_(b0+j)` for the given row ranges of `self` and `other`.
-    fn dot_tile(&self, other: &GemmSide, q: std::ops::Range<usize>, b: std::ops::Range<usize>, tile: &mut Vec<f32>) {
+    /// The dot products `x̃_(q0+i) · ỹ_(b0+j)` for the given row ranges of `self` and `other`, row
+    /// `i` at `layout.row(tile, i, b.len())`: on the tiles where both sides are packed for them
+    /// (bf16 products, within the sides' wider margin), else in f32.
+    fn dot_tile(
+        &self,
+        other: &GemmSide,
+        q: std::ops::Range<usize>,
+        b: std::ops::Range<usize>,
+        tile: &mut Vec<f32>,
+    ) -> TileLayout {
+        if let (Some(left), Some(right)) = (&self.tiles_left, &other.tiles_right) {
+            return tiles::dot_tile(left, right, q, b, tile);
+        }
         let (m, n, k) = (q.len(), b.len(), self.dim);
+        let layout = TileLayout { stride: n, offset: 0 };
         tile.resize(m * n, 0.0);
         if m <= DIRECT_DOT_ROWS {
             let (a, b) = (&self.data[q.start * k..q.end * k], &other.data[b.start * k..b.end * k]);
-            return crate::backend::plan::simd::dot_rows(a, m, b, n, k, tile);
+            crate::backend::plan::simd::dot_rows(a, m, b, n, k, tile);
+            return layout;
         }
         // SAFETY: `a` holds m rows of k values (row stride k), `b` holds n rows of k values read as
         // a k × n matrix (row stride 1, column stride k), `c` holds m × n values (row stride n);
@@ -189,6 +257,7 @@ impl<'v> GemmSide<'v> {
                 1,
             );
         }
+        layout
     }
 
     /// Score of row `i` of `self` against row `j` of `other`, given their dot product.
@@ -246,8 +315,9 @@ pub(super) fn gemm_join(ctx: &JoinContext, left: &GemmSide, right: &GemmSide) ->
         let mut tested = 0u64;
         for b0 in (first..right.len()).step_by(TILE_BASE) {
             let r = b0..(b0 + TILE_BASE).min(right.len());
-            left.dot_tile(right, q.clone(), r.clone(), &mut tile);
-            for (i, row) in q.clone().zip(tile.chunks_exact(r.len())) {
+            let layout = left.dot_tile(right, q.clone(), r.clone(), &mut tile);
+            for (t, i) in q.clone().enumerate() {
+                let row = layout.row(&tile, t, r.len());
                 left.candidates(right, i, r.clone(), row, limit, &mut hits);
                 for j in hits.iter().map(|&(offset, _)| r.start + offset as usize) {
                     if !(self_join.is_some() && j <= i) {
@@ -285,10 +355,9 @@ pub(super) fn knn_gemm_unit(
     let (mut tile, mut hits) = (Vec::new(), Vec::new());
     for b0 in r.clone().step_by(TILE_BASE) {
         let br = b0..(b0 + TILE_BASE).min(r.end);
-        queries.dot_tile(base, q.clone(), br.clone(), &mut tile);
-        for ((i, row), (upper, list)) in
-            q.clone().zip(tile.chunks_exact(br.len())).zip(uppers.iter_mut().zip(lists.iter_mut()))
-        {
+        let layout = queries.dot_tile(base, q.clone(), br.clone(), &mut tile);
+        for (t, (i, (upper, list))) in q.clone().zip(uppers.iter_mut().zip(lists.iter_mut())).enumerate() {
+            let row = layout.row(&tile, t, br.len());
             // The scan's bound is the one the row starts with; each candidate is then held to the
             // bound as it tightens, as one pass over the rows would.
             let mut bound = upper.bound() as f32;

@@ -21,6 +21,7 @@ use rayon::iter::{IntoParallelIterator, IntoParallelRefIterator, ParallelIterato
 use crate::backend::cpu::context::JoinContext;
 use crate::backend::cpu::direct::{DirectColumns, direct_join, knn_direct_unit};
 use crate::backend::cpu::gemm::{gemm_join, gemm_sides, knn_gemm_unit};
+use crate::backend::plan::bounds::score_threshold;
 use crate::backend::plan::exact::ExactCheck;
 use crate::backend::plan::gemm_form;
 use crate::backend::plan::topk::{Neighbour, k_smallest, push_ranked};
@@ -39,6 +40,7 @@ pub mod grid_join;
 pub mod list_of_clusters;
 pub mod sets;
 pub mod text;
+mod tiles;
 
 /// Query rows per kNN GEMM tile: the query block is packed once per base tile, so larger blocks
 /// pack it fewer times (measured on the 100k×128, 1k-query bench: 64 → 0.345 s, 256 → 0.254 s).
@@ -114,7 +116,8 @@ impl Backend for CpuBackend {
                 directory::join(&context, &shape, spaces.left(), spaces.right(), &mut stats)?;
             }
             JoinStrategy::BruteForce => {
-                let sides = gemm_sides(left, right, metric, self_join.is_some());
+                let limit = score_threshold(metric, threshold);
+                let sides = gemm_sides(left, right, metric, self_join.is_some(), Some(limit));
                 let direct = if sides.is_none() { DirectColumns::new(left, right) } else { None };
                 stats.build_time = start.elapsed();
                 let probe = Instant::now();
@@ -166,7 +169,7 @@ impl Backend for CpuBackend {
             return approx::knn(request, approx, k, sink);
         }
         let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
-        let sides = gemm_sides(queries, base, metric, false).and_then(|(q, b)| Some((q, b?)));
+        let sides = gemm_sides(queries, base, metric, false, None).and_then(|(q, b)| Some((q, b?)));
         let direct = if sides.is_none() { DirectColumns::new(queries, base) } else { None };
         stats.build_time = start.elapsed();
         let probe = Instant::now();

@@ -205,15 +205,154 @@ impl ExactCheck {
         }
         let mut out = acc;
         for (value, ib) in out.iter_mut().zip(ibs) {
-            *value = match self.metric {
-                Metric::L2 => value.sqrt(),
-                Metric::Cosine => cosine_from_parts(*value, self.left_norms[ia], self.right_norms[ib]),
-                Metric::InnerProduct => -*value,
-                Metric::L2Squared | Metric::L1 | Metric::LInf => *value,
-                Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => {
-                    unreachable!("only vectors reach the exact check")
-                }
-            };
+            *value = self.finish(*value, ia, ib);
+        }
+        out
+    }
+
+    /// The distance from its accumulated sum (of squares, products, absolute differences, or the
+    /// largest difference), as `Metric::distance` finishes it.
+    #[inline]
+    fn finish(&self, sum: f64, ia: usize, ib: usize) -> f64 {
+        match self.metric {
+            Metric::L2 => sum.sqrt(),
+            Metric::Cosine => cosine_from_parts(sum, self.left_norms[ia], self.right_norms[ib]),
+            Metric::InnerProduct => -sum,
+            Metric::L2Squared | Metric::L1 | Metric::LInf => sum,
+            Metric::Levenshtein | Metric::Jaccard | Metric::Hamming => {
+                unreachable!("only vectors reach the exact check")
+            }
+        }
+    }
+
+    /// `distance(a, rows[l], ia, ibs[l])` for eight rows at once, bit for bit. Rows kept in f32 of
+    /// the GEMM-form metrics go eight to a vector of f64 sums (AVX-512: each lane the same
+    /// operations in the same order as one row's chain, the rows' values transposed into lanes
+    /// eight dimensions at a time); anything else as two groups of four.
+    #[inline]
+    pub fn distances8(&self, a: Row, ia: usize, rows: [Row; 8], ibs: [usize; 8]) -> [f64; 8] {
+        if let Some(sums) = self.sums8(a, rows) {
+            return std::array::from_fn(|l| self.finish(sums[l], ia, ibs[l]));
+        }
+        let [r0, r1, r2, r3, r4, r5, r6, r7] = rows;
+        let [i0, i1, i2, i3, i4, i5, i6, i7] = ibs;
+        let (low, high) = (
+            self.distances4(a, ia, [r0, r1, r2, r3], [i0, i1, i2, i3]),
+            self.distances4(a, ia, [r4, r5, r6, r7], [i4, i5, i6, i7]),
+        );
+        std::array::from_fn(|l| if l < 4 { low[l] } else { high[l - 4] })
+    }
+}
+
+impl ExactCheck {
+    /// The eight rows' sums in AVX-512's f64 lanes, where the metric is a GEMM form, the rows are
+    /// kept in f32 and the CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn sums8(&self, a: Row, rows: [Row; 8]) -> Option<[f64; 8]> {
+        let squares = match self.metric {
+            Metric::L2 | Metric::L2Squared => true,
+            Metric::Cosine | Metric::InnerProduct => false,
+            _ => return None,
+        };
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return None;
+        }
+        let rows = all_f32(rows)?;
+        // SAFETY: the CPU has AVX-512F (just asked), the kernel's one requirement.
+        Some(crate::on_row!(a, |x| unsafe {
+            if squares { lanes8::sums::<_, true>(x, rows) } else { lanes8::sums::<_, false>(x, rows) }
+        }))
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline]
+    fn sums8(&self, _a: Row, _rows: [Row; 8]) -> Option<[f64; 8]> {
+        None
+    }
+}
+
+/// The rows' f32 values when all eight are kept in f32.
+#[cfg(target_arch = "x86_64")]
+fn all_f32<'a>(rows: [Row<'a>; 8]) -> Option<[&'a [f32]; 8]> {
+    let mut out: [&'a [f32]; 8] = [&[]; 8];
+    for (o, row) in out.iter_mut().zip(rows) {
+        match row {
+            Row::F32(values) => *o = values,
+            Row::F64(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Eight exact sums at once in AVX-512's f64 lanes.
+#[cfg(target_arch = "x86_64")]
+mod lanes8 {
+    use std::arch::x86_64::{
+        _mm256_loadu_ps, _mm256_permute2f128_ps, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_unpackhi_ps,
+        _mm256_unpacklo_ps, _mm512_add_pd, _mm512_cvtps_pd, _mm512_mul_pd, _mm512_set1_pd, _mm512_setzero_pd,
+        _mm512_storeu_pd, _mm512_sub_pd,
+    };
+
+    use crate::vectors::Coord;
+
+    /// Lane `l`: `Σ_d (a_d − rows[l]_d)²` (`SQUARES`) or `Σ_d a_d·rows[l]_d`, over d in order,
+    /// each term and addition in f64 without fusing (so every lane is bit for bit the scalar sum).
+    /// Eight dimensions of the eight rows are loaded and transposed (an 8 × 8 f32 transpose), so
+    /// vector `k` holds dimension d + k of every row; the last `dim % 8` terms follow one lane at
+    /// a time, still in order.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F. Every row holds at least `a.len()` values (checked).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn sums<A: Coord, const SQUARES: bool>(a: &[A], rows: [&[f32]; 8]) -> [f64; 8] {
+        let dim = a.len();
+        assert!(rows.iter().all(|row| row.len() >= dim), "exact check of rows shorter than the query");
+        let mut acc = _mm512_setzero_pd();
+        let mut d = 0;
+        while d + 8 <= dim {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (v, row) in r.iter_mut().zip(rows) {
+                // SAFETY: d + 8 ≤ dim ≤ the row's length (asserted): the load reads its values.
+                *v = unsafe { _mm256_loadu_ps(row.as_ptr().add(d)) };
+            }
+            let (t0, t1) = (_mm256_unpacklo_ps(r[0], r[1]), _mm256_unpackhi_ps(r[0], r[1]));
+            let (t2, t3) = (_mm256_unpacklo_ps(r[2], r[3]), _mm256_unpackhi_ps(r[2], r[3]));
+            let (t4, t5) = (_mm256_unpacklo_ps(r[4], r[5]), _mm256_unpackhi_ps(r[4], r[5]));
+            let (t6, t7) = (_mm256_unpacklo_ps(r[6], r[7]), _mm256_unpackhi_ps(r[6], r[7]));
+            let (s0, s1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+            let (s2, s3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+            let (s4, s5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+            let (s6, s7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+            let columns = [
+                _mm256_permute2f128_ps::<0x20>(s0, s4),
+                _mm256_permute2f128_ps::<0x20>(s1, s5),
+                _mm256_permute2f128_ps::<0x20>(s2, s6),
+                _mm256_permute2f128_ps::<0x20>(s3, s7),
+                _mm256_permute2f128_ps::<0x31>(s0, s4),
+                _mm256_permute2f128_ps::<0x31>(s1, s5),
+                _mm256_permute2f128_ps::<0x31>(s2, s6),
+                _mm256_permute2f128_ps::<0x31>(s3, s7),
+            ];
+            for (k, column) in columns.into_iter().enumerate() {
+                let (x, y) = (_mm512_set1_pd(a[d + k].f64()), _mm512_cvtps_pd(column));
+                acc = if SQUARES {
+                    let t = _mm512_sub_pd(x, y);
+                    _mm512_add_pd(acc, _mm512_mul_pd(t, t))
+                } else {
+                    _mm512_add_pd(acc, _mm512_mul_pd(x, y))
+                };
+            }
+            d += 8;
+        }
+        let mut out = [0f64; 8];
+        // SAFETY: `out` holds eight f64.
+        unsafe { _mm512_storeu_pd(out.as_mut_ptr(), acc) };
+        for (sum, row) in out.iter_mut().zip(rows) {
+            for (x, &y) in a[d..].iter().zip(&row[d..dim]) {
+                let (x, y) = (x.f64(), y as f64);
+                *sum += if SQUARES { (x - y) * (x - y) } else { x * y };
+            }
         }
         out
     }
@@ -236,8 +375,8 @@ pub(crate) fn write_self_pairs(
     Ok(())
 }
 
-/// Offers query `i` to `best` at its exact distance to each base row of `positions`, four rows at a
-/// time (`ExactCheck::distances4`); the number offered.
+/// Offers query `i` to `best` at its exact distance to each base row of `positions`, eight rows at
+/// a time (`ExactCheck::distances8`); the number offered.
 pub(crate) fn offer_exact(
     request: &KnnRequest,
     exact: &ExactCheck,
@@ -258,20 +397,28 @@ pub(crate) fn offer_exact_rows<'a>(
     base_row: impl Fn(usize) -> Row<'a>,
     best: &mut KSmallest,
 ) -> u64 {
-    let (mut group, mut filled, mut offered) = ([0usize; 4], 0, 0);
+    let (mut group, mut filled, mut offered) = ([0usize; 8], 0, 0);
     for j in positions {
         group[filled] = j;
         filled += 1;
         offered += 1;
-        if filled == 4 {
-            let distances = exact.distances4(query, i, group.map(&base_row), group);
+        if filled == 8 {
+            let distances = exact.distances8(query, i, group.map(&base_row), group);
             for (distance, j) in distances.into_iter().zip(group) {
                 best.push(Neighbour { distance, position: j as u32 });
             }
             filled = 0;
         }
     }
-    for &j in &group[..filled] {
+    let mut rest = &group[..filled];
+    if let Some((four, tail)) = rest.split_first_chunk::<4>() {
+        let distances = exact.distances4(query, i, four.map(&base_row), *four);
+        for (distance, &j) in distances.into_iter().zip(four) {
+            best.push(Neighbour { distance, position: j as u32 });
+        }
+        rest = tail;
+    }
+    for &j in rest {
         best.push(Neighbour { distance: exact.distance(query, base_row(j), i, j), position: j as u32 });
     }
     offered
@@ -284,7 +431,7 @@ mod tests {
     use super::ExactCheck;
     use crate::backend::plan::bounds::largest_square_within;
     use crate::op::Metric;
-    use crate::vectors::Vectors;
+    use crate::vectors::{Values, Vectors};
 
     #[test]
     fn counting_decides_as_listing_does() {
@@ -317,6 +464,28 @@ mod tests {
                             let listed = check.within_f64(&a, &b, i, j).is_some();
                             assert_eq!(check.qualifies_f64(&a, &b, i, j), listed, "{metric} ε={threshold} ({i}, {j})");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn eight_at_once_equal_one_at_a_time_bit_for_bit() {
+        // f32 rows (the lanes' path) with a query kept in f32 and one in f64, widths with and
+        // without a tail past the 8 × 8 blocks, and f64 rows (two groups of four).
+        for dim in [3, 8, 37, 128] {
+            let value = |i: usize| ((i * 7919) % 1013) as f64 * 1.37e-3 - 0.61 + (i % 5) as f64 * 1e3;
+            let f32_rows = Vectors::of(dim, Values::F32((0..dim * 9).map(|i| value(i) as f32).collect()));
+            let f64_rows = Vectors::new(dim, (0..dim * 9).map(value).collect());
+            for (queries, rows) in [(&f32_rows, &f32_rows), (&f64_rows, &f32_rows), (&f64_rows, &f64_rows)] {
+                for metric in Metric::ALL.into_iter().filter(|m| m.is_vector()) {
+                    let exact = ExactCheck::new(metric, f64::INFINITY, queries, rows);
+                    let ibs = [3, 8, 1, 5, 2, 7, 4, 6];
+                    let got = exact.distances8(queries.row(0), 0, ibs.map(|j| rows.row(j)), ibs);
+                    for (g, j) in got.iter().zip(ibs) {
+                        let one = exact.distance(queries.row(0), rows.row(j), 0, j);
+                        assert_eq!(g.to_bits(), one.to_bits(), "{metric}, dim {dim}, row {j}");
                     }
                 }
             }
