@@ -43,8 +43,10 @@ use rand::{Rng, SeedableRng};
 use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, IntoParallelRefIterator, ParallelIterator};
 use rayon::slice::ParallelSliceMut;
 
+use super::codes::Codes;
 use super::curve_keys::{CurveFrame, CurveOrder, KeyInputs, MAX_CURVE_DIMS, order_on_cores};
 use super::graph::NeighbourGraph;
+use super::pages::huge_filled;
 use crate::op::{Metric, dot};
 use crate::vectors::{Row, Vectors};
 
@@ -165,6 +167,9 @@ pub struct Multicurves {
     /// The kNN graph the cores' search walks (index/graph.rs), built on their first search: the
     /// device's search does not use it.
     graph: std::sync::OnceLock<NeighbourGraph>,
+    /// The 8-bit copy of the principal coordinates the cores' walk of the graph ranks by
+    /// (index/codes.rs), made on the walk's first use.
+    codes: std::sync::OnceLock<Codes>,
     /// The efforts chosen for recall targets on samples of base rows (backend/plan/recall.rs),
     /// by searcher, metric, k and target: later small batches of queries reuse them.
     calibrations: std::sync::Mutex<Vec<(String, Calibration)>>,
@@ -198,7 +203,7 @@ impl Multicurves {
         let projected_dims = kept.min(PROJECTED_DIMS);
         let refined_dims = kept - projected_dims;
         let layout = Layout::new(projected_dims, refined_dims);
-        let mut values = huge_zeroed(len * dim);
+        let mut values = huge_filled(len * dim, 0f32);
         values
             .par_chunks_mut(dim.max(1))
             .enumerate()
@@ -263,6 +268,7 @@ impl Multicurves {
             curves,
             len,
             graph: std::sync::OnceLock::new(),
+            codes: std::sync::OnceLock::new(),
             calibrations: std::sync::Mutex::default(),
         }
     }
@@ -298,6 +304,31 @@ impl Multicurves {
     pub fn graph(&self, build: impl FnOnce(&Self) -> NeighbourGraph) -> (&NeighbourGraph, bool) {
         let kept = self.graph_built();
         (self.graph.get_or_init(|| build(self)), kept)
+    }
+
+    /// The 8-bit copy of every row's principal coordinates (index/codes.rs), made where it is not
+    /// yet: each row's leading coordinates (not the proxy's residual slot) and, where the index
+    /// keeps more, those after them with the residual norm after those — the terms of the
+    /// second ranking's distance.
+    pub fn codes(&self) -> &Codes {
+        self.codes.get_or_init(|| {
+            Codes::encode(self.len, self.coded_columns(), |i, out| {
+                let (projected, refined) = self.row_terms(i);
+                for (o, x) in out.iter_mut().zip(self.coded_terms(projected, refined)) {
+                    *o = x;
+                }
+            })
+        })
+    }
+
+    /// A row's or a query's coordinates in the order [`Multicurves::codes`] codes them.
+    pub fn coded_terms<'a>(&self, projected: &'a [f32], refined: &'a [f32]) -> impl Iterator<Item = f32> + 'a {
+        let refined_terms = if self.refined_dims == 0 { 0 } else { self.refined_dims + 1 };
+        projected[..self.projected_dims].iter().chain(&refined[..refined_terms]).copied()
+    }
+
+    fn coded_columns(&self) -> usize {
+        self.projected_dims + if self.refined_dims == 0 { 0 } else { self.refined_dims + 1 }
     }
 
     /// The calibration kept under `key` (see `calibrations`).
@@ -636,29 +667,9 @@ fn random_rotation(axes: usize, dims: usize, rng: &mut impl Rng) -> Vec<f32> {
 
 /// A zeroed array for `len` floats whose element `first` (the second value) is 64-byte aligned.
 fn aligned(len: usize) -> (Vec<f32>, usize) {
-    let values = huge_zeroed(len + LEAD);
+    let values = huge_filled(len + LEAD, 0f32);
     let first = (values.as_ptr() as usize).next_multiple_of(64).wrapping_sub(values.as_ptr() as usize) / 4;
     (values, first)
-}
-
-/// A zeroed vector of `len` floats that the kernel may back with 2 MB pages (`MADV_HUGEPAGE`, for
-/// systems whose transparent huge pages are on request, as Debian's and Ubuntu's are): the index's
-/// rows are read at random, and over 4 KB pages nearly every such read first waits for a page walk.
-fn huge_zeroed(len: usize) -> Vec<f32> {
-    let values = vec![0f32; len];
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE_PAGE: usize = 2 << 20;
-        let start = (values.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
-        let end = (values.as_ptr() as usize + len * size_of::<f32>()) / HUGE_PAGE * HUGE_PAGE;
-        if end > start {
-            // SAFETY: [start, end) lies within `values`' allocation, page-aligned; the advice only
-            // changes how the kernel backs those pages, never their contents. A refusal (no THP)
-            // leaves 4 KB pages, which is what the advice's absence gives.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-    values
 }
 
 /// Writes the principal coordinates of the f32 rows `values` (`mean.len()` values a row) into

@@ -24,7 +24,7 @@
 //!    [`OUT_DEGREE`] that no nearer kept row already leads to (the relative-neighbourhood rule of
 //!    HNSW and NSG, with Vamana's slack [`ALPHA`]). A kNN list holds a row's nearest, often all on
 //!    one side of it and within its own cluster; the diverse edges point every way, so a walk
-//!    reaches the query's neighbourhood in fewer steps (GloVe: recall@10 0.94 against 0.71 at the
+//!    reaches the query's neighbourhood in fewer steps (GloVe: recall@10 0.96 against 0.71 at the
 //!    same effort; docs/design.md#approx).
 //! 3. **The edges into each row** join its own ([`NeighbourGraph::with_edges_into`]), up to
 //!    [`WIDTH`] in all, so a walk can leave a row the way it came.
@@ -39,6 +39,7 @@ use rayon::iter::{IndexedParallelIterator, IntoParallelIterator, ParallelIterato
 use rayon::slice::ParallelSliceMut;
 
 use super::curves::Multicurves;
+use super::pages::huge_filled;
 
 /// Nearest rows each row keeps.
 pub const DEGREE: usize = 16;
@@ -52,7 +53,7 @@ const ROUNDS: usize = 1;
 /// Entries around a row on every curve its search in the build starts from (effort 1's).
 pub const BUILD_SEEDS: usize = 16;
 /// Rows a row's search in the build keeps: the candidates of its own edges.
-pub const BUILD_POOL: usize = 32;
+pub const BUILD_POOL: usize = 64;
 /// Passes of the search-and-choose build over the kNN graph: each row's search reads the previous
 /// pass's graph (the first pass's, the kNN graph).
 pub const BUILD_PASSES: usize = 2;
@@ -60,7 +61,7 @@ pub const BUILD_PASSES: usize = 2;
 pub const OUT_DEGREE: usize = 24;
 /// The slack of [`diverse`]'s rule: a candidate is dropped only where a kept row is nearer to it
 /// than this fraction of its distance to the row.
-const ALPHA: f32 = 1.2;
+const ALPHA: f32 = 1.1;
 /// An empty slot of a row's edges.
 pub const NONE: u32 = u32::MAX;
 
@@ -68,7 +69,7 @@ pub const NONE: u32 = u32::MAX;
 pub fn build_parameters() -> String {
     format!(
         "degree={DEGREE} width={WIDTH} window={WINDOW} rounds={ROUNDS} seeds={BUILD_SEEDS} pool={BUILD_POOL} \
-         passes={BUILD_PASSES} out={OUT_DEGREE} alpha={ALPHA}"
+         passes={BUILD_PASSES} out={OUT_DEGREE} alpha={ALPHA} measure=codes8"
     )
 }
 
@@ -137,7 +138,7 @@ impl NeighbourGraph {
             nearest = nearest_of(Offer::Neighbours { nearest: &nearest, reverse: &reverse })?;
         }
         let reverse = reverse_edges(&nearest, n);
-        let mut edges = vec![NONE; n * WIDTH];
+        let mut edges = huge_filled(n * WIDTH, NONE);
         edges.par_chunks_mut(WIDTH).enumerate().for_each(|(i, out)| {
             let own = &nearest[i * DEGREE..][..DEGREE];
             let mut slots = out.iter_mut();
@@ -177,7 +178,7 @@ impl NeighbourGraph {
                 filled[j as usize] += 1;
             }
         }
-        let mut edges = vec![NONE; n * WIDTH];
+        let mut edges = huge_filled(n * WIDTH, NONE);
         edges.par_chunks_mut(WIDTH).enumerate().with_min_len(256).for_each_init(Vec::new, |scored, (i, slots)| {
             let own = &out[i * OUT_DEGREE..][..OUT_DEGREE];
             let named_by = &into[starts[i] as usize..starts[i + 1] as usize];
@@ -204,7 +205,19 @@ impl NeighbourGraph {
     /// The graph of `n` rows with `edges` ([`NeighbourGraph::edges`]' layout), where every edge
     /// names a row below `n` or is empty.
     pub fn from_edges(edges: Vec<u32>, n: usize) -> Option<Self> {
-        (edges.len() == n * WIDTH && edges.iter().all(|&j| j == NONE || (j as usize) < n)).then_some(Self { edges })
+        let sound = edges.len() == n * WIDTH && edges.iter().all(|&j| j == NONE || (j as usize) < n);
+        sound.then(|| {
+            let mut walked = huge_filled(edges.len(), NONE);
+            walked.copy_from_slice(&edges);
+            Self { edges: walked }
+        })
+    }
+
+    /// Row `i`'s [`WIDTH`] slots of edges as stored (the unused ones [`NONE`] at the end): what
+    /// a walk fetches ahead of following them.
+    #[inline]
+    pub fn slots(&self, i: usize) -> &[u32] {
+        &self.edges[i * WIDTH..][..WIDTH]
     }
 
     /// Row `i`'s edges: its own (a kNN graph's: its nearest), then rows that list it.

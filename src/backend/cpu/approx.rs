@@ -7,7 +7,8 @@
 //! principal coordinates, and walks the graph best first (each step follows the edges of the
 //! nearest row whose edges are not followed yet, until that row is farther than every row of the
 //! pool), ranking each row reached by its distance over up to 192 principal coordinates and their
-//! residual (`principal_distance`).
+//! residual, read from the index's 8-bit copy of them (index/codes.rs: one byte a coordinate, so a
+//! walk that reads thousands of rows at random waits on a quarter of the cache lines).
 //!
 //! *By the curves alone*, elsewhere: each query takes `per_curve` candidates around its key on
 //! every curve (Teodoro et al.'s retrieval step) and drops repeats. The candidates are then ranked
@@ -39,10 +40,11 @@ use rayon::slice::ParallelSliceMut;
 
 use crate::backend::plan::bounds::filter_kind;
 use crate::backend::plan::exact::{ExactCheck, offer_exact, offer_exact_rows};
-use crate::backend::plan::simd::{FilterKind, prefetch, row_score};
+use crate::backend::plan::simd::{FilterKind, coded_pair_score, coded_score, prefetch, row_score};
 use crate::backend::plan::topk::{KSmallest, Neighbour, push_ranked};
 use crate::backend::{KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::index::KeptIndexes;
+use crate::index::codes::{CodedQuery, Codes};
 use crate::index::curves::{CURVES, Geometry, LEAD, Multicurves, Query, ranks_twice};
 use crate::index::graph::{self, BUILD_PASSES, BUILD_POOL, BUILD_SEEDS, NeighbourGraph, OUT_DEGREE, diverse};
 use crate::op::Approx;
@@ -63,7 +65,7 @@ const PROXY_AHEAD: usize = 8;
 /// Every how many cache lines of the next re-ranked row a prefetch is issued (the hardware's
 /// stream prefetcher fetches the lines between).
 const PREFETCH_LINES: usize = 1;
-/// How many candidates ahead of its distance a candidate's coordinates are fetched in the graph's
+/// How many candidates ahead of its distance a candidate's codes are fetched in the kNN graph's
 /// build.
 const GRAPH_AHEAD: usize = 4;
 /// Queries answered between two hand-offs to the sink.
@@ -178,15 +180,17 @@ pub(crate) fn build_graph(index: &Multicurves) -> NeighbourGraph {
     graph
 }
 
-/// The kNN graph of `index`'s rows by [`principal_distance`] (NN-descent from the curves).
+/// The kNN graph of `index`'s rows by the squared distance between their codes of
+/// [`principal_distance`]'s terms (NN-descent from the curves; index/codes.rs).
 pub(crate) fn nearest_graph(index: &Multicurves) -> NeighbourGraph {
+    let codes = index.codes();
     NeighbourGraph::build(index, |i, rows, out| {
-        let terms = index.row_terms(i);
+        let own = codes.row(i as u32);
         for (r, &j) in rows.iter().enumerate() {
             if let Some(&ahead) = rows.get(r + GRAPH_AHEAD) {
-                fetch_terms(index, ahead);
+                fetch_codes(codes, ahead);
             }
-            out.push((principal_distance(index, terms, j as usize), j));
+            out.push((coded_pair_score(codes.weights(), own, codes.row(j)), j));
         }
     })
 }
@@ -201,7 +205,8 @@ pub(crate) fn nearest_graph(index: &Multicurves) -> NeighbourGraph {
 pub(crate) fn diverse_graph(index: &Multicurves, nearest: &NeighbourGraph) -> NeighbourGraph {
     let n = index.len();
     let walk = Walk { graph: nearest, seeds_per_curve: BUILD_SEEDS, pool: BUILD_POOL };
-    let distance = |a: u32, b: u32| principal_distance(index, index.row_terms(a as usize), b as usize);
+    let codes = index.codes();
+    let distance = |a: u32, b: u32| coded_pair_score(codes.weights(), codes.row(a), codes.row(b));
     let mut out = vec![graph::NONE; n * OUT_DEGREE];
     out.par_chunks_mut(OUT_DEGREE).enumerate().with_min_len(64).for_each_init(
         || Scratch::new(n),
@@ -240,6 +245,13 @@ fn fetch_terms(index: &Multicurves, p: u32) {
     }
 }
 
+/// Prefetches base row `p`'s codes (what the walk and the graph's build read).
+#[inline]
+fn fetch_codes(codes: &Codes, p: u32) {
+    let row = codes.row(p);
+    (0..row.len()).step_by(64).for_each(|b| prefetch(&row[b..]));
+}
+
 /// One query's search, shared by the threads.
 struct Search<'a> {
     index: &'a Multicurves,
@@ -262,7 +274,7 @@ struct Walk<'a> {
     graph: &'a NeighbourGraph,
     /// Entries taken around the query's key on every curve: the starting points.
     seeds_per_curve: usize,
-    /// Rows kept: the nearest found so far by [`principal_distance`].
+    /// Rows kept: the nearest found so far (by the codes of [`principal_distance`]'s terms).
     pool: usize,
 }
 
@@ -283,6 +295,8 @@ struct Scratch {
     frontier: BinaryHeap<Reverse<(Score, u32)>>,
     /// The candidates to measure.
     best: Vec<(f32, u32)>,
+    /// The query in the units of the index's codes, for the walk.
+    coded: CodedQuery,
 }
 
 impl Scratch {
@@ -295,6 +309,7 @@ impl Scratch {
             pool: BinaryHeap::new(),
             frontier: BinaryHeap::new(),
             best: Vec::new(),
+            coded: CodedQuery::default(),
         }
     }
 
@@ -420,11 +435,14 @@ impl Search<'_> {
 }
 
 /// The graph search of `query` over `index`'s rows: leaves the pool in `scratch.best`, scored by
-/// [`principal_distance`]. Returns the distinct candidates the curves gave and the rows reached
+/// the index's codes of [`principal_distance`]'s coordinates (index/codes.rs). Returns the distinct candidates the curves gave and the rows reached
 /// through the graph.
 fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scratch) -> (usize, usize) {
-    let terms = (query.projected, query.refined);
-    let distance = |p: u32| principal_distance(index, terms, p as usize);
+    let codes = index.codes();
+    let mut coded = std::mem::take(&mut scratch.coded);
+    codes.query(index.coded_terms(query.projected, query.refined), &mut coded);
+    let distance = |p: u32| coded_score(coded.scaled(), coded.weights(), codes.row(p));
+    let fetch = |p: u32| fetch_codes(codes, p);
     scratch.visited.clear();
     scratch.gather(index.candidate_runs(query.projected, walk.seeds_per_curve), query.projected);
     let gathered = scratch.bounded.len();
@@ -442,7 +460,7 @@ fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scra
     scratch.frontier.clear();
     for i in 0..starts {
         if let Some(&(_, ahead)) = scratch.bounded.get(i + 1) {
-            fetch_terms(index, ahead);
+            fetch(ahead);
         }
         let p = scratch.bounded[i].1;
         let d = Score(distance(p));
@@ -459,7 +477,7 @@ fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scra
         scratch.fresh.clear();
         for j in walk.graph.neighbours(c as usize) {
             if scratch.reach(j) {
-                fetch_terms(index, j);
+                fetch(j);
                 scratch.fresh.push(j);
             }
         }
@@ -474,6 +492,10 @@ fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scra
             } else {
                 continue;
             }
+            // Its edges are followed next if it is the nearest left: their two cache lines load
+            // while the other rows are measured.
+            let slots = walk.graph.slots(j as usize);
+            (0..slots.len()).step_by(16).for_each(|e| prefetch(&slots[e..]));
             scratch.frontier.push(Reverse((d, j)));
         }
     }
@@ -482,6 +504,7 @@ fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scra
     }
     scratch.best.clear();
     scratch.best.extend(scratch.pool.drain().map(|(d, p)| (d.0, p)));
+    scratch.coded = coded;
     (gathered, scratch.visited.len())
 }
 

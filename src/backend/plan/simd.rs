@@ -6,6 +6,8 @@ use multiversion::multiversion;
 
 /// Values per block (8 f32 = one AVX2 register).
 pub const LANES: usize = 8;
+/// Codes [`coded_score`] takes at a time (16 f32 = one AVX-512 register).
+pub const CODE_BLOCK: usize = 16;
 
 /// How the grid filter scores a pair from coordinate differences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +201,39 @@ pub fn row_score(kind: FilterKind, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// `Σ wᵢ · (qᵢ − codeᵢ)²` over rows of equal length, a multiple of [`CODE_BLOCK`]: a query in code
+/// units (`scaled`, each column's `weights`) against a row of 8-bit codes (index/codes.rs), one
+/// vector of lanes per block.
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma+avx", "x86_64+avx2+fma+avx", "aarch64+neon"))]
+pub fn coded_score(scaled: &[f32], weights: &[f32], codes: &[u8]) -> f32 {
+    let mut acc = [0f32; CODE_BLOCK];
+    for ((q, w), c) in
+        scaled.chunks_exact(CODE_BLOCK).zip(weights.chunks_exact(CODE_BLOCK)).zip(codes.chunks_exact(CODE_BLOCK))
+    {
+        for i in 0..CODE_BLOCK {
+            let t = q[i] - f32::from(c[i]);
+            acc[i] = (w[i] * t).mul_add(t, acc[i]);
+        }
+    }
+    acc.iter().sum()
+}
+
+/// `Σ wᵢ · (aᵢ − bᵢ)²` over two rows of 8-bit codes of equal length, a multiple of
+/// [`CODE_BLOCK`] (index/codes.rs; `weights` each column's `step²`): the squared distance between
+/// the two decoded rows.
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma+avx", "x86_64+avx2+fma+avx", "aarch64+neon"))]
+pub fn coded_pair_score(weights: &[f32], a: &[u8], b: &[u8]) -> f32 {
+    let mut acc = [0f32; CODE_BLOCK];
+    for ((w, x), y) in weights.chunks_exact(CODE_BLOCK).zip(a.chunks_exact(CODE_BLOCK)).zip(b.chunks_exact(CODE_BLOCK))
+    {
+        for i in 0..CODE_BLOCK {
+            let t = f32::from(x[i]) - f32::from(y[i]);
+            acc[i] = (w[i] * t).mul_add(t, acc[i]);
+        }
+    }
+    acc.iter().sum()
+}
+
 /// `out[i * n + j] = a_i · b_j` for the `m` rows `a_i` of `a` and the `n` rows `b_j` of `b` (both
 /// row-major, `dim` values a row), each dot product in [`LANES`] partial sums. For a few left rows
 /// (a kNN of a few queries) this reads each right row once, straight from where it lies, where a
@@ -247,13 +282,13 @@ pub fn sum_squares(row: &[f32]) -> f64 {
 /// scattered addresses overlaps their loads instead of waiting out each (a hint: no effect on
 /// results, nothing on other architectures).
 #[inline]
-pub fn prefetch(values: &[f32]) {
+pub fn prefetch<T>(values: &[T]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(first) = values.first() {
         // SAFETY: SSE is part of x86-64's baseline, and a prefetch only hints the cache: it never
         // faults and reads nothing into the program (the address is a live element anyway).
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((first as *const f32).cast());
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((first as *const T).cast());
         }
     }
 }
