@@ -435,8 +435,8 @@ impl Search<'_> {
 }
 
 /// The graph search of `query` over `index`'s rows: leaves the pool in `scratch.best`, scored by
-/// the index's codes of [`principal_distance`]'s coordinates (index/codes.rs). Returns the distinct candidates the curves gave and the rows reached
-/// through the graph.
+/// the index's codes of [`principal_distance`]'s coordinates (index/codes.rs). Returns the
+/// distinct candidates the curves gave and the rows reached through the graph.
 fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scratch) -> (usize, usize) {
     let codes = index.codes();
     let mut coded = std::mem::take(&mut scratch.coded);
