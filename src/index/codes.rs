@@ -36,19 +36,18 @@ pub struct Codes {
     low: Vec<f32>,
     /// Each column's step between codes (1 where the column is constant: its one code is exact).
     step: Vec<f32>,
-    /// Each column's `step²`, then zeros up to the stride: the weights of two rows' score.
+    /// Each column's `step²`, then zeros up to the stride (the scores' weights).
     weights: Vec<f32>,
     /// The codes, `stride` bytes a row, from `first` on (the offset that aligns row 0).
     codes: Vec<u8>,
     first: usize,
 }
 
-/// A query in code units ([`Codes::query`]): its coordinates rescaled, and each column's weight
-/// `step²`; zero past the coded columns, so the padding adds nothing.
+/// A query in code units ([`Codes::query`]): its coordinates rescaled, zero past the coded
+/// columns (whose weights are zero, so the padding adds nothing).
 #[derive(Debug, Default)]
 pub struct CodedQuery {
     scaled: Vec<f32>,
-    weights: Vec<f32>,
 }
 
 impl Codes {
@@ -98,9 +97,7 @@ impl Codes {
     /// Writes `query` (its `columns` coordinates from `coordinates`) into `out` in code units.
     pub fn query(&self, coordinates: impl Iterator<Item = f32>, out: &mut CodedQuery) {
         out.scaled.clear();
-        out.weights.clear();
         out.scaled.extend(coordinates.zip(self.low.iter().zip(&self.step)).map(|(q, (&l, &s))| (q - l) / s));
-        out.weights.extend_from_slice(&self.weights);
         debug_assert_eq!(out.scaled.len(), self.columns, "a query codes every column");
         out.scaled.resize(self.stride, 0.0);
     }
@@ -110,11 +107,9 @@ impl Codes {
     pub fn row(&self, p: u32) -> &[u8] {
         &self.codes[self.first + p as usize * self.stride..][..self.stride]
     }
-}
 
-impl Codes {
-    /// Each column's weight (`step²`), then zeros up to the stride: two rows' squared distance is
-    /// `Σ weight · (a − b)²` over their codes.
+    /// Each column's weight (`step²`), then zeros up to the stride: a row's squared distance to a
+    /// query is `Σ weight · (q′ − code)²`, to another row `Σ weight · (a − b)²`.
     pub fn weights(&self) -> &[f32] {
         &self.weights
     }
@@ -124,11 +119,6 @@ impl CodedQuery {
     /// The coordinates in code units, then zeros up to the codes' stride.
     pub fn scaled(&self) -> &[f32] {
         &self.scaled
-    }
-
-    /// Each column's weight (`step²`), then zeros up to the codes' stride.
-    pub fn weights(&self) -> &[f32] {
-        &self.weights
     }
 }
 
@@ -156,12 +146,12 @@ mod tests {
                 exact += t * t;
                 slack += 2.0 * t.abs() * half + half * half;
             }
-            let score = f64::from(coded_score(query.scaled(), query.weights(), codes.row(p)));
+            let score = f64::from(coded_score(query.scaled(), codes.weights(), codes.row(p)));
             assert!((score - exact).abs() <= slack * 1.001 + 1e-4, "row {p}: {score} against {exact} ± {slack}");
         }
         // A constant column is coded exactly.
         let flat = Codes::encode(10, 3, |_, out| out.copy_from_slice(&[0.5, -2.0, 7.25]));
         flat.query([1.5f32, -2.0, 7.25].into_iter(), &mut query);
-        assert_eq!(coded_score(query.scaled(), query.weights(), flat.row(3)), 1.0);
+        assert_eq!(coded_score(query.scaled(), flat.weights(), flat.row(3)), 1.0);
     }
 }

@@ -441,7 +441,7 @@ fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scra
     let codes = index.codes();
     let mut coded = std::mem::take(&mut scratch.coded);
     codes.query(index.coded_terms(query.projected, query.refined), &mut coded);
-    let distance = |p: u32| coded_score(coded.scaled(), coded.weights(), codes.row(p));
+    let distance = |p: u32| coded_score(coded.scaled(), codes.weights(), codes.row(p));
     let fetch = |p: u32| fetch_codes(codes, p);
     scratch.visited.clear();
     scratch.gather(index.candidate_runs(query.projected, walk.seeds_per_curve), query.projected);
