@@ -76,32 +76,32 @@ pub(crate) const GPU_RUN: Duration = Duration::from_millis(15);
 pub(crate) const UPLOAD_BYTES_PER_SECOND: f64 = 8e9;
 
 // An approximate kNN's searches and the exact kNN it is weighed against
-// (backend/auto/estimate.rs; fitted on the H100 host, docs/design.md#approx).
+// (backend/auto/estimate.rs; fitted on the H100 host, docs/approx.md#measured).
 
 /// One core's time per entry a query takes from a curve in the cores' Multicurves search (the
 /// entry, its proxy, and its share of the re-ranks): 72 ns on Fashion-MNIST and 90 on the blobs at
-/// effort 1 (2,560 entries a query) on the H100 host's 16 cores (docs/design.md#approx).
+/// effort 1 (2,560 entries a query) on the H100 host's 16 cores (docs/approx.md#measured).
 #[cfg(feature = "gpu")]
 pub(crate) const APPROX_CPU_NS_PER_ENTRY: f64 = 80.0;
 /// One core's time per row of the pool in the cores' graph search (its share of the seeds, the
 /// rows reached through its edges, and the re-ranks): 3.5 µs on Fashion-MNIST and 4.1 on the blobs
-/// at effort 1 (a pool of 32) on the 2-core build machine (docs/design.md#approx).
+/// at effort 1 (a pool of 32) on the 2-core build machine (docs/approx.md#measured).
 #[cfg(feature = "gpu")]
 pub(crate) const GRAPH_NS_PER_POOL_ROW: f64 = 3_800.0;
 /// One core's time per row of the kNN graph's build: 33 µs on Fashion-MNIST, 54 on the blobs on
-/// the 2-core build machine (docs/design.md#approx).
+/// the 2-core build machine (docs/approx.md#measured).
 #[cfg(feature = "gpu")]
 pub(crate) const GRAPH_BUILD_NS_PER_ROW: f64 = 45_000.0;
 /// The GPU's time per curve entry in approx_knn (kernels/approx.cu): a share of the block's two
 /// sorts, and per dimension its share of reading the candidate's row (repeats are not read, and
 /// rows of near queries meet in the L2 cache). Fitted on the H100: 0.42 ns an entry at 128
-/// dimensions, 0.81 at 784 (docs/design.md#approx).
+/// dimensions, 0.81 at 784 (docs/approx.md#measured).
 #[cfg(feature = "gpu")]
 pub(crate) const APPROX_GPU_NS_PER_ENTRY: f64 = 0.34;
 #[cfg(feature = "gpu")]
 pub(crate) const APPROX_GPU_NS_PER_ENTRY_DIM: f64 = 0.0006;
 /// One core's time per query around the GPU's search: its keys, its upload and download, and the
-/// exact measure of its best; fitted as 21 µs at 128 dimensions and 83 at 784 (docs/design.md#approx).
+/// exact measure of its best; fitted as 21 µs at 128 dimensions and 83 at 784 (docs/approx.md#measured).
 #[cfg(feature = "gpu")]
 pub(crate) const APPROX_HOST_NS_PER_QUERY: f64 = 9_000.0;
 #[cfg(feature = "gpu")]
@@ -109,14 +109,14 @@ pub(crate) const APPROX_HOST_NS_PER_QUERY_DIM: f64 = 95.0;
 /// One core's share of the index's build, per multiply-add of its projections (its sample's
 /// covariance, the base onto up to 192 axes) and per key (the Hilbert key, its share of the sorts):
 /// fitted to the builds of Fashion-MNIST (0.55 s), the blobs (0.35 s) and the Gaussian set (1.41 s)
-/// on 16 cores (docs/design.md#approx).
+/// on 16 cores (docs/approx.md#measured).
 /// (The same per core on the 2-core build machine: the Gaussian set's build there takes 11 s.)
 pub(crate) const APPROX_BUILD_NS_PER_FLOP: f64 = 0.3;
 pub(crate) const APPROX_BUILD_NS_PER_KEY: f64 = 800.0;
 /// The exact kNN's time on the GPU, to weigh the index's search against, per query × base row ×
 /// dimension: 10,000 queries over 1M × 128 took 54 ms on the H100 (BENCHMARKS.md, P1), 1,000 of
 /// them 5.4 ms; and at least the time of its passes (sampled radii, counts, ranking) whatever the
-/// sizes: 1,000 queries over the 200,000 blobs took 10 ms for 1 ms of brute force (docs/design.md#approx).
+/// sizes: 1,000 queries over the 200,000 blobs took 10 ms for 1 ms of brute force (docs/approx.md#measured).
 /// Fashion-MNIST's bytes run faster still (10,000 queries over 60,000 × 784: 6 ms).
 #[cfg(feature = "gpu")]
 pub(crate) const EXACT_KNN_GPU_NS_PER_PAIR_DIM: f64 = 4.2e-5;

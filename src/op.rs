@@ -298,7 +298,7 @@ const CANDIDATES_PER_CURVE: f64 = 160.0;
 /// Entries taken from each curve at effort 1 as the starting points of the cores' graph search.
 const SEEDS_PER_CURVE: f64 = 16.0;
 /// Rows the cores' graph search keeps at effort 1 (measured on Fashion-MNIST: recall@10 0.978,
-/// 0.938 at effort 0.5; docs/design.md#approx).
+/// 0.938 at effort 0.5; docs/approx.md#measured).
 const POOL: f64 = 32.0;
 
 impl Approx {

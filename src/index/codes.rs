@@ -5,7 +5,7 @@
 //! and the bytes each row spans: a row's principal coordinates in f32 take four cache lines of 64
 //! bytes for GloVe's 50 dimensions and twelve for Fashion-MNIST's 192, and a base of 390,000 such
 //! rows (100 MB) is three times a 32 MB L3. One byte a coordinate puts GloVe's rows in one line and
-//! the whole copy (25 MB) within the L3 (docs/design.md#approx).
+//! the whole copy (25 MB) within the L3 (docs/approx.md#measured).
 //!
 //! How. Each coordinate (column) is quantised uniformly over its own span across the base,
 //! `low + code · step` (FAISS's `SQ8`); a query is not: its coordinates are rescaled once into

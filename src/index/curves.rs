@@ -18,8 +18,8 @@
 //! the data varies most, each with its boundaries elsewhere. Measured on Fashion-MNIST, 8 curves
 //! over 8-dimensional rotations of the leading 16 axes reach recall@10 0.95 with ~3,000 candidates a
 //! query, where 8 curves over disjoint slices of the leading 32 axes reach 0.81 with 3,800
-//! (docs/design.md#approx); 16 such curves reach 0.94 with 128 entries a curve, where 8 need
-//! 512 (docs/design.md#approx), for twice the curves' memory (76 bytes a row a curve).
+//! (docs/approx.md#measured); 16 such curves reach 0.94 with 128 entries a curve, where 8 need
+//! 512 (docs/approx.md#measured), for twice the curves' memory (76 bytes a row a curve).
 //!
 //! The principal coordinates also rank the candidates cheaply: the axes are orthonormal, so the
 //! squared distance over the leading `projected_dims` coordinates is the squared Euclidean distance
@@ -32,7 +32,7 @@
 //! The best of the proxy are ranked again over more principal coordinates (up to
 //! [`PRINCIPAL_DIMS`], kept in a second array with their own residual norm) before any whole
 //! vector is read: on Fashion-MNIST the true 10 nearest among the proxy's best 80 are nearly all
-//! among the best 30 over 192 coordinates (docs/design.md#approx), so 30 whole vectors are
+//! among the best 30 over 192 coordinates (docs/approx.md#measured), so 30 whole vectors are
 //! read a query instead of 80. Where the vectors have at most [`PRINCIPAL_DIMS`] dimensions the
 //! coordinates are a rotation of the whole vector, and that ranking is the Euclidean one.
 //!
@@ -60,7 +60,7 @@ pub fn build_parameters() -> String {
     )
 }
 
-/// Curves of an index (16 rather than 8: docs/design.md#approx).
+/// Curves of an index (16 rather than 8: docs/approx.md#measured).
 pub const CURVES: usize = 16;
 /// Leading principal axes the curves' rotations mix.
 const CURVE_AXES: usize = 16;
@@ -73,7 +73,7 @@ const PROJECTED_DIMS: usize = 63;
 /// term for a base row of residual norm `r` is then `(r − s/2)² = r² − r·s + s²/4`, the expected
 /// `‖r_x − r_q‖² = r² + s² − 2·r·s·cos θ` at cos θ = ½ less what is the same for every row of the
 /// query. Measured on Fashion-MNIST and blobs against 0.3, 0.7 and 1 (1 makes it the lower bound
-/// `(r − s)²`, which ranked worst), docs/design.md#approx.
+/// `(r − s)²`, which ranked worst), docs/approx.md#measured.
 const RESIDUAL_WEIGHT: f32 = 0.5;
 /// Principal coordinates kept in all: the proxy's [`PROJECTED_DIMS`], then those of the second
 /// ranking (`Multicurves::refined`).
@@ -310,6 +310,11 @@ impl Multicurves {
     /// yet: each row's leading coordinates (not the proxy's residual slot) and, where the index
     /// keeps more, those after them with the residual norm after those — the terms of the
     /// second ranking's distance.
+    ///
+    /// The first call encodes the rows on every core: it must not come from within a parallel
+    /// loop whose other jobs ask for the codes too, since the thread encoding them, waiting for
+    /// its own jobs, could take up one of those and wait on itself (a search over a loaded index
+    /// hung so on 16 cores). The search and the build ask for them before their loops.
     pub fn codes(&self) -> &Codes {
         self.codes.get_or_init(|| {
             Codes::encode(self.len, self.coded_columns(), |i, out| {

@@ -1,6 +1,6 @@
 //! The cost model of an approximate kNN (`approx=true`): the cores' search of the Multicurves
 //! index (by its curves alone or with its kNN graph), the GPU's search of it, and the exact kNN on the GPU, which `device=auto` weighs
-//! (backend/auto/mod.rs). Its constants (in costs.rs) were fitted on the H100 host (docs/design.md#approx); as
+//! (backend/auto/mod.rs). Its constants (in costs.rs) were fitted on the H100 host (docs/approx.md#measured); as
 //! the other estimates, it only has to be right where the choices are far apart.
 
 use crate::backend::KnnRequest;
@@ -98,7 +98,7 @@ mod tests {
 
     #[test]
     fn an_approximate_knn_searches_the_index_on_the_gpu_only_where_that_beats_the_exact_knn() {
-        // Measured on the H100 (docs/design.md#approx): 1,000 queries over the 200,000 blobs
+        // Measured on the H100 (docs/approx.md#measured): 1,000 queries over the 200,000 blobs
         // of 128 dimensions, index kept, effort 1: the index's search at 2.3× the exact kNN's
         // throughput; 10,000 Fashion-MNIST queries over 60,000 of 784: the exact kNN at 11×.
         let exact = exact_knn_gpu_ns;
@@ -118,7 +118,7 @@ mod tests {
 
     #[test]
     fn the_graph_search_is_priced_below_the_curves_once_its_graph_is_built() {
-        // Fashion-MNIST's 10,000 queries at effort 1 (docs/design.md#approx): the walk with a pool of 32 against
+        // Fashion-MNIST's 10,000 queries at effort 1 (docs/approx.md#measured): the walk with a pool of 32 against
         // 160 entries a curve; its graph's build (60,000 rows) costs more than it saves in one run.
         let fashion = |cores_search| ApproxEstimate::for_sizes(60_000, 784, 10_000, 160, false, cores_search, 2);
         let curves = fashion(CoresSearch::Curves);

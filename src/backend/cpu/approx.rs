@@ -46,7 +46,7 @@ use crate::backend::{KnnRequest, ResultChunk, ResultSink, RunStats};
 use crate::index::KeptIndexes;
 use crate::index::codes::{CodedQuery, Codes};
 use crate::index::curves::{CURVES, Geometry, LEAD, Multicurves, Query, ranks_twice};
-use crate::index::graph::{self, BUILD_PASSES, BUILD_POOL, BUILD_SEEDS, NeighbourGraph, OUT_DEGREE, diverse};
+use crate::index::graph::{self, BUILD_POOLS, NeighbourGraph, OUT_DEGREE, diverse};
 use crate::op::Approx;
 
 /// Candidates ranked again per neighbour asked for by the curves' search: the best by proxy
@@ -54,7 +54,7 @@ use crate::op::Approx;
 const RERANK: usize = 8;
 /// Candidates whose whole vectors are read per neighbour asked for, under a Euclidean order: the
 /// best by [`principal_distance`]. On Fashion-MNIST the best 30 over 192 principal coordinates
-/// hold 99.8 % of the true 10 nearest among the proxy's best 80 (docs/design.md#approx).
+/// hold 99.8 % of the true 10 nearest among the proxy's best 80 (docs/approx.md#measured).
 const REFINE: usize = 3;
 /// Relative rounding allowance of the f32 re-rank: a candidate within it of the k-th best is
 /// measured exactly too, so rounding cannot decide the answer among the re-ranked.
@@ -79,7 +79,7 @@ const BOUND_SLACK: f32 = 1e-4;
 /// Queries per base row from which the graph is built for a base that is not kept: its build
 /// costs about what the curves' search of half as many queries as rows costs more than the
 /// graph's (Fashion-MNIST: 2 core-seconds, against ~85 µs saved a query at recall 0.95;
-/// docs/design.md#approx).
+/// docs/approx.md#measured).
 const GRAPH_QUERIES_PER_ROW: f64 = 0.5;
 
 /// Whether the cores search `base` with the graph (built first where it is not): where it is
@@ -106,9 +106,15 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
     let mut stats = RunStats::default();
     let geometry = Geometry::of(metric).expect("approx metrics are checked at planning (functions::table)");
     let (index, kept) = base.curves(geometry);
-    let graph = walks_graph(request, approx, k).then(|| index.graph(build_graph));
+    let graph = walks_graph(request, approx, k).then(|| {
+        // The walk ranks by the codes, which a loaded index encodes on first use: here, before
+        // the queries' parallel loop (Multicurves::codes).
+        index.codes();
+        index.graph(build_graph)
+    });
     stats.kept_indexes = usize::from(kept && graph.is_none_or(|(_, graph_kept)| graph_kept));
-    let walk = graph.map(|(graph, _)| Walk { graph, seeds_per_curve: approx.seeds_per_curve(k), pool: approx.pool(k) });
+    let seeds = Start::Curves { per_curve: approx.seeds_per_curve(k) };
+    let walk = graph.map(|(graph, _)| (Walk { graph, pool: approx.pool(k) }, seeds));
     let exact = ExactCheck::new(metric, f64::INFINITY, queries, base);
     stats.build_time = start.elapsed();
 
@@ -170,12 +176,13 @@ pub(super) fn knn(request: &KnnRequest, approx: Approx, k: usize, sink: &dyn Res
 }
 
 /// The graph the search walks over `index`'s rows, on every core: the kNN graph by NN-descent
-/// ([`nearest_graph`]), then every row's own edges chosen for diversity among the rows a search of
-/// that graph finds for it, and the edges into each row ([`diverse_graph`]).
+/// ([`nearest_graph`]), then, once for each of [`BUILD_POOLS`], every row's own edges chosen for
+/// diversity among the rows a search of the last graph finds for it, and the edges into each row
+/// ([`diverse_graph`]).
 pub(crate) fn build_graph(index: &Multicurves) -> NeighbourGraph {
-    let mut graph = diverse_graph(index, &nearest_graph(index));
-    for _ in 1..BUILD_PASSES {
-        graph = diverse_graph(index, &graph);
+    let mut graph = nearest_graph(index);
+    for pool in BUILD_POOLS {
+        graph = diverse_graph(index, &graph, pool);
     }
     graph
 }
@@ -195,16 +202,16 @@ pub(crate) fn nearest_graph(index: &Multicurves) -> NeighbourGraph {
     })
 }
 
-/// The searched graph from `nearest` (a kNN graph of `index`'s rows): each row searched for as a
-/// query through `nearest`, from the curves' entries around it, keeping [`BUILD_POOL`] rows; its
-/// own edges the [`OUT_DEGREE`] most diverse of them ([`graph::diverse`]), and the rows whose own
-/// edges name it. A search's pool holds rows in every direction around the row, where a kNN
+/// The searched graph from `nearest` (the kNN graph of `index`'s rows, or the last pass's graph):
+/// each row searched for as a query through `nearest` from the row itself, keeping `pool` rows;
+/// its own edges the [`OUT_DEGREE`] most diverse of them ([`graph::diverse`]), and the rows whose
+/// own edges name it. A search's pool holds rows in every direction around the row, where a kNN
 /// list holds the nearest, often all on one side (HNSW builds its layers from such searches;
 /// NSG from searches of a kNN graph, as here). The searches read `nearest` alone, so the rows are
 /// searched in parallel and the graph is the same on any number of cores.
-pub(crate) fn diverse_graph(index: &Multicurves, nearest: &NeighbourGraph) -> NeighbourGraph {
+pub(crate) fn diverse_graph(index: &Multicurves, nearest: &NeighbourGraph, pool: usize) -> NeighbourGraph {
     let n = index.len();
-    let walk = Walk { graph: nearest, seeds_per_curve: BUILD_SEEDS, pool: BUILD_POOL };
+    let walk = Walk { graph: nearest, pool };
     let codes = index.codes();
     let distance = |a: u32, b: u32| coded_pair_score(codes.weights(), codes.row(a), codes.row(b));
     let mut out = vec![graph::NONE; n * OUT_DEGREE];
@@ -212,7 +219,13 @@ pub(crate) fn diverse_graph(index: &Multicurves, nearest: &NeighbourGraph) -> Ne
         || Scratch::new(n),
         |scratch, (p, edges)| {
             let (projected, refined) = index.row_terms(p);
-            walk_graph(index, &walk, Query { values: index.values(p), projected, refined }, scratch);
+            walk_graph(
+                index,
+                &walk,
+                Query { values: index.values(p), projected, refined },
+                Start::Row(p as u32),
+                scratch,
+            );
             diverse(p as u32, &mut scratch.best, distance, edges);
         },
     );
@@ -222,7 +235,7 @@ pub(crate) fn diverse_graph(index: &Multicurves, nearest: &NeighbourGraph) -> Ne
 /// The squared distance over the principal coordinates between a row in the index's terms
 /// (`terms`: a query's, or a base row's from [`Multicurves::row_terms`]) and base row `p`: over
 /// the proxy's coordinates and, where the index keeps more, over those and the residual after
-/// them (the second ranking, docs/design.md#approx; the Euclidean distance itself where the
+/// them (the second ranking, docs/approx.md#measured; the Euclidean distance itself where the
 /// vectors have at most 192 dimensions).
 #[inline]
 fn principal_distance(index: &Multicurves, (projected, refined): (&[f32], &[f32]), p: usize) -> f32 {
@@ -252,14 +265,27 @@ fn fetch_codes(codes: &Codes, p: u32) {
     (0..row.len()).step_by(64).for_each(|b| prefetch(&row[b..]));
 }
 
+/// Where a graph walk starts.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// The [`Walk::pool`] entries nearest the query among the curves' `per_curve` entries around
+    /// it: a query's search.
+    Curves { per_curve: usize },
+    /// Base row `p` itself, the row searched for: the graph's build. The graph searched already
+    /// places the row among its neighbours, so the walk begins where a search from the curves
+    /// ends up (GloVe 390,000 × 50 on 2 cores: each pass 9–11 s against 19 s from the curves,
+    /// recall 0.002 lower at efforts 2 and 4; docs/approx.md#measured).
+    Row(u32),
+}
+
 /// One query's search, shared by the threads.
 struct Search<'a> {
     index: &'a Multicurves,
     /// The f32 score ordered as the metric (squared under L2, L2² and cosine).
     kind: FilterKind,
     k: usize,
-    /// The graph search's terms; `None` to search by the curves alone.
-    walk: Option<Walk<'a>>,
+    /// The graph search's terms and where it starts; `None` to search by the curves alone.
+    walk: Option<(Walk<'a>, Start)>,
     /// Entries the curves' search takes around the query's key on every curve.
     per_curve: usize,
     /// Candidates the curves' search ranks again: the best by the proxy distance.
@@ -272,8 +298,6 @@ struct Search<'a> {
 /// The graph search's terms.
 struct Walk<'a> {
     graph: &'a NeighbourGraph,
-    /// Entries taken around the query's key on every curve: the starting points.
-    seeds_per_curve: usize,
     /// Rows kept: the nearest found so far (by the codes of [`principal_distance`]'s terms).
     pool: usize,
 }
@@ -348,7 +372,7 @@ impl Search<'_> {
     /// distinct candidates the curves gave and the rows reached through the graph.
     fn run(&self, query: Query, scratch: &mut Scratch) -> (usize, usize) {
         let counts = match &self.walk {
-            Some(walk) => walk_graph(self.index, walk, query, scratch),
+            Some((walk, start)) => walk_graph(self.index, walk, query, *start, scratch),
             None => (self.by_curves(query, scratch), 0),
         };
         if let Some(refine) = self.refine.filter(|&r| r < scratch.best.len()) {
@@ -437,25 +461,37 @@ impl Search<'_> {
 /// The graph search of `query` over `index`'s rows: leaves the pool in `scratch.best`, scored by
 /// the index's codes of [`principal_distance`]'s coordinates (index/codes.rs). Returns the
 /// distinct candidates the curves gave and the rows reached through the graph.
-fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, scratch: &mut Scratch) -> (usize, usize) {
+fn walk_graph(index: &Multicurves, walk: &Walk, query: Query, start: Start, scratch: &mut Scratch) -> (usize, usize) {
     let codes = index.codes();
     let mut coded = std::mem::take(&mut scratch.coded);
     codes.query(index.coded_terms(query.projected, query.refined), &mut coded);
     let distance = |p: u32| coded_score(coded.scaled(), codes.weights(), codes.row(p));
     let fetch = |p: u32| fetch_codes(codes, p);
     scratch.visited.clear();
-    scratch.gather(index.candidate_runs(query.projected, walk.seeds_per_curve), query.projected);
-    let gathered = scratch.bounded.len();
-    // The search starts from the `pool` seeds nearest over the leading coordinates; the
-    // others may still be reached through the graph.
-    let starts = walk.pool.min(scratch.bounded.len());
-    if starts < scratch.bounded.len() {
-        scratch.bounded.select_nth_unstable_by(starts, |a, b| a.0.total_cmp(&b.0));
-        for i in starts..scratch.bounded.len() {
-            scratch.forget(scratch.bounded[i].1);
+    let gathered = match start {
+        Start::Curves { per_curve } => {
+            scratch.gather(index.candidate_runs(query.projected, per_curve), query.projected);
+            let gathered = scratch.bounded.len();
+            // The search starts from the `pool` seeds nearest over the leading coordinates; the
+            // others may still be reached through the graph.
+            let starts = walk.pool.min(scratch.bounded.len());
+            if starts < scratch.bounded.len() {
+                scratch.bounded.select_nth_unstable_by(starts, |a, b| a.0.total_cmp(&b.0));
+                for i in starts..scratch.bounded.len() {
+                    scratch.forget(scratch.bounded[i].1);
+                }
+                scratch.bounded.truncate(starts);
+            }
+            gathered
         }
-        scratch.bounded.truncate(starts);
-    }
+        Start::Row(p) => {
+            scratch.bounded.clear();
+            scratch.reach(p);
+            scratch.bounded.push((0.0, p));
+            0
+        }
+    };
+    let starts = scratch.bounded.len();
     scratch.pool.clear();
     scratch.frontier.clear();
     for i in 0..starts {

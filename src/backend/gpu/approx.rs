@@ -239,7 +239,7 @@ impl GpuBackend {
 /// The kNN graph of an index's rows (`on_device`: its curves and rows on `device`) built on the
 /// device: the cores' rounds (index/graph.rs), each row's candidates measured by graph_nearest by
 /// their whole f32 score under `filter`, where the cores measure a principal-coordinate proxy
-/// (docs/design.md#approx).
+/// (docs/approx.md#measured).
 pub(super) fn graph_on_device(
     device: &GpuDevice,
     on_device: &DeviceCurves,

@@ -132,12 +132,16 @@ impl SimilarityMetrics {
                 MetricBuilder::new(&self.set).subset_time(format!("divided_{unit}_time"), 0).add_duration(time);
             }
         }
-        // A recall target: the effort chosen, as a fraction of effort 1 (`4/1`, `1/2`; a ratio
-        // survives a cluster's metrics, a fraction would not), and the calibration sample's recall.
+        // A recall target: the effort chosen, as a fraction of effort 1 (`6/1`, `3/32`: the
+        // efforts tried are powers of two and three quarters of them; a ratio survives a cluster's
+        // metrics, a fraction would not), and the calibration sample's recall.
         if let Some(effort) = stats.chosen_effort {
             let chosen = MetricBuilder::new(&self.set).ratio_metrics("approx_effort_chosen", 0);
-            let (part, total) =
-                if effort >= 1.0 { (effort.round() as usize, 1) } else { (1, (1.0 / effort).round() as usize) };
+            let (part, total) = if effort >= 1.0 && effort.fract() == 0.0 {
+                (effort as usize, 1)
+            } else {
+                ((effort * 32.0).round() as usize, 32)
+            };
             chosen.set_part(part);
             chosen.set_total(total);
         }
