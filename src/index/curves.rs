@@ -314,7 +314,8 @@ impl Multicurves {
     /// The first call encodes the rows on every core: it must not come from within a parallel
     /// loop whose other jobs ask for the codes too, since the thread encoding them, waiting for
     /// its own jobs, could take up one of those and wait on itself (a search over a loaded index
-    /// hung so on 16 cores). The search and the build ask for them before their loops.
+    /// hung so on 16 cores; backend/cpu/approx.rs's test). The search and the build ask for them
+    /// before their loops.
     pub fn codes(&self) -> &Codes {
         self.codes.get_or_init(|| {
             Codes::encode(self.len, self.coded_columns(), |i, out| {

@@ -613,3 +613,49 @@ impl Ord for Score {
         self.0.total_cmp(&other.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::{build_graph, knn};
+    use crate::backend::KnnRequest;
+    use crate::backend::plan::topk::Collector;
+    use crate::datagen::{Distribution, generate};
+    use crate::index::KeptIndexes;
+    use crate::index::curves::{Geometry, Multicurves};
+    use crate::op::{Approx, IndexChoice, Metric};
+    use crate::vectors::Vectors;
+
+    fn uniform(n: usize, seed: u64) -> Vectors {
+        Vectors::new(12, generate(Distribution::Uniform, n, 12, seed))
+    }
+
+    /// An index with its graph but without its codes (as the index store loads one) is searched
+    /// on 64 threads to the end: the codes are encoded before the queries' parallel loop, where
+    /// the thread encoding them could take up a query's job and wait on itself (encoded within
+    /// the loop, this search did not end in minutes).
+    #[test]
+    fn a_loaded_index_is_searched_on_many_threads() {
+        let (base, queries) = (uniform(50_000, 1), uniform(20_000, 2));
+        let graph = build_graph(&Multicurves::build(&base, Geometry::Raw));
+        let loaded = Multicurves::build(&base, Geometry::Raw);
+        loaded.graph(|_| graph);
+        base.curves_built_by(Geometry::Raw, || loaded);
+        let approx = Approx { effort: 1.0, recall: None, planned_queries: None, curves_alone: false };
+        let request = KnnRequest {
+            base: &base,
+            queries: &queries,
+            metric: Metric::L2,
+            k: 10,
+            approx: Some(approx),
+            index: IndexChoice::Auto,
+        };
+        let collector = Collector { chunks: Mutex::new(Vec::new()), chunk_rows: 1 << 16 };
+        let threads = rayon::ThreadPoolBuilder::new().num_threads(64).build().unwrap();
+        let stats = threads.install(|| knn(&request, approx, 10, &collector)).unwrap();
+        assert!(stats.graph_rows > 0, "the graph was walked");
+        let rows: usize = collector.chunks.into_inner().unwrap().iter().map(|chunk| chunk.left.len()).sum();
+        assert_eq!(rows, 20_000 * 10);
+    }
+}
