@@ -22,10 +22,10 @@
 //! 2. **Each row's own edges chosen for diversity** ([`diverse`]): the row is searched for as a
 //!    query through the previous graph from the row itself, keeping a pool of [`BUILD_POOLS`]
 //!    rows, and of those the [`OUT_DEGREE`] that no nearer kept row already leads to (the
-//!    relative-neighbourhood rule of HNSW and NSG, with Vamana's slack [`ALPHA`]). A kNN list holds a row's nearest, often all on
-//!    one side of it and within its own cluster; the diverse edges point every way, so a walk
-//!    reaches the query's neighbourhood in fewer steps (GloVe: recall@10 0.96 against 0.71 at the
-//!    same effort; docs/approx.md#measured).
+//!    relative-neighbourhood rule of HNSW and NSG, with Vamana's slack [`ALPHA`]). A kNN list
+//!    holds a row's nearest, often all on one side of it and within its own cluster; the diverse
+//!    edges point every way, so a walk reaches the query's neighbourhood in fewer steps (GloVe:
+//!    recall@10 0.96 against 0.71 at the same effort; docs/approx.md#measured).
 //! 3. **The edges into each row** join its own ([`NeighbourGraph::with_edges_into`]), up to
 //!    [`WIDTH`] in all, so a walk can leave a row the way it came.
 //!

@@ -6,10 +6,11 @@
 //! the backend's own approximate search (the same search the whole run makes: on the cores
 //! through the kNN graph or by the curves alone as the whole run's queries decide) at effort 1,
 //! halved while the sample still meets the target (down to 1/8), or doubled until it does (up to
-//! 64), then three quarters of the effort found where half of it misses. A query's recall is the share of its k true neighbours the search returned — a returned
-//! row at or within the k-th true distance counts, so ties at the k-th cannot lower it — and the
-//! sample meets the target when the lower end of the one-sided 95 % confidence interval of their
-//! mean (the mean less 1.645 standard errors) is at or above it. Where the search at the effort
+//! 64), then three quarters of the effort found where half of it misses. A query's recall is the
+//! share of its k true neighbours the search returned — a returned row at or within the k-th true
+//! distance counts, so ties at the k-th cannot lower it — and the sample meets the target when
+//! the lower end of the one-sided 95 % confidence interval of their mean (the mean less 1.645
+//! standard errors) is at or above it. Where the search at the effort
 //! needed takes as long a query as the exact kNN did on the same sample, or no effort up to 64
 //! meets the target, the exact kNN answers every query (recall 1).
 //!

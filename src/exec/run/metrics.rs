@@ -132,7 +132,7 @@ impl SimilarityMetrics {
                 MetricBuilder::new(&self.set).subset_time(format!("divided_{unit}_time"), 0).add_duration(time);
             }
         }
-        // A recall target: the effort chosen, as a fraction of effort 1 (`6/1`, `3/32`: the
+        // A recall target: the effort chosen, as a fraction of effort 1 (`6/1`, `24/32`: the
         // efforts tried are powers of two and three quarters of them; a ratio survives a cluster's
         // metrics, a fraction would not), and the calibration sample's recall.
         if let Some(effort) = stats.chosen_effort {
